@@ -1,0 +1,28 @@
+"""teller: non-intrusive, cross-layer root-cause analysis of LLM inference."""
+
+from __future__ import annotations
+
+from teller._native import __version__, build_profile
+from teller.errors import (
+    ConfigError,
+    CudaNotFoundError,
+    EmptyTraceError,
+    TellerError,
+    TellerFileNotFoundError,
+    TellerIOError,
+    TellerWarning,
+    TraceFormatError,
+)
+
+__all__ = [
+    "ConfigError",
+    "CudaNotFoundError",
+    "EmptyTraceError",
+    "TellerError",
+    "TellerFileNotFoundError",
+    "TellerIOError",
+    "TellerWarning",
+    "TraceFormatError",
+    "__version__",
+    "build_profile",
+]

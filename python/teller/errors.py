@@ -1,0 +1,65 @@
+"""The exceptions teller raises.
+
+Every error that crosses the Rust/Python boundary is a :class:`TellerError`, and each subclass also
+subclasses the built-in a caller would naturally catch (``ValueError`` for bad data,
+``FileNotFoundError`` for a missing path), in the manner of pydantic-core's error mapping.
+The Rust binding looks these classes up by name, so they are the single source of truth.
+"""
+
+from __future__ import annotations
+
+
+class TellerError(Exception):
+    """Base class of every teller error.
+
+    Attributes (``None`` where not applicable): ``path`` (the file), ``offset`` (byte offset in the
+    decompressed stream), ``index`` (event/record index), ``detail`` (what is wrong).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
+                 index: int | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+        self.index = index
+        self.detail = detail
+
+
+class TraceFormatError(TellerError, ValueError):
+    """A trace file is malformed: bad JSON/MessagePack/gzip, wrong field types, unknown phases."""
+
+
+class EmptyTraceError(TraceFormatError):
+    """A trace file (or a set of inputs) holds no events."""
+
+
+class TellerFileNotFoundError(TellerError, FileNotFoundError):
+    """An input path does not exist."""
+
+
+class TellerIOError(TellerError, OSError):
+    """An input/output error other than a missing file (permissions, a directory where a file was expected)."""
+
+
+class ConfigError(TellerError, ValueError):
+    """A configuration value (step names, normalization options, CLI arguments) is invalid."""
+
+
+class CudaNotFoundError(TellerError, RuntimeError):
+    """CUDA/CUPTI headers or libraries needed for an operation were not found."""
+
+
+class TellerWarning(UserWarning):
+    """Recoverable problems in input data (truncated raw files, orphan flows, unknown categories)."""
+
+
+__all__ = [
+    "ConfigError",
+    "CudaNotFoundError",
+    "EmptyTraceError",
+    "TellerError",
+    "TellerFileNotFoundError",
+    "TellerIOError",
+    "TellerWarning",
+    "TraceFormatError",
+]

@@ -1,0 +1,11 @@
+//! teller-core: the pure-Rust heart of teller (no Python here).
+//!
+//! * [`model`]: the columnar event model (struct of arrays, interned names).
+//! * [`json`], [`chrome`]: a byte-level JSON scanner and the Chrome Trace Event / Kineto reader.
+//! * [`raw`]: the reader of teller's own crash-safe MessagePack stream (`docs/trace-format.md`).
+//! * [`align`]: one time base, correlation linking, call-chain trees, steps.
+//! * [`normalize`]: canonical symbols for tokenization.
+//! * [`writer`]: Chrome trace output that opens in Perfetto.
+//! * [`tpe`]: Trace Pair Encoding.
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
