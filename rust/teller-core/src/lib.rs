@@ -6,6 +6,21 @@
 //! * [`align`]: one time base, correlation linking, call-chain trees, steps.
 //! * [`normalize`]: canonical symbols for tokenization.
 //! * [`writer`]: Chrome trace output that opens in Perfetto.
-//! * [`tpe`]: Trace Pair Encoding.
+//! * [`summary`]: what `teller trace summary` reports.
+
+pub mod align;
+pub mod chrome;
+pub mod error;
+pub mod json;
+pub mod load;
+pub mod model;
+pub mod normalize;
+pub mod raw;
+pub mod summary;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use load::{load, LoadOptions};
+pub use model::{Layer, Trace};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

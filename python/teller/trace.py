@@ -1,0 +1,316 @@
+"""Loading, inspecting and writing traces.
+
+>>> import teller
+>>> tr = teller.trace.load("run-dir-or-trace.json.gz")      # doctest: +SKIP
+>>> tr.ts[:3], tr.layer_name(0), len(tr.steps())            # doctest: +SKIP
+
+Columns are read-only numpy views of the Rust buffers (no per-event Python objects). Event ``i``'s
+name is ``tr.strings[tr.name[i]]``; its normalized symbol is ``tr.symbols[tr.symbol[i]]``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from teller import _native
+from teller.errors import TellerWarning
+
+LAYER_NAMES: tuple[str, ...] = tuple(_native.LAYER_NAMES)
+DEFAULT_STEP_PATTERNS: tuple[str, ...] = tuple(_native.DEFAULT_STEP_PATTERNS)
+GPU_ACTIVITY_LAYERS = frozenset({"kernel", "memcpy", "memset"})
+
+FLAG_INSTANT = 1
+FLAG_UNFINISHED = 2
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step (segment) of a trace: a profiler step, an engine step, or a fallback range."""
+
+    index: int
+    name: str
+    start_ns: int
+    end_ns: int
+    pid: int
+    tid: int
+    event: int  # defining event index, -1 for a synthetic step
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+class CallTree:
+    """The call-chain tree of (a step of) a trace: CPU ranges nested by time per thread, GPU work
+    under the runtime/driver call that launched it."""
+
+    def __init__(self, trace: Trace, nodes: np.ndarray) -> None:
+        self.trace = trace
+        self.nodes = nodes  # event indices in call-chain order
+        parent = trace.parent[nodes]
+        inside = np.isin(parent, nodes)
+        self.roots: list[int] = [int(i) for i, p, ok in zip(nodes, parent, inside, strict=True) if p < 0 or not ok]
+        self._children: dict[int, list[int]] = {}
+        for i, p, ok in zip(nodes, parent, inside, strict=True):
+            if p >= 0 and ok:
+                self._children.setdefault(int(p), []).append(int(i))
+
+    def children(self, i: int) -> list[int]:
+        return self._children.get(int(i), [])
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def walk(self) -> Iterator[tuple[int, int]]:
+        """(depth, event) pairs in depth-first call-chain order."""
+        stack = [(0, r) for r in reversed(self.roots)]
+        while stack:
+            d, i = stack.pop()
+            yield d, i
+            for c in reversed(self.children(i)):
+                stack.append((d + 1, c))
+
+    def render(self, max_lines: int = 200, width: int = 100) -> str:
+        tr = self.trace
+        lines = []
+        for n, (d, i) in enumerate(self.walk()):
+            if n >= max_lines:
+                lines.append(f"... ({len(self.nodes) - max_lines} more)")
+                break
+            name = tr.name_of(i)
+            if len(name) > width:
+                name = name[: width - 3] + "..."
+            lines.append(f"{'  ' * d}{tr.layer_name(i)}: {name}  [{tr.dur[i] / 1000:.1f} us]")
+        return "\n".join(lines)
+
+
+class Trace:
+    """An aligned trace: every event of every input on one time base (realtime ns)."""
+
+    def __init__(self, native: Any) -> None:
+        self._n = native
+
+    # -- columns (zero-copy views) ------------------------------------------------------------
+    def _col(self, name: str) -> np.ndarray:
+        return self._n.column(name)
+
+    @cached_property
+    def layer(self) -> np.ndarray:
+        """uint8 layer code, see LAYER_NAMES."""
+        return self._col("layer")
+
+    @cached_property
+    def name(self) -> np.ndarray:
+        """uint32 index into ``strings``."""
+        return self._col("name")
+
+    @cached_property
+    def cat(self) -> np.ndarray:
+        """uint32 index into ``strings`` of the original category (0 = none)."""
+        return self._col("cat")
+
+    @cached_property
+    def ts(self) -> np.ndarray:
+        """int64 start, ns since the epoch (realtime)."""
+        return self._col("ts")
+
+    @cached_property
+    def dur(self) -> np.ndarray:
+        """int64 duration in ns."""
+        return self._col("dur")
+
+    @cached_property
+    def pid(self) -> np.ndarray:
+        return self._col("pid")
+
+    @cached_property
+    def tid(self) -> np.ndarray:
+        """Thread id for CPU events, stream for GPU events."""
+        return self._col("tid")
+
+    @cached_property
+    def device(self) -> np.ndarray:
+        """GPU device for GPU events, -1 for CPU events."""
+        return self._col("device")
+
+    @cached_property
+    def corr(self) -> np.ndarray:
+        return self._col("corr")
+
+    @cached_property
+    def ext(self) -> np.ndarray:
+        return self._col("ext")
+
+    @cached_property
+    def flags(self) -> np.ndarray:
+        return self._col("flags")
+
+    @cached_property
+    def source(self) -> np.ndarray:
+        return self._col("source")
+
+    @cached_property
+    def link(self) -> np.ndarray:
+        """For GPU activities: index of the launching runtime/driver call, else -1."""
+        return self._col("link")
+
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """Call-chain parent, -1 for roots."""
+        return self._col("parent")
+
+    @cached_property
+    def step(self) -> np.ndarray:
+        """Step index, -1 outside every step."""
+        return self._col("step")
+
+    @cached_property
+    def symbol(self) -> np.ndarray:
+        """uint32 index into ``symbols`` (normalized ``layer:name``)."""
+        return self._col("symbol")
+
+    @cached_property
+    def strings(self) -> list[str]:
+        return self._n.strings()
+
+    @cached_property
+    def symbols(self) -> list[str]:
+        return self._n.symbols()
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._n.warnings()
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        return self._n.sources()
+
+    @property
+    def num_flows(self) -> int:
+        return self._n.num_flows()
+
+    @property
+    def num_counters(self) -> int:
+        return self._n.num_counters()
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def __len__(self) -> int:
+        return len(self._n)
+
+    def __repr__(self) -> str:
+        return f"<teller.Trace {len(self)} events, {len(self.steps())} steps, {len(self.sources)} source(s)>"
+
+    # -- per-event helpers --------------------------------------------------------------------
+    def name_of(self, i: int) -> str:
+        return self.strings[int(self.name[i])]
+
+    def symbol_of(self, i: int) -> str:
+        return self.symbols[int(self.symbol[i])]
+
+    def layer_name(self, i: int) -> str:
+        return LAYER_NAMES[int(self.layer[i])]
+
+    def args(self, i: int) -> dict[str, Any]:
+        return self._n.args(int(i))
+
+    def event(self, i: int) -> dict[str, Any]:
+        """One event as a dict (for inspection; use the columns for bulk work)."""
+        i = int(i)
+        return {
+            "index": i,
+            "layer": self.layer_name(i),
+            "name": self.name_of(i),
+            "cat": self.strings[int(self.cat[i])],
+            "symbol": self.symbol_of(i),
+            "ts": int(self.ts[i]),
+            "dur": int(self.dur[i]),
+            "pid": int(self.pid[i]),
+            "tid": int(self.tid[i]),
+            "device": int(self.device[i]),
+            "corr": int(self.corr[i]),
+            "ext": int(self.ext[i]),
+            "link": int(self.link[i]),
+            "parent": int(self.parent[i]),
+            "step": int(self.step[i]),
+            "args": self.args(i),
+        }
+
+    def layer_mask(self, *layers: str) -> np.ndarray:
+        codes = [LAYER_NAMES.index(x) for x in layers]
+        return np.isin(self.layer, codes)
+
+    # -- structure ----------------------------------------------------------------------------
+    def steps(self) -> list[Step]:
+        return [
+            Step(index=k, name=name, start_ns=s, end_ns=e, pid=p, tid=t, event=ev)
+            for k, (ev, name, s, e, p, t, _src) in enumerate(self._n.steps())
+        ]
+
+    def step_events(self, step: int) -> np.ndarray:
+        """Indices of the events of one step, in call-chain order."""
+        return np.flatnonzero(self.step == step)
+
+    def tree(self, step: int | None = None, *, pid: int | None = None, tid: int | None = None) -> CallTree:
+        """The call-chain tree of one step (or of the whole trace), optionally one thread's part."""
+        mask = np.ones(len(self), dtype=bool) if step is None else (self.step == step)
+        if pid is not None:
+            mask &= self.pid == pid
+        if tid is not None:
+            mask &= self.tid == tid
+        return CallTree(self, np.flatnonzero(mask))
+
+    # -- output -------------------------------------------------------------------------------
+    def to_chrome(self, path: PathLike, *, highlight: Sequence[int] | None = None) -> None:
+        """Write a Chrome trace (gzip when ``path`` ends in .gz) that opens in Perfetto."""
+        self._n.to_chrome(os.fspath(path), None if highlight is None else [int(x) for x in highlight])
+
+    def summary(self, top: int = 10) -> dict[str, Any]:
+        return self._n.summary(top)
+
+
+def load(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    step_names: Sequence[str] | None = None,
+    normalize: dict[str, Any] | None = None,
+    warn: bool = True,
+) -> Trace:
+    """Load and align traces.
+
+    ``paths``: a teller run directory, raw ``.tmsgpack`` files, Chrome/Kineto JSON (plain or .gz), or
+    a list of them (several processes/ranks are merged onto one time base).
+    ``step_names``: glob patterns of the ranges that delimit steps (first pattern with matches wins).
+    ``normalize``: symbol normalization options (strip_namespaces, collapse_tiles, collapse_digits, max_len).
+    Problems that do not prevent loading (a truncated raw file, unknown categories) are emitted as
+    :class:`teller.TellerWarning` and kept in ``Trace.warnings``.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        plist = [os.fspath(paths)]
+    else:
+        plist = [os.fspath(p) for p in paths]
+    native = _native.load(plist, None if step_names is None else list(step_names), normalize)
+    tr = Trace(native)
+    if warn:
+        for w in tr.warnings:
+            warnings.warn(w, TellerWarning, stacklevel=2)
+    return tr
+
+
+def symbol(layer: str, name: str, normalize: dict[str, Any] | None = None) -> str:
+    """The normalized symbol ``layer:canonical`` of an event name."""
+    return _native.symbol(layer, name, normalize)
+
+
+__all__ = ["DEFAULT_STEP_PATTERNS", "LAYER_NAMES", "CallTree", "Step", "Trace", "load", "symbol"]

@@ -1,0 +1,387 @@
+//! Alignment: after every source is read onto the common time base, put events in call-chain order,
+//! link runtime/driver calls to their GPU work, build the call-chain tree, find steps and assign
+//! normalized symbols.
+
+use crate::model::*;
+use crate::normalize::{symbol, NormalizeOptions};
+use hashbrown::HashMap;
+
+#[derive(Debug, Clone)]
+pub struct AlignOptions {
+    /// Step range names; `*` matches any run of characters. The first pattern with any match wins,
+    /// so list outer ranges first.
+    pub step_patterns: Vec<String>,
+    pub normalize: NormalizeOptions,
+}
+
+pub const DEFAULT_STEP_PATTERNS: &[&str] = &[
+    "ProfilerStep#*",
+    "engine_step*",
+    "LLMEngine.step*",
+    "execute_model*",
+    "gpu_model_runner: forward*",
+    "step",
+    "step#*",
+    "train_step*",
+    "decode_step*",
+];
+
+impl Default for AlignOptions {
+    fn default() -> Self {
+        AlignOptions {
+            step_patterns: DEFAULT_STEP_PATTERNS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            normalize: NormalizeOptions::default(),
+        }
+    }
+}
+
+/// Glob match with `*` only.
+pub fn glob_match(pat: &str, s: &str) -> bool {
+    let p = pat.as_bytes();
+    let t = s.as_bytes();
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let (mut star, mut mark) = (usize::MAX, 0usize);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != b'*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = pi;
+            mark = ti;
+            pi += 1;
+        } else if star != usize::MAX {
+            pi = star + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// Nesting rank at equal (start, duration): outer layers first.
+fn nest_rank(l: u8) -> u8 {
+    match Layer::from_u8(l).unwrap_or(Layer::Other) {
+        Layer::Annotation => 0,
+        Layer::Python => 1,
+        Layer::HostOp => 2,
+        Layer::Other => 3,
+        Layer::Runtime => 4,
+        Layer::Driver => 5,
+        Layer::Sync => 6,
+        Layer::Marker => 7,
+        Layer::GpuAnnotation => 8,
+        Layer::Kernel | Layer::Memcpy | Layer::Memset => 9,
+    }
+}
+
+/// Reorders every column by `perm` (new index k holds old event perm[k]).
+fn permute(t: &mut Trace, perm: &[u32]) {
+    fn ap<T: Copy>(v: &mut Vec<T>, perm: &[u32]) {
+        let n: Vec<T> = perm.iter().map(|&i| v[i as usize]).collect();
+        *v = n;
+    }
+    ap(&mut t.layer, perm);
+    ap(&mut t.name, perm);
+    ap(&mut t.cat, perm);
+    ap(&mut t.ts, perm);
+    ap(&mut t.dur, perm);
+    ap(&mut t.pid, perm);
+    ap(&mut t.tid, perm);
+    ap(&mut t.device, perm);
+    ap(&mut t.corr, perm);
+    ap(&mut t.ext, perm);
+    ap(&mut t.flags, perm);
+    ap(&mut t.source, perm);
+    let mut off = Vec::with_capacity(t.args_off.len());
+    let mut args = Vec::with_capacity(t.args.len());
+    off.push(0u32);
+    for &i in perm {
+        let (a, b) = (
+            t.args_off[i as usize] as usize,
+            t.args_off[i as usize + 1] as usize,
+        );
+        args.extend_from_slice(&t.args[a..b]);
+        off.push(args.len() as u32);
+    }
+    t.args_off = off;
+    t.args = args;
+}
+
+/// Runs every alignment pass. `proc_of_source[s]` is the process (correlation scope) of source s.
+pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
+    let n = t.len();
+    // 1. Call-chain order: by start, longer first, outer layers first; stable on input order.
+    let mut perm: Vec<u32> = (0..n as u32).collect();
+    perm.sort_by(|&a, &b| {
+        let (a, b) = (a as usize, b as usize);
+        t.ts[a]
+            .cmp(&t.ts[b])
+            .then(t.dur[b].cmp(&t.dur[a]))
+            .then(nest_rank(t.layer[a]).cmp(&nest_rank(t.layer[b])))
+            .then(a.cmp(&b))
+    });
+    if perm.iter().enumerate().any(|(k, &i)| k as u32 != i) {
+        permute(t, &perm);
+    }
+
+    // 2. Correlation: GPU activity -> the runtime/driver call with the same correlation id in the
+    //    same process. Runtime calls win over driver calls; graph launches link many-to-one.
+    let mut api: HashMap<(u32, u64), u32> = HashMap::with_capacity(n / 4);
+    for i in 0..n {
+        let l = t.layer_of(i);
+        if l.is_api() && t.corr[i] != 0 {
+            let key = (proc_of_source[t.source[i] as usize], t.corr[i]);
+            match api.get(&key) {
+                Some(&j) if t.layer_of(j as usize) == Layer::Runtime => {}
+                _ => {
+                    api.insert(key, i as u32);
+                }
+            }
+        }
+    }
+    t.link = vec![-1; n];
+    for i in 0..n {
+        if t.layer_of(i).is_gpu_activity() && t.corr[i] != 0 {
+            if let Some(&j) = api.get(&(proc_of_source[t.source[i] as usize], t.corr[i])) {
+                t.link[i] = j as i64;
+            }
+        }
+    }
+
+    // 3. Call-chain tree: interval nesting per CPU thread and per GPU track (one pass, a stack per
+    //    track); a linked GPU activity hangs under its launch instead.
+    t.parent = vec![-1; n];
+    let mut stacks: HashMap<(u32, i64, i64, bool), Vec<u32>> = HashMap::new();
+    let mut improper = 0u64;
+    for i in 0..n {
+        let gpu = t.layer_of(i).on_gpu();
+        let key = (
+            proc_of_source[t.source[i] as usize],
+            if gpu { t.device[i] as i64 } else { t.pid[i] },
+            t.tid[i],
+            gpu,
+        );
+        let st = stacks.entry(key).or_default();
+        let start = t.ts[i];
+        let end = start + t.dur[i];
+        while let Some(&top) = st.last() {
+            let te = t.ts[top as usize] + t.dur[top as usize];
+            if te <= start {
+                st.pop();
+            } else {
+                break;
+            }
+        }
+        if let Some(&top) = st.last() {
+            t.parent[i] = top as i64;
+            if end > t.ts[top as usize] + t.dur[top as usize] {
+                improper += 1;
+            }
+        }
+        if t.flags[i] & flags::INSTANT == 0 {
+            st.push(i as u32);
+        }
+    }
+    for i in 0..n {
+        if t.link[i] >= 0 {
+            t.parent[i] = t.link[i];
+        }
+    }
+    if improper > 0 {
+        t.warnings.push(format!("{improper} event(s) overlap the end of their enclosing range (improper nesting); they were attached to the range they start in"));
+    }
+
+    // 4. Steps.
+    find_steps(t, proc_of_source, &opts.step_patterns);
+
+    // 5. Symbols (normalized once per distinct (layer, name)).
+    t.symbols = Interner::new();
+    let mut cache: HashMap<(u8, u32), u32> = HashMap::new();
+    t.symbol = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = (t.layer[i], t.name[i]);
+        let s = match cache.get(&key) {
+            Some(&s) => s,
+            None => {
+                let sym = symbol(t.layer_of(i), t.strings.get(t.name[i]), &opts.normalize);
+                let s = t.symbols.intern(&sym);
+                cache.insert(key, s);
+                s
+            }
+        };
+        t.symbol.push(s);
+    }
+}
+
+fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
+    let n = t.len();
+    t.step = vec![-1; n];
+    t.steps.clear();
+    let candidate = |l: u8| {
+        matches!(
+            Layer::from_u8(l),
+            Some(Layer::Annotation | Layer::Python | Layer::HostOp | Layer::Other)
+        )
+    };
+    // name id -> matches, computed once per distinct name
+    let mut chosen: Vec<u32> = Vec::new();
+    for pat in patterns {
+        let mut memo: HashMap<u32, bool> = HashMap::new();
+        for i in 0..n {
+            if !candidate(t.layer[i]) || t.flags[i] & flags::INSTANT != 0 {
+                continue;
+            }
+            let nm = t.name[i];
+            let m = *memo
+                .entry(nm)
+                .or_insert_with(|| glob_match(pat, t.strings.get(nm)));
+            if m {
+                chosen.push(i as u32);
+            }
+        }
+        if !chosen.is_empty() {
+            break;
+        }
+    }
+    // Drop matches nested inside another match of the same pattern on the same thread.
+    chosen.retain(|&i| {
+        let mut p = t.parent[i as usize];
+        while p >= 0 {
+            if t.name[p as usize] == t.name[i as usize] {
+                return false;
+            }
+            p = t.parent[p as usize];
+        }
+        true
+    });
+    if chosen.is_empty() {
+        // Fallback 1: root-level annotation/python ranges of the busiest thread, if there are several.
+        let mut per_thread: HashMap<(u16, i64, i64), u64> = HashMap::new();
+        for i in 0..n {
+            if !t.layer_of(i).on_gpu() {
+                *per_thread
+                    .entry((t.source[i], t.pid[i], t.tid[i]))
+                    .or_insert(0) += 1;
+            }
+        }
+        let busiest = per_thread
+            .iter()
+            .max_by_key(|(k, v)| (**v, std::cmp::Reverse(**k)))
+            .map(|(k, _)| *k);
+        if let Some((s, p, th)) = busiest {
+            let roots: Vec<u32> = (0..n as u32)
+                .filter(|&i| {
+                    let i = i as usize;
+                    t.source[i] == s
+                        && t.pid[i] == p
+                        && t.tid[i] == th
+                        && t.parent[i] < 0
+                        && t.dur[i] > 0
+                        && matches!(t.layer_of(i), Layer::Annotation | Layer::Python)
+                })
+                .collect();
+            if roots.len() >= 2 {
+                chosen = roots;
+            }
+        }
+    }
+    if chosen.is_empty() {
+        // Fallback 2: the whole trace is one step.
+        if n == 0 {
+            return;
+        }
+        let start = *t.ts.iter().min().unwrap();
+        let end = (0..n).map(|i| t.end(i)).max().unwrap();
+        let name = t.strings.intern("<whole trace>");
+        t.steps.push(Step {
+            event: -1,
+            name,
+            start,
+            end,
+            pid: -1,
+            tid: -1,
+            source: 0,
+        });
+        t.step.iter_mut().for_each(|s| *s = 0);
+        return;
+    }
+    chosen.sort_by_key(|&i| (t.ts[i as usize], i));
+    for &i in &chosen {
+        let i = i as usize;
+        t.steps.push(Step {
+            event: i as i64,
+            name: t.name[i],
+            start: t.ts[i],
+            end: t.end(i),
+            pid: t.pid[i],
+            tid: t.tid[i],
+            source: t.source[i],
+        });
+    }
+    // CPU events: the step of their process whose window contains their start (steps of one process
+    // do not overlap once nested matches are dropped). GPU activities: the step of their launch, or
+    // by time within the same correlation scope when unlinked.
+    let mut by_proc: HashMap<(u32, i64), Vec<u32>> = HashMap::new();
+    let mut by_scope: HashMap<u32, Vec<u32>> = HashMap::new();
+    for (k, s) in t.steps.iter().enumerate() {
+        let scope = proc_of_source[s.source as usize];
+        by_proc.entry((scope, s.pid)).or_default().push(k as u32);
+        by_scope.entry(scope).or_default().push(k as u32);
+    }
+    let steps = &t.steps;
+    let find = |list: &Vec<u32>, ts: i64| -> i32 {
+        // last step starting at or before ts
+        let k = list.partition_point(|&s| steps[s as usize].start <= ts);
+        if k == 0 {
+            return -1;
+        }
+        let s = list[k - 1];
+        if ts < steps[s as usize].end || (ts == steps[s as usize].start) {
+            s as i32
+        } else {
+            -1
+        }
+    };
+    let mut out = vec![-1i32; n];
+    for i in 0..n {
+        let scope = proc_of_source[t.source[i] as usize];
+        if t.layer_of(i).on_gpu() {
+            continue;
+        }
+        if let Some(list) = by_proc.get(&(scope, t.pid[i])) {
+            out[i] = find(list, t.ts[i]);
+        }
+    }
+    for i in 0..n {
+        if !t.layer_of(i).on_gpu() {
+            continue;
+        }
+        if t.link[i] >= 0 {
+            out[i] = out[t.link[i] as usize];
+        } else if let Some(list) = by_scope.get(&proc_of_source[t.source[i] as usize]) {
+            out[i] = find(list, t.ts[i]);
+        }
+    }
+    t.step = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn globs() {
+        assert!(glob_match("ProfilerStep#*", "ProfilerStep#12"));
+        assert!(glob_match("step", "step"));
+        assert!(!glob_match("step", "steps"));
+        assert!(glob_match("*forward*", "gpu_model_runner: forward"));
+        assert!(!glob_match("execute_model*", "xexecute_model"));
+    }
+}

@@ -1,0 +1,788 @@
+//! Reader for Chrome Trace Event JSON as written by the PyTorch profiler (Kineto), by teller itself,
+//! and by other tools that follow the format: a `{"traceEvents": [...]}` object or a bare list;
+//! phases X, B/E, i/I/R, s/t/f, M, C; float microseconds parsed exactly; `baseTimeNanoseconds`;
+//! pid/tid as ints, numeric strings or labels ("Spans", "stream 7").
+
+use crate::error::{Error, Result};
+use crate::json::{decode_str, parse_int, parse_scaled, Raw, ScanError, Scanner};
+use crate::model::*;
+use hashbrown::HashMap;
+
+/// Phases defined by the Trace Event Format that teller reads but does not model (async, object,
+/// sample, memory-dump and context events). They are counted and reported as a warning.
+const SKIPPED_PHASES: &[u8] = b"bneSTFpPONDVvc()";
+
+#[derive(Default)]
+struct Ev {
+    ph: u8,
+    name: u32,
+    cat: Option<u32>,
+    ts: Option<i64>,
+    dur: Option<i64>,
+    pid: i64,
+    tid: i64,
+    tid_str: bool,
+    corr: u64,
+    ext: u64,
+    device: Option<i64>,
+    stream: Option<i64>,
+    id: Option<u64>,
+    bp_e: bool,
+    args_start: usize,
+    meta_name: Option<u32>,
+}
+
+struct Pending {
+    name: u32,
+    cat: Option<u32>,
+    ts: i64,
+    corr: u64,
+    ext: u64,
+    args: Vec<(u32, ArgValue)>,
+}
+
+pub struct ChromeReader<'a> {
+    path: &'a str,
+    sc: Scanner<'a>,
+    t: Trace,
+    source: u16,
+    index: u64,
+    open: HashMap<(i64, i64), Vec<Pending>>,
+    unknown_cats: HashMap<u32, u64>,
+    skipped_phases: HashMap<u8, u64>,
+    neg_dur: u64,
+    unmatched_end: u64,
+    // Cached symbols of the argument keys we pull out into columns.
+    k_corr: u32,
+    k_ext: u32,
+    k_ext_lc: u32,
+    k_device: u32,
+    k_stream: u32,
+    k_name: u32,
+}
+
+/// Reads one Chrome trace from its (decompressed) bytes. `source` is the source index events get.
+pub fn read_chrome(path: &str, bytes: &[u8], source: u16) -> Result<Trace> {
+    let mut t = Trace::new();
+    let k_corr = t.strings.intern("correlation");
+    let k_ext = t.strings.intern("External id");
+    let k_ext_lc = t.strings.intern("external id");
+    let k_device = t.strings.intern("device");
+    let k_stream = t.strings.intern("stream");
+    let k_name = t.strings.intern("name");
+    let mut r = ChromeReader {
+        path,
+        sc: Scanner::new(bytes),
+        t,
+        source,
+        index: 0,
+        open: HashMap::new(),
+        unknown_cats: HashMap::new(),
+        skipped_phases: HashMap::new(),
+        neg_dur: 0,
+        unmatched_end: 0,
+        k_corr,
+        k_ext,
+        k_ext_lc,
+        k_device,
+        k_stream,
+        k_name,
+    };
+    r.run()?;
+    Ok(r.t)
+}
+
+impl<'a> ChromeReader<'a> {
+    fn ferr(&self, e: ScanError, in_event: bool) -> Error {
+        Error::format(
+            self.path,
+            Some(e.offset as u64),
+            if in_event { Some(self.index) } else { None },
+            e.msg,
+        )
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let mut base_ns: i64 = 0;
+        let mut metadata = Vec::new();
+        match self.sc.peek() {
+            None => {
+                return Err(Error::Empty {
+                    path: self.path.into(),
+                    msg: "empty file: no JSON content".into(),
+                })
+            }
+            Some(b'[') => self.events_array()?,
+            Some(b'{') => {
+                self.sc.pos += 1;
+                let mut saw_events = false;
+                if self.sc.peek() == Some(b'}') {
+                    self.sc.pos += 1;
+                } else {
+                    loop {
+                        let key = self
+                            .sc
+                            .string()
+                            .map_err(|e| self.ferr(e, false))?
+                            .into_owned();
+                        self.sc.expect(b':').map_err(|e| self.ferr(e, false))?;
+                        match key.as_str() {
+                            "traceEvents" => {
+                                if self.sc.peek() != Some(b'[') {
+                                    let off = self.sc.pos as u64;
+                                    return Err(Error::format(
+                                        self.path,
+                                        Some(off),
+                                        None,
+                                        "'traceEvents' must be an array",
+                                    ));
+                                }
+                                self.events_array()?;
+                                saw_events = true;
+                            }
+                            "baseTimeNanoseconds" => {
+                                let off = self.sc.pos;
+                                let v = self.sc.value_raw().map_err(|e| self.ferr(e, false))?;
+                                base_ns = match v {
+                                    Raw::Num(n) => parse_int(n),
+                                    _ => None,
+                                }
+                                .ok_or_else(|| {
+                                    Error::format(
+                                        self.path,
+                                        Some(off as u64),
+                                        None,
+                                        "'baseTimeNanoseconds' must be an integer",
+                                    )
+                                })?;
+                            }
+                            _ => {
+                                let start = self.sc.pos;
+                                self.sc.skip_value().map_err(|e| self.ferr(e, false))?;
+                                let text =
+                                    String::from_utf8_lossy(&self.sc.buf[start..self.sc.pos])
+                                        .trim()
+                                        .to_string();
+                                metadata.push((key, text));
+                            }
+                        }
+                        if !self.sc.comma_or(b'}').map_err(|e| self.ferr(e, false))? {
+                            break;
+                        }
+                    }
+                }
+                if !saw_events {
+                    return Err(Error::format(
+                        self.path,
+                        Some(0),
+                        None,
+                        "not a Chrome trace: the object has no 'traceEvents' array",
+                    ));
+                }
+            }
+            Some(b) => {
+                return Err(Error::format(
+                    self.path,
+                    Some(self.sc.pos as u64),
+                    None,
+                    format!(
+                        "not a Chrome trace: expected '{{' or '[' but found '{}'",
+                        crate::json::printable(b)
+                    ),
+                ))
+            }
+        }
+        if !self.sc.at_end() {
+            let off = self.sc.pos as u64;
+            return Err(Error::format(
+                self.path,
+                Some(off),
+                None,
+                "unexpected content after the end of the trace",
+            ));
+        }
+        self.close_open_ranges();
+        self.finish_warnings();
+        if base_ns != 0 {
+            for ts in self.t.ts.iter_mut() {
+                *ts += base_ns;
+            }
+            for f in self.t.flows.iter_mut() {
+                f.ts += base_ns;
+            }
+            for c in self.t.counters.iter_mut() {
+                c.ts += base_ns;
+            }
+        }
+        let n = self.t.len() as u64;
+        self.t.sources.push(SourceInfo {
+            path: self.path.to_string(),
+            kind: "chrome".into(),
+            base_ns,
+            events: n,
+            metadata,
+            ..Default::default()
+        });
+        Ok(())
+    }
+
+    fn events_array(&mut self) -> Result<()> {
+        self.sc.expect(b'[').map_err(|e| self.ferr(e, false))?;
+        if self.sc.peek() == Some(b']') {
+            self.sc.pos += 1;
+            return Ok(());
+        }
+        loop {
+            self.event()?;
+            self.index += 1;
+            if !self.sc.comma_or(b']').map_err(|e| self.ferr(e, true))? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn id_value(&mut self, v: Raw<'a>, what: &str, off: usize) -> Result<(i64, bool)> {
+        match v {
+            Raw::Num(n) => parse_int(n).map(|x| (x, false)).ok_or_else(|| {
+                Error::format(
+                    self.path,
+                    Some(off as u64),
+                    Some(self.index),
+                    format!("'{what}' must be an integer"),
+                )
+            }),
+            Raw::Str(s, esc) => {
+                let s = decode_str(s, esc)
+                    .map_err(|m| Error::format(self.path, Some(off as u64), Some(self.index), m))?;
+                let st = s.trim();
+                if let Some(x) = parse_int(st.as_bytes()) {
+                    return Ok((x, true));
+                }
+                if let Some(rest) = st.strip_prefix("stream ") {
+                    if let Some(x) = parse_int(rest.trim().as_bytes()) {
+                        return Ok((x, true));
+                    }
+                }
+                Ok((self.t.label_id(st), true))
+            }
+            _ => Err(Error::format(
+                self.path,
+                Some(off as u64),
+                Some(self.index),
+                format!("'{what}' must be an integer or a string"),
+            )),
+        }
+    }
+
+    fn event(&mut self) -> Result<()> {
+        let ev_start = self.sc.pos;
+        if self.sc.peek() != Some(b'{') {
+            let off = self.sc.pos as u64;
+            let found = match self.sc.peek() {
+                Some(b) => format!("'{}'", crate::json::printable(b)),
+                None => "end of input (truncated file?)".into(),
+            };
+            return Err(Error::format(
+                self.path,
+                Some(off),
+                Some(self.index),
+                format!("expected an event object, found {found}"),
+            ));
+        }
+        self.sc.pos += 1;
+        let mut ev = Ev {
+            args_start: self.t.args.len(),
+            ..Default::default()
+        };
+        let mut has_ph = false;
+        if self.sc.peek() == Some(b'}') {
+            self.sc.pos += 1;
+        } else {
+            loop {
+                let (kraw, kesc) = self.sc.string_raw().map_err(|e| self.ferr(e, true))?;
+                self.sc.expect(b':').map_err(|e| self.ferr(e, true))?;
+                let voff = {
+                    self.sc.skip_ws();
+                    self.sc.pos
+                };
+                let key: std::borrow::Cow<[u8]> = if kesc {
+                    match decode_str(kraw, true) {
+                        Ok(s) => std::borrow::Cow::Owned(s.into_owned().into_bytes()),
+                        Err(m) => {
+                            return Err(Error::format(
+                                self.path,
+                                Some(voff as u64),
+                                Some(self.index),
+                                m,
+                            ))
+                        }
+                    }
+                } else {
+                    std::borrow::Cow::Borrowed(kraw)
+                };
+                match &*key {
+                    b"ph" => {
+                        let s = self.expect_str(voff, "ph")?;
+                        let b = s.as_bytes();
+                        if b.len() != 1 {
+                            return Err(Error::format(
+                                self.path,
+                                Some(voff as u64),
+                                Some(self.index),
+                                format!("unknown phase {s:?}"),
+                            ));
+                        }
+                        ev.ph = b[0];
+                        has_ph = true;
+                    }
+                    b"name" => {
+                        let s = self.expect_str(voff, "name")?;
+                        ev.name = self.t.strings.intern(&s);
+                    }
+                    b"cat" => {
+                        let s = self.expect_str(voff, "cat")?;
+                        ev.cat = Some(self.t.strings.intern(&s));
+                    }
+                    b"ts" => ev.ts = Some(self.expect_time(voff, "ts")?),
+                    b"dur" => ev.dur = Some(self.expect_time(voff, "dur")?),
+                    b"pid" => {
+                        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                        ev.pid = self.id_value(v, "pid", voff)?.0;
+                    }
+                    b"tid" => {
+                        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                        let (x, s) = self.id_value(v, "tid", voff)?;
+                        ev.tid = x;
+                        ev.tid_str = s;
+                    }
+                    b"id" => {
+                        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                        ev.id = Some(match v {
+                            Raw::Num(n) => parse_int(n).unwrap_or(0) as u64,
+                            Raw::Str(s, esc) => {
+                                let s = decode_str(s, esc).unwrap_or_default();
+                                let st = s.trim();
+                                if let Some(h) =
+                                    st.strip_prefix("0x").or_else(|| st.strip_prefix("0X"))
+                                {
+                                    u64::from_str_radix(h, 16).unwrap_or(0)
+                                } else if let Some(x) = parse_int(st.as_bytes()) {
+                                    x as u64
+                                } else {
+                                    self.t.strings.intern(st) as u64 | (1 << 63)
+                                }
+                            }
+                            _ => 0,
+                        });
+                    }
+                    b"bp" => {
+                        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                        ev.bp_e = matches!(v, Raw::Str(b"e", _));
+                    }
+                    b"args" => self.args(&mut ev, voff)?,
+                    _ => self.sc.skip_value().map_err(|e| self.ferr(e, true))?,
+                }
+                if !self.sc.comma_or(b'}').map_err(|e| self.ferr(e, true))? {
+                    break;
+                }
+            }
+        }
+        if !has_ph {
+            return Err(Error::format(
+                self.path,
+                Some(ev_start as u64),
+                Some(self.index),
+                "event has no 'ph' (phase)",
+            ));
+        }
+        self.dispatch(ev, ev_start)
+    }
+
+    fn expect_str(&mut self, off: usize, what: &str) -> Result<std::borrow::Cow<'a, str>> {
+        if self.sc.peek() != Some(b'"') {
+            let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+            return Err(Error::format(
+                self.path,
+                Some(off as u64),
+                Some(self.index),
+                format!("'{what}' must be a string, found {}", kind_of(&v)),
+            ));
+        }
+        self.sc.string().map_err(|e| self.ferr(e, true))
+    }
+
+    fn expect_time(&mut self, off: usize, what: &str) -> Result<i64> {
+        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+        match v {
+            Raw::Num(n) => parse_scaled(n, 3).ok_or_else(|| {
+                Error::format(
+                    self.path,
+                    Some(off as u64),
+                    Some(self.index),
+                    format!("'{what}' is out of range"),
+                )
+            }),
+            other => Err(Error::format(
+                self.path,
+                Some(off as u64),
+                Some(self.index),
+                format!(
+                    "'{what}' must be a number (microseconds), found {}",
+                    kind_of(&other)
+                ),
+            )),
+        }
+    }
+
+    fn args(&mut self, ev: &mut Ev, off: usize) -> Result<()> {
+        match self.sc.peek() {
+            Some(b'{') => {}
+            Some(b'n') => {
+                self.sc.skip_value().map_err(|e| self.ferr(e, true))?;
+                return Ok(());
+            }
+            _ => {
+                let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                return Err(Error::format(
+                    self.path,
+                    Some(off as u64),
+                    Some(self.index),
+                    format!("'args' must be an object, found {}", kind_of(&v)),
+                ));
+            }
+        }
+        self.sc.pos += 1;
+        if self.sc.peek() == Some(b'}') {
+            self.sc.pos += 1;
+            return Ok(());
+        }
+        loop {
+            let k = self.sc.string().map_err(|e| self.ferr(e, true))?;
+            let key = self.t.strings.intern(&k);
+            self.sc.expect(b':').map_err(|e| self.ferr(e, true))?;
+            let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+            let val = match v {
+                Raw::Num(n) => match parse_int(n) {
+                    Some(i) => ArgValue::Int(i),
+                    None => {
+                        let is_float = n.iter().any(|&c| c == b'.' || c == b'e' || c == b'E');
+                        match (
+                            is_float,
+                            std::str::from_utf8(n)
+                                .ok()
+                                .and_then(|s| s.parse::<f64>().ok()),
+                        ) {
+                            (true, Some(f)) => ArgValue::Float(f),
+                            _ => ArgValue::Json(self.t.strings.intern(&String::from_utf8_lossy(n))),
+                        }
+                    }
+                },
+                Raw::Str(s, esc) => {
+                    let s = decode_str(s, esc).map_err(|m| {
+                        Error::format(self.path, Some(off as u64), Some(self.index), m)
+                    })?;
+                    ArgValue::Str(self.t.strings.intern(&s))
+                }
+                Raw::True => ArgValue::Bool(true),
+                Raw::False => ArgValue::Bool(false),
+                Raw::Null => ArgValue::Null,
+                Raw::Array(text) | Raw::Object(text) => {
+                    ArgValue::Json(self.t.strings.intern(&String::from_utf8_lossy(text)))
+                }
+            };
+            // Pull the correlation keys into columns; they are written back from the columns.
+            let as_int = |v: &ArgValue| -> Option<i64> {
+                match *v {
+                    ArgValue::Int(i) => Some(i),
+                    _ => None,
+                }
+            };
+            if key == self.k_corr {
+                ev.corr = as_int(&val).unwrap_or(0).max(0) as u64;
+            } else if key == self.k_ext || key == self.k_ext_lc {
+                ev.ext = as_int(&val).unwrap_or(0).max(0) as u64;
+            } else {
+                if key == self.k_device {
+                    ev.device = as_int(&val);
+                } else if key == self.k_stream {
+                    ev.stream = as_int(&val);
+                } else if key == self.k_name {
+                    if let ArgValue::Str(s) = val {
+                        ev.meta_name = Some(s);
+                    }
+                }
+                self.t.args.push((key, val));
+            }
+            if !self.sc.comma_or(b'}').map_err(|e| self.ferr(e, true))? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn layer_for(&mut self, cat: Option<u32>, default: Layer) -> Layer {
+        match cat {
+            None => default,
+            Some(c) => match layer_from_category(self.t.strings.get(c)) {
+                Some(Layer::Other) if default == Layer::Marker => Layer::Marker,
+                Some(l) => l,
+                None => {
+                    *self.unknown_cats.entry(c).or_insert(0) += 1;
+                    default
+                }
+            },
+        }
+    }
+
+    fn need_ts(&self, ev: &Ev, off: usize) -> Result<i64> {
+        ev.ts.ok_or_else(|| {
+            Error::format(
+                self.path,
+                Some(off as u64),
+                Some(self.index),
+                format!("'{}' event has no 'ts'", ev.ph as char),
+            )
+        })
+    }
+
+    fn dispatch(&mut self, ev: Ev, off: usize) -> Result<()> {
+        match ev.ph {
+            b'X' => {
+                let ts = self.need_ts(&ev, off)?;
+                let mut dur = ev.dur.unwrap_or(0);
+                if dur < 0 {
+                    self.neg_dur += 1;
+                    dur = 0;
+                }
+                let layer = self.layer_for(ev.cat, Layer::Other);
+                self.push(layer, &ev, ts, dur, 0);
+            }
+            b'i' | b'I' | b'R' => {
+                let ts = self.need_ts(&ev, off)?;
+                let layer = self.layer_for(ev.cat, Layer::Marker);
+                self.push(layer, &ev, ts, 0, flags::INSTANT);
+            }
+            b'B' => {
+                let ts = self.need_ts(&ev, off)?;
+                let args = self.t.args.split_off(ev.args_start);
+                self.open
+                    .entry((ev.pid, ev.tid))
+                    .or_default()
+                    .push(Pending {
+                        name: ev.name,
+                        cat: ev.cat,
+                        ts,
+                        corr: ev.corr,
+                        ext: ev.ext,
+                        args,
+                    });
+            }
+            b'E' => {
+                let ts = self.need_ts(&ev, off)?;
+                let end_args = self.t.args.split_off(ev.args_start);
+                match self.open.get_mut(&(ev.pid, ev.tid)).and_then(|v| v.pop()) {
+                    None => self.unmatched_end += 1,
+                    Some(p) => {
+                        let layer = self.layer_for(p.cat, Layer::Other);
+                        self.t.args.extend(p.args);
+                        self.t.args.extend(end_args);
+                        let mut dur = ts - p.ts;
+                        if dur < 0 {
+                            self.neg_dur += 1;
+                            dur = 0;
+                        }
+                        let e2 = Ev {
+                            name: p.name,
+                            cat: p.cat,
+                            corr: p.corr,
+                            ext: p.ext,
+                            ..ev
+                        };
+                        self.push(layer, &e2, p.ts, dur, 0);
+                    }
+                }
+            }
+            b's' | b't' | b'f' => {
+                let ts = self.need_ts(&ev, off)?;
+                self.t.args.truncate(ev.args_start);
+                self.t.flows.push(Flow {
+                    id: ev.id.unwrap_or(0),
+                    phase: ev.ph,
+                    cat: ev.cat.unwrap_or(0),
+                    name: ev.name,
+                    ts,
+                    pid: ev.pid,
+                    tid: ev.tid,
+                    binding_enclosing: ev.bp_e,
+                    source: self.source,
+                });
+            }
+            b'M' => {
+                self.t.args.truncate(ev.args_start);
+                let nm = self.t.strings.get(ev.name);
+                if let Some(v) = ev.meta_name {
+                    if nm == "process_name" {
+                        self.t.process_names.push((ev.pid, v));
+                    } else if nm == "thread_name" {
+                        self.t.thread_names.push((ev.pid, ev.tid, v));
+                    }
+                }
+            }
+            b'C' => {
+                let ts = self.need_ts(&ev, off)?;
+                let args = self.t.args.split_off(ev.args_start);
+                for (k, v) in args {
+                    let value = match v {
+                        ArgValue::Int(i) => i as f64,
+                        ArgValue::Float(f) => f,
+                        _ => continue,
+                    };
+                    self.t.counters.push(CounterSample {
+                        name: ev.name,
+                        series: k,
+                        pid: ev.pid,
+                        ts,
+                        value,
+                    });
+                }
+            }
+            p if SKIPPED_PHASES.contains(&p) => {
+                self.t.args.truncate(ev.args_start);
+                *self.skipped_phases.entry(p).or_insert(0) += 1;
+            }
+            p => {
+                return Err(Error::format(
+                    self.path,
+                    Some(off as u64),
+                    Some(self.index),
+                    format!(
+                        "unknown phase '{}' (not in the Trace Event Format)",
+                        crate::json::printable(p)
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn push(&mut self, layer: Layer, ev: &Ev, ts: i64, dur: i64, fl: u8) {
+        let device = if layer.on_gpu() {
+            ev.device.unwrap_or(ev.pid) as i32
+        } else {
+            -1
+        };
+        // Old Kineto wrote GPU tids as "stream 7"; the numeric stream is what we keep.
+        let tid = if layer.on_gpu() && ev.tid_str {
+            ev.stream.unwrap_or(ev.tid)
+        } else {
+            ev.tid
+        };
+        let cat = ev.cat.unwrap_or(0);
+        self.t.push_event(
+            layer,
+            ev.name,
+            cat,
+            ts,
+            dur,
+            ev.pid,
+            tid,
+            device,
+            ev.corr,
+            ev.ext,
+            fl,
+            self.source,
+        );
+    }
+
+    fn close_open_ranges(&mut self) {
+        let last = self
+            .t
+            .ts
+            .iter()
+            .zip(&self.t.dur)
+            .map(|(a, b)| a + b)
+            .max()
+            .unwrap_or(0);
+        let mut open: Vec<((i64, i64), Pending)> = Vec::new();
+        for (k, v) in self.open.drain() {
+            for p in v {
+                open.push((k, p));
+            }
+        }
+        if open.is_empty() {
+            return;
+        }
+        open.sort_by_key(|(k, p)| (p.ts, *k));
+        let n = open.len();
+        for ((pid, tid), p) in open {
+            let layer = self.layer_for(p.cat, Layer::Other);
+            self.t.args.extend(p.args);
+            let ev = Ev {
+                name: p.name,
+                cat: p.cat,
+                pid,
+                tid,
+                corr: p.corr,
+                ext: p.ext,
+                ..Default::default()
+            };
+            self.push(layer, &ev, p.ts, (last.max(p.ts)) - p.ts, flags::UNFINISHED);
+        }
+        self.t.warnings.push(format!(
+            "{}: {n} 'B' event(s) without a matching 'E' were closed at the end of the trace",
+            self.path
+        ));
+    }
+
+    fn finish_warnings(&mut self) {
+        let path = self.path;
+        if !self.unknown_cats.is_empty() {
+            let mut v: Vec<(String, u64)> = self
+                .unknown_cats
+                .iter()
+                .map(|(&c, &n)| (self.t.strings.get(c).to_string(), n))
+                .collect();
+            v.sort();
+            let list: Vec<String> = v.iter().map(|(c, n)| format!("{c:?} x{n}")).collect();
+            self.t.warnings.push(format!(
+                "{path}: unknown categories read as layer 'other': {}",
+                list.join(", ")
+            ));
+        }
+        if !self.skipped_phases.is_empty() {
+            let mut v: Vec<(u8, u64)> = self.skipped_phases.iter().map(|(&p, &n)| (p, n)).collect();
+            v.sort();
+            let list: Vec<String> = v
+                .iter()
+                .map(|(p, n)| format!("'{}' x{n}", *p as char))
+                .collect();
+            self.t.warnings.push(format!(
+                "{path}: events with phases teller does not model were skipped: {}",
+                list.join(", ")
+            ));
+        }
+        if self.neg_dur > 0 {
+            self.t.warnings.push(format!(
+                "{path}: {} event(s) with a negative duration were clamped to 0",
+                self.neg_dur
+            ));
+        }
+        if self.unmatched_end > 0 {
+            self.t.warnings.push(format!(
+                "{path}: {} 'E' event(s) without a matching 'B' were ignored",
+                self.unmatched_end
+            ));
+        }
+    }
+}
+
+fn kind_of(v: &Raw) -> &'static str {
+    match v {
+        Raw::Str(..) => "a string",
+        Raw::Num(_) => "a number",
+        Raw::True | Raw::False => "a boolean",
+        Raw::Null => "null",
+        Raw::Array(_) => "an array",
+        Raw::Object(_) => "an object",
+    }
+}

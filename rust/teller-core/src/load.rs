@@ -1,0 +1,185 @@
+//! Loading: expand inputs (files, run directories), read every file in parallel, merge processes,
+//! align.
+
+use crate::align::{finish, AlignOptions};
+use crate::chrome::read_chrome;
+use crate::error::{Error, Result};
+use crate::model::Trace;
+use crate::raw::{looks_like_raw, read_raw, ProcessKey};
+use hashbrown::HashMap;
+use rayon::prelude::*;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub align: AlignOptions,
+}
+
+/// Input file kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Chrome,
+    Raw,
+}
+
+fn is_trace_file(p: &Path) -> bool {
+    let s = p
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    s.ends_with(".tmsgpack") || s.ends_with(".json") || s.ends_with(".json.gz")
+}
+
+/// Expands one input into the files to read. A directory is a teller run directory (raw files in
+/// `raw/` or at its top) or a directory of Chrome traces; raw files win over JSON (a run directory's
+/// `trace.json` is our own output of those raw files).
+pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
+    let p = Path::new(input);
+    let md = std::fs::metadata(p).map_err(|e| Error::io(input, &e))?;
+    if md.is_file() {
+        return Ok(vec![p.to_path_buf()]);
+    }
+    let mut raw = Vec::new();
+    let mut json = Vec::new();
+    let mut scan = |d: &Path| -> Result<()> {
+        let rd = match std::fs::read_dir(d) {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(&d.display().to_string(), &e)),
+        };
+        for e in rd {
+            let e = e.map_err(|e| Error::io(&d.display().to_string(), &e))?;
+            let path = e.path();
+            if path.is_file() && is_trace_file(&path) {
+                if path.to_string_lossy().ends_with(".tmsgpack") {
+                    raw.push(path);
+                } else {
+                    json.push(path);
+                }
+            }
+        }
+        Ok(())
+    };
+    scan(p)?;
+    scan(&p.join("raw"))?;
+    let mut files = if !raw.is_empty() { raw } else { json };
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Empty {
+            path: input.to_string(),
+            msg: "directory holds no trace files (*.tmsgpack, *.json, *.json.gz, also looked in raw/)".into(),
+        });
+    }
+    Ok(files)
+}
+
+/// Reads a file, transparently gunzipping it.
+pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    if data.len() >= 2 && data[0] == 0x1f && data[1] == 0x8b {
+        // ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint.
+        let hint = if data.len() >= 18 {
+            u32::from_le_bytes([
+                data[data.len() - 4],
+                data[data.len() - 3],
+                data[data.len() - 2],
+                data[data.len() - 1],
+            ]) as usize
+        } else {
+            0
+        };
+        let mut out = Vec::with_capacity(hint.min(1 << 32).max(data.len() * 4));
+        let mut dec = flate2::read::MultiGzDecoder::new(&data[..]);
+        if let Err(e) = dec.read_to_end(&mut out) {
+            return Err(Error::format(
+                path,
+                None,
+                None,
+                format!(
+                    "corrupt or truncated gzip stream after {} decompressed bytes: {e}",
+                    out.len()
+                ),
+            ));
+        }
+        return Ok(out);
+    }
+    Ok(data)
+}
+
+/// Reads one file of either kind.
+pub fn read_file(path: &str, source: u16) -> Result<(Trace, Kind, Option<ProcessKey>)> {
+    let bytes = read_bytes(path)?;
+    if bytes.is_empty() {
+        return Err(Error::Empty {
+            path: path.into(),
+            msg: "empty file".into(),
+        });
+    }
+    if looks_like_raw(&bytes) || path.ends_with(".tmsgpack") {
+        let (t, k) = read_raw(path, &bytes, source)?;
+        return Ok((t, Kind::Raw, Some(k)));
+    }
+    let t = read_chrome(path, &bytes, source)?;
+    Ok((t, Kind::Chrome, None))
+}
+
+/// Loads and aligns any number of inputs (files or run directories) into one trace.
+pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
+    if inputs.is_empty() {
+        return Err(Error::Config("no input given".into()));
+    }
+    let mut files: Vec<String> = Vec::new();
+    for i in inputs {
+        for f in expand_input(i)? {
+            files.push(f.display().to_string());
+        }
+    }
+    if files.len() > u16::MAX as usize {
+        return Err(Error::Config(format!(
+            "too many input files ({})",
+            files.len()
+        )));
+    }
+    // Files are independent: read them in parallel (decompression + parsing dominate).
+    let parts: Vec<Result<(Trace, Kind, Option<ProcessKey>)>> = files
+        .par_iter()
+        .enumerate()
+        .map(|(i, f)| read_file(f, i as u16))
+        .collect();
+    let mut trace = Trace::new();
+    let mut proc_of_source: Vec<u32> = Vec::new();
+    let mut procs: HashMap<ProcessKey, u32> = HashMap::new();
+    let mut next_proc = 0u32;
+    for part in parts {
+        let (t, _kind, key) = part?;
+        let proc = match key {
+            Some(k) => *procs.entry(k).or_insert_with(|| {
+                next_proc += 1;
+                next_proc - 1
+            }),
+            None => {
+                next_proc += 1;
+                next_proc - 1
+            }
+        };
+        proc_of_source.push(proc);
+        // Source indices were assigned by position; `append` shifts by the sources already present.
+        let mut t = t;
+        for s in t.source.iter_mut() {
+            *s = 0;
+        }
+        for f in t.flows.iter_mut() {
+            f.source = 0;
+        }
+        trace.append(t);
+    }
+    if trace.is_empty() {
+        return Err(Error::Empty {
+            path: inputs.join(", "),
+            msg: "no events in the input(s)".into(),
+        });
+    }
+    finish(&mut trace, &proc_of_source, &opts.align);
+    Ok(trace)
+}

@@ -1,0 +1,453 @@
+//! The columnar event model: one struct of arrays for every event of every input, names interned once.
+//!
+//! Decision: struct-of-arrays rather than `Vec<Event>` so Python gets zero-copy numpy views of each
+//! column, the hot loops (alignment, summaries, tokenization) touch only the columns they need, and
+//! a 10M-event trace costs ~90 bytes/event instead of a heap object per event.
+
+use hashbrown::HashMap;
+
+/// Event layers. The numeric codes are part of the raw format (`docs/trace-format.md`).
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layer {
+    Other = 0,
+    Annotation = 1,
+    HostOp = 2,
+    Python = 3,
+    Runtime = 4,
+    Driver = 5,
+    Kernel = 6,
+    Memcpy = 7,
+    Memset = 8,
+    Sync = 9,
+    Marker = 10,
+    GpuAnnotation = 11,
+}
+
+pub const NUM_LAYERS: usize = 12;
+pub const LAYER_NAMES: [&str; NUM_LAYERS] = [
+    "other",
+    "annotation",
+    "host_op",
+    "python",
+    "runtime",
+    "driver",
+    "kernel",
+    "memcpy",
+    "memset",
+    "sync",
+    "marker",
+    "gpu_annotation",
+];
+/// Kineto-style category written for each layer when an event has no original category.
+pub const LAYER_DEFAULT_CATS: [&str; NUM_LAYERS] = [
+    "other",
+    "user_annotation",
+    "cpu_op",
+    "python_function",
+    "cuda_runtime",
+    "cuda_driver",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "cuda_sync",
+    "marker",
+    "gpu_user_annotation",
+];
+
+impl Layer {
+    pub fn from_u8(v: u8) -> Option<Layer> {
+        use Layer::*;
+        Some(match v {
+            0 => Other,
+            1 => Annotation,
+            2 => HostOp,
+            3 => Python,
+            4 => Runtime,
+            5 => Driver,
+            6 => Kernel,
+            7 => Memcpy,
+            8 => Memset,
+            9 => Sync,
+            10 => Marker,
+            11 => GpuAnnotation,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        LAYER_NAMES[self as usize]
+    }
+    pub fn from_name(s: &str) -> Option<Layer> {
+        LAYER_NAMES
+            .iter()
+            .position(|n| *n == s)
+            .and_then(|i| Layer::from_u8(i as u8))
+    }
+    /// GPU activities: what `gpu_events` counts and what gets linked to a launching API call.
+    pub fn is_gpu_activity(self) -> bool {
+        matches!(self, Layer::Kernel | Layer::Memcpy | Layer::Memset)
+    }
+    /// Events that live on a GPU track (device, stream) rather than a CPU thread.
+    pub fn on_gpu(self) -> bool {
+        matches!(
+            self,
+            Layer::Kernel | Layer::Memcpy | Layer::Memset | Layer::GpuAnnotation
+        )
+    }
+    pub fn is_api(self) -> bool {
+        matches!(self, Layer::Runtime | Layer::Driver)
+    }
+}
+
+/// Map a Chrome/Kineto category to a layer. Old (2020) and new category names are both known.
+/// Returns `None` for categories teller does not know (they become `Layer::Other` with a warning).
+pub fn layer_from_category(cat: &str) -> Option<Layer> {
+    Some(match cat {
+        "cpu_op" | "Operator" | "operator" => Layer::HostOp,
+        "cpu_instant_event" => Layer::Marker,
+        "user_annotation" | "annotation" | "nvtx" | "NVTX" => Layer::Annotation,
+        "gpu_user_annotation" => Layer::GpuAnnotation,
+        "python_function" | "python" => Layer::Python,
+        "cuda_runtime" | "Runtime" | "runtime" | "hip_runtime" => Layer::Runtime,
+        "cuda_driver" | "Driver" | "driver" | "hip_driver" => Layer::Driver,
+        "kernel" | "Kernel" => Layer::Kernel,
+        "gpu_memcpy" | "Memcpy" | "memcpy" => Layer::Memcpy,
+        "gpu_memset" | "Memset" | "memset" => Layer::Memset,
+        "cuda_sync" | "sync" | "Sync" => Layer::Sync,
+        "marker" | "Mark" | "mark" => Layer::Marker,
+        "overhead" | "Trace" | "trace" | "other" | "cuda_profiler_range" | "python_oneshot" => {
+            Layer::Other
+        }
+        _ => return None,
+    })
+}
+
+/// Event flags.
+pub mod flags {
+    /// An instant (phase `i`), not an interval.
+    pub const INSTANT: u8 = 1;
+    /// A range that was never closed (B without E, raw BEGIN without END); closed at the trace end.
+    pub const UNFINISHED: u8 = 2;
+}
+
+/// A string interner: every distinct name, category and string argument is stored once.
+#[derive(Debug, Default, Clone)]
+pub struct Interner {
+    map: HashMap<Box<str>, u32>,
+    strings: Vec<Box<str>>,
+}
+
+impl Interner {
+    pub fn new() -> Self {
+        let mut s = Interner::default();
+        s.intern(""); // id 0 is always the empty string
+        s
+    }
+    #[inline]
+    pub fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.map.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        let b: Box<str> = s.into();
+        self.strings.push(b.clone());
+        self.map.insert(b, id);
+        id
+    }
+    #[inline]
+    pub fn get(&self, id: u32) -> &str {
+        &self.strings[id as usize]
+    }
+    pub fn lookup(&self, s: &str) -> Option<u32> {
+        self.map.get(s).copied()
+    }
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+    pub fn strings(&self) -> &[Box<str>] {
+        &self.strings
+    }
+}
+
+/// A value of an event argument. Arrays and objects are kept as their JSON text (interned).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArgValue {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(u32),
+    /// JSON text of an array or object (or a number that does not fit i64), interned.
+    Json(u32),
+    Null,
+}
+
+/// A flow event (`s`, `t`, `f`) as read. Kineto's `ac2g` flows duplicate the correlation ids, which
+/// we use directly; flows are kept so that other flow kinds (`fwdbwd`) survive a round trip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flow {
+    pub id: u64,
+    pub phase: u8,
+    pub cat: u32,
+    pub name: u32,
+    pub ts: i64,
+    pub pid: i64,
+    pub tid: i64,
+    pub binding_enclosing: bool,
+    pub source: u16,
+}
+
+/// A counter sample (`C` phase or raw COUNTER record): one row per series value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CounterSample {
+    pub name: u32,
+    pub series: u32,
+    pub pid: i64,
+    pub ts: i64,
+    pub value: f64,
+}
+
+/// One input file as read, and what it said about itself.
+#[derive(Debug, Clone, Default)]
+pub struct SourceInfo {
+    pub path: String,
+    /// "chrome" or "raw"
+    pub kind: String,
+    /// Offset added to this source's timestamps to reach the common time base (realtime ns).
+    pub base_ns: i64,
+    pub pid: Option<i64>,
+    pub host: Option<String>,
+    pub producer: Option<String>,
+    pub events: u64,
+    /// Top-level keys of a Chrome trace other than traceEvents, as JSON text (deviceProperties, ...),
+    /// and the raw HEADER meta of a raw file, as JSON text.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// A step (segment): the unit of tokenization and of per-iteration comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The event that defines the step, or -1 for a synthetic step (fallback).
+    pub event: i64,
+    pub name: u32,
+    pub start: i64,
+    pub end: i64,
+    pub pid: i64,
+    pub tid: i64,
+    pub source: u16,
+}
+
+/// The whole columnar trace. Columns are indexed by event number; all have the same length.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub strings: Interner,
+    pub layer: Vec<u8>,
+    pub name: Vec<u32>,
+    pub cat: Vec<u32>,
+    /// Start, integer nanoseconds on the common time base (realtime ns once aligned).
+    pub ts: Vec<i64>,
+    pub dur: Vec<i64>,
+    pub pid: Vec<i64>,
+    /// Thread id for CPU events; stream for GPU events.
+    pub tid: Vec<i64>,
+    /// GPU device for GPU events, -1 for CPU events.
+    pub device: Vec<i32>,
+    /// Correlation id (runtime/driver call <-> GPU activity), 0 when none.
+    pub corr: Vec<u64>,
+    /// External id (framework op <-> runtime call, NVTX range <-> GPU work), 0 when none.
+    pub ext: Vec<u64>,
+    pub flags: Vec<u8>,
+    /// Index into `sources`.
+    pub source: Vec<u16>,
+    /// Event i's args are `args[args_off[i]..args_off[i+1]]`.
+    pub args_off: Vec<u32>,
+    pub args: Vec<(u32, ArgValue)>,
+
+    // Derived by `align::finish` (empty before).
+    /// For GPU activities: index of the runtime/driver event that launched it, else -1.
+    pub link: Vec<i64>,
+    /// Call-chain parent (CPU nesting; a GPU activity's parent is its launch), -1 for roots.
+    pub parent: Vec<i64>,
+    /// Step index (into `steps`), -1 when outside every step.
+    pub step: Vec<i32>,
+    /// Normalized symbol id (into `symbols`), see `normalize`.
+    pub symbol: Vec<u32>,
+    pub symbols: Interner,
+    pub steps: Vec<Step>,
+
+    pub flows: Vec<Flow>,
+    pub counters: Vec<CounterSample>,
+    /// (pid, name) of processes, (pid, tid, name) of threads, from metadata events / raw headers.
+    pub process_names: Vec<(i64, u32)>,
+    pub thread_names: Vec<(i64, i64, u32)>,
+    /// Synthetic ids given to non-numeric pid/tid strings ("Spans", "PyTorch Profiler") -> the string.
+    pub id_labels: HashMap<i64, u32>,
+    pub sources: Vec<SourceInfo>,
+    pub warnings: Vec<String>,
+}
+
+/// Synthetic ids for non-numeric pids/tids live above this bound (no real pid/tid/stream gets there).
+pub const LABEL_ID_BASE: i64 = 1 << 52;
+
+impl Trace {
+    pub fn new() -> Self {
+        Trace {
+            strings: Interner::new(),
+            symbols: Interner::new(),
+            args_off: vec![0],
+            ..Default::default()
+        }
+    }
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.ts.len()
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ts.is_empty()
+    }
+    #[inline]
+    pub fn end(&self, i: usize) -> i64 {
+        self.ts[i] + self.dur[i]
+    }
+    #[inline]
+    pub fn layer_of(&self, i: usize) -> Layer {
+        Layer::from_u8(self.layer[i]).unwrap_or(Layer::Other)
+    }
+    pub fn args_of(&self, i: usize) -> &[(u32, ArgValue)] {
+        &self.args[self.args_off[i] as usize..self.args_off[i + 1] as usize]
+    }
+    pub fn name_of(&self, i: usize) -> &str {
+        self.strings.get(self.name[i])
+    }
+    /// Label id for a non-numeric pid/tid string.
+    pub fn label_id(&mut self, s: &str) -> i64 {
+        let sym = self.strings.intern(s);
+        let id = LABEL_ID_BASE + sym as i64;
+        self.id_labels.insert(id, sym);
+        id
+    }
+
+    /// Append one event; args must have been pushed to `self.args` already (this closes the args run).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn push_event(
+        &mut self,
+        layer: Layer,
+        name: u32,
+        cat: u32,
+        ts: i64,
+        dur: i64,
+        pid: i64,
+        tid: i64,
+        device: i32,
+        corr: u64,
+        ext: u64,
+        flags: u8,
+        source: u16,
+    ) {
+        self.layer.push(layer as u8);
+        self.name.push(name);
+        self.cat.push(cat);
+        self.ts.push(ts);
+        self.dur.push(dur);
+        self.pid.push(pid);
+        self.tid.push(tid);
+        self.device.push(device);
+        self.corr.push(corr);
+        self.ext.push(ext);
+        self.flags.push(flags);
+        self.source.push(source);
+        self.args_off.push(self.args.len() as u32);
+    }
+
+    /// Re-intern `other`'s strings into `self` and append all of its events, flows and metadata,
+    /// shifting source indices. Used to merge per-file traces.
+    pub fn append(&mut self, other: Trace) {
+        let remap: Vec<u32> = other
+            .strings
+            .strings()
+            .iter()
+            .map(|s| self.strings.intern(s))
+            .collect();
+        let src_shift = self.sources.len() as u16;
+        let n0 = self.len();
+        let a0 = self.args.len() as u32;
+        let r = |id: u32| remap[id as usize];
+        self.layer.extend_from_slice(&other.layer);
+        self.name.extend(other.name.iter().map(|&x| r(x)));
+        self.cat.extend(other.cat.iter().map(|&x| r(x)));
+        self.ts.extend_from_slice(&other.ts);
+        self.dur.extend_from_slice(&other.dur);
+        let map_id = |id: i64, this: &mut HashMap<i64, u32>| -> i64 {
+            if id >= LABEL_ID_BASE {
+                if let Some(&sym) = other.id_labels.get(&id) {
+                    let ns = r(sym);
+                    let nid = LABEL_ID_BASE + ns as i64;
+                    this.insert(nid, ns);
+                    return nid;
+                }
+            }
+            id
+        };
+        for &p in &other.pid {
+            let v = map_id(p, &mut self.id_labels);
+            self.pid.push(v);
+        }
+        for &t in &other.tid {
+            let v = map_id(t, &mut self.id_labels);
+            self.tid.push(v);
+        }
+        self.device.extend_from_slice(&other.device);
+        self.corr.extend_from_slice(&other.corr);
+        self.ext.extend_from_slice(&other.ext);
+        self.flags.extend_from_slice(&other.flags);
+        self.source
+            .extend(other.source.iter().map(|&s| s + src_shift));
+        self.args_off
+            .extend(other.args_off[1..].iter().map(|&o| o + a0));
+        self.args.extend(other.args.iter().map(|&(k, v)| {
+            let v = match v {
+                ArgValue::Str(s) => ArgValue::Str(r(s)),
+                ArgValue::Json(s) => ArgValue::Json(r(s)),
+                v => v,
+            };
+            (r(k), v)
+        }));
+        for f in other.flows {
+            let pid = map_id(f.pid, &mut self.id_labels);
+            let tid = map_id(f.tid, &mut self.id_labels);
+            self.flows.push(Flow {
+                cat: r(f.cat),
+                name: r(f.name),
+                source: f.source + src_shift,
+                pid,
+                tid,
+                ..f
+            });
+        }
+        for c in other.counters {
+            let pid = map_id(c.pid, &mut self.id_labels);
+            self.counters.push(CounterSample {
+                name: r(c.name),
+                series: r(c.series),
+                pid,
+                ..c
+            });
+        }
+        for (p, n) in other.process_names {
+            let p = map_id(p, &mut self.id_labels);
+            self.process_names.push((p, r(n)));
+        }
+        for (p, t, n) in other.thread_names {
+            let p = map_id(p, &mut self.id_labels);
+            let t = map_id(t, &mut self.id_labels);
+            self.thread_names.push((p, t, r(n)));
+        }
+        self.sources.extend(other.sources);
+        self.warnings.extend(other.warnings);
+        debug_assert_eq!(self.len(), n0 + other.ts.len());
+    }
+}

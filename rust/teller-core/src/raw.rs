@@ -1,0 +1,853 @@
+//! Reader of teller's raw MessagePack event stream (`docs/trace-format.md`).
+//!
+//! Decision: a tiny hand-written MessagePack decoder over the byte slice instead of a serde-based
+//! one: records are positional arrays, so a pull decoder is both simpler and faster, it tells a
+//! *truncated* record (ran out of bytes: warning, keep everything before it) from a *corrupt* one
+//! (bad type byte, wrong field type: error with the byte offset), and it skips zero padding.
+
+use crate::error::{Error, Result};
+use crate::model::*;
+use hashbrown::HashMap;
+
+pub const MAGIC: &str = "teller-trace";
+pub const FORMAT_VERSION: i64 = 1;
+
+/// A decoded MessagePack value (borrowing strings from the buffer).
+#[derive(Debug, Clone, PartialEq)]
+pub enum MVal<'a> {
+    Nil,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(&'a str),
+    Bin(&'a [u8]),
+    Array(Vec<MVal<'a>>),
+    Map(Vec<(MVal<'a>, MVal<'a>)>),
+    Ext(i8, &'a [u8]),
+}
+
+#[derive(Debug)]
+enum DErr {
+    /// Ran past the end of the buffer.
+    Eof,
+    /// Malformed content at this offset.
+    Bad(usize, String),
+}
+
+struct Dec<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+impl<'a> Dec<'a> {
+    #[inline]
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], DErr> {
+        if self.p + n > self.b.len() {
+            return Err(DErr::Eof);
+        }
+        let s = &self.b[self.p..self.p + n];
+        self.p += n;
+        Ok(s)
+    }
+    #[inline]
+    fn u8(&mut self) -> std::result::Result<u8, DErr> {
+        Ok(self.take(1)?[0])
+    }
+    #[inline]
+    fn be(&mut self, n: usize) -> std::result::Result<u64, DErr> {
+        let s = self.take(n)?;
+        let mut v = 0u64;
+        for &c in s {
+            v = (v << 8) | c as u64;
+        }
+        Ok(v)
+    }
+    fn value(&mut self, depth: usize) -> std::result::Result<MVal<'a>, DErr> {
+        if depth > 64 {
+            return Err(DErr::Bad(self.p, "nesting too deep".into()));
+        }
+        let at = self.p;
+        let t = self.u8()?;
+        Ok(match t {
+            0x00..=0x7f => MVal::Int(t as i64),
+            0xe0..=0xff => MVal::Int((t as i8) as i64),
+            0x80..=0x8f => self.map((t & 0x0f) as usize, depth)?,
+            0x90..=0x9f => self.array((t & 0x0f) as usize, depth)?,
+            0xa0..=0xbf => self.str((t & 0x1f) as usize, at)?,
+            0xc0 => MVal::Nil,
+            0xc2 => MVal::Bool(false),
+            0xc3 => MVal::Bool(true),
+            0xc4 => {
+                let n = self.be(1)? as usize;
+                MVal::Bin(self.take(n)?)
+            }
+            0xc5 => {
+                let n = self.be(2)? as usize;
+                MVal::Bin(self.take(n)?)
+            }
+            0xc6 => {
+                let n = self.be(4)? as usize;
+                MVal::Bin(self.take(n)?)
+            }
+            0xc7..=0xc9 => {
+                let n = self.be([1, 2, 4][(t - 0xc7) as usize])? as usize;
+                let ty = self.u8()? as i8;
+                MVal::Ext(ty, self.take(n)?)
+            }
+            0xca => MVal::Float(f32::from_bits(self.be(4)? as u32) as f64),
+            0xcb => MVal::Float(f64::from_bits(self.be(8)?)),
+            0xcc => MVal::Int(self.be(1)? as i64),
+            0xcd => MVal::Int(self.be(2)? as i64),
+            0xce => MVal::Int(self.be(4)? as i64),
+            0xcf => {
+                let v = self.be(8)?;
+                if v <= i64::MAX as u64 {
+                    MVal::Int(v as i64)
+                } else {
+                    MVal::UInt(v)
+                }
+            }
+            0xd0 => MVal::Int(self.be(1)? as u8 as i8 as i64),
+            0xd1 => MVal::Int(self.be(2)? as u16 as i16 as i64),
+            0xd2 => MVal::Int(self.be(4)? as u32 as i32 as i64),
+            0xd3 => MVal::Int(self.be(8)? as i64),
+            0xd4..=0xd8 => {
+                let n = [1, 2, 4, 8, 16][(t - 0xd4) as usize];
+                let ty = self.u8()? as i8;
+                MVal::Ext(ty, self.take(n)?)
+            }
+            0xd9 => {
+                let n = self.be(1)? as usize;
+                self.str(n, at)?
+            }
+            0xda => {
+                let n = self.be(2)? as usize;
+                self.str(n, at)?
+            }
+            0xdb => {
+                let n = self.be(4)? as usize;
+                self.str(n, at)?
+            }
+            0xdc => {
+                let n = self.be(2)? as usize;
+                self.array(n, depth)?
+            }
+            0xdd => {
+                let n = self.be(4)? as usize;
+                self.array(n, depth)?
+            }
+            0xde => {
+                let n = self.be(2)? as usize;
+                self.map(n, depth)?
+            }
+            0xdf => {
+                let n = self.be(4)? as usize;
+                self.map(n, depth)?
+            }
+            0xc1 => return Err(DErr::Bad(at, "invalid MessagePack byte 0xc1".into())),
+        })
+    }
+    fn str(&mut self, n: usize, at: usize) -> std::result::Result<MVal<'a>, DErr> {
+        let s = self.take(n)?;
+        std::str::from_utf8(s)
+            .map(MVal::Str)
+            .map_err(|_| DErr::Bad(at, "string is not valid UTF-8".into()))
+    }
+    fn array(&mut self, n: usize, depth: usize) -> std::result::Result<MVal<'a>, DErr> {
+        if n > self.b.len() - self.p {
+            // every element takes at least one byte
+            return Err(DErr::Eof);
+        }
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.value(depth + 1)?);
+        }
+        Ok(MVal::Array(v))
+    }
+    fn map(&mut self, n: usize, depth: usize) -> std::result::Result<MVal<'a>, DErr> {
+        if n > self.b.len() - self.p {
+            return Err(DErr::Eof);
+        }
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = self.value(depth + 1)?;
+            let x = self.value(depth + 1)?;
+            v.push((k, x));
+        }
+        Ok(MVal::Map(v))
+    }
+}
+
+impl<'a> MVal<'a> {
+    fn as_i64(&self) -> Option<i64> {
+        match *self {
+            MVal::Int(i) => Some(i),
+            MVal::UInt(u) if u <= i64::MAX as u64 => Some(u as i64),
+            _ => None,
+        }
+    }
+    fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MVal::Int(i) if i >= 0 => Some(i as u64),
+            MVal::UInt(u) => Some(u),
+            _ => None,
+        }
+    }
+    fn get(&self, key: &str) -> Option<&MVal<'a>> {
+        match self {
+            MVal::Map(kv) => kv
+                .iter()
+                .find(|(k, _)| matches!(k, MVal::Str(s) if *s == key))
+                .map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    /// JSON text of this value (for metadata and compound arguments).
+    pub fn to_json(&self) -> String {
+        let mut s = String::new();
+        self.write_json(&mut s);
+        s
+    }
+    fn write_json(&self, out: &mut String) {
+        match self {
+            MVal::Nil => out.push_str("null"),
+            MVal::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            MVal::Int(i) => out.push_str(itoa::Buffer::new().format(*i)),
+            MVal::UInt(u) => out.push_str(itoa::Buffer::new().format(*u)),
+            MVal::Float(f) => {
+                if f.is_finite() {
+                    out.push_str(ryu::Buffer::new().format(*f))
+                } else {
+                    out.push_str("null")
+                }
+            }
+            MVal::Str(s) => crate::writer::push_json_str(out, s),
+            MVal::Bin(b) | MVal::Ext(_, b) => {
+                crate::writer::push_json_str(out, &format!("<{} bytes>", b.len()))
+            }
+            MVal::Array(v) => {
+                out.push('[');
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    x.write_json(out);
+                }
+                out.push(']');
+            }
+            MVal::Map(kv) => {
+                out.push('{');
+                for (i, (k, x)) in kv.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    match k {
+                        MVal::Str(s) => crate::writer::push_json_str(out, s),
+                        other => crate::writer::push_json_str(out, &other.to_json()),
+                    }
+                    out.push(':');
+                    x.write_json(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+}
+
+/// Identity of a process across its raw files (host, pid, start).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProcessKey {
+    pub host: String,
+    pub pid: i64,
+    pub start_ns: i64,
+}
+
+/// Quick check: does this buffer start with a teller raw HEADER record?
+pub fn looks_like_raw(b: &[u8]) -> bool {
+    let mut d = Dec {
+        b: &b[..b.len().min(64)],
+        p: 0,
+    };
+    let first = match d.u8() {
+        Ok(x) => x,
+        Err(_) => return false,
+    };
+    if !(0x90..=0x9f).contains(&first) && first != 0xdc {
+        return false;
+    }
+    if first == 0xdc && d.be(2).is_err() {
+        return false;
+    }
+    matches!(d.value(1), Ok(MVal::Int(1))) && matches!(d.value(1), Ok(MVal::Str(s)) if s == MAGIC)
+}
+
+struct Open {
+    layer: Layer,
+    name: u32,
+    tid: i64,
+    ts: i64,
+    args: Vec<(u32, ArgValue)>,
+}
+
+/// Reads one raw file. Returns the trace (one source) and its process key.
+pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)> {
+    if b.iter().all(|&c| c == 0) {
+        return Err(Error::Empty {
+            path: path.into(),
+            msg: "empty raw trace file (no records)".into(),
+        });
+    }
+    let fe =
+        |off: usize, idx: u64, msg: String| Error::format(path, Some(off as u64), Some(idx), msg);
+
+    // Pass 1: decode records (borrowing), find the header and the string table.
+    let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
+    let mut warnings = Vec::new();
+    let mut chunk_size: Option<usize> = None;
+    let mut d = Dec { b, p: 0 };
+    while d.p < b.len() {
+        if b[d.p] == 0 {
+            // zero padding (pre-allocated, not yet written space)
+            match b[d.p..].iter().position(|&c| c != 0) {
+                Some(k) => {
+                    d.p += k;
+                    continue;
+                }
+                None => break,
+            }
+        }
+        let at = d.p;
+        let idx = recs.len() as u64;
+        let torn =
+            |d: &mut Dec, warnings: &mut Vec<String>, msg: String, chunk: Option<usize>| -> bool {
+                // A torn record (a writer died mid-record) can only be followed by zero padding up to the
+                // end of its chunk; skip to the next chunk when the header declared a chunk size.
+                if let Some(cs) = chunk {
+                    if cs > 0 {
+                        let next = (at / cs + 1) * cs;
+                        warnings.push(format!(
+                            "{path}: torn record at byte {at} skipped up to byte {next} ({msg})"
+                        ));
+                        d.p = next;
+                        return true;
+                    }
+                }
+                false
+            };
+        match d.value(0) {
+            Ok(MVal::Array(fields)) => {
+                if fields.is_empty() || fields[0].as_i64().is_none() {
+                    if torn(
+                        &mut d,
+                        &mut warnings,
+                        "record type is not an integer".into(),
+                        chunk_size,
+                    ) {
+                        continue;
+                    }
+                    return Err(fe(
+                        at,
+                        idx,
+                        "record does not start with an integer record type".into(),
+                    ));
+                }
+                if recs.is_empty() {
+                    if fields[0].as_i64() != Some(1)
+                        || !matches!(fields.get(1), Some(MVal::Str(s)) if *s == MAGIC)
+                    {
+                        return Err(fe(
+                            at,
+                            0,
+                            "not a teller raw trace: the first record is not a HEADER".into(),
+                        ));
+                    }
+                    if let Some(cs) = fields
+                        .get(3)
+                        .and_then(|m| m.get("chunk_size"))
+                        .and_then(|v| v.as_u64())
+                    {
+                        chunk_size = Some(cs as usize);
+                    }
+                }
+                recs.push((at, fields));
+            }
+            Ok(_) => {
+                if torn(&mut d, &mut warnings, "not an array".into(), chunk_size) {
+                    continue;
+                }
+                if recs.is_empty() {
+                    return Err(fe(
+                        at,
+                        0,
+                        "not a teller raw trace: the first record is not a HEADER".into(),
+                    ));
+                }
+                return Err(fe(
+                    at,
+                    idx,
+                    format!(
+                        "record is not a MessagePack array (type byte 0x{:02x})",
+                        b[at]
+                    ),
+                ));
+            }
+            Err(DErr::Eof) => {
+                if recs.is_empty() {
+                    return Err(fe(
+                        at,
+                        0,
+                        "truncated before the end of the HEADER record".into(),
+                    ));
+                }
+                warnings.push(format!(
+                    "{path}: truncated: the last {} byte(s) from byte {at} hold an incomplete record; {} complete record(s) read",
+                    b.len() - at,
+                    recs.len()
+                ));
+                break;
+            }
+            Err(DErr::Bad(off, msg)) => {
+                if torn(&mut d, &mut warnings, msg.clone(), chunk_size) {
+                    continue;
+                }
+                return Err(fe(off, idx, msg));
+            }
+        }
+    }
+
+    let mut t = Trace::new();
+    let header = &recs[0].1;
+    let version = header.get(2).and_then(|v| v.as_i64()).unwrap_or(-1);
+    if version != FORMAT_VERSION {
+        return Err(fe(recs[0].0, 0, format!("unsupported raw format version {version} (this teller reads version {FORMAT_VERSION})")));
+    }
+    let meta = header.get(3).cloned().unwrap_or(MVal::Map(vec![]));
+    if !matches!(meta, MVal::Map(_)) {
+        return Err(fe(recs[0].0, 0, "HEADER meta must be a map".into()));
+    }
+    let pid = meta.get("pid").and_then(|v| v.as_i64()).unwrap_or(0);
+    let host = match meta.get("host") {
+        Some(MVal::Str(s)) => s.to_string(),
+        _ => String::new(),
+    };
+    let start_ns = meta.get("start_ns").and_then(|v| v.as_i64()).unwrap_or(0);
+    let mut offset: i64 = match meta.get("clock_sync") {
+        Some(MVal::Array(v)) if v.len() == 2 => match (v[0].as_i64(), v[1].as_i64()) {
+            (Some(c), Some(r)) => r - c,
+            _ => {
+                return Err(fe(
+                    recs[0].0,
+                    0,
+                    "HEADER clock_sync must be [clock_ns, realtime_ns]".into(),
+                ))
+            }
+        },
+        None => {
+            warnings.push(format!("{path}: HEADER has no clock_sync pair; timestamps are kept on the file's own clock"));
+            0
+        }
+        _ => {
+            return Err(fe(
+                recs[0].0,
+                0,
+                "HEADER clock_sync must be [clock_ns, realtime_ns]".into(),
+            ))
+        }
+    };
+    let base_offset = offset;
+    if let Some(MVal::Array(errs)) = meta.get("errors") {
+        for e in errs {
+            if let MVal::Str(s) = e {
+                warnings.push(format!("{path}: collector reported: {s}"));
+            }
+        }
+    }
+
+    // String table (ids may be defined after use).
+    let mut sid: HashMap<u64, u32> = HashMap::new();
+    for (at, f) in &recs {
+        if f[0].as_i64() == Some(2) {
+            match (f.get(1).and_then(|v| v.as_u64()), f.get(2)) {
+                (Some(id), Some(MVal::Str(s))) => {
+                    let v = t.strings.intern(s);
+                    sid.insert(id, v);
+                }
+                _ => return Err(fe(*at, 0, "STRING record must be [2, id, text]".into())),
+            }
+        }
+    }
+    let mut undefined: HashMap<u64, ()> = HashMap::new();
+
+    let mut open: HashMap<u64, Open> = HashMap::new();
+    let mut unmatched_end = 0u64;
+    let mut unknown_types: HashMap<i64, u64> = HashMap::new();
+    let mut dropped = 0u64;
+    let mut last_ts = i64::MIN;
+    let cats: Vec<u32> = LAYER_DEFAULT_CATS
+        .iter()
+        .map(|c| t.strings.intern(c))
+        .collect();
+
+    for (ri, (at, f)) in recs.iter().enumerate().skip(1) {
+        let at = *at;
+        let ri = ri as u64;
+        let ty = f[0].as_i64().unwrap_or(-1);
+        let field = |i: usize, what: &str| -> Result<&MVal> {
+            f.get(i).ok_or_else(|| {
+                fe(
+                    at,
+                    ri,
+                    format!("record type {ty}: missing field {i} ({what})"),
+                )
+            })
+        };
+        let int = |i: usize, what: &str| -> Result<i64> {
+            field(i, what)?.as_i64().ok_or_else(|| {
+                fe(
+                    at,
+                    ri,
+                    format!("record type {ty}: field {i} ({what}) must be an integer"),
+                )
+            })
+        };
+        let opt_u = |i: usize, what: &str| -> Result<u64> {
+            match f.get(i) {
+                None | Some(MVal::Nil) => Ok(0),
+                Some(v) => v.as_u64().ok_or_else(|| {
+                    fe(
+                        at,
+                        ri,
+                        format!(
+                            "record type {ty}: field {i} ({what}) must be a non-negative integer"
+                        ),
+                    )
+                }),
+            }
+        };
+        let layer_at = |i: usize| -> Result<Layer> {
+            let v = int(i, "layer")?;
+            Layer::from_u8(v as u8)
+                .filter(|_| (0..NUM_LAYERS as i64).contains(&v))
+                .ok_or_else(|| fe(at, ri, format!("record type {ty}: unknown layer code {v}")))
+        };
+        let mut name_at = |t: &mut Trace, i: usize| -> Result<u32> {
+            match field(i, "name")? {
+                MVal::Str(s) => Ok(t.strings.intern(s)),
+                v => match v.as_u64() {
+                    Some(0) => Ok(0),
+                    Some(id) => Ok(match sid.get(&id) {
+                        Some(&x) => x,
+                        None => {
+                            undefined.insert(id, ());
+                            t.strings.intern(&format!("<string #{id}>"))
+                        }
+                    }),
+                    None => Err(fe(
+                        at,
+                        ri,
+                        format!(
+                            "record type {ty}: field {i} (name) must be a string id or a string"
+                        ),
+                    )),
+                },
+            }
+        };
+        let args_at = |t: &mut Trace, i: usize| -> Result<Vec<(u32, ArgValue)>> {
+            match f.get(i) {
+                None | Some(MVal::Nil) => Ok(vec![]),
+                Some(MVal::Map(kv)) => {
+                    let mut out = Vec::with_capacity(kv.len());
+                    for (k, v) in kv {
+                        let key = match k {
+                            MVal::Str(s) => t.strings.intern(s),
+                            _ => {
+                                return Err(fe(
+                                    at,
+                                    ri,
+                                    format!("record type {ty}: args keys must be strings"),
+                                ))
+                            }
+                        };
+                        let val = match v {
+                            MVal::Nil => ArgValue::Null,
+                            MVal::Bool(b) => ArgValue::Bool(*b),
+                            MVal::Int(i) => ArgValue::Int(*i),
+                            MVal::Float(x) => ArgValue::Float(*x),
+                            MVal::Str(s) => ArgValue::Str(t.strings.intern(s)),
+                            other => ArgValue::Json(t.strings.intern(&other.to_json())),
+                        };
+                        out.push((key, val));
+                    }
+                    Ok(out)
+                }
+                Some(_) => Err(fe(
+                    at,
+                    ri,
+                    format!("record type {ty}: field {i} (args) must be a map"),
+                )),
+            }
+        };
+        match ty {
+            1 => return Err(fe(at, ri, "a second HEADER record in one file".into())),
+            2 => {}
+            3 => {
+                let layer = layer_at(1)?;
+                let name = name_at(&mut t, 2)?;
+                let tid = int(3, "tid")?;
+                let start = int(4, "start")?;
+                let end = int(5, "end")?;
+                let corr = opt_u(6, "corr")?;
+                let ext = opt_u(7, "ext")?;
+                let args = args_at(&mut t, 8)?;
+                t.args.extend(args);
+                let dur = (end - start).max(0);
+                last_ts = last_ts.max(end + offset);
+                t.push_event(
+                    layer,
+                    name,
+                    cats[layer as usize],
+                    start + offset,
+                    dur,
+                    pid,
+                    tid,
+                    -1,
+                    corr,
+                    ext,
+                    0,
+                    source,
+                );
+            }
+            4 => {
+                let layer = layer_at(1)?;
+                let name = name_at(&mut t, 2)?;
+                let device = int(3, "device")?;
+                let stream = int(4, "stream")?;
+                let start = int(5, "start")?;
+                let end = int(6, "end")?;
+                let corr = opt_u(7, "corr")?;
+                let args = args_at(&mut t, 8)?;
+                t.args.extend(args);
+                last_ts = last_ts.max(end + offset);
+                // GPU tracks use the Kineto convention: pid = device, tid = stream.
+                t.push_event(
+                    layer,
+                    name,
+                    cats[layer as usize],
+                    start + offset,
+                    (end - start).max(0),
+                    device,
+                    stream,
+                    device as i32,
+                    corr,
+                    0,
+                    0,
+                    source,
+                );
+            }
+            5 => {
+                let id = int(1, "range_id")? as u64;
+                let layer = layer_at(2)?;
+                let name = name_at(&mut t, 3)?;
+                let tid = int(4, "tid")?;
+                let ts = int(5, "ts")?;
+                let mut args = args_at(&mut t, 7)?;
+                if let Some(dom) = f.get(6) {
+                    if !matches!(dom, MVal::Nil) && dom.as_u64() != Some(0) {
+                        let d = name_at(&mut t, 6)?;
+                        let k = t.strings.intern("domain");
+                        args.push((k, ArgValue::Str(d)));
+                    }
+                }
+                last_ts = last_ts.max(ts + offset);
+                open.insert(
+                    id,
+                    Open {
+                        layer,
+                        name,
+                        tid,
+                        ts: ts + offset,
+                        args,
+                    },
+                );
+            }
+            6 => {
+                let id = int(1, "range_id")? as u64;
+                let _tid = int(2, "tid")?;
+                let ts = int(3, "ts")? + offset;
+                last_ts = last_ts.max(ts);
+                match open.remove(&id) {
+                    Some(o) => {
+                        t.args.extend(o.args);
+                        t.push_event(
+                            o.layer,
+                            o.name,
+                            cats[o.layer as usize],
+                            o.ts,
+                            (ts - o.ts).max(0),
+                            pid,
+                            o.tid,
+                            -1,
+                            0,
+                            0,
+                            0,
+                            source,
+                        );
+                    }
+                    None => unmatched_end += 1,
+                }
+            }
+            7 => {
+                let layer = layer_at(1)?;
+                let name = name_at(&mut t, 2)?;
+                let tid = int(3, "tid")?;
+                let ts = int(4, "ts")?;
+                let args = args_at(&mut t, 5)?;
+                t.args.extend(args);
+                last_ts = last_ts.max(ts + offset);
+                t.push_event(
+                    layer,
+                    name,
+                    cats[layer as usize],
+                    ts + offset,
+                    0,
+                    pid,
+                    tid,
+                    -1,
+                    0,
+                    0,
+                    flags::INSTANT,
+                    source,
+                );
+            }
+            8 => {
+                let tid = int(1, "tid")?;
+                let name = name_at(&mut t, 2)?;
+                t.thread_names.push((pid, tid, name));
+            }
+            9 => {
+                let name = name_at(&mut t, 1)?;
+                let ts = int(2, "ts")?;
+                let value = match field(3, "value")? {
+                    MVal::Float(x) => *x,
+                    v => v
+                        .as_i64()
+                        .ok_or_else(|| fe(at, ri, "COUNTER value must be a number".into()))?
+                        as f64,
+                };
+                let series = t.strings.intern("value");
+                t.counters.push(CounterSample {
+                    name,
+                    series,
+                    pid,
+                    ts: ts + offset,
+                    value,
+                });
+            }
+            10 => {
+                let n = int(1, "count")?;
+                let reason = name_at(&mut t, 2)?;
+                dropped += n.max(0) as u64;
+                warnings.push(format!(
+                    "{path}: the collector dropped {n} record(s): {}",
+                    t.strings.get(reason)
+                ));
+            }
+            11 => {
+                let c = int(1, "mono_ns")?;
+                let r = int(2, "realtime_ns")?;
+                offset = r - c;
+            }
+            12 => {
+                let sev = int(2, "severity")?;
+                let msg = name_at(&mut t, 3)?;
+                let lvl = ["info", "warning", "error"]
+                    .get(sev as usize)
+                    .copied()
+                    .unwrap_or("diag");
+                warnings.push(format!("{path}: collector {lvl}: {}", t.strings.get(msg)));
+            }
+            other => *unknown_types.entry(other).or_insert(0) += 1,
+        }
+    }
+    if !open.is_empty() {
+        let mut v: Vec<(u64, Open)> = open.into_iter().collect();
+        v.sort_by_key(|(id, o)| (o.ts, *id));
+        let n = v.len();
+        for (_, o) in v {
+            t.args.extend(o.args);
+            t.push_event(
+                o.layer,
+                o.name,
+                cats[o.layer as usize],
+                o.ts,
+                (last_ts - o.ts).max(0),
+                pid,
+                o.tid,
+                -1,
+                0,
+                0,
+                flags::UNFINISHED,
+                source,
+            );
+        }
+        warnings.push(format!("{path}: {n} range(s) still open at the end of the file (process killed?) were closed at its last timestamp"));
+    }
+    if unmatched_end > 0 {
+        warnings.push(format!(
+            "{path}: {unmatched_end} END record(s) without a BEGIN were ignored"
+        ));
+    }
+    if !undefined.is_empty() {
+        warnings.push(format!(
+            "{path}: {} string id(s) used but never defined",
+            undefined.len()
+        ));
+    }
+    if !unknown_types.is_empty() {
+        let mut v: Vec<_> = unknown_types.into_iter().collect();
+        v.sort();
+        warnings.push(format!(
+            "{path}: skipped records of unknown types {v:?} (written by a newer collector?)"
+        ));
+    }
+    let _ = dropped;
+    if let Some(MVal::Str(argv0)) = meta.get("argv").and_then(|a| match a {
+        MVal::Array(v) => v.first(),
+        _ => None,
+    }) {
+        let name = argv0.rsplit('/').next().unwrap_or(argv0);
+        let n = t.strings.intern(name);
+        t.process_names.push((pid, n));
+    }
+    let mut devices: Vec<i32> = t.device.iter().copied().filter(|&d| d >= 0).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for d in devices {
+        let n = t.strings.intern(&format!("GPU {d}"));
+        t.process_names.push((d as i64, n));
+    }
+    let producer = match meta.get("producer") {
+        Some(MVal::Str(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    t.warnings = warnings;
+    t.sources.push(SourceInfo {
+        path: path.to_string(),
+        kind: "raw".into(),
+        base_ns: base_offset,
+        pid: Some(pid),
+        host: Some(host.clone()),
+        producer,
+        events: t.len() as u64,
+        metadata: vec![("header".into(), meta.to_json())],
+    });
+    Ok((
+        t,
+        ProcessKey {
+            host,
+            pid,
+            start_ns,
+        },
+    ))
+}

@@ -1,0 +1,156 @@
+//! Trace summary: what `teller trace summary` prints.
+
+use crate::model::*;
+use hashbrown::HashMap;
+
+#[derive(Debug, Clone, Default)]
+pub struct KernelStat {
+    pub name: String,
+    pub symbol: String,
+    pub count: u64,
+    pub total_ns: i64,
+    pub max_ns: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeviceStat {
+    pub device: i32,
+    pub busy_ns: i64,
+    pub span_ns: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub events: u64,
+    /// Events per original category (Kineto `cat`; the layer's default category when absent).
+    pub by_category: Vec<(String, u64)>,
+    pub by_layer: Vec<(String, u64)>,
+    pub steps: u64,
+    pub gpu_events: u64,
+    pub linked_gpu_events: u64,
+    pub span_ns: i64,
+    pub top_kernels: Vec<KernelStat>,
+    pub devices: Vec<DeviceStat>,
+    pub processes: u64,
+    pub threads: u64,
+    pub sources: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Total length of the union of intervals (sorted by start in place).
+fn union_len(iv: &mut [(i64, i64)]) -> i64 {
+    iv.sort_unstable();
+    let mut total = 0;
+    let mut cur: Option<(i64, i64)> = None;
+    for &(s, e) in iv.iter() {
+        match cur {
+            Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
+            Some((cs, ce)) => {
+                total += ce - cs;
+                cur = Some((s, e));
+            }
+            None => cur = Some((s, e)),
+        }
+    }
+    if let Some((cs, ce)) = cur {
+        total += ce - cs;
+    }
+    total
+}
+
+pub fn summarize(t: &Trace, top: usize) -> Summary {
+    let n = t.len();
+    let mut s = Summary {
+        events: n as u64,
+        steps: t.steps.len() as u64,
+        sources: t.sources.len() as u64,
+        warnings: t.warnings.clone(),
+        ..Default::default()
+    };
+    let mut cats: HashMap<&str, u64> = HashMap::new();
+    let mut layers = [0u64; NUM_LAYERS];
+    let mut kern: HashMap<u32, KernelStat> = HashMap::new();
+    let mut dev: HashMap<i32, Vec<(i64, i64)>> = HashMap::new();
+    let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
+    let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
+    for i in 0..n {
+        let l = t.layer_of(i);
+        layers[l as usize] += 1;
+        let cat = if t.cat[i] != 0 {
+            t.strings.get(t.cat[i])
+        } else {
+            LAYER_DEFAULT_CATS[l as usize]
+        };
+        *cats.entry(cat).or_insert(0) += 1;
+        if l.is_gpu_activity() {
+            s.gpu_events += 1;
+            if !t.link.is_empty() && t.link[i] >= 0 {
+                s.linked_gpu_events += 1;
+            }
+            dev.entry(t.device[i])
+                .or_default()
+                .push((t.ts[i], t.end(i)));
+        } else if !l.on_gpu() {
+            threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
+            procs.insert((t.source[i], t.pid[i]), ());
+        }
+        if l == Layer::Kernel {
+            let k = kern.entry(t.name[i]).or_insert_with(|| KernelStat {
+                name: t.strings.get(t.name[i]).to_string(),
+                symbol: if t.symbol.is_empty() {
+                    String::new()
+                } else {
+                    t.symbols.get(t.symbol[i]).to_string()
+                },
+                ..Default::default()
+            });
+            k.count += 1;
+            k.total_ns += t.dur[i];
+            k.max_ns = k.max_ns.max(t.dur[i]);
+        }
+    }
+    if n > 0 {
+        let start = *t.ts.iter().min().unwrap();
+        let end = (0..n).map(|i| t.end(i)).max().unwrap();
+        s.span_ns = end - start;
+    }
+    let mut c: Vec<(String, u64)> = cats.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    c.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    s.by_category = c;
+    s.by_layer = layers
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| v > 0)
+        .map(|(i, &v)| (LAYER_NAMES[i].to_string(), v))
+        .collect();
+    let mut k: Vec<KernelStat> = kern.into_values().collect();
+    k.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
+    k.truncate(top);
+    s.top_kernels = k;
+    let mut d: Vec<DeviceStat> = dev
+        .into_iter()
+        .map(|(device, mut iv)| {
+            let st = iv.iter().map(|x| x.0).min().unwrap_or(0);
+            let en = iv.iter().map(|x| x.1).max().unwrap_or(0);
+            DeviceStat {
+                device,
+                busy_ns: union_len(&mut iv),
+                span_ns: en - st,
+            }
+        })
+        .collect();
+    d.sort_by_key(|x| x.device);
+    s.devices = d;
+    s.threads = threads.len() as u64;
+    s.processes = procs.len() as u64;
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn union() {
+        let mut v = vec![(5, 10), (0, 3), (2, 4), (10, 11)];
+        assert_eq!(super::union_len(&mut v), 4 + 6);
+    }
+}
