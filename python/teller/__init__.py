@@ -26,3 +26,7 @@ __all__ = [
     "__version__",
     "build_profile",
 ]
+
+from teller import trace  # noqa: E402  (re-exported as teller.trace)
+
+__all__ += ["trace"]

@@ -7,7 +7,6 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -40,7 +39,8 @@ def _version_cb(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version_cb, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option("--version", callback=_version_cb, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """teller: find why an LLM inference service is slow or failing."""
@@ -100,7 +100,9 @@ def _doctor_report(cuda_home: str | None) -> dict[str, object]:
 @app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
-    cuda_home: Annotated[str | None, typer.Option(help="CUDA toolkit root to check instead of the defaults.")] = None,
+    cuda_home: Annotated[
+        str | None, typer.Option(help="CUDA toolkit root to check instead of the defaults.")
+    ] = None,
 ) -> None:
     """Show the build, versions, and whether CUDA/CUPTI/NVTX headers, libcupti and torch CUDA are found."""
     rep = _doctor_report(cuda_home)
@@ -115,18 +117,32 @@ def doctor(
     t.add_row("teller", f"{rep['teller']} ({rep['build_profile']} build)")
     t.add_row("python", str(rep["python"]))
     t.add_row("numpy", str(rep["numpy"]))
-    t.add_row("torch", f"{rep['torch']} (CUDA build {rep['torch_cuda_build']}, GPU available: {rep['torch_cuda_available']})")
+    t.add_row(
+        "torch",
+        f"{rep['torch']} (CUDA build {rep['torch_cuda_build']}, "
+        f"GPU available: {rep['torch_cuda_available']})",
+    )
     t.add_row("transformers", str(rep["transformers"]))
     cuda = rep["cuda"]
     assert isinstance(cuda, dict)
-    for key, label in (("cuda_h", "cuda.h"), ("cupti_h", "cupti.h"), ("nvtx_h", "NVTX headers"), ("libcupti", "libcupti")):
+    for key, label in (
+        ("cuda_h", "cuda.h"),
+        ("cupti_h", "cupti.h"),
+        ("nvtx_h", "NVTX headers"),
+        ("libcupti", "libcupti"),
+    ):
         v = cuda.get(key)
         t.add_row(label, f"{ok} {v}" if v else missing)
     if cuda.get("cupti_version"):
         t.add_row("CUPTI API version", str(cuda["cupti_version"]))
     shim = rep.get("shim")
     if isinstance(shim, dict):
-        t.add_row("collector shim", f"{ok} {shim.get('path')}" if shim.get("built") else f"{missing} ({shim.get('reason', 'not built')})")
+        t.add_row(
+            "collector shim",
+            f"{ok} {shim.get('path')}"
+            if shim.get("built")
+            else f"{missing} ({shim.get('reason', 'not built')})",
+        )
     console.print(t)
 
 
@@ -152,13 +168,18 @@ def _fmt_ns(ns: float) -> str:
 
 StepOpt = Annotated[
     list[str] | None,
-    typer.Option("--step-name", help="Glob of the ranges that delimit steps (repeatable; first with matches wins)."),
+    typer.Option(
+        "--step-name", help="Glob of the ranges that delimit steps (repeatable; first with matches wins)."
+    ),
 ]
 
 
 @trace_app.command("convert")
 def trace_convert(
-    inputs: Annotated[list[str], typer.Argument(help="Run directories, raw .tmsgpack files, Chrome/Kineto JSON (.json/.json.gz).")],
+    inputs: Annotated[
+        list[str],
+        typer.Argument(help="Run directories, raw .tmsgpack files, Chrome/Kineto JSON (.json/.json.gz)."),
+    ],
     output: Annotated[str, typer.Option("-o", "--output", help="Output Chrome trace (.json or .json.gz).")],
     step_name: StepOpt = None,
 ) -> None:
@@ -231,7 +252,9 @@ def trace_summary(
         kt.add_column("total", justify="right")
         kt.add_column("max", justify="right")
         for k in s["top_kernels"]:
-            kt.add_row(k["symbol"] or k["name"][:80], str(k["count"]), _fmt_ns(k["total_ns"]), _fmt_ns(k["max_ns"]))
+            kt.add_row(
+                k["symbol"] or k["name"][:80], str(k["count"]), _fmt_ns(k["total_ns"]), _fmt_ns(k["max_ns"])
+            )
         console.print(kt)
     if s["warnings"]:
         console.print(f"[yellow]{len(s['warnings'])} parse warning(s):[/]")
@@ -271,4 +294,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -102,7 +102,9 @@ def find_cuda(cuda_home: str | os.PathLike[str] | None = None) -> CudaInfo:
     info.cuda_h = _first(roots, [f"{d}/cuda.h" for d in inc])
     info.cupti_h = _first(roots, [f"{d}/cupti.h" for d in inc])
     info.nvtx_h = _first(roots, [f"{d}/nvtx3/nvToolsExt.h" for d in inc])
-    info.libcupti = _glob_first(roots, ["lib", "lib64", "extras/CUPTI/lib64", "targets/x86_64-linux/lib"], "libcupti.so*")
+    info.libcupti = _glob_first(
+        roots, ["lib", "lib64", "extras/CUPTI/lib64", "targets/x86_64-linux/lib"], "libcupti.so*"
+    )
     if info.cupti_h:
         vh = Path(info.cupti_h).with_name("cupti_version.h")
         try:

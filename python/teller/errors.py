@@ -16,8 +16,15 @@ class TellerError(Exception):
     decompressed stream), ``index`` (event/record index), ``detail`` (what is wrong).
     """
 
-    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
-                 index: int | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        index: int | None = None,
+        detail: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.path = path
         self.offset = offset
@@ -38,7 +45,7 @@ class TellerFileNotFoundError(TellerError, FileNotFoundError):
 
 
 class TellerIOError(TellerError, OSError):
-    """An input/output error other than a missing file (permissions, a directory where a file was expected)."""
+    """An I/O error other than a missing file (permissions, a directory where a file was expected)."""
 
 
 class ConfigError(TellerError, ValueError):

@@ -117,22 +117,50 @@ class RawWriter:
         return i
 
     # -- records --------------------------------------------------------------------------------
-    def span(self, layer: str | int, name: str, *, tid: int, start: int, end: int, corr: int = 0,
-             ext: int = 0, args: dict[str, Any] | None = None) -> None:
+    def span(
+        self,
+        layer: str | int,
+        name: str,
+        *,
+        tid: int,
+        start: int,
+        end: int,
+        corr: int = 0,
+        ext: int = 0,
+        args: dict[str, Any] | None = None,
+    ) -> None:
         rec: list[Any] = [SPAN, _layer(layer), self.sid(name), tid, start, end, corr, ext]
         if args:
             rec.append(args)
         self._write(rec)
 
-    def gpu(self, layer: str | int, name: str, *, device: int, stream: int, start: int, end: int,
-            corr: int = 0, args: dict[str, Any] | None = None) -> None:
+    def gpu(
+        self,
+        layer: str | int,
+        name: str,
+        *,
+        device: int,
+        stream: int,
+        start: int,
+        end: int,
+        corr: int = 0,
+        args: dict[str, Any] | None = None,
+    ) -> None:
         rec: list[Any] = [GPU, _layer(layer), self.sid(name), device, stream, start, end, corr]
         if args:
             rec.append(args)
         self._write(rec)
 
-    def begin(self, layer: str | int, name: str, *, tid: int, ts: int, domain: str | None = None,
-              args: dict[str, Any] | None = None) -> int:
+    def begin(
+        self,
+        layer: str | int,
+        name: str,
+        *,
+        tid: int,
+        ts: int,
+        domain: str | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> int:
         rid = self._next_range
         self._next_range += 1
         rec: list[Any] = [BEGIN, rid, _layer(layer), self.sid(name), tid, ts]
@@ -146,7 +174,9 @@ class RawWriter:
     def end(self, range_id: int, *, tid: int, ts: int) -> None:
         self._write([END, range_id, tid, ts])
 
-    def mark(self, layer: str | int, name: str, *, tid: int, ts: int, args: dict[str, Any] | None = None) -> None:
+    def mark(
+        self, layer: str | int, name: str, *, tid: int, ts: int, args: dict[str, Any] | None = None
+    ) -> None:
         rec: list[Any] = [MARK, _layer(layer), self.sid(name), tid, ts]
         if args:
             rec.append(args)
@@ -178,7 +208,9 @@ class RawWriter:
     def __enter__(self) -> RawWriter:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

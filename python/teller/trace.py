@@ -58,7 +58,9 @@ class CallTree:
         self.nodes = nodes  # event indices in call-chain order
         parent = trace.parent[nodes]
         inside = np.isin(parent, nodes)
-        self.roots: list[int] = [int(i) for i, p, ok in zip(nodes, parent, inside, strict=True) if p < 0 or not ok]
+        self.roots: list[int] = [
+            int(i) for i, p, ok in zip(nodes, parent, inside, strict=True) if p < 0 or not ok
+        ]
         self._children: dict[int, list[int]] = {}
         for i, p, ok in zip(nodes, parent, inside, strict=True):
             if p >= 0 and ok:

@@ -29,10 +29,7 @@ pub const DEFAULT_STEP_PATTERNS: &[&str] = &[
 impl Default for AlignOptions {
     fn default() -> Self {
         AlignOptions {
-            step_patterns: DEFAULT_STEP_PATTERNS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            step_patterns: DEFAULT_STEP_PATTERNS.iter().map(|s| s.to_string()).collect(),
             normalize: NormalizeOptions::default(),
         }
     }
@@ -104,10 +101,7 @@ fn permute(t: &mut Trace, perm: &[u32]) {
     let mut args = Vec::with_capacity(t.args.len());
     off.push(0u32);
     for &i in perm {
-        let (a, b) = (
-            t.args_off[i as usize] as usize,
-            t.args_off[i as usize + 1] as usize,
-        );
+        let (a, b) = (t.args_off[i as usize] as usize, t.args_off[i as usize + 1] as usize);
         args.extend_from_slice(&t.args[a..b]);
         off.push(args.len() as u32);
     }
@@ -240,9 +234,7 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
                 continue;
             }
             let nm = t.name[i];
-            let m = *memo
-                .entry(nm)
-                .or_insert_with(|| glob_match(pat, t.strings.get(nm)));
+            let m = *memo.entry(nm).or_insert_with(|| glob_match(pat, t.strings.get(nm)));
             if m {
                 chosen.push(i as u32);
             }
@@ -267,9 +259,7 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
         let mut per_thread: HashMap<(u16, i64, i64), u64> = HashMap::new();
         for i in 0..n {
             if !t.layer_of(i).on_gpu() {
-                *per_thread
-                    .entry((t.source[i], t.pid[i], t.tid[i]))
-                    .or_insert(0) += 1;
+                *per_thread.entry((t.source[i], t.pid[i], t.tid[i])).or_insert(0) += 1;
             }
         }
         let busiest = per_thread

@@ -120,11 +120,7 @@ impl<'a> ChromeReader<'a> {
                     self.sc.pos += 1;
                 } else {
                     loop {
-                        let key = self
-                            .sc
-                            .string()
-                            .map_err(|e| self.ferr(e, false))?
-                            .into_owned();
+                        let key = self.sc.string().map_err(|e| self.ferr(e, false))?.into_owned();
                         self.sc.expect(b':').map_err(|e| self.ferr(e, false))?;
                         match key.as_str() {
                             "traceEvents" => {
@@ -159,10 +155,9 @@ impl<'a> ChromeReader<'a> {
                             _ => {
                                 let start = self.sc.pos;
                                 self.sc.skip_value().map_err(|e| self.ferr(e, false))?;
-                                let text =
-                                    String::from_utf8_lossy(&self.sc.buf[start..self.sc.pos])
-                                        .trim()
-                                        .to_string();
+                                let text = String::from_utf8_lossy(&self.sc.buf[start..self.sc.pos])
+                                    .trim()
+                                    .to_string();
                                 metadata.push((key, text));
                             }
                         }
@@ -252,8 +247,8 @@ impl<'a> ChromeReader<'a> {
                 )
             }),
             Raw::Str(s, esc) => {
-                let s = decode_str(s, esc)
-                    .map_err(|m| Error::format(self.path, Some(off as u64), Some(self.index), m))?;
+                let s =
+                    decode_str(s, esc).map_err(|m| Error::format(self.path, Some(off as u64), Some(self.index), m))?;
                 let st = s.trim();
                 if let Some(x) = parse_int(st.as_bytes()) {
                     return Ok((x, true));
@@ -308,14 +303,7 @@ impl<'a> ChromeReader<'a> {
                 let key: std::borrow::Cow<[u8]> = if kesc {
                     match decode_str(kraw, true) {
                         Ok(s) => std::borrow::Cow::Owned(s.into_owned().into_bytes()),
-                        Err(m) => {
-                            return Err(Error::format(
-                                self.path,
-                                Some(voff as u64),
-                                Some(self.index),
-                                m,
-                            ))
-                        }
+                        Err(m) => return Err(Error::format(self.path, Some(voff as u64), Some(self.index), m)),
                     }
                 } else {
                     std::borrow::Cow::Borrowed(kraw)
@@ -362,9 +350,7 @@ impl<'a> ChromeReader<'a> {
                             Raw::Str(s, esc) => {
                                 let s = decode_str(s, esc).unwrap_or_default();
                                 let st = s.trim();
-                                if let Some(h) =
-                                    st.strip_prefix("0x").or_else(|| st.strip_prefix("0X"))
-                                {
+                                if let Some(h) = st.strip_prefix("0x").or_else(|| st.strip_prefix("0X")) {
                                     u64::from_str_radix(h, 16).unwrap_or(0)
                                 } else if let Some(x) = parse_int(st.as_bytes()) {
                                     x as u64
@@ -426,10 +412,7 @@ impl<'a> ChromeReader<'a> {
                 self.path,
                 Some(off as u64),
                 Some(self.index),
-                format!(
-                    "'{what}' must be a number (microseconds), found {}",
-                    kind_of(&other)
-                ),
+                format!("'{what}' must be a number (microseconds), found {}", kind_of(&other)),
             )),
         }
     }
@@ -468,9 +451,7 @@ impl<'a> ChromeReader<'a> {
                         let is_float = n.iter().any(|&c| c == b'.' || c == b'e' || c == b'E');
                         match (
                             is_float,
-                            std::str::from_utf8(n)
-                                .ok()
-                                .and_then(|s| s.parse::<f64>().ok()),
+                            std::str::from_utf8(n).ok().and_then(|s| s.parse::<f64>().ok()),
                         ) {
                             (true, Some(f)) => ArgValue::Float(f),
                             _ => ArgValue::Json(self.t.strings.intern(&String::from_utf8_lossy(n))),
@@ -478,9 +459,8 @@ impl<'a> ChromeReader<'a> {
                     }
                 },
                 Raw::Str(s, esc) => {
-                    let s = decode_str(s, esc).map_err(|m| {
-                        Error::format(self.path, Some(off as u64), Some(self.index), m)
-                    })?;
+                    let s = decode_str(s, esc)
+                        .map_err(|m| Error::format(self.path, Some(off as u64), Some(self.index), m))?;
                     ArgValue::Str(self.t.strings.intern(&s))
                 }
                 Raw::True => ArgValue::Bool(true),
@@ -564,17 +544,14 @@ impl<'a> ChromeReader<'a> {
             b'B' => {
                 let ts = self.need_ts(&ev, off)?;
                 let args = self.t.args.split_off(ev.args_start);
-                self.open
-                    .entry((ev.pid, ev.tid))
-                    .or_default()
-                    .push(Pending {
-                        name: ev.name,
-                        cat: ev.cat,
-                        ts,
-                        corr: ev.corr,
-                        ext: ev.ext,
-                        args,
-                    });
+                self.open.entry((ev.pid, ev.tid)).or_default().push(Pending {
+                    name: ev.name,
+                    cat: ev.cat,
+                    ts,
+                    corr: ev.corr,
+                    ext: ev.ext,
+                    args,
+                });
             }
             b'E' => {
                 let ts = self.need_ts(&ev, off)?;
@@ -695,14 +672,7 @@ impl<'a> ChromeReader<'a> {
     }
 
     fn close_open_ranges(&mut self) {
-        let last = self
-            .t
-            .ts
-            .iter()
-            .zip(&self.t.dur)
-            .map(|(a, b)| a + b)
-            .max()
-            .unwrap_or(0);
+        let last = self.t.ts.iter().zip(&self.t.dur).map(|(a, b)| a + b).max().unwrap_or(0);
         let mut open: Vec<((i64, i64), Pending)> = Vec::new();
         for (k, v) in self.open.drain() {
             for p in v {
@@ -752,10 +722,7 @@ impl<'a> ChromeReader<'a> {
         if !self.skipped_phases.is_empty() {
             let mut v: Vec<(u8, u64)> = self.skipped_phases.iter().map(|(&p, &n)| (p, n)).collect();
             v.sort();
-            let list: Vec<String> = v
-                .iter()
-                .map(|(p, n)| format!("'{}' x{n}", *p as char))
-                .collect();
+            let list: Vec<String> = v.iter().map(|(p, n)| format!("'{}' x{n}", *p as char)).collect();
             self.t.warnings.push(format!(
                 "{path}: events with phases teller does not model were skipped: {}",
                 list.join(", ")

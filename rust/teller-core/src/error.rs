@@ -24,12 +24,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn format(
-        path: &str,
-        offset: Option<u64>,
-        index: Option<u64>,
-        msg: impl Into<String>,
-    ) -> Self {
+    pub fn format(path: &str, offset: Option<u64>, index: Option<u64>, msg: impl Into<String>) -> Self {
         Error::Format {
             path: path.to_string(),
             offset,
@@ -39,9 +34,7 @@ impl Error {
     }
     pub fn io(path: &str, e: &std::io::Error) -> Self {
         if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NotFound {
-                path: path.to_string(),
-            }
+            Error::NotFound { path: path.to_string() }
         } else {
             Error::Io {
                 path: path.to_string(),

@@ -40,11 +40,7 @@ const MAX_DEPTH: usize = 512;
 impl<'a> Scanner<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
         // Skip a UTF-8 byte order mark.
-        let pos = if buf.starts_with(b"\xEF\xBB\xBF") {
-            3
-        } else {
-            0
-        };
+        let pos = if buf.starts_with(b"\xEF\xBB\xBF") { 3 } else { 0 };
         Scanner { buf, pos }
     }
 
@@ -85,11 +81,7 @@ impl<'a> Scanner<'a> {
                 self.pos += 1;
                 Ok(())
             }
-            Some(b) => self.err(format!(
-                "expected '{}' but found '{}'",
-                c as char,
-                printable(b)
-            )),
+            Some(b) => self.err(format!("expected '{}' but found '{}'", c as char, printable(b))),
             None => self.err(format!(
                 "unexpected end of input (truncated file?), expected '{}'",
                 c as char
@@ -156,10 +148,7 @@ impl<'a> Scanner<'a> {
     pub fn string(&mut self) -> SResult<Cow<'a, str>> {
         let start = self.pos;
         let (raw, esc) = self.string_raw()?;
-        decode_str(raw, esc).map_err(|m| ScanError {
-            offset: start,
-            msg: m,
-        })
+        decode_str(raw, esc).map_err(|m| ScanError { offset: start, msg: m })
     }
 
     /// Reads a number token and returns its text.
@@ -393,9 +382,7 @@ pub fn parse_scaled(raw: &[u8], scale_digits: u32) -> Option<i64> {
     let mut int: i64 = 0;
     let mut i = 0;
     while i < digits.len() && digits[i].is_ascii_digit() {
-        int = int
-            .checked_mul(10)?
-            .checked_add((digits[i] - b'0') as i64)?;
+        int = int.checked_mul(10)?.checked_add((digits[i] - b'0') as i64)?;
         i += 1;
     }
     let mut frac: i64 = 0;
@@ -459,14 +446,8 @@ mod tests {
 
     #[test]
     fn scaled_parsing_is_exact() {
-        assert_eq!(
-            parse_scaled(b"4458676522690.655", 3),
-            Some(4458676522690655)
-        );
-        assert_eq!(
-            parse_scaled(b"1606910596297023", 3),
-            Some(1606910596297023000)
-        );
+        assert_eq!(parse_scaled(b"4458676522690.655", 3), Some(4458676522690655));
+        assert_eq!(parse_scaled(b"1606910596297023", 3), Some(1606910596297023000));
         assert_eq!(parse_scaled(b"1.5", 3), Some(1500));
         assert_eq!(parse_scaled(b"1.23456", 3), Some(1235));
         assert_eq!(parse_scaled(b"-2.5", 3), Some(-2500));

@@ -136,10 +136,7 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         }
     }
     if files.len() > u16::MAX as usize {
-        return Err(Error::Config(format!(
-            "too many input files ({})",
-            files.len()
-        )));
+        return Err(Error::Config(format!("too many input files ({})", files.len())));
     }
     // Files are independent: read them in parallel (decompression + parsing dominate).
     let parts: Vec<Result<(Trace, Kind, Option<ProcessKey>)>> = files

@@ -115,9 +115,7 @@ pub fn layer_from_category(cat: &str) -> Option<Layer> {
         "gpu_memset" | "Memset" | "memset" => Layer::Memset,
         "cuda_sync" | "sync" | "Sync" => Layer::Sync,
         "marker" | "Mark" | "mark" => Layer::Marker,
-        "overhead" | "Trace" | "trace" | "other" | "cuda_profiler_range" | "python_oneshot" => {
-            Layer::Other
-        }
+        "overhead" | "Trace" | "trace" | "other" | "cuda_profiler_range" | "python_oneshot" => Layer::Other,
         _ => return None,
     })
 }
@@ -366,12 +364,7 @@ impl Trace {
     /// Re-intern `other`'s strings into `self` and append all of its events, flows and metadata,
     /// shifting source indices. Used to merge per-file traces.
     pub fn append(&mut self, other: Trace) {
-        let remap: Vec<u32> = other
-            .strings
-            .strings()
-            .iter()
-            .map(|s| self.strings.intern(s))
-            .collect();
+        let remap: Vec<u32> = other.strings.strings().iter().map(|s| self.strings.intern(s)).collect();
         let src_shift = self.sources.len() as u16;
         let n0 = self.len();
         let a0 = self.args.len() as u32;
@@ -404,10 +397,8 @@ impl Trace {
         self.corr.extend_from_slice(&other.corr);
         self.ext.extend_from_slice(&other.ext);
         self.flags.extend_from_slice(&other.flags);
-        self.source
-            .extend(other.source.iter().map(|&s| s + src_shift));
-        self.args_off
-            .extend(other.args_off[1..].iter().map(|&o| o + a0));
+        self.source.extend(other.source.iter().map(|&s| s + src_shift));
+        self.args_off.extend(other.args_off[1..].iter().map(|&o| o + a0));
         self.args.extend(other.args.iter().map(|&(k, v)| {
             let v = match v {
                 ArgValue::Str(s) => ArgValue::Str(r(s)),

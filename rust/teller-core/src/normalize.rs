@@ -109,9 +109,7 @@ pub fn collapse_tiles(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i].is_ascii_digit()
-            && (i == 0 || !b[i - 1].is_ascii_alphanumeric() || b[i - 1].is_ascii_alphabetic())
-        {
+        if b[i].is_ascii_digit() && (i == 0 || !b[i - 1].is_ascii_alphanumeric() || b[i - 1].is_ascii_alphabetic()) {
             // try to match \d+(x\d+)+
             let mut j = i;
             while j < b.len() && b[j].is_ascii_digit() {
@@ -237,10 +235,7 @@ mod tests {
             canonical_kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", &o),
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize*_warpgroupsize*_execute_segment_k_off_kernel__5x_cublas"
         );
-        assert_eq!(
-            canonical_kernel("ampere_sgemm_128x64_nn", &o),
-            "ampere_sgemm_*_nn"
-        );
+        assert_eq!(canonical_kernel("ampere_sgemm_128x64_nn", &o), "ampere_sgemm_*_nn");
         assert_eq!(
             canonical_kernel("triton_red_fused_add_mean_3", &o),
             "triton_red_fused_add_mean"
@@ -279,9 +274,6 @@ mod tests {
             "memcpy:Memcpy HtoD (Pageable -> Device)"
         );
         let long = "k".repeat(6000);
-        assert_eq!(
-            symbol(Layer::Kernel, &long, &o).len(),
-            "kernel:".len() + 160
-        );
+        assert_eq!(symbol(Layer::Kernel, &long, &o).len(), "kernel:".len() + 160);
     }
 }

@@ -223,9 +223,7 @@ impl<'a> MVal<'a> {
                 }
             }
             MVal::Str(s) => crate::writer::push_json_str(out, s),
-            MVal::Bin(b) | MVal::Ext(_, b) => {
-                crate::writer::push_json_str(out, &format!("<{} bytes>", b.len()))
-            }
+            MVal::Bin(b) | MVal::Ext(_, b) => crate::writer::push_json_str(out, &format!("<{} bytes>", b.len())),
             MVal::Array(v) => {
                 out.push('[');
                 for (i, x) in v.iter().enumerate() {
@@ -298,8 +296,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             msg: "empty raw trace file (no records)".into(),
         });
     }
-    let fe =
-        |off: usize, idx: u64, msg: String| Error::format(path, Some(off as u64), Some(idx), msg);
+    let fe = |off: usize, idx: u64, msg: String| Error::format(path, Some(off as u64), Some(idx), msg);
 
     // Pass 1: decode records (borrowing), find the header and the string table.
     let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
@@ -319,22 +316,19 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
         let at = d.p;
         let idx = recs.len() as u64;
-        let torn =
-            |d: &mut Dec, warnings: &mut Vec<String>, msg: String, chunk: Option<usize>| -> bool {
-                // A torn record (a writer died mid-record) can only be followed by zero padding up to the
-                // end of its chunk; skip to the next chunk when the header declared a chunk size.
-                if let Some(cs) = chunk {
-                    if cs > 0 {
-                        let next = (at / cs + 1) * cs;
-                        warnings.push(format!(
-                            "{path}: torn record at byte {at} skipped up to byte {next} ({msg})"
-                        ));
-                        d.p = next;
-                        return true;
-                    }
-                }
-                false
-            };
+        let torn = |d: &mut Dec, warnings: &mut Vec<String>, msg: String, chunk: Option<usize>| -> bool {
+            // A torn record (a writer died mid-record) can only be followed by zero padding up to the
+            // end of its chunk; skip to the next chunk when the header declared a chunk size.
+            if let Some(cs) = chunk.filter(|&cs| cs > 0) {
+                let next = (at.div_euclid(cs) + 1) * cs;
+                warnings.push(format!(
+                    "{path}: torn record at byte {at} skipped up to byte {next} ({msg})"
+                ));
+                d.p = next;
+                return true;
+            }
+            false
+        };
         match d.value(0) {
             Ok(MVal::Array(fields)) => {
                 if fields.is_empty() || fields[0].as_i64().is_none() {
@@ -346,27 +340,17 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     ) {
                         continue;
                     }
-                    return Err(fe(
-                        at,
-                        idx,
-                        "record does not start with an integer record type".into(),
-                    ));
+                    return Err(fe(at, idx, "record does not start with an integer record type".into()));
                 }
                 if recs.is_empty() {
-                    if fields[0].as_i64() != Some(1)
-                        || !matches!(fields.get(1), Some(MVal::Str(s)) if *s == MAGIC)
-                    {
+                    if fields[0].as_i64() != Some(1) || !matches!(fields.get(1), Some(MVal::Str(s)) if *s == MAGIC) {
                         return Err(fe(
                             at,
                             0,
                             "not a teller raw trace: the first record is not a HEADER".into(),
                         ));
                     }
-                    if let Some(cs) = fields
-                        .get(3)
-                        .and_then(|m| m.get("chunk_size"))
-                        .and_then(|v| v.as_u64())
-                    {
+                    if let Some(cs) = fields.get(3).and_then(|m| m.get("chunk_size")).and_then(|v| v.as_u64()) {
                         chunk_size = Some(cs as usize);
                     }
                 }
@@ -386,19 +370,12 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 return Err(fe(
                     at,
                     idx,
-                    format!(
-                        "record is not a MessagePack array (type byte 0x{:02x})",
-                        b[at]
-                    ),
+                    format!("record is not a MessagePack array (type byte 0x{:02x})", b[at]),
                 ));
             }
             Err(DErr::Eof) => {
                 if recs.is_empty() {
-                    return Err(fe(
-                        at,
-                        0,
-                        "truncated before the end of the HEADER record".into(),
-                    ));
+                    return Err(fe(at, 0, "truncated before the end of the HEADER record".into()));
                 }
                 warnings.push(format!(
                     "{path}: truncated: the last {} byte(s) from byte {at} hold an incomplete record; {} complete record(s) read",
@@ -420,7 +397,11 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let header = &recs[0].1;
     let version = header.get(2).and_then(|v| v.as_i64()).unwrap_or(-1);
     if version != FORMAT_VERSION {
-        return Err(fe(recs[0].0, 0, format!("unsupported raw format version {version} (this teller reads version {FORMAT_VERSION})")));
+        return Err(fe(
+            recs[0].0,
+            0,
+            format!("unsupported raw format version {version} (this teller reads version {FORMAT_VERSION})"),
+        ));
     }
     let meta = header.get(3).cloned().unwrap_or(MVal::Map(vec![]));
     if !matches!(meta, MVal::Map(_)) {
@@ -444,7 +425,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             }
         },
         None => {
-            warnings.push(format!("{path}: HEADER has no clock_sync pair; timestamps are kept on the file's own clock"));
+            warnings.push(format!(
+                "{path}: HEADER has no clock_sync pair; timestamps are kept on the file's own clock"
+            ));
             0
         }
         _ => {
@@ -484,23 +467,15 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let mut unknown_types: HashMap<i64, u64> = HashMap::new();
     let mut dropped = 0u64;
     let mut last_ts = i64::MIN;
-    let cats: Vec<u32> = LAYER_DEFAULT_CATS
-        .iter()
-        .map(|c| t.strings.intern(c))
-        .collect();
+    let cats: Vec<u32> = LAYER_DEFAULT_CATS.iter().map(|c| t.strings.intern(c)).collect();
 
     for (ri, (at, f)) in recs.iter().enumerate().skip(1) {
         let at = *at;
         let ri = ri as u64;
         let ty = f[0].as_i64().unwrap_or(-1);
         let field = |i: usize, what: &str| -> Result<&MVal> {
-            f.get(i).ok_or_else(|| {
-                fe(
-                    at,
-                    ri,
-                    format!("record type {ty}: missing field {i} ({what})"),
-                )
-            })
+            f.get(i)
+                .ok_or_else(|| fe(at, ri, format!("record type {ty}: missing field {i} ({what})")))
         };
         let int = |i: usize, what: &str| -> Result<i64> {
             field(i, what)?.as_i64().ok_or_else(|| {
@@ -518,9 +493,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     fe(
                         at,
                         ri,
-                        format!(
-                            "record type {ty}: field {i} ({what}) must be a non-negative integer"
-                        ),
+                        format!("record type {ty}: field {i} ({what}) must be a non-negative integer"),
                     )
                 }),
             }
@@ -546,9 +519,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     None => Err(fe(
                         at,
                         ri,
-                        format!(
-                            "record type {ty}: field {i} (name) must be a string id or a string"
-                        ),
+                        format!("record type {ty}: field {i} (name) must be a string id or a string"),
                     )),
                 },
             }
@@ -561,13 +532,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     for (k, v) in kv {
                         let key = match k {
                             MVal::Str(s) => t.strings.intern(s),
-                            _ => {
-                                return Err(fe(
-                                    at,
-                                    ri,
-                                    format!("record type {ty}: args keys must be strings"),
-                                ))
-                            }
+                            _ => return Err(fe(at, ri, format!("record type {ty}: args keys must be strings"))),
                         };
                         let val = match v {
                             MVal::Nil => ArgValue::Null,
@@ -581,11 +546,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     }
                     Ok(out)
                 }
-                Some(_) => Err(fe(
-                    at,
-                    ri,
-                    format!("record type {ty}: field {i} (args) must be a map"),
-                )),
+                Some(_) => Err(fe(at, ri, format!("record type {ty}: field {i} (args) must be a map"))),
             }
         };
         match ty {
@@ -842,12 +803,5 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         events: t.len() as u64,
         metadata: vec![("header".into(), meta.to_json())],
     });
-    Ok((
-        t,
-        ProcessKey {
-            host,
-            pid,
-            start_ns,
-        },
-    ))
+    Ok((t, ProcessKey { host, pid, start_ns }))
 }

@@ -87,9 +87,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             if !t.link.is_empty() && t.link[i] >= 0 {
                 s.linked_gpu_events += 1;
             }
-            dev.entry(t.device[i])
-                .or_default()
-                .push((t.ts[i], t.end(i)));
+            dev.entry(t.device[i]).or_default().push((t.ts[i], t.end(i)));
         } else if !l.on_gpu() {
             threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
             procs.insert((t.source[i], t.pid[i]), ());

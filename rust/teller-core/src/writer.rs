@@ -50,11 +50,7 @@ fn push_us(out: &mut String, ns: i64) {
     let frac = (a % 1000) as u32;
     if frac != 0 {
         out.push('.');
-        let d = [
-            (frac / 100) as u8,
-            (frac / 10 % 10) as u8,
-            (frac % 10) as u8,
-        ];
+        let d = [(frac / 100) as u8, (frac / 10 % 10) as u8, (frac % 10) as u8];
         let keep = if d[2] != 0 {
             3
         } else if d[1] != 0 {
@@ -112,19 +108,12 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         0
     };
     let mut out = String::with_capacity(1 << 20);
-    out.push_str(
-        "{\n\"schemaVersion\": 1,\n\"displayTimeUnit\": \"ms\",\n\"baseTimeNanoseconds\": ",
-    );
+    out.push_str("{\n\"schemaVersion\": 1,\n\"displayTimeUnit\": \"ms\",\n\"baseTimeNanoseconds\": ");
     push_i64(&mut out, base);
     out.push_str(",\n");
     // Keep the device properties and distributed info of the first source that had them.
     for key in ["deviceProperties", "distributedInfo"] {
-        if let Some(v) = t
-            .sources
-            .iter()
-            .flat_map(|s| s.metadata.iter())
-            .find(|(k, _)| k == key)
-        {
+        if let Some(v) = t.sources.iter().flat_map(|s| s.metadata.iter()).find(|(k, _)| k == key) {
             push_json_str(&mut out, key);
             out.push_str(": ");
             out.push_str(&v.1);
@@ -360,9 +349,7 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
     }
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
-        p.file_name()
-            .map(|s| s.to_string_lossy())
-            .unwrap_or_default(),
+        p.file_name().map(|s| s.to_string_lossy()).unwrap_or_default(),
         std::process::id()
     ));
     let tmp_s = tmp.display().to_string();

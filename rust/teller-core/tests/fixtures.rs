@@ -2,11 +2,7 @@
 use teller_core::{load, LoadOptions};
 
 fn fixture(name: &str) -> String {
-    format!(
-        "{}/../../tests/data/traces/{}",
-        env!("CARGO_MANIFEST_DIR"),
-        name
-    )
+    format!("{}/../../tests/data/traces/{}", env!("CARGO_MANIFEST_DIR"), name)
 }
 
 #[test]

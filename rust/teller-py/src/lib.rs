@@ -16,20 +16,8 @@ use teller_core::{Error, LoadOptions};
 pub fn to_py_err(e: Error) -> PyErr {
     Python::attach(|py| {
         let (cls, path, offset, index, detail) = match &e {
-            Error::NotFound { path } => (
-                "TellerFileNotFoundError",
-                Some(path.clone()),
-                None,
-                None,
-                None,
-            ),
-            Error::Io { path, msg } => (
-                "TellerIOError",
-                Some(path.clone()),
-                None,
-                None,
-                Some(msg.clone()),
-            ),
+            Error::NotFound { path } => ("TellerFileNotFoundError", Some(path.clone()), None, None, None),
+            Error::Io { path, msg } => ("TellerIOError", Some(path.clone()), None, None, Some(msg.clone())),
             Error::Format {
                 path,
                 offset,
@@ -42,13 +30,7 @@ pub fn to_py_err(e: Error) -> PyErr {
                 *index,
                 Some(msg.clone()),
             ),
-            Error::Empty { path, msg } => (
-                "EmptyTraceError",
-                Some(path.clone()),
-                None,
-                None,
-                Some(msg.clone()),
-            ),
+            Error::Empty { path, msg } => ("EmptyTraceError", Some(path.clone()), None, None, Some(msg.clone())),
             Error::Config(msg) => ("ConfigError", None, None, None, Some(msg.clone())),
         };
         let build = || -> PyResult<PyErr> {
@@ -66,16 +48,11 @@ pub fn to_py_err(e: Error) -> PyErr {
     })
 }
 
-fn align_options(
-    step_names: Option<Vec<String>>,
-    normalize: Option<&Bound<'_, PyDict>>,
-) -> PyResult<AlignOptions> {
+fn align_options(step_names: Option<Vec<String>>, normalize: Option<&Bound<'_, PyDict>>) -> PyResult<AlignOptions> {
     let mut o = AlignOptions::default();
     if let Some(s) = step_names {
         if s.is_empty() {
-            return Err(to_py_err(Error::Config(
-                "step_names must not be empty".into(),
-            )));
+            return Err(to_py_err(Error::Config("step_names must not be empty".into())));
         }
         o.step_patterns = s;
     }
@@ -106,10 +83,7 @@ pub struct NativeTrace {
     inner: teller_core::Trace,
 }
 
-fn view<'py, T: Element>(
-    slf: &Bound<'py, NativeTrace>,
-    data: &[T],
-) -> PyResult<Bound<'py, PyArray1<T>>> {
+fn view<'py, T: Element>(slf: &Bound<'py, NativeTrace>, data: &[T]) -> PyResult<Bound<'py, PyArray1<T>>> {
     // Zero-copy: the array borrows the Vec's buffer and keeps the (frozen, so never mutated)
     // NativeTrace alive as its base object.
     let v = ArrayView1::from(data);
@@ -118,11 +92,7 @@ fn view<'py, T: Element>(
     Ok(arr)
 }
 
-fn arg_to_py<'py>(
-    py: Python<'py>,
-    t: &teller_core::Trace,
-    v: &ArgValue,
-) -> PyResult<Bound<'py, PyAny>> {
+fn arg_to_py<'py>(py: Python<'py>, t: &teller_core::Trace, v: &ArgValue) -> PyResult<Bound<'py, PyAny>> {
     Ok(match *v {
         ArgValue::Int(i) => i.into_pyobject(py)?.into_any(),
         ArgValue::Float(f) => f.into_pyobject(py)?.into_any(),
@@ -341,9 +311,7 @@ fn load(
     let opts = LoadOptions {
         align: align_options(step_names, normalize.as_ref())?,
     };
-    let t = py
-        .detach(|| teller_core::load(&paths, &opts))
-        .map_err(to_py_err)?;
+    let t = py.detach(|| teller_core::load(&paths, &opts)).map_err(to_py_err)?;
     Ok(NativeTrace { inner: t })
 }
 
@@ -366,11 +334,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", teller_core::VERSION)?;
     m.add(
         "build_profile",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        if cfg!(debug_assertions) { "debug" } else { "release" },
     )?;
     m.add("LAYER_NAMES", PyTuple::new(m.py(), LAYER_NAMES)?)?;
     m.add(

@@ -1,0 +1,3 @@
+from teller.cli import main
+
+main()

@@ -1,0 +1,216 @@
+"""Bad input gets a clear TellerError naming the file, where, and what; never a panic."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import teller.trace as T
+from conftest import TRACES
+from teller.errors import (
+    ConfigError,
+    EmptyTraceError,
+    TellerError,
+    TellerFileNotFoundError,
+    TellerWarning,
+    TraceFormatError,
+)
+
+
+def write(tmp_path, name, content: bytes | str):
+    p = tmp_path / name
+    p.write_bytes(content.encode() if isinstance(content, str) else content)
+    return p
+
+
+def ok_event(**kw):
+    e = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2}
+    e.update(kw)
+    return e
+
+
+def doc(*events):
+    return json.dumps({"traceEvents": list(events)})
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    p = tmp_path / "nope.json"
+    with pytest.raises(TellerFileNotFoundError) as ei:
+        T.load(p)
+    assert isinstance(ei.value, FileNotFoundError) and isinstance(ei.value, TellerError)
+    assert str(p) in str(ei.value) and ei.value.path == str(p)
+
+
+def test_empty_file(tmp_path):
+    p = write(tmp_path, "empty.json", "")
+    with pytest.raises(EmptyTraceError, match="empty.json"):
+        T.load(p)
+    p = write(tmp_path, "ws.json", "  \n ")
+    with pytest.raises(EmptyTraceError, match="ws.json"):
+        T.load(p)
+
+
+def test_no_events(tmp_path):
+    p = write(tmp_path, "none.json", '{"traceEvents": []}')
+    with pytest.raises(EmptyTraceError, match="no events"):
+        T.load(p)
+
+
+def test_truncated_json_names_offset(tmp_path):
+    full = doc(ok_event(), ok_event(name="aten::add"))
+    p = write(tmp_path, "trunc.json", full[: len(full) - 20])
+    with pytest.raises(TraceFormatError) as ei:
+        T.load(p)
+    e = ei.value
+    assert "trunc.json" in str(e) and "truncated" in str(e)
+    assert e.offset is not None and 0 < e.offset <= len(full)
+    assert isinstance(e, ValueError)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 30, 55, 80])
+def test_every_truncation_is_an_error_not_a_crash(tmp_path, cut):
+    full = doc(ok_event(), ok_event(name="aten::add"))
+    p = write(tmp_path, "t.json", full[:cut])
+    with pytest.raises(TraceFormatError, match="t.json"):
+        T.load(p)
+
+
+def test_truncated_real_fixture_gzip(tmp_path):
+    data = (TRACES / "mi250_rocm62_tiny.kineto.json.gz").read_bytes()
+    p = write(tmp_path, "cut.json.gz", data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match="cut.json.gz.*gzip"):
+        T.load(p)
+
+
+def test_corrupt_gzip(tmp_path):
+    good = gzip.compress(doc(ok_event()).encode())
+    bad = good[:12] + bytes(b ^ 0xFF for b in good[12:30]) + good[30:]
+    p = write(tmp_path, "bad.json.gz", bad)
+    with pytest.raises(TraceFormatError, match="bad.json.gz"):
+        T.load(p)
+
+
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        (ok_event(ts="12.5"), "'ts' must be a number"),
+        (ok_event(dur=[1]), "'dur' must be a number"),
+        (ok_event(name=5), "'name' must be a string"),
+        (ok_event(cat={"a": 1}), "'cat' must be a string"),
+        (ok_event(pid=[1]), "'pid' must be an integer or a string"),
+        (ok_event(args=[1, 2]), "'args' must be an object"),
+        (ok_event(ph="Z"), "unknown phase 'Z'"),
+        (ok_event(ph="XX"), "unknown phase"),
+        ({"cat": "cpu_op", "name": "x", "ts": 1}, "no 'ph'"),
+        (ok_event(ts=None), "'ts' must be a number"),
+        ({"ph": "X", "name": "x", "pid": 1, "tid": 1}, "has no 'ts'"),
+    ],
+)
+def test_wrong_types_name_event_index(tmp_path, event, message):
+    p = write(tmp_path, "types.json", doc(ok_event(), ok_event(), event))
+    with pytest.raises(TraceFormatError) as ei:
+        T.load(p)
+    e = ei.value
+    assert message in str(e) and "types.json" in str(e)
+    assert e.index == 2, str(e)
+    assert e.offset is not None
+
+
+def test_not_a_trace(tmp_path):
+    for name, content in [
+        ("n.json", "42"),
+        ("o.json", '{"foo": 1}'),
+        ("s.json", '"x"'),
+        ("b.json", b"\x89PNG\r\n"),
+    ]:
+        p = write(tmp_path, name, content)
+        with pytest.raises(TraceFormatError, match=name):
+            T.load(p)
+
+
+def test_trailing_garbage(tmp_path):
+    p = write(tmp_path, "g.json", doc(ok_event()) + " xyz")
+    with pytest.raises(TraceFormatError, match="after the end"):
+        T.load(p)
+
+
+def test_unknown_category_is_a_warning_not_an_error(tmp_path):
+    p = write(tmp_path, "c.json", doc(ok_event(), ok_event(cat="my_custom_cat")))
+    with pytest.warns(TellerWarning, match="my_custom_cat"):
+        tr = T.load(p)
+    assert len(tr) == 2
+    assert sorted(tr.layer_name(i) for i in range(2)) == ["host_op", "other"]
+
+
+def test_skipped_phases_and_unmatched_ranges_are_warnings(tmp_path):
+    p = write(
+        tmp_path,
+        "w.json",
+        doc(
+            ok_event(),
+            {"ph": "b", "cat": "async", "name": "a", "id": 1, "pid": 1, "tid": 1, "ts": 1},
+            {"ph": "B", "name": "open", "pid": 1, "tid": 1, "ts": 2},
+            {"ph": "E", "pid": 1, "tid": 2, "ts": 3},
+            ok_event(dur=-5, name="neg"),
+        ),
+    )
+    with pytest.warns(TellerWarning) as rec:
+        tr = T.load(p)
+    text = " | ".join(str(w.message) for w in rec)
+    assert "'b' x1" in text and "without a matching 'E'" in text and "without a matching 'B'" in text
+    assert "negative duration" in text
+    assert len(tr) == 3
+
+
+def test_b_e_pairs_and_string_ids(tmp_path):
+    p = write(
+        tmp_path,
+        "be.json",
+        json.dumps(
+            [
+                {
+                    "ph": "B",
+                    "cat": "user_annotation",
+                    "name": "outer",
+                    "pid": "7",
+                    "tid": "main",
+                    "ts": 10,
+                    "args": {"k": 1},
+                },
+                {"ph": "X", "cat": "cpu_op", "name": "inner", "pid": "7", "tid": "main", "ts": 11, "dur": 2},
+                {"ph": "E", "pid": "7", "tid": "main", "ts": 20.25},
+            ]
+        ),
+    )
+    tr = T.load(p)
+    i = [tr.name_of(k) for k in range(len(tr))].index("outer")
+    assert tr.dur[i] == 10250 and tr.args(i) == {"k": 1} and tr.pid[i] == 7
+    j = 1 - i
+    assert tr.parent[j] == i
+
+
+def test_directory_without_traces(tmp_path):
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(EmptyTraceError, match="no trace files"):
+        T.load(tmp_path)
+
+
+def test_bad_options():
+    with pytest.raises(ConfigError):
+        T.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", step_names=[])
+    with pytest.raises(ConfigError, match="unknown normalization option"):
+        T.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", normalize={"bogus": True})
+    with pytest.raises(ConfigError, match="unknown layer"):
+        T.symbol("gpu", "x")
+
+
+def test_write_to_missing_dir_keeps_nothing_half_written(tmp_path):
+    tr = T.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", warn=False)
+    with pytest.raises(TellerFileNotFoundError):
+        tr.to_chrome(tmp_path / "no" / "such" / "dir" / "t.json")
+    out = tmp_path / "t.json"
+    out.write_text("previous content")
+    tr.to_chrome(out)
+    assert json.loads(out.read_text())["traceEvents"]
+    assert not list(tmp_path.glob(".t.json.tmp-*"))

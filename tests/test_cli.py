@@ -1,0 +1,85 @@
+"""The command line, run as a user would (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import teller
+from conftest import TRACES
+
+FIX = str(TRACES / "b300_cuda13_moe.kineto.json.gz")
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, "-m", "teller", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_version():
+    out = run("--version").stdout
+    assert teller.__version__ in out and teller.build_profile in out
+
+
+def test_help_lists_commands():
+    out = run("--help").stdout
+    for cmd in ("doctor", "trace"):
+        assert cmd in out
+    out = run("trace", "--help").stdout
+    for cmd in ("convert", "summary", "tree"):
+        assert cmd in out
+
+
+def test_doctor_json():
+    rep = json.loads(run("doctor", "--json").stdout)
+    assert rep["teller"] == teller.__version__
+    assert rep["build_profile"] in ("release", "debug")
+    assert set(rep["cuda"]) >= {"cuda_h", "cupti_h", "nvtx_h", "libcupti", "include_dirs"}
+    assert "torch" in rep and "torch_cuda_available" in rep
+
+
+def test_doctor_with_missing_cuda_home(tmp_path):
+    rep = json.loads(run("doctor", "--json", "--cuda-home", str(tmp_path)).stdout)
+    assert rep["cuda"]["cupti_h"] is None and rep["cuda"]["libcupti"] is None
+
+
+def test_summary_json_keys():
+    s = json.loads(run("trace", "summary", FIX, "--json").stdout)
+    for k in ("events", "by_category", "steps", "gpu_events", "linked_gpu_events", "top_kernels", "devices"):
+        assert k in s
+    assert s["gpu_events"] == 30 and s["linked_gpu_events"] == 30
+
+
+def test_summary_human():
+    out = run("trace", "summary", FIX).stdout
+    assert "events per layer" in out and "GPU busy/idle" in out
+
+
+def test_convert_then_summary(tmp_path):
+    out = tmp_path / "o.json.gz"
+    p = run("trace", "convert", FIX, "-o", str(out))
+    assert str(out) in p.stdout.replace("\n", "")
+    s1 = json.loads(run("trace", "summary", FIX, "--json").stdout)
+    s2 = json.loads(run("trace", "summary", str(out), "--json").stdout)
+    assert s1["events"] == s2["events"] and s1["by_category"] == s2["by_category"]
+
+
+def test_tree():
+    out = run("trace", "tree", str(TRACES / "mi250_rocm62_tiny.kineto.json.gz"), "--max-lines", "20").stdout
+    assert "ProfilerStep#1" in out and "runtime: hipMemcpyWithStream" in out
+
+
+def test_errors_are_clean(tmp_path):
+    p = run("trace", "summary", str(tmp_path / "missing.json"), check=False)
+    assert p.returncode == 2
+    assert "missing.json" in p.stderr and "Traceback" not in p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": "x"}]}')
+    p = run("trace", "convert", str(bad), "-o", str(tmp_path / "o.json"), check=False)
+    assert p.returncode == 2 and "bad.json" in p.stderr and "'ts' must be a number" in p.stderr
+    assert not (tmp_path / "o.json").exists()
+    p = run("trace", "tree", FIX, "--step", "99", check=False)
+    assert p.returncode == 2 and "out of range" in p.stderr
