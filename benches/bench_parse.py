@@ -255,7 +255,9 @@ def write_synthetic_trace(path: Path, n_events: int, seed: int) -> None:
     n_groups = max(1, n_events // 4)
     t_cpu = 4458676388068_000  # ns
     t_gpu = t_cpu
-    ext = corr = 1
+    # Real CUPTI correlation / external ids are large and keep growing over a process's lifetime.
+    ext = rng.randint(10_000, 100_000)
+    corr = rng.randint(100_000, 1_000_000)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(
             '{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, '
@@ -279,7 +281,10 @@ def write_synthetic_trace(path: Path, n_events: int, seed: int) -> None:
             for _ in range(groups):
                 parent, child, kernels = _OPS[rng.randrange(len(_OPS))]
                 kname = rng.choice(kernels).format(
-                    m=rng.choice(_TILES), n=rng.choice(_TILES), k=rng.choice((32, 64)), s=rng.choice((2, 4, 8))
+                    m=rng.choice(_TILES),
+                    n=rng.choice(_TILES),
+                    k=rng.choice((32, 64)),
+                    s=rng.choice((2, 4, 8)),
                 )
                 p_ts = t_cpu + rng.randint(1_000, 5_000)
                 c_ts = p_ts + rng.randint(500, 3_000)
@@ -389,6 +394,15 @@ def _ratio(peer: dict, mine: dict) -> str:
     return f"{peer['median_s'] / mine['median_s']:,.1f}x"
 
 
+def _agg_cell(agg: dict, tool: str, key: str, scale: float = 1.0, suffix: str = "") -> str:
+    d = agg["tools"][tool]
+    if not d.get("files_ok"):
+        return "FAIL"
+    n = agg["files"]
+    mark = "" if d["files_ok"] == n else f" ({d['files_ok']}/{n})"
+    return f"{d[key] / scale:,.1f}{suffix}{mark}"
+
+
 def aggregate(rows: list[dict], variant: str) -> dict:
     """Total bytes / total time per tool, over the fixtures where that tool succeeded."""
     sel = [r for r in rows if r["variant"] == variant]
@@ -446,7 +460,11 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
     for r in rows:
         tl = r["tools"]
         t1.add_row(
-            r["file"], r["variant"], f"{r['bytes'] / 1e6:,.1f}", f"{r['events']:,}", *(_fmt_ms(tl[t]) for t in TOOLS)
+            r["file"],
+            r["variant"],
+            f"{r['bytes'] / 1e6:,.1f}",
+            f"{r['events']:,}",
+            *(_fmt_ms(tl[t]) for t in TOOLS),
         )
         te = tl["teller"]
         t2.add_row(
@@ -465,12 +483,6 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
         at = a["tools"]
         label = f"ALL {a['files']} real"
 
-        def cell(tool: str, key: str, scale: float = 1.0, suffix: str = "", agg_tools=at, n=a["files"]) -> str:
-            d = agg_tools[tool]
-            if not d.get("files_ok"):
-                return "FAIL"
-            mark = "" if d["files_ok"] == n else f" ({d['files_ok']}/{n})"
-            return f"{d[key] / scale:,.1f}{suffix}{mark}"
 
         t1.add_section()
         t1.add_row(
@@ -478,16 +490,16 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
             a["variant"],
             f"{at['teller'].get('bytes', 0) / 1e6:,.1f}",
             f"{at['teller'].get('events', 0):,}",
-            *(cell(t, "total_s", 1e-3) for t in TOOLS),
+            *(_agg_cell(a, t, "total_s", 1e-3) for t in TOOLS),
         )
         t2.add_section()
         t2.add_row(
             label,
             a["variant"],
-            cell("teller", "mb_per_s"),
-            cell("teller", "events_per_s", 1e6),
-            *(cell(p, "mb_per_s") for p in PEERS),
-            *(cell(p, "ratio_vs_teller", suffix="x") for p in PEERS),
+            _agg_cell(a, "teller", "mb_per_s"),
+            _agg_cell(a, "teller", "events_per_s", 1e6),
+            *(_agg_cell(a, p, "mb_per_s") for p in PEERS),
+            *(_agg_cell(a, p, "ratio_vs_teller", suffix="x") for p in PEERS),
         )
     console.print(t1)
     console.print(t2)
@@ -505,9 +517,17 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
 
 
 def bench_file(
-    name: str, variant: str, path: Path, nbytes: int, tools: dict, repeat: int, timeouts: dict, console: Console
+    name: str,
+    variant: str,
+    path: Path,
+    nbytes: int,
+    tools: dict,
+    repeat: int,
+    timeouts: dict,
+    console: Console,
 ) -> dict:
-    row: dict[str, Any] = {"file": name, "variant": variant, "bytes": nbytes, "disk_bytes": path.stat().st_size}
+    row: dict[str, Any] = {"file": name, "variant": variant, "bytes": nbytes}
+    row["disk_bytes"] = path.stat().st_size
     results = {}
     for tool in TOOLS:
         fn = tools.get(tool)
@@ -528,11 +548,11 @@ def bench_file(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="write raw results (JSON) here")
-    ap.add_argument("--repeat", type=int, default=None, help="timed runs per (file, tool); default 5 (1 with --quick)")
+    ap.add_argument("--repeat", type=int, help="timed runs per (file, tool); default 5 (1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="1 run, small synthetic trace: a smoke test")
-    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="directory of *.kineto.json.gz fixtures")
-    ap.add_argument("--large-events", type=int, default=None, help="synthetic trace size (default 1,000,000)")
-    ap.add_argument("--large-repeat", type=int, default=None, help="timed runs on the synthetic trace (default 3)")
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="directory of *.kineto.json.gz")
+    ap.add_argument("--large-events", type=int, help="synthetic trace size (default 1,000,000)")
+    ap.add_argument("--large-repeat", type=int, help="timed runs on the synthetic trace (default 3)")
     ap.add_argument("--seed", type=int, default=20240522, help="synthetic trace seed")
     ap.add_argument("--no-large", action="store_true", help="skip the synthetic trace")
     ap.add_argument("--no-hta", action="store_true", help="skip HTA everywhere")
@@ -541,11 +561,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
-    large_events = args.large_events if args.large_events is not None else (50_000 if args.quick else 1_000_000)
-    large_repeat = args.large_repeat if args.large_repeat is not None else (1 if args.quick else min(3, repeat))
-    console = Console()
+    large_events = args.large_events or (50_000 if args.quick else 1_000_000)
+    large_repeat = args.large_repeat or (1 if args.quick else min(3, repeat))
+    console = Console(width=max(Console().width, 150))
 
-    hta_parse, hta_info = (None, {"call": HTA_CALL, "error": "skipped (--no-hta)"}) if args.no_hta else _hta_parse()
+    if args.no_hta:
+        hta_parse, hta_info = None, {"call": HTA_CALL, "error": "skipped (--no-hta)"}
+    else:
+        hta_parse, hta_info = _hta_parse()
     tools: dict[str, Callable | None] = {
         "teller": run_teller,
         "json.load": run_json,
@@ -580,8 +603,9 @@ def main(argv: list[str] | None = None) -> int:
             big_gz = tmp / "synthetic.kineto.json.gz"
             with open(big, "rb") as src, gzip.open(big_gz, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
+            big_bytes = big.stat().st_size
             console.print(
-                f"synthetic trace: {big.stat().st_size / 1e6:,.1f} MB ({big_gz.stat().st_size / 1e6:,.1f} MB gz), "
+                f"synthetic trace: {big_bytes / 1e6:,.1f} MB ({big_gz.stat().st_size / 1e6:,.1f} MB gz), "
                 f"seed {args.seed}, written in {time.perf_counter() - t0:.1f} s"
             )
             big_tools = dict(tools)
@@ -589,9 +613,8 @@ def main(argv: list[str] | None = None) -> int:
                 big_tools["HTA"] = None
             label = f"synthetic_{large_events // 1000}k"
             for variant, path in (("gz", big_gz), ("json", big)):
-                rows.append(
-                    bench_file(label, variant, path, big.stat().st_size, big_tools, large_repeat, timeouts, console)
-                )
+                row = bench_file(label, variant, path, big_bytes, big_tools, large_repeat, timeouts, console)
+                rows.append(row)
                 rows[-1]["synthetic"] = {"requested_events": large_events, "seed": args.seed}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -805,3 +805,192 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     });
     Ok((t, ProcessKey { host, pid, start_ns }))
 }
+
+/// A minimal MessagePack encoder for raw records (tests, tools and benchmarks write raw files with it;
+/// the collector has its own C writer and Python has `teller.rawfmt`).
+pub mod encode {
+    pub enum V<'a> {
+        I(i64),
+        S(&'a str),
+        A(Vec<V<'a>>),
+        M(Vec<(&'a str, V<'a>)>),
+        Nil,
+    }
+
+    pub fn write(out: &mut Vec<u8>, v: &V) {
+        match v {
+            V::Nil => out.push(0xc0),
+            V::I(i) => int(out, *i),
+            V::S(s) => {
+                let n = s.len();
+                if n < 32 {
+                    out.push(0xa0 | n as u8);
+                } else if n < 256 {
+                    out.extend_from_slice(&[0xd9, n as u8]);
+                } else if n < 65536 {
+                    out.push(0xda);
+                    out.extend_from_slice(&(n as u16).to_be_bytes());
+                } else {
+                    out.push(0xdb);
+                    out.extend_from_slice(&(n as u32).to_be_bytes());
+                }
+                out.extend_from_slice(s.as_bytes());
+            }
+            V::A(items) => {
+                let n = items.len();
+                if n < 16 {
+                    out.push(0x90 | n as u8);
+                } else {
+                    out.push(0xdc);
+                    out.extend_from_slice(&(n as u16).to_be_bytes());
+                }
+                for x in items {
+                    write(out, x);
+                }
+            }
+            V::M(kv) => {
+                let n = kv.len();
+                if n < 16 {
+                    out.push(0x80 | n as u8);
+                } else {
+                    out.push(0xde);
+                    out.extend_from_slice(&(n as u16).to_be_bytes());
+                }
+                for (k, x) in kv {
+                    write(out, &V::S(k));
+                    write(out, x);
+                }
+            }
+        }
+    }
+
+    fn int(out: &mut Vec<u8>, i: i64) {
+        if (0..128).contains(&i) {
+            out.push(i as u8);
+        } else if (-32..0).contains(&i) {
+            out.push(i as i8 as u8);
+        } else if i >= 0 && i <= u32::MAX as i64 {
+            out.push(0xce);
+            out.extend_from_slice(&(i as u32).to_be_bytes());
+        } else {
+            out.push(0xd3);
+            out.extend_from_slice(&i.to_be_bytes());
+        }
+    }
+
+    /// A HEADER record for pid with a clock-sync pair.
+    pub fn header(out: &mut Vec<u8>, pid: i64, clock_ns: i64, realtime_ns: i64) {
+        write(
+            out,
+            &V::A(vec![
+                V::I(1),
+                V::S(super::MAGIC),
+                V::I(super::FORMAT_VERSION),
+                V::M(vec![
+                    ("pid", V::I(pid)),
+                    ("host", V::S("test")),
+                    ("clock_sync", V::A(vec![V::I(clock_ns), V::I(realtime_ns)])),
+                ]),
+            ]),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode::{header, write, V};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn span(out: &mut Vec<u8>, layer: i64, name: &str, tid: i64, start: i64, end: i64) {
+        write(
+            out,
+            &V::A(vec![
+                V::I(3),
+                V::I(layer),
+                V::S(name),
+                V::I(tid),
+                V::I(start),
+                V::I(end),
+            ]),
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn write_read_round_trip(evs in proptest::collection::vec((0i64..6, "[a-z:_]{0,40}", 1i64..5, 0i64..1_000_000, 0i64..100_000), 1..40)) {
+            let mut b = Vec::new();
+            header(&mut b, 9, 0, 1_000);
+            for (l, n, tid, s, d) in &evs {
+                span(&mut b, *l, n, *tid, *s, s + d);
+            }
+            let (t, _) = read_raw("p", &b, 0).unwrap();
+            prop_assert_eq!(t.len(), evs.len());
+            prop_assert!(t.warnings.is_empty());
+            for (i, (l, n, tid, s, d)) in evs.iter().enumerate() {
+                prop_assert_eq!(t.layer[i] as i64, *l);
+                prop_assert_eq!(t.name_of(i), n.as_str());
+                prop_assert_eq!(t.tid[i], *tid);
+                prop_assert_eq!(t.ts[i], s + 1_000);
+                prop_assert_eq!(t.dur[i], *d);
+            }
+        }
+
+        #[test]
+        fn truncation_keeps_every_complete_record(n in 1usize..12, long in 0usize..300) {
+            let mut b = Vec::new();
+            header(&mut b, 9, 0, 0);
+            let mut ends = vec![];
+            let name = "k".repeat(long);
+            for i in 0..n {
+                span(&mut b, 6, &name, 1, i as i64 * 10, i as i64 * 10 + 5);
+                ends.push(b.len());
+            }
+            let header_end = ends[0] - {
+                let mut one = Vec::new();
+                span(&mut one, 6, &name, 1, 0, 5);
+                one.len()
+            };
+            for cut in 1..=b.len() {
+                let complete = ends.iter().filter(|&&e| e <= cut).count();
+                match read_raw("p", &b[..cut], 0) {
+                    Ok((t, _)) => {
+                        prop_assert_eq!(t.len(), complete, "cut {}", cut);
+                        let truncated = t.warnings.iter().any(|w| w.contains("truncated"));
+                        prop_assert_eq!(truncated, cut != b.len() && !ends.contains(&cut) && cut != header_end);
+                    }
+                    Err(e) => prop_assert!(cut < header_end, "cut {} error {}", cut, e),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_and_errors() {
+        let mut b = Vec::new();
+        header(&mut b, 1, 0, 0);
+        b.extend_from_slice(&[0; 100]);
+        span(&mut b, 2, "x", 1, 1, 2);
+        b.extend_from_slice(&[0; 10]);
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        assert_eq!(t.len(), 1);
+        // a non-array record is an error with its offset
+        let mut c = b.clone();
+        let off = c.len();
+        c.push(0x05);
+        match read_raw("p", &c, 0) {
+            Err(Error::Format { offset, .. }) => assert_eq!(offset, Some(off as u64)),
+            other => panic!("{other:?}"),
+        }
+        // not a raw file
+        assert!(read_raw("p", b"[1,2]", 0).is_err());
+        assert!(!looks_like_raw(b"{\"traceEvents\": []}"));
+        assert!(looks_like_raw(&b));
+        // a wrong version
+        let mut v = Vec::new();
+        write(&mut v, &V::A(vec![V::I(1), V::S(MAGIC), V::I(99), V::M(vec![])]));
+        let e = read_raw("p", &v, 0).unwrap_err().to_string();
+        assert!(e.contains("unsupported raw format version 99"), "{e}");
+    }
+}
