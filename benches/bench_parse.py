@@ -43,11 +43,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from rich.console import Console
-from rich.table import Table
-
 import teller
 import teller.trace
+from rich.console import Console
+from rich.table import Table
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACES = REPO / "tests" / "data" / "traces"
@@ -482,7 +481,6 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
     for a in aggs:
         at = a["tools"]
         label = f"ALL {a['files']} real"
-
 
         t1.add_section()
         t1.add_row(

@@ -248,12 +248,17 @@ def trace_summary(
     if s["top_kernels"]:
         kt = Table(title=f"top {len(s['top_kernels'])} kernels by GPU time", title_justify="left")
         kt.add_column("kernel (normalized)")
+        kt.add_column("variants", justify="right")
         kt.add_column("count", justify="right")
         kt.add_column("total", justify="right")
         kt.add_column("max", justify="right")
         for k in s["top_kernels"]:
             kt.add_row(
-                k["symbol"] or k["name"][:80], str(k["count"]), _fmt_ns(k["total_ns"]), _fmt_ns(k["max_ns"])
+                k["symbol"] or k["name"][:80],
+                str(k["variants"]),
+                str(k["count"]),
+                _fmt_ns(k["total_ns"]),
+                _fmt_ns(k["max_ns"]),
             )
         console.print(kt)
     if s["warnings"]:

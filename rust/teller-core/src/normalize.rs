@@ -80,6 +80,16 @@ pub fn canonical_kernel(name: &str, opts: &NormalizeOptions) -> String {
     if tok.is_empty() {
         tok = name.trim().to_string();
     }
+    // Generic wrappers (`cutlass::Kernel<cutlass_tensorop_s1688gemm_...>`, `device_kernel<...>`) carry
+    // the kernel's identity in their first template argument: name them by it.
+    if GENERIC_WRAPPERS.contains(&tok.as_str()) {
+        if let Some(arg) = first_template_arg(s) {
+            let inner = canonical_kernel(arg, opts);
+            if !inner.is_empty() && !GENERIC_WRAPPERS.contains(&inner.as_str()) {
+                return inner;
+            }
+        }
+    }
     if opts.collapse_tiles {
         tok = collapse_tiles(&tok);
         if tok.starts_with("triton_") {
@@ -91,6 +101,36 @@ pub fn canonical_kernel(name: &str, opts: &NormalizeOptions) -> String {
         }
     }
     tok
+}
+
+const GENERIC_WRAPPERS: &[&str] = &[
+    "Kernel",
+    "Kernel2",
+    "kernel",
+    "device_kernel",
+    "kernel_entry",
+    "cutlass_kernel",
+];
+
+/// The first top-level template argument of a (possibly `void `-prefixed) kernel name.
+fn first_template_arg(s: &str) -> Option<&str> {
+    let b = s.as_bytes();
+    let open = s.find('<')?;
+    let mut depth = 0i32;
+    for (i, &c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'<' | b'(' | b'{' | b'[' => depth += 1,
+            b'>' | b')' | b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(s[open + 1..i].trim());
+                }
+            }
+            b',' if depth == 1 => return Some(s[open + 1..i].trim()),
+            _ => {}
+        }
+    }
+    None
 }
 
 #[inline]

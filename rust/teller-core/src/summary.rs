@@ -10,6 +10,8 @@ pub struct KernelStat {
     pub count: u64,
     pub total_ns: i64,
     pub max_ns: i64,
+    /// Distinct raw names aggregated under this symbol.
+    pub variants: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -70,6 +72,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut cats: HashMap<&str, u64> = HashMap::new();
     let mut layers = [0u64; NUM_LAYERS];
     let mut kern: HashMap<u32, KernelStat> = HashMap::new();
+    let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
     let mut dev: HashMap<i32, Vec<(i64, i64)>> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
@@ -93,8 +96,10 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             procs.insert((t.source[i], t.pid[i]), ());
         }
         if l == Layer::Kernel {
-            let k = kern.entry(t.name[i]).or_insert_with(|| KernelStat {
-                name: t.strings.get(t.name[i]).to_string(),
+            // Aggregate by normalized symbol (template/tile variants of one kernel together); keep the
+            // raw name of the variant with the most GPU time as an example.
+            let key = if t.symbol.is_empty() { t.name[i] } else { t.symbol[i] };
+            let k = kern.entry(key).or_insert_with(|| KernelStat {
                 symbol: if t.symbol.is_empty() {
                     String::new()
                 } else {
@@ -104,8 +109,20 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             });
             k.count += 1;
             k.total_ns += t.dur[i];
+            *variant_ns.entry((key, t.name[i])).or_insert(0) += t.dur[i];
             k.max_ns = k.max_ns.max(t.dur[i]);
         }
+    }
+    let mut best: HashMap<u32, (i64, u32)> = HashMap::new();
+    for (&(key, name), &ns) in &variant_ns {
+        let e = best.entry(key).or_insert((ns, name));
+        if ns > e.0 || (ns == e.0 && name < e.1) {
+            *e = (ns, name);
+        }
+    }
+    for (key, k) in kern.iter_mut() {
+        k.name = t.strings.get(best[key].1).to_string();
+        k.variants = variant_ns.keys().filter(|(kk, _)| kk == key).count() as u64;
     }
     if n > 0 {
         let start = *t.ts.iter().min().unwrap();

@@ -281,6 +281,7 @@ impl NativeTrace {
             kd.set_item("count", k.count)?;
             kd.set_item("total_ns", k.total_ns)?;
             kd.set_item("max_ns", k.max_ns)?;
+            kd.set_item("variants", k.variants)?;
             tk.append(kd)?;
         }
         d.set_item("top_kernels", tk)?;
