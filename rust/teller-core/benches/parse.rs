@@ -1,1 +1,42 @@
-fn main() {}
+//! Criterion benches of the trace core on the real fixtures: read (decompress + parse) and
+//! load (read + align). Run with `cargo bench -p teller-core --bench parse`.
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use teller_core::load::read_bytes;
+use teller_core::{load, LoadOptions};
+
+fn fixtures() -> Vec<(String, String)> {
+    let dir = format!("{}/../../tests/data/traces", env!("CARGO_MANIFEST_DIR"));
+    let mut v: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".json.gz"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().replace(".kineto.json.gz", ""),
+                p.display().to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, path) in fixtures() {
+        let plain = read_bytes(&path).unwrap();
+        let mut g = c.benchmark_group(format!("trace/{name}"));
+        g.sample_size(10);
+        g.throughput(Throughput::Bytes(plain.len() as u64));
+        g.bench_function("parse_json", |b| {
+            b.iter(|| teller_core::chrome::read_chrome(&path, &plain, 0).unwrap())
+        });
+        g.bench_function("load_gz_and_align", |b| {
+            b.iter(|| load(std::slice::from_ref(&path), &LoadOptions::default()).unwrap())
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

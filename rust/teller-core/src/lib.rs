@@ -16,6 +16,7 @@ pub mod load;
 pub mod model;
 pub mod normalize;
 pub mod raw;
+pub mod sequence;
 pub mod summary;
 pub mod writer;
 
