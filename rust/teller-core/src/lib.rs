@@ -9,3 +9,4 @@
 //! * [`tpe`]: Trace Pair Encoding.
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub mod tpe;
