@@ -7,6 +7,9 @@
 //! of `n` events (one hash lookup per initial pair and two per merge), instead of the naive
 //! `O(n * merges)` or `O(n^2)`.
 //!
+//! The batch encoder ([`Tpe::encode`]) replaces the heap by a bucket queue indexed by rank
+//! (`O(n + merges)` per task of ~64k events), see `encode_task`.
+//!
 //! Batch encoding first dedupes identical segments (hash of the id slice, confirmed by comparing
 //! the slices), encodes each distinct segment once (in parallel), then copies the tokens into place
 //! (in parallel). Inference traces repeat the same step heavily, so this is where most of the speed
@@ -20,6 +23,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use rayon::prelude::*;
 
 use super::{check_ids, segment_bounds, Result, Tpe, NONE};
+
 
 /// The encoding of a whole corpus.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -42,8 +46,18 @@ pub(crate) struct Scratch {
     heap: Vec<Reverse<u64>>,
 }
 
-/// Events per parallel encoding task (amortizes scheduling, keeps caches warm).
-const TASK_EVENTS: usize = 1 << 15;
+/// Events per parallel encoding task (amortizes scheduling and the per-task rank scan).
+const TASK_EVENTS: usize = 1 << 16;
+
+/// Scratch of the bucket encoder, reused across tasks on one worker.
+#[derive(Default)]
+pub(crate) struct BucketScratch {
+    sym: Vec<u32>,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    /// `buckets[r]`: positions (left node) where the pair of rank `r` may be merged.
+    buckets: Vec<Vec<u32>>,
+}
 
 impl Tpe {
     /// Encodes one segment of base ids: `(tokens, offsets)` with `offsets.len() == tokens.len() + 1`
@@ -62,39 +76,30 @@ impl Tpe {
     /// Encodes a corpus (see the module docs for `starts`). Parallel over segments with the
     /// current rayon pool; the result is identical to sequential encoding.
     pub fn encode(&self, ids: &[u32], starts: &[usize]) -> Result<Encoding> {
+        self.encode_opts(ids, starts, true)
+    }
+
+    /// [`Tpe::encode`] with the segment dedupe switchable (for benchmarks and tests).
+    #[doc(hidden)]
+    pub fn encode_opts(&self, ids: &[u32], starts: &[usize], dedupe: bool) -> Result<Encoding> {
         let bounds = segment_bounds(ids.len(), starts)?;
         check_ids(ids, self.base_size)?;
+        let (distinct, seg_distinct) = if dedupe {
+            dedupe_segments(ids, &bounds)
+        } else {
+            (bounds.clone(), (0..bounds.len() as u32).collect())
+        };
+        Ok(self.encode_distinct(ids, &bounds, &distinct, &seg_distinct))
+    }
 
-        // 1. Dedupe segments.
-        let hasher = DefaultHashBuilder::default();
-        let hashes: Vec<u64> = bounds.par_iter().map(|&(s, e)| hasher.hash_one(&ids[s..e])).collect();
-        let mut table: HashTable<u32> = HashTable::new();
-        let mut distinct: Vec<(usize, usize)> = Vec::new();
-        let mut dist_hash: Vec<u64> = Vec::new();
-        let mut seg_distinct: Vec<u32> = Vec::with_capacity(bounds.len());
-        for (i, &(s, e)) in bounds.iter().enumerate() {
-            let slice = &ids[s..e];
-            let h = hashes[i];
-            let d = match table.find(h, |&d| {
-                let (ds, de) = distinct[d as usize];
-                &ids[ds..de] == slice
-            }) {
-                Some(&d) => d,
-                None => {
-                    let d = distinct.len() as u32;
-                    distinct.push((s, e));
-                    dist_hash.push(h);
-                    table.insert_unique(h, d, |&d| dist_hash[d as usize]);
-                    d
-                }
-            };
-            seg_distinct.push(d);
-        }
-        drop(table);
-        drop(hashes);
-        drop(dist_hash);
-
-        // 2. Encode every distinct segment once, in parallel tasks of consecutive segments.
+    fn encode_distinct(
+        &self,
+        ids: &[u32],
+        bounds: &[(usize, usize)],
+        distinct: &[(usize, usize)],
+        seg_distinct: &[u32],
+    ) -> Encoding {
+        // Encode every distinct segment once, in parallel tasks of consecutive segments.
         let mut tasks: Vec<(usize, usize)> = Vec::new();
         let mut lo = 0;
         while lo < distinct.len() {
@@ -110,15 +115,11 @@ impl Tpe {
         // Per task: tokens, relative offsets, and the end (within the task) of each segment's tokens.
         let encoded: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)> = tasks
             .par_iter()
-            .map(|&(lo, hi)| {
-                let mut sc = Scratch::default();
+            .map_init(BucketScratch::default, |sc, &(lo, hi)| {
                 let mut toks = Vec::new();
                 let mut offs = Vec::new();
                 let mut ends = Vec::with_capacity(hi - lo);
-                for &(s, e) in &distinct[lo..hi] {
-                    self.encode_into(&ids[s..e], &mut sc, &mut toks, &mut offs);
-                    ends.push(toks.len() as u32);
-                }
+                self.encode_task(ids, &distinct[lo..hi], sc, &mut toks, &mut offs, &mut ends);
                 (toks, offs, ends)
             })
             .collect();
@@ -132,10 +133,10 @@ impl Tpe {
             }
         }
 
-        // 3. Lay out the output and copy, in parallel over groups of segments.
+        // Lay out the output and copy, in parallel over groups of segments.
         let mut segment_starts = Vec::with_capacity(bounds.len());
         let mut n_tok = 0usize;
-        for &d in &seg_distinct {
+        for &d in seg_distinct {
             segment_starts.push(n_tok);
             let (_, a, b) = where_[d as usize];
             n_tok += (b - a) as usize;
@@ -179,10 +180,118 @@ impl Tpe {
                 }
             });
         }
-        Ok(Encoding { tokens, token_offsets, segment_starts })
+        Encoding { tokens, token_offsets, segment_starts }
     }
 
-    /// Encodes `ids` (already validated), appending tokens and their start offsets (relative to the
+    /// The batch encoder: encodes several segments (`ranges` of `ids`, already validated) together
+    /// with a **bucket queue indexed by rank** instead of a heap. Ranks are popped in increasing
+    /// order and a merge of rank `r` only creates pairs of rank `> r`, so one forward sweep over the
+    /// ranks is a valid priority queue: `O(n + num_merges)` per task plus small sorts (a bucket
+    /// receives ascending runs of positions; it is sorted only when it is not already in order,
+    /// which keeps "leftmost first" for overlapping pairs like `a a a`). Segments do not interact:
+    /// their lists are separated by `NONE` links. Appends tokens, offsets relative to each segment,
+    /// and the end (in `toks`) of each segment's tokens.
+    pub(crate) fn encode_task(
+        &self,
+        ids: &[u32],
+        ranges: &[(usize, usize)],
+        sc: &mut BucketScratch,
+        toks: &mut Vec<u32>,
+        offs: &mut Vec<u32>,
+        ends: &mut Vec<u32>,
+    ) {
+        let nm = self.merges.len();
+        let BucketScratch { sym, next, prev, buckets } = sc;
+        if buckets.len() < nm {
+            buckets.resize_with(nm, Vec::new);
+        }
+        sym.clear();
+        next.clear();
+        prev.clear();
+        let mut first = Vec::with_capacity(ranges.len());
+        let mut pending = 0usize;
+        let mut min_r = usize::MAX;
+        for &(s, e) in ranges {
+            let base = sym.len() as u32;
+            first.push(base);
+            let seg = &ids[s..e];
+            sym.extend_from_slice(seg);
+            let n = seg.len() as u32;
+            next.extend(base + 1..=base + n);
+            prev.extend((base..base + n).map(|i| i.wrapping_sub(1)));
+            if n > 0 {
+                next[(base + n - 1) as usize] = NONE;
+                prev[base as usize] = NONE;
+            }
+            if nm > 0 {
+                for (i, w) in seg.windows(2).enumerate() {
+                    if let Some(r) = self.ranks.get(w[0], w[1]) {
+                        buckets[r as usize].push(base + i as u32);
+                        pending += 1;
+                        min_r = min_r.min(r as usize);
+                    }
+                }
+            }
+        }
+        let mut r = min_r;
+        while pending > 0 {
+            let mut list = std::mem::take(&mut buckets[r]);
+            if !list.is_empty() {
+                pending -= list.len();
+                if !list.windows(2).all(|w| w[0] < w[1]) {
+                    list.sort_unstable();
+                }
+                let (a, b) = self.merges[r];
+                let c = self.base_size + r as u32;
+                for &p in &list {
+                    let p = p as usize;
+                    if sym[p] != a {
+                        continue;
+                    }
+                    let q = next[p];
+                    if q == NONE || sym[q as usize] != b {
+                        continue;
+                    }
+                    let y = next[q as usize];
+                    sym[p] = c;
+                    sym[q as usize] = NONE;
+                    next[p] = y;
+                    if y != NONE {
+                        prev[y as usize] = p as u32;
+                        if let Some(r2) = self.ranks.get(c, sym[y as usize]) {
+                            debug_assert!(r2 as usize > r);
+                            buckets[r2 as usize].push(p as u32);
+                            pending += 1;
+                        }
+                    }
+                    let x = prev[p];
+                    if x != NONE {
+                        if let Some(r2) = self.ranks.get(sym[x as usize], c) {
+                            debug_assert!(r2 as usize > r);
+                            buckets[r2 as usize].push(x);
+                            pending += 1;
+                        }
+                    }
+                }
+                list.clear();
+            }
+            buckets[r] = list;
+            r += 1;
+        }
+        for (&f, &(s, e)) in first.iter().zip(ranges) {
+            if e > s {
+                let mut p = f;
+                while p != NONE {
+                    toks.push(sym[p as usize]);
+                    offs.push(p - f);
+                    p = next[p as usize];
+                }
+            }
+            ends.push(toks.len() as u32);
+        }
+    }
+
+    /// Encodes `ids` (already validated) with the heap encoder, appending tokens and their start offsets (relative to the
     /// start of `ids`) to `toks` / `offs`.
     pub(crate) fn encode_into(&self, ids: &[u32], sc: &mut Scratch, toks: &mut Vec<u32>, offs: &mut Vec<u32>) {
         let n = ids.len();
@@ -245,3 +354,34 @@ impl Tpe {
     }
 }
 
+
+/// Groups identical segments: returns the distinct segments (first occurrences, in order) and the
+/// distinct index of every segment. Hashes in parallel; equal hashes are confirmed by comparing the
+/// slices, so a collision can never merge different segments.
+pub(crate) fn dedupe_segments(ids: &[u32], bounds: &[(usize, usize)]) -> (Vec<(usize, usize)>, Vec<u32>) {
+    let hasher = DefaultHashBuilder::default();
+    let hashes: Vec<u64> = bounds.par_iter().map(|&(s, e)| hasher.hash_one(&ids[s..e])).collect();
+    let mut table: HashTable<u32> = HashTable::new();
+    let mut distinct: Vec<(usize, usize)> = Vec::new();
+    let mut dist_hash: Vec<u64> = Vec::new();
+    let mut seg_distinct: Vec<u32> = Vec::with_capacity(bounds.len());
+    for (i, &(s, e)) in bounds.iter().enumerate() {
+        let slice = &ids[s..e];
+        let h = hashes[i];
+        let d = match table.find(h, |&d| {
+            let (ds, de) = distinct[d as usize];
+            &ids[ds..de] == slice
+        }) {
+            Some(&d) => d,
+            None => {
+                let d = distinct.len() as u32;
+                distinct.push((s, e));
+                dist_hash.push(h);
+                table.insert_unique(h, d, |&d| dist_hash[d as usize]);
+                d
+            }
+        };
+        seg_distinct.push(d);
+    }
+    (distinct, seg_distinct)
+}

@@ -25,6 +25,7 @@
 //! * [`naive`]: slow, obviously-correct reference implementations (for tests).
 
 mod encode;
+mod ranks;
 pub mod features;
 pub mod naive;
 pub mod synth;
@@ -164,7 +165,7 @@ pub struct Tpe {
     base_size: u32,
     merges: Vec<(u32, u32)>,
     /// pair -> rank (the merged token is `base_size + rank`).
-    ranks: HashMap<u64, u32>,
+    ranks: ranks::RankTable,
     /// Number of base events covered by every token id (`len == vocab_size`).
     token_len: Vec<u32>,
 }
@@ -177,7 +178,7 @@ impl Tpe {
         if vocab > MAX_VOCAB {
             return Err(TpeError::VocabTooLarge(vocab));
         }
-        let mut ranks = HashMap::with_capacity(merges.len());
+        let mut seen = HashMap::with_capacity(merges.len());
         let mut token_len: Vec<u32> = vec![1; base_size as usize];
         token_len.reserve(merges.len());
         for (r, &(a, b)) in merges.iter().enumerate() {
@@ -185,11 +186,12 @@ impl Tpe {
             if a >= limit || b >= limit {
                 return Err(TpeError::BadMerge { rank: r, left: a, right: b, limit });
             }
-            if ranks.insert(pair_key(a, b), r as u32).is_some() {
+            if seen.insert(pair_key(a, b), r as u32).is_some() {
                 return Err(TpeError::BadConfig(format!("merge ({a}, {b}) appears twice (second at rank {r})")));
             }
             token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
         }
+        let ranks = ranks::RankTable::new(&merges);
         Ok(Tpe { base_size, merges, ranks, token_len })
     }
 
@@ -215,7 +217,7 @@ impl Tpe {
     /// The rank of a pair, if it is a merge.
     #[inline]
     pub fn rank(&self, a: u32, b: u32) -> Option<u32> {
-        self.ranks.get(&pair_key(a, b)).copied()
+        self.ranks.get(a, b)
     }
 
     /// Appends the base-symbol expansion of `token` to `out` (iterative, no recursion).

@@ -1,15 +1,19 @@
 //! Deterministic synthetic corpus shaped like an LLM-inference trace.
 //!
 //! * `n_symbols` base symbols with Zipf-like frequencies (symbol 0 most frequent, like
-//!   `cudaLaunchKernel`);
-//! * a step (one segment) is a prologue, `n_layers` repetitions of the template's per-layer block
-//!   (2-4 motifs of 6-40 events: launch/kernel-like interleavings), and an epilogue;
-//! * a few step templates (prefill/decode/different batch shapes); most steps are exact repeats of
-//!   a template, `mutation_prob` of them get 1-4 random edits (substitution, insertion of a rare
-//!   symbol, deletion, a repeated motif), so there are both heavy repeats and many distinct steps;
-//! * per-symbol log-normal durations with rare stragglers, sequential start times with small gaps.
+//!   `cudaLaunchKernel`); rare symbols come from the tail;
+//! * a pool of motifs (6-40 events: a launch-like frequent symbol interleaved with kernel-like
+//!   Zipf symbols, e.g. one attention or MLP sub-block);
+//! * a few step templates (prefill/decode/batch shapes): a prologue, `n_layers` layers of 2-4 motif
+//!   slots (each slot has 1-3 variant motifs: kernel selection by shape), an epilogue;
+//! * a step (one segment) is, with probability `repeat_prob`, an exact repeat of its template's
+//!   canonical step (CUDA-graph-like decode steps); otherwise it is built fresh: every slot picks a
+//!   non-default variant with probability `variant_prob`, and every event is replaced/duplicated/
+//!   dropped with probability `noise_prob` (rare symbols, retries, missing events);
+//! * per-symbol log-normal durations with rare stragglers, sequential start times with small gaps
+//!   and occasional idle periods.
 //!
-//! Same config, same corpus, on every machine (SplitMix64, no float-to-string dependence).
+//! Same config, same corpus, on every machine (SplitMix64, no platform-dependent code paths).
 
 /// Generator parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,12 +23,18 @@ pub struct SynthConfig {
     pub n_events: usize,
     /// Base vocabulary size.
     pub n_symbols: u32,
-    /// Target mean step length in events (steps vary by about +-30%).
+    /// Target mean step length in events (templates vary by about +-30%).
     pub step_events: usize,
-    /// Number of distinct step templates.
+    /// Number of step templates.
     pub n_templates: usize,
-    /// Probability that a step is an edited copy of its template.
-    pub mutation_prob: f64,
+    /// Number of motifs in the pool.
+    pub n_motifs: usize,
+    /// Probability that a step is an exact repeat of its template's canonical step.
+    pub repeat_prob: f64,
+    /// Probability that a motif slot uses a non-default variant (fresh steps only).
+    pub variant_prob: f64,
+    /// Per-event edit probability (fresh steps only).
+    pub noise_prob: f64,
     /// Zipf exponent of the symbol frequencies.
     pub zipf_s: f64,
 }
@@ -37,7 +47,10 @@ impl Default for SynthConfig {
             n_symbols: 1500,
             step_events: 2000,
             n_templates: 8,
-            mutation_prob: 0.3,
+            n_motifs: 200,
+            repeat_prob: 0.5,
+            variant_prob: 0.2,
+            noise_prob: 0.01,
             zipf_s: 1.1,
         }
     }
@@ -107,6 +120,15 @@ impl Zipf {
     }
 }
 
+struct Template {
+    prologue: Vec<u32>,
+    /// Motif slots of one layer; each slot lists variant motif indices (the first is the default).
+    slots: Vec<Vec<usize>>,
+    n_layers: usize,
+    epilogue: Vec<u32>,
+    canonical: Vec<u32>,
+}
+
 /// Generates the corpus.
 pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
     let n_symbols = cfg.n_symbols.max(4);
@@ -116,8 +138,7 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
     let dur_mu: Vec<f64> = (0..n_symbols).map(|_| rng.f64() * 7.0).collect();
     let dur_sigma: Vec<f64> = (0..n_symbols).map(|_| 0.1 + rng.f64() * 0.4).collect();
 
-    // Motif pool: launch-like frequent symbols interleaved with kernel-like Zipf symbols.
-    let n_motifs = 32;
+    let n_motifs = cfg.n_motifs.max(1);
     let motifs: Vec<Vec<u32>> = (0..n_motifs)
         .map(|_| {
             let len = rng.range(6, 41);
@@ -126,53 +147,67 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
         })
         .collect();
 
-    // Templates.
     let step_events = cfg.step_events.max(8);
-    let templates: Vec<Vec<u32>> = (0..cfg.n_templates.max(1))
+    let mut templates: Vec<Template> = (0..cfg.n_templates.max(1))
         .map(|_| {
-            let mut t: Vec<u32> = (0..rng.range(5, 31)).map(|_| zipf.sample(&mut rng)).collect();
-            let block: Vec<u32> = (0..rng.range(2, 5)).flat_map(|_| motifs[rng.range(0, n_motifs)].clone()).collect();
+            let prologue: Vec<u32> = (0..rng.range(5, 31)).map(|_| zipf.sample(&mut rng)).collect();
             let epilogue: Vec<u32> = (0..rng.range(5, 31)).map(|_| zipf.sample(&mut rng)).collect();
+            let slots: Vec<Vec<usize>> = (0..rng.range(2, 5))
+                .map(|_| (0..rng.range(1, 4)).map(|_| rng.range(0, n_motifs)).collect())
+                .collect();
+            let layer_len: usize = slots.iter().map(|v| motifs[v[0]].len()).sum();
             let target = (step_events as f64 * (0.7 + 0.6 * rng.f64())) as usize;
-            let n_layers = (target.saturating_sub(t.len() + epilogue.len()) / block.len()).max(1);
-            for _ in 0..n_layers {
-                t.extend_from_slice(&block);
-            }
-            t.extend_from_slice(&epilogue);
-            t
+            let n_layers = (target.saturating_sub(prologue.len() + epilogue.len()) / layer_len).max(1);
+            Template { prologue, slots, n_layers, epilogue, canonical: Vec::new() }
         })
         .collect();
+    for t in templates.iter_mut() {
+        let mut c = t.prologue.clone();
+        for _ in 0..t.n_layers {
+            for v in &t.slots {
+                c.extend_from_slice(&motifs[v[0]]);
+            }
+        }
+        c.extend_from_slice(&t.epilogue);
+        t.canonical = c;
+    }
 
     let mut ids = Vec::with_capacity(cfg.n_events);
     let mut starts = Vec::new();
-    let mut step = Vec::new();
+    let mut step: Vec<u32> = Vec::new();
+    let rare = |rng: &mut Rng| n_symbols / 2 + zipf.sample(rng) % (n_symbols - n_symbols / 2);
     while ids.len() < cfg.n_events {
         let t = &templates[(zipf.sample(&mut rng) as usize) % templates.len()];
+        starts.push(ids.len());
+        let room = cfg.n_events - ids.len();
+        if rng.f64() < cfg.repeat_prob {
+            ids.extend_from_slice(&t.canonical[..t.canonical.len().min(room)]);
+            continue;
+        }
         step.clear();
-        step.extend_from_slice(t);
-        if rng.f64() < cfg.mutation_prob {
-            for _ in 0..rng.range(1, 5) {
-                let p = rng.range(0, step.len());
-                match rng.range(0, 4) {
-                    0 => step[p] = zipf.sample(&mut rng),
-                    1 => step.insert(p, n_symbols / 2 + zipf.sample(&mut rng) % (n_symbols / 2)),
-                    2 => {
-                        if step.len() > 2 {
-                            step.remove(p);
+        step.extend_from_slice(&t.prologue);
+        for _ in 0..t.n_layers {
+            for v in &t.slots {
+                let m = if v.len() > 1 && rng.f64() < cfg.variant_prob { v[rng.range(1, v.len())] } else { v[0] };
+                for &x in &motifs[m] {
+                    if rng.f64() < cfg.noise_prob {
+                        match rng.range(0, 3) {
+                            0 => step.push(rare(&mut rng)),
+                            1 => {
+                                step.push(x);
+                                step.push(x);
+                            }
+                            _ => {}
                         }
-                    }
-                    _ => {
-                        let m = &motifs[rng.range(0, n_motifs)];
-                        step.splice(p..p, m.iter().copied());
+                    } else {
+                        step.push(x);
                     }
                 }
             }
         }
-        starts.push(ids.len());
-        let room = cfg.n_events - ids.len();
+        step.extend_from_slice(&t.epilogue);
         ids.extend_from_slice(&step[..step.len().min(room)]);
     }
-
     let mut dur_ns = Vec::with_capacity(ids.len());
     let mut start_ns = Vec::with_capacity(ids.len());
     let mut t: i64 = 1_000_000_000;

@@ -44,6 +44,7 @@ fn check_all(segs: &[Vec<u32>], base_size: u32, c: &TrainConfig) {
     }
     // Batch encoding == per-segment encoding; no token crosses a segment boundary.
     let enc = tpe.encode(&ids, &starts).unwrap();
+    assert_eq!(enc, tpe.encode_opts(&ids, &starts, false).unwrap());
     assert_eq!(enc.segment_starts.len(), segs.len());
     assert_eq!(enc.token_offsets.len(), enc.tokens.len() + 1);
     assert_eq!(tpe.decode(&enc.tokens).unwrap(), ids);
