@@ -25,3 +25,4 @@ pub use load::{load, LoadOptions};
 pub use model::{Layer, Trace};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub mod tpe;

@@ -1,0 +1,387 @@
+//! The TPE encoder.
+//!
+//! Per segment: a linked list over the segment's symbols and a min-heap of `(rank, position)`
+//! (packed into one `u64`), lazily validated on pop. Popping the lowest rank, leftmost first, and
+//! merging is exactly "apply merges in rank order, each left to right" (a merge of rank `r` only
+//! creates pairs containing the new id, whose ranks are all `> r`). Cost: `O(n log n)` per segment
+//! of `n` events (one hash lookup per initial pair and two per merge), instead of the naive
+//! `O(n * merges)` or `O(n^2)`.
+//!
+//! The batch encoder ([`Tpe::encode`]) replaces the heap by a bucket queue indexed by rank
+//! (`O(n + merges)` per task of ~64k events), see `encode_task`.
+//!
+//! Batch encoding first dedupes identical segments (hash of the id slice, confirmed by comparing
+//! the slices), encodes each distinct segment once (in parallel), then copies the tokens into place
+//! (in parallel). Inference traces repeat the same step heavily, so this is where most of the speed
+//! comes from. The output does not depend on the number of threads.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use rayon::prelude::*;
+
+use super::{check_ids, segment_bounds, Result, Tpe, NONE};
+
+
+/// The encoding of a whole corpus.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Encoding {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// `len == tokens.len() + 1`: token `k` covers base events `token_offsets[k]..token_offsets[k+1]`
+    /// (global indices into the corpus); the last entry is the number of events.
+    pub token_offsets: Vec<usize>,
+    /// Index of the first token of every segment (`len == number of segments`, like the input
+    /// `starts`); segment `i` has tokens `segment_starts[i]..segment_starts[i+1]` (or to the end).
+    pub segment_starts: Vec<usize>,
+}
+
+#[derive(Default)]
+pub(crate) struct Scratch {
+    sym: Vec<u32>,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    heap: Vec<Reverse<u64>>,
+}
+
+/// Events per parallel encoding task (amortizes scheduling and the per-task rank scan).
+const TASK_EVENTS: usize = 1 << 16;
+
+/// Scratch of the bucket encoder, reused across tasks on one worker.
+#[derive(Default)]
+pub(crate) struct BucketScratch {
+    sym: Vec<u32>,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    /// `buckets[r]`: positions (left node) where the pair of rank `r` may be merged.
+    buckets: Vec<Vec<u32>>,
+}
+
+impl Tpe {
+    /// Encodes one segment of base ids: `(tokens, offsets)` with `offsets.len() == tokens.len() + 1`
+    /// relative to the segment start (token `k` covers `offsets[k]..offsets[k+1]`).
+    pub fn encode_segment(&self, ids: &[u32]) -> Result<(Vec<u32>, Vec<usize>)> {
+        check_ids(ids, self.base_size)?;
+        let mut sc = Scratch::default();
+        let mut toks = Vec::new();
+        let mut offs = Vec::new();
+        self.encode_into(ids, &mut sc, &mut toks, &mut offs);
+        let mut offsets: Vec<usize> = offs.into_iter().map(|x| x as usize).collect();
+        offsets.push(ids.len());
+        Ok((toks, offsets))
+    }
+
+    /// Encodes a corpus (see the module docs for `starts`). Parallel over segments with the
+    /// current rayon pool; the result is identical to sequential encoding.
+    pub fn encode(&self, ids: &[u32], starts: &[usize]) -> Result<Encoding> {
+        self.encode_opts(ids, starts, true)
+    }
+
+    /// [`Tpe::encode`] with the segment dedupe switchable (for benchmarks and tests).
+    #[doc(hidden)]
+    pub fn encode_opts(&self, ids: &[u32], starts: &[usize], dedupe: bool) -> Result<Encoding> {
+        let bounds = segment_bounds(ids.len(), starts)?;
+        check_ids(ids, self.base_size)?;
+        let (distinct, seg_distinct) = if dedupe {
+            dedupe_segments(ids, &bounds)
+        } else {
+            (bounds.clone(), (0..bounds.len() as u32).collect())
+        };
+        Ok(self.encode_distinct(ids, &bounds, &distinct, &seg_distinct))
+    }
+
+    fn encode_distinct(
+        &self,
+        ids: &[u32],
+        bounds: &[(usize, usize)],
+        distinct: &[(usize, usize)],
+        seg_distinct: &[u32],
+    ) -> Encoding {
+        // Encode every distinct segment once, in parallel tasks of consecutive segments.
+        let mut tasks: Vec<(usize, usize)> = Vec::new();
+        let mut lo = 0;
+        while lo < distinct.len() {
+            let mut hi = lo;
+            let mut ev = 0;
+            while hi < distinct.len() && ev < TASK_EVENTS {
+                ev += distinct[hi].1 - distinct[hi].0;
+                hi += 1;
+            }
+            tasks.push((lo, hi));
+            lo = hi;
+        }
+        // Per task: tokens, relative offsets, and the end (within the task) of each segment's tokens.
+        let encoded: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)> = tasks
+            .par_iter()
+            .map_init(BucketScratch::default, |sc, &(lo, hi)| {
+                let mut toks = Vec::new();
+                let mut offs = Vec::new();
+                let mut ends = Vec::with_capacity(hi - lo);
+                self.encode_task(ids, &distinct[lo..hi], sc, &mut toks, &mut offs, &mut ends);
+                (toks, offs, ends)
+            })
+            .collect();
+        // (task, start within task, end within task) of every distinct segment.
+        let mut where_: Vec<(u32, u32, u32)> = Vec::with_capacity(distinct.len());
+        for (t, (_, _, ends)) in encoded.iter().enumerate() {
+            let mut prev = 0u32;
+            for &e in ends {
+                where_.push((t as u32, prev, e));
+                prev = e;
+            }
+        }
+
+        // Lay out the output and copy, in parallel over groups of segments.
+        let mut segment_starts = Vec::with_capacity(bounds.len());
+        let mut n_tok = 0usize;
+        for &d in seg_distinct {
+            segment_starts.push(n_tok);
+            let (_, a, b) = where_[d as usize];
+            n_tok += (b - a) as usize;
+        }
+        let mut tokens = vec![0u32; n_tok];
+        let mut token_offsets = vec![0usize; n_tok + 1];
+        token_offsets[n_tok] = ids.len();
+        {
+            // Split the outputs into groups of consecutive segments (~TASK_EVENTS tokens each).
+            let mut groups: Vec<(usize, usize, &mut [u32], &mut [usize])> = Vec::new();
+            let mut tok_rest: &mut [u32] = &mut tokens;
+            let mut off_rest: &mut [usize] = &mut token_offsets[..n_tok];
+            let mut g_lo = 0;
+            while g_lo < bounds.len() {
+                let mut g_hi = g_lo;
+                let t0 = segment_starts[g_lo];
+                while g_hi < bounds.len() && segment_starts[g_hi] - t0 < TASK_EVENTS {
+                    g_hi += 1;
+                }
+                let t1 = if g_hi < bounds.len() { segment_starts[g_hi] } else { n_tok };
+                let (ta, tb) = std::mem::take(&mut tok_rest).split_at_mut(t1 - t0);
+                let (oa, ob) = std::mem::take(&mut off_rest).split_at_mut(t1 - t0);
+                tok_rest = tb;
+                off_rest = ob;
+                groups.push((g_lo, g_hi, ta, oa));
+                g_lo = g_hi;
+            }
+            groups.into_par_iter().for_each(|(g_lo, g_hi, toks, offs)| {
+                let mut k = 0usize;
+                for i in g_lo..g_hi {
+                    let (t, a, b) = where_[seg_distinct[i] as usize];
+                    let (src_t, src_o, _) = &encoded[t as usize];
+                    let (a, b) = (a as usize, b as usize);
+                    let n = b - a;
+                    toks[k..k + n].copy_from_slice(&src_t[a..b]);
+                    let base = bounds[i].0;
+                    for (dst, &o) in offs[k..k + n].iter_mut().zip(&src_o[a..b]) {
+                        *dst = base + o as usize;
+                    }
+                    k += n;
+                }
+            });
+        }
+        Encoding { tokens, token_offsets, segment_starts }
+    }
+
+    /// The batch encoder: encodes several segments (`ranges` of `ids`, already validated) together
+    /// with a **bucket queue indexed by rank** instead of a heap. Ranks are popped in increasing
+    /// order and a merge of rank `r` only creates pairs of rank `> r`, so one forward sweep over the
+    /// ranks is a valid priority queue: `O(n + num_merges)` per task plus small sorts (a bucket
+    /// receives ascending runs of positions; it is sorted only when it is not already in order,
+    /// which keeps "leftmost first" for overlapping pairs like `a a a`). Segments do not interact:
+    /// their lists are separated by `NONE` links. Appends tokens, offsets relative to each segment,
+    /// and the end (in `toks`) of each segment's tokens.
+    pub(crate) fn encode_task(
+        &self,
+        ids: &[u32],
+        ranges: &[(usize, usize)],
+        sc: &mut BucketScratch,
+        toks: &mut Vec<u32>,
+        offs: &mut Vec<u32>,
+        ends: &mut Vec<u32>,
+    ) {
+        let nm = self.merges.len();
+        let BucketScratch { sym, next, prev, buckets } = sc;
+        if buckets.len() < nm {
+            buckets.resize_with(nm, Vec::new);
+        }
+        sym.clear();
+        next.clear();
+        prev.clear();
+        let mut first = Vec::with_capacity(ranges.len());
+        let mut pending = 0usize;
+        let mut min_r = usize::MAX;
+        for &(s, e) in ranges {
+            let base = sym.len() as u32;
+            first.push(base);
+            let seg = &ids[s..e];
+            sym.extend_from_slice(seg);
+            let n = seg.len() as u32;
+            next.extend(base + 1..=base + n);
+            prev.extend((base..base + n).map(|i| i.wrapping_sub(1)));
+            if n > 0 {
+                next[(base + n - 1) as usize] = NONE;
+                prev[base as usize] = NONE;
+            }
+            if nm > 0 {
+                for (i, w) in seg.windows(2).enumerate() {
+                    if let Some(r) = self.ranks.get(w[0], w[1]) {
+                        buckets[r as usize].push(base + i as u32);
+                        pending += 1;
+                        min_r = min_r.min(r as usize);
+                    }
+                }
+            }
+        }
+        let mut r = min_r;
+        while pending > 0 {
+            let mut list = std::mem::take(&mut buckets[r]);
+            if !list.is_empty() {
+                pending -= list.len();
+                if !list.windows(2).all(|w| w[0] < w[1]) {
+                    list.sort_unstable();
+                }
+                let (a, b) = self.merges[r];
+                let c = self.base_size + r as u32;
+                for &p in &list {
+                    let p = p as usize;
+                    if sym[p] != a {
+                        continue;
+                    }
+                    let q = next[p];
+                    if q == NONE || sym[q as usize] != b {
+                        continue;
+                    }
+                    let y = next[q as usize];
+                    sym[p] = c;
+                    sym[q as usize] = NONE;
+                    next[p] = y;
+                    if y != NONE {
+                        prev[y as usize] = p as u32;
+                        if let Some(r2) = self.ranks.get(c, sym[y as usize]) {
+                            debug_assert!(r2 as usize > r);
+                            buckets[r2 as usize].push(p as u32);
+                            pending += 1;
+                        }
+                    }
+                    let x = prev[p];
+                    if x != NONE {
+                        if let Some(r2) = self.ranks.get(sym[x as usize], c) {
+                            debug_assert!(r2 as usize > r);
+                            buckets[r2 as usize].push(x);
+                            pending += 1;
+                        }
+                    }
+                }
+                list.clear();
+            }
+            buckets[r] = list;
+            r += 1;
+        }
+        for (&f, &(s, e)) in first.iter().zip(ranges) {
+            if e > s {
+                let mut p = f;
+                while p != NONE {
+                    toks.push(sym[p as usize]);
+                    offs.push(p - f);
+                    p = next[p as usize];
+                }
+            }
+            ends.push(toks.len() as u32);
+        }
+    }
+
+    /// Encodes `ids` (already validated) with the heap encoder, appending tokens and their start offsets (relative to the
+    /// start of `ids`) to `toks` / `offs`.
+    pub(crate) fn encode_into(&self, ids: &[u32], sc: &mut Scratch, toks: &mut Vec<u32>, offs: &mut Vec<u32>) {
+        let n = ids.len();
+        if n < 2 || self.merges.is_empty() {
+            toks.extend_from_slice(ids);
+            offs.extend(0..n as u32);
+            return;
+        }
+        let Scratch { sym, next, prev, heap: heap_buf } = sc;
+        sym.clear();
+        sym.extend_from_slice(ids);
+        next.clear();
+        next.extend(1..=n as u32);
+        next[n - 1] = NONE;
+        prev.clear();
+        prev.extend((0..n as u32).map(|i| i.wrapping_sub(1)));
+        heap_buf.clear();
+        for i in 0..n - 1 {
+            if let Some(r) = self.rank(ids[i], ids[i + 1]) {
+                heap_buf.push(Reverse(((r as u64) << 32) | i as u64));
+            }
+        }
+        let mut heap = BinaryHeap::from(std::mem::take(heap_buf));
+        while let Some(Reverse(item)) = heap.pop() {
+            let r = (item >> 32) as u32;
+            let p = item as u32 as usize;
+            let (a, b) = self.merges[r as usize];
+            if sym[p] != a {
+                continue;
+            }
+            let q = next[p];
+            if q == NONE || sym[q as usize] != b {
+                continue;
+            }
+            let c = self.base_size + r;
+            let y = next[q as usize];
+            sym[p] = c;
+            sym[q as usize] = NONE;
+            next[p] = y;
+            if y != NONE {
+                prev[y as usize] = p as u32;
+                if let Some(r2) = self.rank(c, sym[y as usize]) {
+                    heap.push(Reverse(((r2 as u64) << 32) | p as u64));
+                }
+            }
+            let x = prev[p];
+            if x != NONE {
+                if let Some(r2) = self.rank(sym[x as usize], c) {
+                    heap.push(Reverse(((r2 as u64) << 32) | x as u64));
+                }
+            }
+        }
+        *heap_buf = heap.into_vec();
+        let mut p = 0u32;
+        while p != NONE {
+            toks.push(sym[p as usize]);
+            offs.push(p);
+            p = next[p as usize];
+        }
+    }
+}
+
+
+/// Groups identical segments: returns the distinct segments (first occurrences, in order) and the
+/// distinct index of every segment. Hashes in parallel; equal hashes are confirmed by comparing the
+/// slices, so a collision can never merge different segments.
+pub(crate) fn dedupe_segments(ids: &[u32], bounds: &[(usize, usize)]) -> (Vec<(usize, usize)>, Vec<u32>) {
+    let hasher = DefaultHashBuilder::default();
+    let hashes: Vec<u64> = bounds.par_iter().map(|&(s, e)| hasher.hash_one(&ids[s..e])).collect();
+    let mut table: HashTable<u32> = HashTable::new();
+    let mut distinct: Vec<(usize, usize)> = Vec::new();
+    let mut dist_hash: Vec<u64> = Vec::new();
+    let mut seg_distinct: Vec<u32> = Vec::with_capacity(bounds.len());
+    for (i, &(s, e)) in bounds.iter().enumerate() {
+        let slice = &ids[s..e];
+        let h = hashes[i];
+        let d = match table.find(h, |&d| {
+            let (ds, de) = distinct[d as usize];
+            &ids[ds..de] == slice
+        }) {
+            Some(&d) => d,
+            None => {
+                let d = distinct.len() as u32;
+                distinct.push((s, e));
+                dist_hash.push(h);
+                table.insert_unique(h, d, |&d| dist_hash[d as usize]);
+                d
+            }
+        };
+        seg_distinct.push(d);
+    }
+    (distinct, seg_distinct)
+}
