@@ -3,8 +3,9 @@
 
 Every tool reads the same files in the same process and run: each real fixture in
 tests/data/traces as shipped (.json.gz) and decompressed to a temporary directory (.json), plus a
-deterministic synthetic Kineto-like trace (~1M events). For each (file, tool) the tool runs once
-to warm up, then ``--repeat`` timed runs; the median wall time is reported. Throughput is
+deterministic synthetic Kineto-like trace (~1M events). For each file every tool runs once to warm
+up, then ``--repeat`` rounds run every tool once each (interleaved, so background load on a shared
+machine hits all tools alike); the median wall time is reported. Throughput is
 uncompressed JSON bytes per second and teller events (``len(trace)``) per second; ratios are
 ``peer_time / teller_time`` (above 1 means teller is faster).
 
@@ -140,32 +141,55 @@ def _deadline(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def measure(fn: Callable[[Path], tuple[Any, int]], path: Path, repeat: int, timeout: float | None) -> dict:
-    """One warm-up call, then ``repeat`` timed calls. Failures are recorded, never raised."""
-    times: list[float] = []
-    count = None
+def _call(fn: Callable[[Path], tuple[Any, int]], path: Path, timeout: float | None) -> dict:
+    """One call: wall and process-CPU seconds and the item count, or the error. Never raises."""
+    gc.collect()
     try:
-        for i in range(repeat + 1):
-            gc.collect()
-            with _deadline(timeout):
-                t0 = time.perf_counter()
-                result, count = fn(path)
-                elapsed = time.perf_counter() - t0
-            del result
-            if i:  # call 0 is the warm-up
-                times.append(elapsed)
+        with _deadline(timeout):
+            c0, t0 = time.process_time(), time.perf_counter()
+            result, count = fn(path)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        del result
     except _Timeout as exc:
-        return {"error": f"timeout: {exc}", "times_s": times}
+        return {"error": f"timeout: {exc}"}
     except Exception as exc:
         msg = " ".join(str(exc).split())
-        return {"error": f"{type(exc).__name__}: {msg[:160]}", "times_s": times}
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "times_s": times,
-        "count": count,
-    }
+        return {"error": f"{type(exc).__name__}: {msg[:160]}"}
+    return {"wall": wall, "cpu": cpu, "count": count}
+
+
+def measure(tools: dict, path: Path, repeat: int, timeouts: dict) -> dict[str, dict]:
+    """One warm-up call per tool, then ``repeat`` rounds that run every tool once, interleaved.
+
+    Interleaving spreads background load on a shared machine over all tools alike, so the ratios
+    are less skewed than when each tool's runs are back to back. A tool that fails or times out
+    is recorded and dropped from later rounds.
+    """
+    live = {t: fn for t, fn in tools.items() if fn is not None}
+    out: dict[str, dict] = {t: {"error": "skipped"} for t in tools if tools[t] is None}
+    runs: dict[str, list[dict]] = {t: [] for t in live}
+    for rnd in range(repeat + 1):  # round 0 is the warm-up
+        for tool, fn in list(live.items()):
+            r = _call(fn, path, timeouts.get(tool))
+            if "error" in r:
+                out[tool] = {"error": r["error"], "times_s": [x["wall"] for x in runs[tool]]}
+                del live[tool]
+            elif rnd:
+                runs[tool].append(r)
+            else:
+                out[tool] = {"count": r["count"]}
+    for tool in live:
+        walls = [r["wall"] for r in runs[tool]]
+        cpus = [r["cpu"] for r in runs[tool]]
+        out[tool] = {
+            "median_s": statistics.median(walls),
+            "min_s": min(walls),
+            "max_s": max(walls),
+            "times_s": walls,
+            "cpu_median_s": statistics.median(cpus),
+            "count": runs[tool][-1]["count"],
+        }
+    return {t: out[t] for t in tools}
 
 
 # --- synthetic trace --------------------------------------------------------------------------------
@@ -436,7 +460,7 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
         f"pandas {info['pandas']}  teller {info['teller']} ({info['teller_build_profile']})\n"
         f"HTA {info['hta'].get('version', '-')}: {info['hta']['call']}; "
         f"backend {info['hta'].get('backend', '-')} (ijson: {info['hta'].get('ijson_backend', '-')})\n"
-        f"median of {repeat['real']} runs after 1 warm-up (synthetic: {repeat['large']} runs); "
+        f"median of {repeat['real']} interleaved runs after 1 warm-up (synthetic: {repeat['large']} runs); "
         "ratio = peer time / teller time"
     )
 
@@ -526,16 +550,10 @@ def bench_file(
 ) -> dict:
     row: dict[str, Any] = {"file": name, "variant": variant, "bytes": nbytes}
     row["disk_bytes"] = path.stat().st_size
-    results = {}
-    for tool in TOOLS:
-        fn = tools.get(tool)
-        if fn is None:
-            results[tool] = {"error": "skipped"}
-            continue
-        console.print(f"  {name} [{variant}] {tool} ...", end="", highlight=False)
-        res = measure(fn, path, repeat, timeouts.get(tool))
-        results[tool] = res
-        console.print(f" {_fmt_ms(res)} ms" if "median_s" in res else f" {res['error']}", highlight=False)
+    console.print(f"  {name} ({variant}) ...", end="", markup=False, highlight=False)
+    results = measure({t: tools.get(t) for t in TOOLS}, path, repeat, timeouts)
+    summary = ", ".join(f"{t} {_fmt_ms(results[t])}" for t in TOOLS)
+    console.print(f" ms: {summary}", markup=False, highlight=False)
     row["tools"] = results
     row["events"] = results["teller"].get("count", 0)
     row["json_events"] = results["json.load"].get("count")

@@ -83,3 +83,35 @@ def test_errors_are_clean(tmp_path):
     assert not (tmp_path / "o.json").exists()
     p = run("trace", "tree", FIX, "--step", "99", check=False)
     assert p.returncode == 2 and "out of range" in p.stderr
+
+
+def test_tpe_train_encode_inspect(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("mi250_rocm62_tiny.kineto.json.gz", "b300_cuda13_moe.kineto.json.gz"):
+        (data / name).write_bytes((TRACES / name).read_bytes())
+    p = run(
+        "tpe", "train", "--data-dir", str(data), "--output-dir", str(tmp_path / "tok"), "--vocab-size", "300"
+    )
+    tokdir = p.stdout.strip().splitlines()[-1]
+    assert (tmp_path / "tok") in __import__("pathlib").Path(tokdir).parents
+    assert (__import__("pathlib").Path(tokdir) / "tokenizer.json").exists()
+    out = run(
+        "tpe", "encode", "--tokenizer-dir", tokdir, str(data / "mi250_rocm62_tiny.kineto.json.gz")
+    ).stdout
+    assert "tokens for" in out and "step 0" in out and "▸" in out
+    enc = json.loads(
+        run(
+            "tpe",
+            "encode",
+            "--tokenizer-dir",
+            tokdir,
+            "--json",
+            str(data / "mi250_rocm62_tiny.kineto.json.gz"),
+        ).stdout
+    )
+    assert len(enc["offsets"]) == len(enc["ids"]) + 1
+    out = run("tpe", "inspect", tokdir, "--top", "5").stdout
+    assert "merged tokens" in out and "▸" in out
+    bad = run("tpe", "inspect", str(tmp_path / "nope"), check=False)
+    assert bad.returncode == 2 and "nope" in bad.stderr

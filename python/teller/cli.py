@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,6 +26,10 @@ app = typer.Typer(
 )
 trace_app = typer.Typer(help="Convert, summarize and inspect traces.", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
+tpe_app = typer.Typer(
+    help="Train, apply and inspect TPE (Trace Pair Encoding) tokenizers.", no_args_is_help=True
+)
+app.add_typer(tpe_app, name="tpe")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -286,6 +291,161 @@ def trace_tree(
     st = steps[k]
     console.print(f"step {k}: [bold]{st.name}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)
     print(tr.tree(k).render(max_lines=max_lines))
+
+
+# ---------------------------------------------------------------------------------------------------
+# tpe
+
+
+@tpe_app.command("train")
+def tpe_train(
+    data_dir: Annotated[
+        str, typer.Option("--data-dir", help="Dataset directory, run directory, or trace file(s) dir.")
+    ],
+    output_dir: Annotated[str, typer.Option("--output-dir", help="Where to create <run-id>/tokenizer.json.")],
+    vocab_size: Annotated[int | None, typer.Option(help="Base symbols + merges (default 8192).")] = None,
+    num_merges: Annotated[
+        int | None, typer.Option(help="Number of merges (instead of --vocab-size).")
+    ] = None,
+    min_frequency: Annotated[int, typer.Option(help="A pair must occur this often to be merged.")] = 2,
+    min_symbol_count: Annotated[int, typer.Option(help="Rarer symbols map to their layer's [UNK].")] = 1,
+    max_token_events: Annotated[int | None, typer.Option(help="Cap on base events per token.")] = None,
+    step_name: StepOpt = None,
+) -> None:
+    """Train a tokenizer on every trace under DATA_DIR; prints the tokenizer directory."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from teller import tpe
+
+    if vocab_size is None and num_merges is None:
+        vocab_size = 8192
+    t0 = time.perf_counter()
+    try:
+        with Progress(
+            TextColumn("[bold]training TPE"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as prog:
+            task = prog.add_task("merges", total=None)
+
+            def cb(done: int, total: int) -> None:
+                prog.update(task, completed=done, total=total)
+
+            tok = tpe.train(
+                data_dir,
+                vocab_size=vocab_size,
+                num_merges=num_merges,
+                min_frequency=min_frequency,
+                min_symbol_count=min_symbol_count,
+                max_token_events=max_token_events,
+                step_names=step_name,
+                progress=cb,
+            )
+    except TellerError as e:
+        raise _fail(e) from None
+    run_id = time.strftime("tpe-%Y%m%d-%H%M%S")
+    out = Path(output_dir) / run_id
+    k = 1
+    while out.exists():
+        out = Path(output_dir) / f"{run_id}-{k}"
+        k += 1
+    tok.save(out)
+    dt = time.perf_counter() - t0
+    n_ev = tok.settings.get("training_events", 0)
+    err_console.print(
+        f"trained on {n_ev} events in {tok.settings.get('training_segments')} steps: "
+        f"base {tok.base_size}, vocabulary {tok.vocab_size} ({dt:.2f} s)",
+        highlight=False,
+    )
+    print(out)
+
+
+@tpe_app.command("encode")
+def tpe_encode(
+    input: Annotated[str, typer.Argument(help="A trace file or run directory.")],
+    tokenizer_dir: Annotated[str, typer.Option("--tokenizer-dir", help="Directory of tokenizer.json.")],
+    step: Annotated[int | None, typer.Option(help="Only this step (segment).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Print at most this many tokens.")] = 60,
+    as_json: Annotated[bool, typer.Option("--json", help="Print ids, offsets and features as JSON.")] = False,
+) -> None:
+    """Print a readable tokenization of a trace: each token with the span of events it covers."""
+    from teller import tpe
+
+    try:
+        tok = tpe.load(tokenizer_dir)
+        enc = tok.encode(input)
+    except TellerError as e:
+        raise _fail(e) from None
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ids": enc.ids.tolist(),
+                    "offsets": enc.offsets.tolist(),
+                    "segment_starts": enc.segment_starts.tolist(),
+                    "features": enc.features.tolist(),
+                }
+            )
+        )
+        return
+    segs = enc.segments()
+    n_events = int(enc.offsets[-1])
+    console.print(
+        f"{len(enc)} tokens for {n_events} events ({n_events / max(len(enc), 1):.2f} events/token), "
+        f"{len(segs)} step(s)",
+        highlight=False,
+    )
+    shown = 0
+    for k, (a, b) in enumerate(segs):
+        if step is not None and k != step:
+            continue
+        console.print(f"[bold]step {k}[/] ({b - a} tokens)")
+        for t in range(a, b):
+            if shown >= max_tokens:
+                console.print(f"... ({len(enc) - shown} more tokens; use --max-tokens)")
+                return
+            lo, hi = int(enc.offsets[t]), int(enc.offsets[t + 1])
+            f = enc.features[t]
+            console.print(
+                f"  {t:>6} [cyan]{int(enc.ids[t]):>6}[/] events {lo}..{hi - 1}  "
+                f"max log-dur {f[2]:.2f} z {f[3]:+.1f}  {tok.token_str(int(enc.ids[t]))}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            shown += 1
+
+
+@tpe_app.command("inspect")
+def tpe_inspect(
+    tokenizer_dir: Annotated[str, typer.Argument(help="Directory of tokenizer.json.")],
+    top: Annotated[int, typer.Option(help="How many merged tokens to show.")] = 25,
+) -> None:
+    """Show the vocabulary: sizes, settings, and the most frequent merged tokens as call-chain fragments."""
+    from teller import tpe
+
+    try:
+        tok = tpe.load(tokenizer_dir)
+    except TellerError as e:
+        raise _fail(e) from None
+    console.print(
+        f"base symbols {tok.base_size}, merges {len(tok.merges)}, vocabulary {tok.vocab_size}",
+        highlight=False,
+    )
+    console.print(f"settings: {json.dumps(tok.settings)}", highlight=False, soft_wrap=True)
+    lens = tok.token_lens
+    order = sorted(range(len(tok.merge_counts)), key=lambda r: (-tok.merge_counts[r], r))
+    t = Table(title=f"top {top} merged tokens by frequency at merge time", title_justify="left")
+    t.add_column("token", justify="right")
+    t.add_column("count", justify="right")
+    t.add_column("events", justify="right")
+    t.add_column("call-chain fragment")
+    for r in order[:top]:
+        tid = tok.base_size + r
+        t.add_row(str(tid), str(tok.merge_counts[r]), str(int(lens[tid])), tok.token_str(tid))
+    console.print(t)
 
 
 def main() -> None:

@@ -56,6 +56,10 @@ class CudaNotFoundError(TellerError, RuntimeError):
     """CUDA/CUPTI headers or libraries needed for an operation were not found."""
 
 
+class TokenizerError(TellerError, ValueError):
+    """Bad tokenizer input: ids out of range, bad segment offsets, a malformed tokenizer file."""
+
+
 class TellerWarning(UserWarning):
     """Recoverable problems in input data (truncated raw files, orphan flows, unknown categories)."""
 
@@ -68,5 +72,6 @@ __all__ = [
     "TellerFileNotFoundError",
     "TellerIOError",
     "TellerWarning",
+    "TokenizerError",
     "TraceFormatError",
 ]

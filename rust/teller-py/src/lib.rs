@@ -11,6 +11,8 @@ use teller_core::model::{ArgValue, Layer, LAYER_NAMES};
 use teller_core::normalize::NormalizeOptions;
 use teller_core::{Error, LoadOptions};
 
+mod tpe;
+
 /// Maps a core error to the matching class of `teller.errors` (defined in Python so that each class
 /// can also subclass the right built-in, e.g. ValueError or FileNotFoundError).
 pub fn to_py_err(e: Error) -> PyErr {
@@ -250,6 +252,47 @@ impl NativeTrace {
             .map_err(to_py_err)
     }
 
+    /// Per-step symbol sequences in call-chain order (see teller_core::sequence):
+    /// (names, ids, starts, steps, event, start_ns, dur_ns).
+    #[pyo3(signature = (close_layers=None, skip_instants=false))]
+    #[allow(clippy::type_complexity)]
+    fn sequences<'py>(
+        &self,
+        py: Python<'py>,
+        close_layers: Option<Vec<String>>,
+        skip_instants: bool,
+    ) -> PyResult<(
+        Vec<String>,
+        Bound<'py, PyArray1<u32>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<u32>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+    )> {
+        use numpy::IntoPyArray;
+        let mut opts = teller_core::sequence::SequenceOptions { skip_instants, ..Default::default() };
+        if let Some(cl) = close_layers {
+            opts.close_layers = cl
+                .iter()
+                .map(|l| Layer::from_name(l).ok_or_else(|| to_py_err(Error::Config(format!("unknown layer {l:?}")))))
+                .collect::<PyResult<Vec<_>>>()?;
+        }
+        let t = &self.inner;
+        let s = py.detach(|| teller_core::sequence::sequences(t, &opts));
+        let mut starts: Vec<i64> = s.offsets.iter().map(|&x| x as i64).collect();
+        starts.pop();
+        Ok((
+            s.names,
+            s.ids.into_pyarray(py),
+            starts.into_pyarray(py),
+            s.steps.into_pyarray(py),
+            s.event.into_pyarray(py),
+            s.start_ns.into_pyarray(py),
+            s.dur_ns.into_pyarray(py),
+        ))
+    }
+
     #[pyo3(signature = (top=10))]
     fn summary<'py>(&self, py: Python<'py>, top: usize) -> PyResult<Bound<'py, PyDict>> {
         let t = &self.inner;
@@ -345,5 +388,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeTrace>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(symbol, m)?)?;
+    m.add_class::<tpe::NativeTpe>()?;
+    m.add_function(wrap_pyfunction!(tpe::tpe_train, m)?)?;
+    m.add_function(wrap_pyfunction!(tpe::tpe_symbol_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(tpe::tpe_synth_corpus, m)?)?;
     Ok(())
 }

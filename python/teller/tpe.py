@@ -1,0 +1,533 @@
+"""TPE, Trace Pair Encoding: BPE-style merges over trace-event symbols, with timing features per token.
+
+>>> import teller
+>>> tok = teller.tpe.train(["run1/", "run2/trace.json.gz"], vocab_size=4000)   # doctest: +SKIP
+>>> enc = tok.encode(teller.trace.load("run3/"))                               # doctest: +SKIP
+>>> enc.ids, enc.offsets, enc.features.shape                                   # doctest: +SKIP
+>>> tok.decode(enc.ids)[:3]                                                    # doctest: +SKIP
+['annotation:execute_model', 'annotation:attention', 'runtime:cudaLaunchKernel']
+
+Base alphabet: the specials, one unknown symbol per layer (``kernel:[UNK]``...), the close symbol
+``<close>``, and every normalized symbol (``layer:canonical-name``) seen at least ``min_symbol_count``
+times, ordered by frequency then name. A trace becomes one sequence per step in call-chain order
+(see ``teller_core::sequence``); merges never cross steps. The heavy lifting (training, encoding,
+features) is Rust (``teller._native``) with the GIL released; ``teller._reference.tpe`` is the
+pure-Python oracle the tests compare against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller import __version__, _native
+from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
+from teller.trace import LAYER_NAMES, Trace
+from teller.trace import load as load_trace
+
+FORMAT = "teller-tpe"
+FORMAT_VERSION = 1
+FILE_NAME = "tokenizer.json"
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD, UNK, CLS, SEP, MASK = range(5)
+CLOSE = "<close>"
+LAYER_UNKS = tuple(f"{layer}:[UNK]" for layer in LAYER_NAMES)
+FEATURE_NAMES = ("events", "sum_log_dur", "max_log_dur", "max_dur_z", "idle_gap_log")
+DEFAULT_CLOSE_LAYERS = ("annotation", "python", "gpu_annotation")
+
+ProgressFn = Callable[[int, int], Any]
+
+
+@dataclass
+class Corpus:
+    """Symbol sequences ready for training/encoding: ``names[ids[p]]`` is position p's symbol."""
+
+    names: list[str]
+    ids: np.ndarray  # uint32
+    starts: np.ndarray  # int64, one per segment
+    dur_ns: np.ndarray | None = None  # int64 per position
+    start_ns: np.ndarray | None = None
+    event: np.ndarray | None = None  # trace event index per position (-1 structural)
+    steps: np.ndarray | None = None  # step index per segment
+
+    @property
+    def n_events(self) -> int:
+        return len(self.ids)
+
+
+class Encoding:
+    """The encoding of one trace (or one list of symbol sequences).
+
+    ``ids``: token ids; ``offsets``: ``len(ids) + 1`` base positions, token k covers
+    ``offsets[k]:offsets[k+1]``; ``features``: ``len(ids) x 5`` float32 (FEATURE_NAMES);
+    ``segment_starts``: index of the first token of every segment (step); ``events``: for each base
+    position the trace event index (-1 for ``<close>``), or None for plain symbol input.
+    """
+
+    def __init__(
+        self,
+        tokenizer: TPETokenizer,
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        features: np.ndarray,
+        segment_starts: np.ndarray,
+        base_ids: np.ndarray,
+        events: np.ndarray | None,
+        steps: np.ndarray | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.ids = ids
+        self.offsets = offsets
+        self.features = features
+        self.segment_starts = segment_starts
+        self.base_ids = base_ids
+        self.events = events
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> list[str]:
+        return [self.tokenizer.token_str(int(t)) for t in self.ids]
+
+    def segments(self) -> list[tuple[int, int]]:
+        """(first token, end token) of each segment."""
+        s = self.segment_starts.tolist()
+        return [(a, b) for a, b in zip(s, s[1:] + [len(self.ids)], strict=True)]
+
+    def token_events(self, k: int) -> np.ndarray:
+        """Trace event indices covered by token k (structural positions left out)."""
+        if self.events is None:
+            raise ValueError("this encoding was made from symbols, not from a trace")
+        ev = self.events[self.offsets[k] : self.offsets[k + 1]]
+        return ev[ev >= 0]
+
+    def __repr__(self) -> str:
+        return f"<teller.tpe.Encoding {len(self.ids)} tokens for {int(self.offsets[-1])} events>"
+
+
+class TPETokenizer:
+    """A trained TPE tokenizer: base vocabulary, merges, per-symbol duration statistics, settings."""
+
+    def __init__(
+        self,
+        base_vocab: Sequence[str],
+        merges: Sequence[tuple[int, int]],
+        *,
+        merge_counts: Sequence[int] | None = None,
+        stats: dict[str, Any] | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.base_vocab = list(base_vocab)
+        if tuple(self.base_vocab[: len(SPECIALS)]) != SPECIALS:
+            raise TokenizerError(f"the base vocabulary must start with the specials {SPECIALS}")
+        self._index = {s: i for i, s in enumerate(self.base_vocab)}
+        if len(self._index) != len(self.base_vocab):
+            raise TokenizerError("the base vocabulary has duplicate symbols")
+        self._native = _native.NativeTpe(len(self.base_vocab), [(int(a), int(b)) for a, b in merges])
+        self.merge_counts = [int(c) for c in (merge_counts or [])]
+        nb = len(self.base_vocab)
+        stats = stats or {}
+        self.stats = {
+            "count": np.asarray(stats.get("count", np.zeros(nb)), dtype=np.uint64),
+            "mean": np.asarray(stats.get("mean", np.zeros(nb)), dtype=np.float64),
+            "std": np.asarray(stats.get("std", np.zeros(nb)), dtype=np.float64),
+        }
+        for k, v in self.stats.items():
+            if len(v) != nb:
+                raise TokenizerError(f"stats[{k!r}] has {len(v)} entries, the base vocabulary {nb}")
+        self.settings = dict(settings or {})
+        self._token_cache: dict[int, str] = {}
+
+    # -- sizes -----------------------------------------------------------------------------------
+    @property
+    def base_size(self) -> int:
+        return len(self.base_vocab)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._native.vocab_size)
+
+    @property
+    def merges(self) -> list[tuple[int, int]]:
+        return self._native.merges()
+
+    @property
+    def token_lens(self) -> np.ndarray:
+        return self._native.token_lens()
+
+    # -- symbols -----------------------------------------------------------------------------------
+    def symbol_id(self, name: str) -> int:
+        i = self._index.get(name)
+        if i is not None:
+            return i
+        layer = name.split(":", 1)[0]
+        return self._index.get(f"{layer}:[UNK]", UNK)
+
+    def symbol_ids(self, names: Iterable[str]) -> np.ndarray:
+        """Base ids of symbol names; unknown symbols map to their layer's ``[UNK]`` (else ``[UNK]``)."""
+        return np.fromiter((self.symbol_id(n) for n in names), dtype=np.uint32)
+
+    def token_str(self, token: int) -> str:
+        """A token as a readable call-chain fragment: ``a ▸ b ▸ c``."""
+        s = self._token_cache.get(token)
+        if s is None:
+            s = " ▸ ".join(self.decode([token]))
+            self._token_cache[token] = s
+        return s
+
+    # -- encoding ----------------------------------------------------------------------------------
+    def _corpus_of(self, x: Any) -> Corpus:
+        if isinstance(x, Trace):
+            return corpus_from_trace(x, self.settings.get("close_layers", DEFAULT_CLOSE_LAYERS))
+        if isinstance(x, (str, os.PathLike)):
+            return corpus_from_trace(
+                load_trace(
+                    x,
+                    step_names=self.settings.get("step_names"),
+                    normalize=self.settings.get("normalize"),
+                    warn=False,
+                ),
+                self.settings.get("close_layers", DEFAULT_CLOSE_LAYERS),
+            )
+        if isinstance(x, Corpus):
+            return x
+        seqs = list(x)
+        if seqs and isinstance(seqs[0], str):
+            seqs = [seqs]
+        return corpus_from_symbols(seqs)
+
+    def encode(self, x: Any) -> Encoding:
+        """Encode a Trace, a trace path/run directory, one symbol sequence, or a list of sequences."""
+        c = self._corpus_of(x)
+        base = np.asarray(self.symbol_ids(c.names), dtype=np.uint32)[c.ids] if len(c.names) else c.ids
+        base = np.ascontiguousarray(base, dtype=np.uint32)
+        starts = np.ascontiguousarray(c.starts, dtype=np.int64)
+        tokens, offsets, seg = self._native.encode_ids(base, starts)
+        n = len(base)
+        dur = c.dur_ns if c.dur_ns is not None else np.zeros(n, dtype=np.int64)
+        st = c.start_ns if c.start_ns is not None else np.zeros(n, dtype=np.int64)
+        feats = self._native.features(
+            base,
+            np.ascontiguousarray(dur, dtype=np.int64),
+            np.ascontiguousarray(st, dtype=np.int64),
+            offsets,
+            seg,
+            self.stats["count"],
+            self.stats["mean"],
+            self.stats["std"],
+        )
+        return Encoding(self, tokens, offsets, feats, seg, base, c.event, c.steps)
+
+    def encode_batch(self, xs: Iterable[Any]) -> list[Encoding]:
+        """Encode several inputs. Each encode is parallel over segments inside Rust."""
+        return [self.encode(x) for x in xs]
+
+    def encode_ids(self, ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Fast path: base ids (uint32, from ``symbol_ids``) and segment start offsets (int64) ->
+        (token ids, token offsets [n_tokens + 1]). Parallel over segments, GIL released."""
+        ids = np.ascontiguousarray(ids, dtype=np.uint32)
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        tokens, toffs, _seg = self._native.encode_ids(ids, offsets)
+        return tokens, toffs
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> list[str]:
+        """Token ids back to the base symbol sequence (lossless)."""
+        arr = np.ascontiguousarray(
+            np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids), dtype=np.uint32
+        )
+        base = self._native.decode(arr)
+        vocab = self.base_vocab
+        return [vocab[i] for i in base.tolist()]
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "teller_version": __version__,
+            "specials": list(SPECIALS),
+            "base_vocab": self.base_vocab,
+            "merges": [list(m) for m in self.merges],
+            "merge_counts": self.merge_counts,
+            "stats": {
+                "count": self.stats["count"].tolist(),
+                "mean": [round(float(x), 6) for x in self.stats["mean"]],
+                "std": [round(float(x), 6) for x in self.stats["std"]],
+            },
+            "settings": self.settings,
+        }
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``directory/tokenizer.json`` (atomically) and return its path."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / FILE_NAME
+        tmp = d / f".{FILE_NAME}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, path: str = "<dict>") -> TPETokenizer:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise TokenizerError(
+                f"{path}: not a teller TPE tokenizer (format is {d.get('format')!r})"
+                if isinstance(d, dict)
+                else f"{path}: not a JSON object",
+                path=path,
+            )
+        if d.get("version") != FORMAT_VERSION:
+            raise TokenizerError(
+                f"{path}: unsupported tokenizer format version {d.get('version')!r} "
+                f"(this teller reads {FORMAT_VERSION})",
+                path=path,
+            )
+        try:
+            return cls(
+                d["base_vocab"],
+                [tuple(m) for m in d["merges"]],
+                merge_counts=d.get("merge_counts"),
+                stats=d.get("stats"),
+                settings=d.get("settings"),
+            )
+        except KeyError as e:
+            raise TokenizerError(f"{path}: missing field {e.args[0]!r}", path=path) from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, TokenizerError):
+                raise TokenizerError(f"{path}: {e}", path=path) from None
+            raise TokenizerError(f"{path}: malformed tokenizer: {e}", path=path) from None
+
+    def __repr__(self) -> str:
+        return f"<teller.tpe.TPETokenizer base={self.base_size} vocab={self.vocab_size}>"
+
+
+# -- corpora ---------------------------------------------------------------------------------------
+
+
+def corpus_from_trace(tr: Trace, close_layers: Sequence[str] = DEFAULT_CLOSE_LAYERS) -> Corpus:
+    names, ids, starts, steps, event, start_ns, dur_ns = tr._n.sequences(list(close_layers), False)
+    return Corpus(
+        names=names, ids=ids, starts=starts, dur_ns=dur_ns, start_ns=start_ns, event=event, steps=steps
+    )
+
+
+def corpus_from_symbols(seqs: Sequence[Sequence[str]]) -> Corpus:
+    index: dict[str, int] = {}
+    ids: list[int] = []
+    starts: list[int] = []
+    for seq in seqs:
+        starts.append(len(ids))
+        for s in seq:
+            if not isinstance(s, str):
+                raise ConfigError(f"symbol sequences must hold strings, got {type(s).__name__}")
+            i = index.get(s)
+            if i is None:
+                i = index[s] = len(index)
+            ids.append(i)
+    return Corpus(
+        names=list(index), ids=np.asarray(ids, dtype=np.uint32), starts=np.asarray(starts, dtype=np.int64)
+    )
+
+
+def concat(corpora: Sequence[Corpus]) -> Corpus:
+    """One corpus over a shared name table."""
+    index: dict[str, int] = {}
+    ids, starts, durs, sts = [], [], [], []
+    offset = 0
+    has_time = all(c.dur_ns is not None for c in corpora)
+    for c in corpora:
+        remap = np.fromiter(
+            (index.setdefault(n, len(index)) for n in c.names), dtype=np.uint32, count=len(c.names)
+        )
+        ids.append(remap[c.ids] if len(c.ids) else c.ids.astype(np.uint32))
+        starts.append(np.asarray(c.starts, dtype=np.int64) + offset)
+        if has_time:
+            durs.append(c.dur_ns)
+            sts.append(c.start_ns)
+        offset += len(c.ids)
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+    return Corpus(
+        names=list(index),
+        ids=cat(ids, np.uint32),
+        starts=cat(starts, np.int64),
+        dur_ns=cat(durs, np.int64) if has_time else None,
+        start_ns=cat(sts, np.int64) if has_time else None,
+    )
+
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".tmsgpack")
+
+
+def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
+    """The traces under a dataset directory: sample directories holding ``trace.json`` (the dataset
+    format), run directories (holding ``raw/``), or trace files. A file is itself."""
+    p = Path(path)
+    if not p.exists():
+        raise TellerFileNotFoundError(f"{p}: no such file or directory", path=str(p))
+    if p.is_file():
+        return [p]
+    if (p / "raw").is_dir():
+        return [p]
+    found: list[Path] = []
+    for child in sorted(p.iterdir()):
+        if child.is_dir():
+            for name in ("trace.json", "trace.json.gz"):
+                if (child / name).is_file():
+                    found.append(child / name)
+                    break
+            else:
+                if (child / "raw").is_dir():
+                    found.append(child)
+        elif child.name.endswith(TRACE_SUFFIXES) and not child.name.startswith("."):
+            found.append(child)
+    if not found:
+        raise ConfigError(
+            f"{p}: no traces found (expected sample directories with trace.json, run directories, "
+            f"or *.json/*.json.gz/*.tmsgpack files)"
+        )
+    return found
+
+
+def _source_corpus(
+    source: Any,
+    names: Sequence[str] | None,
+    close_layers: Sequence[str],
+    step_names: Sequence[str] | None,
+    normalize: dict[str, Any] | None,
+) -> Corpus:
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], np.ndarray):
+        ids, offsets = source
+        if names is None:
+            raise ConfigError("train((ids, offsets), names=...) needs the list of symbol names the ids index")
+        return Corpus(
+            names=list(names),
+            ids=np.ascontiguousarray(ids, dtype=np.uint32),
+            starts=np.ascontiguousarray(offsets, dtype=np.int64),
+        )
+    if isinstance(source, Corpus):
+        return source
+    if isinstance(source, Trace):
+        return corpus_from_trace(source, close_layers)
+    if isinstance(source, (str, os.PathLike)):
+        source = [source]
+    items = list(source)
+    if items and isinstance(items[0], (list, tuple)) and (not items[0] or isinstance(items[0][0], str)):
+        return corpus_from_symbols(items)
+    corpora: list[Corpus] = []
+    for it in items:
+        if isinstance(it, Trace):
+            corpora.append(corpus_from_trace(it, close_layers))
+            continue
+        for p in discover_traces(it):
+            tr = load_trace(p, step_names=step_names, normalize=normalize, warn=False)
+            corpora.append(corpus_from_trace(tr, close_layers))
+    if not corpora:
+        raise ConfigError("nothing to train on")
+    return concat(corpora)
+
+
+def train(
+    source: Any,
+    *,
+    vocab_size: int | None = None,
+    num_merges: int | None = None,
+    min_frequency: int = 2,
+    min_symbol_count: int = 1,
+    max_token_events: int | None = None,
+    names: Sequence[str] | None = None,
+    close_layers: Sequence[str] = DEFAULT_CLOSE_LAYERS,
+    step_names: Sequence[str] | None = None,
+    normalize: dict[str, Any] | None = None,
+    progress: ProgressFn | None = None,
+) -> TPETokenizer:
+    """Train a TPE tokenizer.
+
+    ``source``: traces (Trace objects, trace files, run directories, a dataset directory), plain
+    sequences of symbol strings (each one segment), or the fast path ``(ids, offsets)`` numpy arrays
+    (uint32 symbol ids, int64 segment start offsets) with ``names`` (the symbols the ids index).
+    Give ``vocab_size`` (base + merges) or ``num_merges``. Deterministic: ties between equally
+    frequent pairs go to the smallest pair.
+    """
+    if (vocab_size is None) == (num_merges is None):
+        raise ConfigError("give exactly one of vocab_size and num_merges")
+    if min_symbol_count < 1 or min_frequency < 1:
+        raise ConfigError("min_symbol_count and min_frequency must be >= 1")
+    c = _source_corpus(source, names, close_layers, step_names, normalize)
+    if len(c.names) and len(c.ids) and int(c.ids.max()) >= len(c.names):
+        raise TokenizerError(f"symbol id {int(c.ids.max())} is out of range for {len(c.names)} names")
+    counts = np.bincount(c.ids, minlength=len(c.names)) if len(c.ids) else np.zeros(len(c.names), np.int64)
+    # Base vocabulary: specials, per-layer unknowns, <close>, then kept symbols by (-count, name).
+    fixed = list(SPECIALS) + list(LAYER_UNKS) + [CLOSE]
+    fixed_set = set(fixed)
+    order = {n: int(k) for n, k in zip(c.names, counts.tolist(), strict=True)}
+    kept = [n for n, k in order.items() if k >= min_symbol_count and n not in fixed_set]
+    kept.sort(key=lambda n: (-order[n], n))
+    base_vocab = fixed + kept
+    tmp = TPETokenizer(base_vocab, [])
+    remap = tmp.symbol_ids(c.names) if len(c.names) else np.zeros(0, np.uint32)
+    base_ids = np.ascontiguousarray(remap[c.ids] if len(c.ids) else c.ids, dtype=np.uint32)
+    nb = len(base_vocab)
+    merges_wanted = num_merges if num_merges is not None else max(0, int(vocab_size) - nb)  # type: ignore[arg-type]
+    merges, merge_counts = _native.tpe_train(
+        base_ids,
+        np.ascontiguousarray(c.starts, dtype=np.int64),
+        nb,
+        int(merges_wanted),
+        int(min_frequency),
+        max_token_events,
+        progress,
+    )
+    if c.dur_ns is not None:
+        cnt, mean, std = _native.tpe_symbol_stats(
+            base_ids, np.ascontiguousarray(c.dur_ns, dtype=np.int64), nb
+        )
+        stats = {"count": cnt, "mean": mean, "std": std}
+    else:
+        stats = {"count": np.bincount(base_ids, minlength=nb).astype(np.uint64)}
+    settings = {
+        "min_frequency": int(min_frequency),
+        "min_symbol_count": int(min_symbol_count),
+        "max_token_events": max_token_events,
+        "close_layers": list(close_layers),
+        "step_names": list(step_names) if step_names is not None else None,
+        "normalize": normalize,
+        "training_events": int(len(base_ids)),
+        "training_segments": int(len(c.starts)),
+    }
+    return TPETokenizer(base_vocab, merges, merge_counts=merge_counts, stats=stats, settings=settings)
+
+
+def load(directory: str | os.PathLike[str]) -> TPETokenizer:
+    """Load a tokenizer saved with :meth:`TPETokenizer.save` (a directory or the JSON file itself)."""
+    p = Path(directory)
+    path = p / FILE_NAME if p.is_dir() else p
+    if not path.exists():
+        raise TellerFileNotFoundError(
+            f"{path}: no such file (expected a tokenizer directory)", path=str(path)
+        )
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path}: not valid JSON: {e}", path=str(path)) from None
+    return TPETokenizer.from_dict(d, path=str(path))
+
+
+__all__ = [
+    "CLOSE",
+    "FEATURE_NAMES",
+    "SPECIALS",
+    "Corpus",
+    "Encoding",
+    "TPETokenizer",
+    "discover_traces",
+    "load",
+    "train",
+]

@@ -1,0 +1,240 @@
+"""TPE through the Python API, checked against the pure-Python reference oracle."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import teller
+from conftest import DATA, FIXTURES, TRACES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from teller import _native
+from teller._reference import tpe as ref
+from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
+
+
+@st.composite
+def corpora(draw, max_base=6):
+    base = draw(st.integers(1, max_base))
+    segs = draw(st.lists(st.lists(st.integers(0, base - 1), max_size=25), min_size=1, max_size=8))
+    return base, segs
+
+
+def flat(segs):
+    ids = np.asarray([x for s in segs for x in s], dtype=np.uint32)
+    starts, n = [], 0
+    for s in segs:
+        starts.append(n)
+        n += len(s)
+    return ids, np.asarray(starts, dtype=np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    c=corpora(),
+    num_merges=st.integers(0, 30),
+    min_freq=st.integers(1, 3),
+    cap=st.one_of(st.none(), st.integers(2, 5)),
+)
+def test_rust_trainer_equals_reference(c, num_merges, min_freq, cap):
+    base, segs = c
+    ids, starts = flat(segs)
+    merges, counts = _native.tpe_train(ids, starts, base, num_merges, min_freq, cap, None)
+    want, want_counts = ref.train_with_counts(segs, base, num_merges, min_freq, cap)
+    assert [tuple(m) for m in merges] == [tuple(m) for m in want]
+    assert list(counts) == want_counts
+
+
+@settings(max_examples=150, deadline=None)
+@given(c=corpora(), num_merges=st.integers(0, 30), data=st.data())
+def test_rust_encoding_equals_reference_and_round_trips(c, num_merges, data):
+    base, segs = c
+    ids, starts = flat(segs)
+    merges, _ = _native.tpe_train(ids, starts, base, num_merges, 1, None, None)
+    t = _native.NativeTpe(base, merges)
+    # encode other random data with these merges too
+    other = data.draw(st.lists(st.lists(st.integers(0, base - 1), max_size=25), min_size=1, max_size=5))
+    for corpus in (segs, other):
+        ids2, starts2 = flat(corpus)
+        toks, offs, seg = t.encode_ids(ids2, starts2)
+        pos = 0
+        for k, s in enumerate(corpus):
+            rt, ro = ref.encode(s, merges, base)
+            a = int(seg[k])
+            b = int(seg[k + 1]) if k + 1 < len(corpus) else len(toks)
+            assert toks[a:b].tolist() == rt
+            assert (offs[a : b + 1] - pos).tolist()[: len(ro)] == ro
+            pos += len(s)
+        assert t.decode(toks).tolist() == ids2.tolist()
+
+
+def test_features_equal_reference():
+    rng = np.random.default_rng(0)
+    base = 7
+    segs = [rng.integers(0, base, size=int(rng.integers(1, 30))).tolist() for _ in range(6)]
+    ids, starts = flat(segs)
+    dur = rng.integers(0, 50_000, size=len(ids)).astype(np.int64)
+    st_ = np.cumsum(rng.integers(0, 20_000, size=len(ids))).astype(np.int64)
+    merges, _ = _native.tpe_train(ids, starts, base, 10, 2, None, None)
+    t = _native.NativeTpe(base, merges)
+    toks, offs, seg = t.encode_ids(ids, starts)
+    cnt, mean, std = _native.tpe_symbol_stats(ids, dur, base)
+    rc, rm, rs = ref.symbol_stats(ids.tolist(), dur.tolist(), base)
+    assert cnt.tolist() == rc
+    np.testing.assert_allclose(mean, rm, rtol=1e-12)
+    np.testing.assert_allclose(std, rs, rtol=1e-9)
+    f = t.features(ids, dur, st_, offs, seg, cnt, mean, std)
+    assert f.shape == (len(toks), 5) and f.dtype == np.float32
+    pos = 0
+    for k, s in enumerate(segs):
+        a = int(seg[k])
+        b = int(seg[k + 1]) if k + 1 < len(segs) else len(toks)
+        o = (offs[a : b + 1] - pos).tolist()
+        want = ref.features(
+            s, dur[pos : pos + len(s)].tolist(), st_[pos : pos + len(s)].tolist(), o, (rc, rm, rs)
+        )
+        np.testing.assert_allclose(f[a:b], np.asarray(want, dtype=np.float32), rtol=1e-5, atol=1e-5)
+        pos += len(s)
+
+
+def test_training_is_deterministic_and_thread_independent():
+    ids, starts, _dur, _st, nb = _native.tpe_synth_corpus(200_000, seed=3, n_symbols=300, step_events=500)
+    a = _native.tpe_train(ids, starts, nb, 500, 2, None, None)
+    b = _native.tpe_train(ids, starts, nb, 500, 2, None, None)
+    assert a == b
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np; from teller import _native as n;"
+        "ids,st,_,_,nb=n.tpe_synth_corpus(200_000, seed=3, n_symbols=300, step_events=500);"
+        "m,_=n.tpe_train(ids,st,nb,500,2,None,None); print(hash(tuple(map(tuple,m))))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**__import__("os").environ, "RAYON_NUM_THREADS": str(k)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for k in (1, 2)
+    }
+    assert len(outs) == 1
+
+
+def test_segment_boundaries_never_merged():
+    segs = [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]] * 5
+    tok = teller.tpe.train(segs, num_merges=10, min_frequency=1)
+    enc = tok.encode(segs)
+    for a, b in enc.segments():
+        assert int(enc.offsets[b] - enc.offsets[a]) == 2
+    # no token spans "b a" across the boundary "a b | b a"
+    assert all(int(n) <= 2 for n in tok.token_lens)
+
+
+def test_symbol_api_and_unknowns():
+    segs = [["kernel:gemm", "runtime:cudaLaunchKernel", "kernel:gemm"]] * 3
+    tok = teller.tpe.train(segs, vocab_size=40)
+    assert tok.base_vocab[:5] == list(teller.tpe.SPECIALS)
+    ids = tok.symbol_ids(["kernel:gemm", "kernel:never_seen", "weird"])
+    assert tok.base_vocab[ids[0]] == "kernel:gemm"
+    assert tok.base_vocab[ids[1]] == "kernel:[UNK]"
+    assert tok.base_vocab[ids[2]] == "[UNK]"
+    enc = tok.encode(["kernel:gemm", "runtime:cudaLaunchKernel", "kernel:gemm", "kernel:new"])
+    assert tok.decode(enc.ids) == ["kernel:gemm", "runtime:cudaLaunchKernel", "kernel:gemm", "kernel:[UNK]"]
+    assert enc.events is None
+
+
+def test_min_symbol_count_maps_rare_to_layer_unk():
+    segs = [["kernel:a", "kernel:b"]] * 5 + [["kernel:rare"]]
+    tok = teller.tpe.train(segs, num_merges=0, min_symbol_count=2)
+    assert "kernel:rare" not in tok.base_vocab
+    assert tok.decode(tok.encode([["kernel:rare"]]).ids) == ["kernel:[UNK]"]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_real_traces_train_and_encode_losslessly(name, tmp_path):
+    tr = teller.trace.load(TRACES / name, warn=False)
+    tok = teller.tpe.train([tr], vocab_size=2000)
+    enc = tok.encode(tr)
+    corpus = teller.tpe.corpus_from_trace(tr)
+    assert tok.decode(enc.ids) == [corpus.names[i] for i in corpus.ids]
+    assert len(enc) <= len(corpus.ids)
+    assert enc.features.shape == (len(enc), 5) and np.isfinite(enc.features).all()
+    # every event of every step is covered exactly once
+    ev = enc.events[enc.events >= 0]
+    assert len(np.unique(ev)) == len(ev) == int((tr.step >= 0).sum())
+    assert int(enc.features[:, 0].sum()) == int(enc.offsets[-1])
+    # save -> load -> identical encodings
+    tok.save(tmp_path / "tok")
+    tok2 = teller.tpe.load(tmp_path / "tok")
+    enc2 = tok2.encode(tr)
+    assert np.array_equal(enc.ids, enc2.ids) and np.array_equal(enc.offsets, enc2.offsets)
+    np.testing.assert_allclose(enc.features, enc2.features, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_path_matches_symbol_path():
+    ids, starts, _d, _s, nb = _native.tpe_synth_corpus(50_000, seed=1, n_symbols=200, step_events=400)
+    names = [f"kernel:k{i}" for i in range(nb)]
+    tok = teller.tpe.train((ids, starts), names=names, num_merges=300)
+    b = tok.symbol_ids(names)[ids]
+    toks, offs = tok.encode_ids(b, starts)
+    segs = [
+        [names[i] for i in ids[s:e]]
+        for s, e in zip(starts.tolist(), starts.tolist()[1:] + [len(ids)], strict=True)
+    ]
+    enc = tok.encode(segs)
+    assert np.array_equal(toks, enc.ids) and np.array_equal(offs, enc.offsets)
+
+
+def test_golden_file_stays_readable():
+    tok = teller.tpe.load(DATA / "tpe" / "golden_tokenizer")
+    d = json.loads((DATA / "tpe" / "golden_tokenizer" / "tokenizer.json").read_text())
+    assert d["format"] == "teller-tpe" and d["version"] == 1
+    enc = tok.encode([["annotation:step", "runtime:cudaLaunchKernel", "kernel:gemm", "<close>"]])
+    assert tok.decode(enc.ids) == ["annotation:step", "runtime:cudaLaunchKernel", "kernel:gemm", "<close>"]
+    assert enc.ids.tolist() == d["expected"]["ids"]
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(ConfigError):
+        teller.tpe.train([["a"]], vocab_size=10, num_merges=3)
+    with pytest.raises(ConfigError):
+        teller.tpe.train((np.zeros(3, np.uint32), np.zeros(1, np.int64)), num_merges=3)
+    with pytest.raises(TokenizerError, match="out of range"):
+        _native.tpe_train(np.asarray([0, 5], np.uint32), np.asarray([0], np.int64), 3, 2, 2, None, None)
+    with pytest.raises(TokenizerError, match="offsets"):
+        _native.tpe_train(np.asarray([0, 1], np.uint32), np.asarray([1], np.int64), 3, 2, 2, None, None)
+    with pytest.raises(TokenizerError):
+        _native.NativeTpe(3, [(0, 7)])
+    with pytest.raises(TellerFileNotFoundError):
+        teller.tpe.load(tmp_path / "nope")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="tokenizer.json"):
+        teller.tpe.load(tmp_path / "bad")
+    (tmp_path / "bad" / "tokenizer.json").write_text(json.dumps({"format": "teller-tpe", "version": 99}))
+    with pytest.raises(TokenizerError, match="version 99"):
+        teller.tpe.load(tmp_path / "bad")
+
+
+def test_progress_callback_and_cancel():
+    ids, starts, _d, _s, nb = _native.tpe_synth_corpus(100_000, seed=2, n_symbols=200, step_events=400)
+    seen = []
+    _native.tpe_train(ids, starts, nb, 400, 2, None, lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1][1] == 400 and all(a <= b for a, b in zip(seen, seen[1:], strict=False))
+
+    def stop(done, total):
+        if done >= 100:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _native.tpe_train(ids, starts, nb, 400, 2, None, stop)
+
+
+def test_log_dur_matches():
+    assert math.isclose(ref.log_dur(1500), math.log1p(1.5))
