@@ -30,6 +30,8 @@ tpe_app = typer.Typer(
     help="Train, apply and inspect TPE (Trace Pair Encoding) tokenizers.", no_args_is_help=True
 )
 app.add_typer(tpe_app, name="tpe")
+shim_app = typer.Typer(help="Build and locate the collector shim (cupti_shim/).", no_args_is_help=True)
+app.add_typer(shim_app, name="shim")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -94,7 +96,7 @@ def _doctor_report(cuda_home: str | None) -> dict[str, object]:
     except ImportError:
         rep["transformers"] = None
     try:
-        from teller import shim
+        from teller.collect import shim
 
         rep["shim"] = shim.status(cuda_home)
     except ImportError:
@@ -291,6 +293,102 @@ def trace_tree(
     st = steps[k]
     console.print(f"step {k}: [bold]{st.name}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)
     print(tr.tree(k).render(max_lines=max_lines))
+
+
+# ---------------------------------------------------------------------------------------------------
+# collect
+
+
+def _collect(
+    cmd: Annotated[list[str], typer.Argument(help="The command to run, after `--`.", show_default=False)],
+    trace_dir: Annotated[
+        str | None,
+        typer.Option(help="Where run directories go (default: $TELLER_TRACE_DIR, else ./teller-traces)."),
+    ] = None,
+    cuda_home: Annotated[str | None, typer.Option(help="CUDA toolkit root for headers and libcupti.")] = None,
+    nvtx_json: Annotated[
+        str | None,
+        typer.Option(
+            help="JSON list of {module, functions, domain, name} groups to wrap in NVTX ranges, or a "
+            "built-in profile: torch, transformers, vllm."
+        ),
+    ] = None,
+    so: Annotated[
+        str | None, typer.Option(help="A prebuilt libteller_shim.so to inject instead of building one.")
+    ] = None,
+    no_convert: Annotated[bool, typer.Option("--no-convert", help="Keep the raw files only.")] = False,
+    torch_nvtx: Annotated[
+        bool,
+        typer.Option(
+            "--torch-nvtx", help="Also enable torch's own per-operator NVTX ranges (CUDA torch + GPU)."
+        ),
+    ] = False,
+) -> None:
+    """Run an unmodified program with the collector injected: NVTX ranges, CUDA API calls, GPU work, logs."""
+    from teller.collect import collect
+
+    try:
+        res = collect(
+            list(cmd),
+            trace_dir=trace_dir,
+            cuda_home=cuda_home,
+            nvtx_json=nvtx_json,
+            so=so,
+            convert=not no_convert,
+            torch_nvtx=torch_nvtx,
+        )
+    except TellerError as e:
+        raise _fail(e) from None
+    for w in res.warnings:
+        err_console.print(f"[yellow]teller warning:[/] {w}", highlight=False, soft_wrap=True)
+    s = res.summary
+    if s is not None:
+        err_console.print(
+            f"[bold]teller:[/] {s['events']} events "
+            f"({', '.join(f'{k} {v}' for k, v in s['by_layer'].items())}), "
+            f"{s['steps']} step(s); GPU activities {s['gpu_events']}, linked {s['linked_gpu_events']}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if res.trace_json:
+        err_console.print(
+            f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True
+        )
+    err_console.print(
+        f"[bold]teller:[/] run directory: {res.run_dir} (exit status {res.returncode})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(res.returncode)
+
+
+_ctx = {"allow_interspersed_args": False}
+app.command("collect", context_settings=_ctx)(_collect)
+app.command("run", context_settings=_ctx, help="Alias of `teller collect`.")(_collect)
+
+
+@shim_app.command("build")
+def shim_build(
+    cuda_home: Annotated[
+        str | None, typer.Option(help="CUDA toolkit root (default: CUDA_HOME, the NVIDIA wheels).")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if a cached build exists.")] = False,
+) -> None:
+    """Build libteller_shim.so into the cache (keyed by sources, headers and compiler); print its path."""
+    from teller.collect import shim
+
+    try:
+        lib = shim.build(cuda_home, force=force)
+    except TellerError as e:
+        raise _fail(e) from None
+    st = shim.status(cuda_home)
+    err_console.print(
+        f"shim built against CUPTI headers {st.get('cupti_header_version')} "
+        f"(libcupti at run time: {st.get('libcupti')})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    print(lib)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,260 @@
+"""teller's NVTX function wrapper, loaded by ``teller collect --nvtx-json`` without code changes.
+
+This directory is put first on ``PYTHONPATH``; Python imports this ``sitecustomize`` at start-up (also
+in children and spawned workers, which inherit the environment). It
+
+1. chain-loads any other ``sitecustomize`` further down ``sys.path`` (so a site's own keeps working);
+2. reads the groups in ``$TELLER_NVTX_JSON`` (``[{"module": "m", "functions": ["f", "Cls.meth"],
+   "domain": "d", "name": "{module}.{qualname}"}]``, the shape Nsight Systems users know);
+3. wraps those functions in NVTX ranges as soon as their module is imported (an import hook on
+   ``sys.meta_path``), before ``from m import f`` can bind the original.
+
+Name formats may use ``{module}``, ``{qualname}``, ``{function}`` and ``{cls}`` (the class of the
+first argument at call time, e.g. ``"{cls}"`` names each ``torch.nn.Module`` call by its class).
+Nothing here may break the host program: every failure is reported once on stderr and skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+_HOOK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _warn(msg: str) -> None:
+    try:
+        sys.stderr.write(f"[teller] {msg}\n")
+    except Exception:  # noqa: BLE001 - never break the host
+        pass
+
+
+def _chain_load() -> None:
+    """Import the next sitecustomize on sys.path, if any (ours shadows it)."""
+    paths = [p for p in sys.path if os.path.abspath(p or ".") != _HOOK_DIR]
+    for p in paths:
+        cand = os.path.join(p or ".", "sitecustomize.py")
+        if os.path.isfile(cand):
+            try:
+                spec = importlib.util.spec_from_file_location("_teller_chained_sitecustomize", cand)
+                if spec and spec.loader:
+                    mod = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(mod)
+            except Exception as e:  # noqa: BLE001
+                _warn(f"the chained sitecustomize {cand} failed: {e!r}")
+            return
+
+
+# -- range emitters ----------------------------------------------------------------------------------
+
+
+def _emitter():
+    """(push(message, domain), pop(domain)) through the nvtx package, else torch.cuda.nvtx."""
+    try:
+        import nvtx  # type: ignore[import-not-found]
+
+        push_range, pop_range = nvtx.push_range, nvtx.pop_range
+
+        def push(message: str, domain: str | None, color: str | None) -> None:
+            push_range(message=message, domain=domain, color=color)
+
+        def pop(domain: str | None) -> None:
+            pop_range(domain=domain)
+
+        return push, pop
+    except ImportError:
+        pass
+    try:
+        from torch.cuda import nvtx as tnvtx  # type: ignore[import-not-found]
+
+        def push(message: str, domain: str | None, color: str | None) -> None:
+            tnvtx.range_push(message if not domain else f"{domain}:{message}")
+
+        def pop(domain: str | None) -> None:
+            tnvtx.range_pop()
+
+        return push, pop
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+_EMIT = None
+
+
+def _wrap(
+    fn, label_fmt: str, module: str, qualname: str, domain: str | None, color: str | None, dynamic: bool
+):
+    if getattr(fn, "__teller_wrapped__", False):
+        return fn
+    push, pop = _EMIT
+    function = qualname.rsplit(".", 1)[-1]
+    static_label = (
+        None if dynamic else label_fmt.format(module=module, qualname=qualname, function=function, cls="")
+    )
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if static_label is not None:
+            label = static_label
+        else:
+            cls = type(args[0]).__name__ if args else ""
+            label = label_fmt.format(module=module, qualname=qualname, function=function, cls=cls)
+        push(label, domain, color)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            pop(domain)
+
+    wrapper.__teller_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _patch(module, groups) -> None:
+    mname = module.__name__
+    for g in groups:
+        fmt = g.get("name") or "{module}.{qualname}"
+        dynamic = "{cls}" in fmt
+        for spec in g["functions"]:
+            try:
+                if "." in spec:
+                    cls_name, meth = spec.split(".", 1)
+                    owner = getattr(module, cls_name)
+                    raw = owner.__dict__[meth]
+                    if isinstance(raw, staticmethod):
+                        setattr(
+                            owner,
+                            meth,
+                            staticmethod(
+                                _wrap(raw.__func__, fmt, mname, spec, g.get("domain"), g.get("color"), False)
+                            ),
+                        )
+                    elif isinstance(raw, classmethod):
+                        setattr(
+                            owner,
+                            meth,
+                            classmethod(
+                                _wrap(
+                                    raw.__func__, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic
+                                )
+                            ),
+                        )
+                    else:
+                        setattr(
+                            owner,
+                            meth,
+                            _wrap(raw, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic),
+                        )
+                else:
+                    fn = getattr(module, spec)
+                    setattr(
+                        module, spec, _wrap(fn, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic)
+                    )
+            except Exception as e:  # noqa: BLE001
+                _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {e!r}")
+
+
+# module name -> callbacks to run on the module right after it is executed (imported)
+_AFTER_IMPORT: dict = {}
+
+
+def _after_import(name: str, cb) -> None:
+    mod = sys.modules.get(name)
+    if mod is not None:
+        cb(mod)
+    else:
+        _AFTER_IMPORT.setdefault(name, []).append(cb)
+
+
+class _AfterExecLoader(importlib.abc.Loader):
+    def __init__(self, inner, callbacks) -> None:
+        self._inner = inner
+        self._callbacks = callbacks
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._inner.exec_module(module)
+        for cb in self._callbacks:
+            try:
+                cb(module)
+            except Exception as e:  # noqa: BLE001
+                _warn(f"post-import hook for {module.__name__} failed: {e!r}")
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of the modules in _AFTER_IMPORT so their callbacks run before the import
+    returns (so `from m import f` already sees the wrapped function)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _AFTER_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AfterExecLoader(spec.loader, _AFTER_IMPORT.pop(fullname))
+                return spec
+        return None
+
+
+def _enable_torch_nvtx() -> None:
+    """TELLER_TORCH_NVTX=1: torch's own per-operator NVTX ranges (needs a CUDA build and a GPU)."""
+
+    def on_torch(module) -> None:
+        try:
+            if module.cuda.is_available():
+                ctx = module.autograd.profiler.emit_nvtx(record_shapes=False)
+                ctx.__enter__()
+                sys.modules[__name__].__dict__["_TORCH_NVTX_CTX"] = ctx
+            else:
+                _warn("--torch-nvtx: torch sees no GPU; torch's operator ranges are not available")
+        except Exception as e:  # noqa: BLE001
+            _warn(f"--torch-nvtx: {e!r}")
+
+    _after_import("torch", on_torch)
+
+
+def _install() -> None:
+    global _EMIT
+    path = os.environ.get("TELLER_NVTX_JSON")
+    if os.environ.get("TELLER_TORCH_NVTX") == "1":
+        _enable_torch_nvtx()
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            groups = json.load(f)
+    except Exception as e:  # noqa: BLE001
+        _warn(f"--nvtx-json: cannot read {path}: {e!r}")
+        return
+    _EMIT = _emitter()
+    if _EMIT is None:
+        _warn("--nvtx-json: neither the `nvtx` package nor torch.cuda.nvtx is importable; no ranges recorded")
+        return
+    by_module: dict = {}
+    for g in groups if isinstance(groups, list) else []:
+        if isinstance(g, dict) and isinstance(g.get("module"), str) and isinstance(g.get("functions"), list):
+            by_module.setdefault(g["module"], []).append(g)
+    for name, gs in by_module.items():
+        _after_import(name, functools.partial(_patch, groups=gs))
+
+
+_chain_load()
+try:
+    _install()
+    if _AFTER_IMPORT:
+        sys.meta_path.insert(0, _Finder())
+except Exception as _e:  # noqa: BLE001
+    _warn(f"NVTX function wrapping disabled: {_e!r}")

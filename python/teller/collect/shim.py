@@ -1,0 +1,155 @@
+"""Building and locating the collector shim (``cupti_shim/``, C).
+
+``teller shim build`` compiles ``libteller_shim.so`` into a cache keyed by the shim's sources, the
+headers it builds against (CUPTI version) and the compiler, so a rebuild happens only when one of
+them changes. ``teller collect --so LIB`` uses a prebuilt library instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from teller.cuda import find_cuda
+from teller.errors import CudaNotFoundError, TellerError, TellerFileNotFoundError
+
+LIB_NAME = "libteller_shim.so"
+
+
+class ShimBuildError(TellerError, RuntimeError):
+    """The shim failed to compile."""
+
+
+def source_dir() -> Path:
+    """The shim sources: ``$TELLER_SHIM_SRC``, else ``cupti_shim/`` of the source tree teller runs from."""
+    env = os.environ.get("TELLER_SHIM_SRC")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for up in here.parents:
+        cand = up / "cupti_shim"
+        if (cand / "build.sh").is_file():
+            return cand
+    raise TellerFileNotFoundError(
+        "cupti_shim sources not found (set TELLER_SHIM_SRC to the cupti_shim/ directory of a teller checkout)"
+    )
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TELLER_CACHE_DIR") or Path.home() / ".cache" / "teller") / "shim"
+
+
+def _cc_version() -> str:
+    cc = os.environ.get("CC", "cc")
+    try:
+        return subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_key(src: Path, include_dirs: list[str], cupti_version: int | None) -> str:
+    h = hashlib.sha256()
+    for f in sorted(src.rglob("*")):
+        if (
+            f.is_file()
+            and f.suffix in (".c", ".h", ".sh", ".txt")
+            and "tests" not in f.relative_to(src).parts
+        ):
+            h.update(str(f.relative_to(src)).encode())
+            h.update(f.read_bytes())
+    h.update(json.dumps([include_dirs, cupti_version, _cc_version()]).encode())
+    return h.hexdigest()[:16]
+
+
+def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], Any, str]:
+    src = source_dir()
+    info = find_cuda(cuda_home)
+    if not info.nvtx_h:
+        raise CudaNotFoundError(
+            "NVTX headers (nvtx3/nvToolsExt.h) not found: install the nvidia-nvtx wheel or pass --cuda-home"
+            + (f" (searched {', '.join(info.roots)})" if info.roots else "")
+        )
+    include_dirs = info.include_dirs
+    return src, include_dirs, info, build_key(src, include_dirs, info.cupti_version)
+
+
+def build(
+    cuda_home: str | os.PathLike[str] | None = None, *, force: bool = False, quiet: bool = True
+) -> Path:
+    """Build (or reuse) the shim; returns the path of the library."""
+    src, include_dirs, info, key = _plan(cuda_home)
+    out_dir = cache_root() / key
+    lib = out_dir / LIB_NAME
+    if lib.is_file() and not force:
+        return lib
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    env = dict(os.environ, TELLER_CUDA_INCLUDE=":".join(include_dirs), PYTHON=sys.executable)
+    p = subprocess.run(["bash", str(src / "build.sh"), str(tmp)], env=env, capture_output=True, text=True)
+    if p.returncode != 0 or not (tmp / LIB_NAME).is_file():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ShimBuildError(
+            f"building the shim failed (exit {p.returncode}):\n{p.stdout}{p.stderr}".rstrip()
+        )
+    meta = {
+        "key": key,
+        "source": str(src),
+        "include_dirs": include_dirs,
+        "cupti_header_version": info.cupti_version,
+        "cupti_found": bool(info.cupti_h),
+        "libcupti": info.libcupti,
+        "compiler": _cc_version(),
+    }
+    (tmp / "build.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    if not quiet:
+        print(p.stdout, end="")
+    return lib
+
+
+def locate(cuda_home: str | os.PathLike[str] | None = None) -> Path | None:
+    """The cached library for the current sources and headers, if built."""
+    try:
+        _src, _inc, _info, key = _plan(cuda_home)
+    except TellerError:
+        return None
+    lib = cache_root() / key / LIB_NAME
+    return lib if lib.is_file() else None
+
+
+def status(cuda_home: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What ``teller doctor`` shows about the shim."""
+    try:
+        src, _inc, info, key = _plan(cuda_home)
+    except TellerError as e:
+        return {"built": False, "reason": str(e)}
+    lib = cache_root() / key / LIB_NAME
+    out: dict[str, Any] = {
+        "built": lib.is_file(),
+        "path": str(lib),
+        "key": key,
+        "source": str(src),
+        "cupti_header_version": info.cupti_version,
+        "libcupti": info.libcupti,
+    }
+    if not lib.is_file():
+        out["reason"] = "not built for the current sources/headers (run `teller shim build`)"
+    else:
+        try:
+            out.update(
+                {k: v for k, v in json.loads((lib.parent / "build.json").read_text()).items() if k not in out}
+            )
+        except (OSError, ValueError):
+            pass
+    return out

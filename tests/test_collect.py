@@ -1,0 +1,307 @@
+"""`teller collect` for real: the shim injected into unmodified Python programs (NVTX runs on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import teller.trace as T
+from teller.collect import shim
+
+pytestmark = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
+
+
+def collect(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 300):
+    cmd = [sys.executable, "-m", "teller", "collect", "--trace-dir", str(tmp_path / "traces"), *args]
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=tmp_path
+    )
+    runs = sorted((tmp_path / "traces").glob("run-*")) if (tmp_path / "traces").exists() else []
+    return p, (runs[-1] if runs else None)
+
+
+def names(tr) -> list[str]:
+    return [tr.name_of(i) for i in range(len(tr))]
+
+
+def write(tmp_path: Path, name: str, code: str) -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(code))
+    return p
+
+
+def test_python_nvtx_program(tmp_path):
+    prog = write(
+        tmp_path,
+        "prog.py",
+        """
+        import sys, nvtx
+        with nvtx.annotate("outer", domain="app"):
+            for i in range(3):
+                with nvtx.annotate("inner", domain="app"):
+                    print(f"line {i}", flush=True)
+            nvtx.mark("checkpoint", domain="app")
+        print("to stderr", file=sys.stderr)
+        sys.exit(3)
+    """,
+    )
+    p, run = collect(tmp_path, "--", sys.executable, str(prog), env={"SECRET_TOKEN": "hunter2", "RANK": "0"})
+    assert p.returncode == 3, p.stderr
+    assert "line 0\nline 1\nline 2\n" in p.stdout  # output still reaches the terminal unchanged
+    assert "to stderr" in p.stderr and str(run) in p.stderr
+    tr = T.load(run, warn=False)
+    n = names(tr)
+    assert n.count("inner") == 3 and n.count("outer") == 1 and n.count("checkpoint") == 1
+    outer = n.index("outer")
+    for i in range(len(tr)):
+        if n[i] == "inner":
+            assert tr.parent[i] == outer
+            assert tr.ts[outer] <= tr.ts[i] and tr.end[i] <= tr.end[outer]
+    assert all(tr.args(i).get("domain") == "app" for i in range(len(tr)) if n[i] in ("inner", "outer"))
+    # logs: every line, timestamped on the trace clock, inside the run
+    lines = (run / "log.txt").read_text().splitlines()
+    assert [ln.split(" ", 2)[2] for ln in lines if " stdout " in ln] == ["line 0", "line 1", "line 2"]
+    ts = [int(ln.split(" ", 1)[0]) for ln in lines]
+    assert ts == sorted(ts)
+    inner_ends = sorted(int(tr.end[i]) for i in range(len(tr)) if n[i] == "inner")
+    # the line printed inside inner range k is logged after that range started and before the run ended
+    assert ts[0] >= int(tr.ts[outer]) - 50_000_000 and ts[0] <= int(tr.end[outer]) + 50_000_000, (
+        ts,
+        inner_ends,
+    )
+    run_json = json.loads((run / "run.json").read_text())
+    assert run_json["exit_code"] == 3 and run_json["command"][-1] == str(prog)
+    assert run_json["env"]["RANK"] == "0" and "NVTX_INJECTION64_PATH" in run_json["env"]
+    assert "hunter2" not in (run / "run.json").read_text()
+    assert (run / "trace.json").exists() and json.loads((run / "summary.json").read_text())["events"] == len(
+        tr
+    )
+
+
+def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    write(tmp_path / "pkg", "__init__.py", "")
+    write(
+        tmp_path / "pkg",
+        "engine.py",
+        """
+        class Engine:
+            def step(self, n):
+                return prepare(n) + 1
+
+            @staticmethod
+            def helper():
+                return 1
+
+        def prepare(n):
+            return sum(range(n))
+    """,
+    )
+    prog = write(
+        tmp_path,
+        "main.py",
+        """
+        import subprocess, sys
+        from pkg.engine import Engine, prepare   # bound after the hook wrapped them
+        e = Engine()
+        for _ in range(2):
+            e.step(1000)
+        Engine.helper()
+        prepare(5)
+        subprocess.run([sys.executable, "-c", "from pkg.engine import prepare; prepare(3)"], check=True)
+    """,
+    )
+    groups = tmp_path / "groups.json"
+    groups.write_text(
+        json.dumps(
+            [
+                {
+                    "module": "pkg.engine",
+                    "functions": ["Engine.step", "Engine.helper", "prepare"],
+                    "domain": "engine",
+                },
+            ]
+        )
+    )
+    p, run = collect(
+        tmp_path,
+        "--nvtx-json",
+        str(groups),
+        "--",
+        sys.executable,
+        str(prog),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert p.returncode == 0, p.stderr
+    tr = T.load(run, warn=False)
+    n = names(tr)
+    assert n.count("pkg.engine.Engine.step") == 2
+    assert n.count("pkg.engine.Engine.helper") == 1
+    assert n.count("pkg.engine.prepare") == 2 + 1 + 1  # two under step, one direct, one in the child
+    assert len(set(tr.pid.tolist())) == 2  # the child process wrote its own file
+    steps = [i for i in range(len(tr)) if n[i] == "pkg.engine.Engine.step"]
+    for s in steps:
+        kids = [i for i in range(len(tr)) if tr.parent[i] == s]
+        assert [n[k] for k in kids] == ["pkg.engine.prepare"]
+
+
+def test_builtin_profile_tiny_gpt2(tmp_path):
+    prog = write(
+        tmp_path,
+        "gen.py",
+        """
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=64)
+        model = GPT2LMHeadModel(cfg).eval()
+        ids = torch.randint(0, 256, (1, 8))
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        print("generated", out.shape[1] - 8, "tokens", flush=True)
+    """,
+    )
+    p, run = collect(
+        tmp_path,
+        "--nvtx-json",
+        "transformers",
+        "--",
+        sys.executable,
+        str(prog),
+        env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "generated 4 tokens" in p.stdout
+    tr = T.load(run, warn=False)
+    n = names(tr)
+    assert n.count("generate") == 1
+    assert n.count("GPT2LMHeadModel") == 4  # one forward per generated token
+    assert n.count("GPT2Block") == 8 and n.count("GPT2Attention") >= 8
+    gen = n.index("generate")
+    for i in range(len(tr)):
+        if n[i] == "GPT2Block":
+            # nested: GPT2Block < GPT2Model < GPT2LMHeadModel < ... < generate
+            chain = []
+            p_ = int(tr.parent[i])
+            while p_ >= 0:
+                chain.append(n[p_])
+                p_ = int(tr.parent[p_])
+            assert "GPT2Model" in chain and "GPT2LMHeadModel" in chain and "generate" in chain
+    assert np.all(np.diff(tr.ts) >= 0)
+    assert tr.ts[gen] <= tr.ts[n.index("GPT2LMHeadModel")]
+
+
+@pytest.mark.parametrize("how", ["sigkill", "os_exit", "pool_terminate"])
+def test_killed_processes_leave_readable_traces(tmp_path, how):
+    prog = write(
+        tmp_path,
+        "k.py",
+        f"""
+        import multiprocessing as mp, os, signal, sys, time, nvtx
+        how = {how!r}
+
+        def worker(i):
+            with nvtx.annotate(f"worker-done", domain="w"):
+                pass
+            nvtx.push_range("worker-open", domain="w")
+            time.sleep(60)
+
+        for i in range(5):
+            with nvtx.annotate("before-crash", domain="m"):
+                pass
+        if how == "sigkill":
+            nvtx.push_range("open-at-kill", domain="m")
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif how == "os_exit":
+            nvtx.push_range("open-at-exit", domain="m")
+            os._exit(7)
+        else:
+            pool = mp.get_context("fork").Pool(2)
+            pool.map_async(worker, range(2))
+            time.sleep(1.5)
+            pool.terminate()
+            pool.join()
+    """,
+    )
+    p, run = collect(tmp_path, "--", sys.executable, str(prog))
+    tr = T.load(run, warn=False)
+    n = names(tr)
+    assert n.count("before-crash") == 5, (n, p.stderr)
+    if how == "sigkill":
+        assert p.returncode == 128 + signal.SIGKILL
+        i = n.index("open-at-kill")
+        assert tr.flags[i] & T.FLAG_UNFINISHED
+    elif how == "os_exit":
+        assert p.returncode == 7
+        assert "open-at-exit" in n
+    else:
+        assert p.returncode == 0
+        assert n.count("worker-done") == 2 and n.count("worker-open") == 2
+        assert len(set(tr.pid.tolist())) == 3
+
+
+def test_sigterm_is_forwarded(tmp_path):
+    prog = write(
+        tmp_path,
+        "s.py",
+        """
+        import signal, sys, time, nvtx
+        def bye(*_):
+            print("got SIGTERM", flush=True)
+            sys.exit(5)
+        signal.signal(signal.SIGTERM, bye)
+        with nvtx.annotate("waiting"):
+            print("ready", flush=True)
+            time.sleep(60)
+    """,
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "teller",
+        "collect",
+        "--trace-dir",
+        str(tmp_path / "traces"),
+        "--",
+        sys.executable,
+        str(prog),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 5, err
+    assert "got SIGTERM" in out
+    run = sorted((tmp_path / "traces").glob("run-*"))[-1]
+    assert json.loads((run / "run.json").read_text())["forwarded_signals"] == [signal.SIGTERM]
+
+
+def test_errors(tmp_path):
+    p, run = collect(tmp_path, "--so", str(tmp_path / "nope.so"), "--", "true")
+    assert p.returncode == 2 and "nope.so" in p.stderr and run is None
+    p, _ = collect(tmp_path, "--nvtx-json", "no-such-profile", "--", "true")
+    assert p.returncode == 2 and "built-in" in p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"module": "__main__", "functions": ["f"]}]))
+    p, _ = collect(tmp_path, "--nvtx-json", str(bad), "--", "true")
+    assert p.returncode == 2 and "__main__" in p.stderr
+    p, _ = collect(tmp_path, "--", "definitely-not-a-command-xyz")
+    assert p.returncode == 2 and "command not found" in p.stderr
+
+
+def test_program_without_events(tmp_path):
+    p, run = collect(tmp_path, "--", sys.executable, "-c", "print('hello')")
+    assert p.returncode == 0 and "hello" in p.stdout
+    assert "no events were recorded" in p.stderr
+    assert (run / "run.json").exists() and (run / "log.txt").read_text().endswith("stdout hello\n")
