@@ -523,8 +523,31 @@ def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict
             *(_agg_cell(a, p, "mb_per_s") for p in PEERS),
             *(_agg_cell(a, p, "ratio_vs_teller", suffix="x") for p in PEERS),
         )
+    t3 = Table(
+        title="Cross-check: process-CPU-time ratios (peer CPU s / teller CPU s; all tools single-threaded)"
+    )
+    t3.add_column("file")
+    t3.add_column("fmt")
+    t3.add_column("teller CPU / wall", justify="right")
+    for peer in PEERS:
+        t3.add_column(f"{peer}/teller CPU", justify="right")
+    for r in rows:
+        tl = r["tools"]
+        te = tl["teller"]
+        if "cpu_median_s" not in te:
+            continue
+        t3.add_row(
+            r["file"],
+            r["variant"],
+            f"{te['cpu_median_s'] / te['median_s']:.2f}",
+            *(
+                f"{tl[p]['cpu_median_s'] / te['cpu_median_s']:,.1f}x" if "cpu_median_s" in tl[p] else "-"
+                for p in PEERS
+            ),
+        )
     console.print(t1)
     console.print(t2)
+    console.print(t3)
     console.print(
         "ALL rows: total bytes / total median time over the real fixtures; (k/n) = only the k fixtures the "
         "tool parsed, with teller's time over the same k. Synthetic rows are not in ALL."

@@ -214,3 +214,12 @@ def test_write_to_missing_dir_keeps_nothing_half_written(tmp_path):
     tr.to_chrome(out)
     assert json.loads(out.read_text())["traceEvents"]
     assert not list(tmp_path.glob(".t.json.tmp-*"))
+
+
+def test_invalid_utf8_names_its_offset(tmp_path):
+    good = doc(ok_event(name="abc"))
+    data = good.encode().replace(b"abc", b"a\xffc")
+    p = write(tmp_path, "u.json", data)
+    with pytest.raises(TraceFormatError, match="invalid UTF-8") as ei:
+        T.load(p)
+    assert ei.value.offset == data.index(b"\xff")

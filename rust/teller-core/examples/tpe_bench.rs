@@ -57,7 +57,13 @@ fn main() {
         ..Default::default()
     });
     let gen_s = t0.elapsed().as_secs_f64();
-    let synth::SynthCorpus { base_size, ids, starts, dur_ns, start_ns } = corpus;
+    let synth::SynthCorpus {
+        base_size,
+        ids,
+        starts,
+        dur_ns,
+        start_ns,
+    } = corpus;
     let n_distinct = {
         let mut v: Vec<&[u32]> = starts
             .iter()
@@ -78,7 +84,11 @@ fn main() {
         base_size,
         gen_s
     );
-    let cfg = TrainConfig { num_merges: merges, min_frequency: 2, max_token_events: if max_tok > 0 { Some(max_tok) } else { None } };
+    let cfg = TrainConfig {
+        num_merges: merges,
+        min_frequency: 2,
+        max_token_events: if max_tok > 0 { Some(max_tok) } else { None },
+    };
 
     // Training, single thread (with peak-memory measurement), then `threads` threads.
     let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -102,7 +112,11 @@ fn main() {
     if !skip_mt {
         let t0 = Instant::now();
         let out2 = pool_n.install(|| train(&ids, &starts, base_size, &cfg, None).unwrap());
-        println!("train {threads} threads: {:.3}s (identical: {})", t0.elapsed().as_secs_f64(), out2.tpe.merges() == out.tpe.merges());
+        println!(
+            "train {threads} threads: {:.3}s (identical: {})",
+            t0.elapsed().as_secs_f64(),
+            out2.tpe.merges() == out.tpe.merges()
+        );
     }
 
     // Encoding.
@@ -132,7 +146,12 @@ fn main() {
         let t0 = Instant::now();
         let enc = pool.install(|| tpe.encode_opts(&ids, &starts, false).unwrap());
         let dt = t0.elapsed().as_secs_f64();
-        println!("encode without segment dedupe, {name}: {:.4}s = {:.1} M events/s ({} tokens)", dt, ids.len() as f64 / dt / 1e6, enc.tokens.len());
+        println!(
+            "encode without segment dedupe, {name}: {:.4}s = {:.1} M events/s ({} tokens)",
+            dt,
+            ids.len() as f64 / dt / 1e6,
+            enc.tokens.len()
+        );
     }
     {
         let t0 = Instant::now();
@@ -142,14 +161,22 @@ fn main() {
             toks += tpe.encode_segment(&ids[s..e]).unwrap().0.len();
         }
         let dt = t0.elapsed().as_secs_f64();
-        println!("encode_segment (heap encoder) per segment, 1 thread: {:.4}s = {:.1} M events/s ({toks} tokens)", dt, ids.len() as f64 / dt / 1e6);
+        println!(
+            "encode_segment (heap encoder) per segment, 1 thread: {:.4}s = {:.1} M events/s ({toks} tokens)",
+            dt,
+            ids.len() as f64 / dt / 1e6
+        );
     }
     // Features.
     let enc = tpe.encode(&ids, &starts).unwrap();
     let t0 = Instant::now();
     let stats = pool_n.install(|| SymbolStats::from_corpus(&ids, &dur_ns, base_size).unwrap());
     let f = pool_n.install(|| enc.features(&ids, &dur_ns, &start_ns, &stats).unwrap());
-    println!("stats + features ({threads} threads): {:.4}s for {} rows", t0.elapsed().as_secs_f64(), f.len() / 5);
+    println!(
+        "stats + features ({threads} threads): {:.4}s for {} rows",
+        t0.elapsed().as_secs_f64(),
+        f.len() / 5
+    );
     // Decode.
     let t0 = Instant::now();
     let dec = tpe.decode(&enc.tokens).unwrap();

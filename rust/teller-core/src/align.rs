@@ -113,15 +113,12 @@ fn permute(t: &mut Trace, perm: &[u32]) {
 pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
     let n = t.len();
     // 1. Call-chain order: by start, longer first, outer layers first; stable on input order.
-    let mut perm: Vec<u32> = (0..n as u32).collect();
-    perm.sort_by(|&a, &b| {
-        let (a, b) = (a as usize, b as usize);
-        t.ts[a]
-            .cmp(&t.ts[b])
-            .then(t.dur[b].cmp(&t.dur[a]))
-            .then(nest_rank(t.layer[a]).cmp(&nest_rank(t.layer[b])))
-            .then(a.cmp(&b))
-    });
+    // Sort packed keys rather than indices with a comparator that chases four columns.
+    let mut keys: Vec<(i64, i64, u8, u32)> = (0..n)
+        .map(|i| (t.ts[i], -t.dur[i], nest_rank(t.layer[i]), i as u32))
+        .collect();
+    keys.sort_unstable();
+    let perm: Vec<u32> = keys.into_iter().map(|k| k.3).collect();
     if perm.iter().enumerate().any(|(k, &i)| k as u32 != i) {
         permute(t, &perm);
     }

@@ -4,7 +4,7 @@
 //! pid/tid as ints, numeric strings or labels ("Spans", "stream 7").
 
 use crate::error::{Error, Result};
-use crate::json::{decode_str, parse_int, parse_scaled, Raw, ScanError, Scanner};
+use crate::json::{decode_str_validated as decode_str, parse_int, parse_scaled, Raw, ScanError, Scanner};
 use crate::model::*;
 use hashbrown::HashMap;
 
@@ -103,6 +103,7 @@ impl<'a> ChromeReader<'a> {
     }
 
     fn run(&mut self) -> Result<()> {
+        self.sc.validate_utf8().map_err(|e| self.ferr(e, false))?;
         let mut base_ns: i64 = 0;
         let mut metadata = Vec::new();
         match self.sc.peek() {
@@ -467,7 +468,9 @@ impl<'a> ChromeReader<'a> {
                 Raw::False => ArgValue::Bool(false),
                 Raw::Null => ArgValue::Null,
                 Raw::Array(text) | Raw::Object(text) => {
-                    ArgValue::Json(self.t.strings.intern(&String::from_utf8_lossy(text)))
+                    let text = decode_str(text, false)
+                        .map_err(|m| Error::format(self.path, Some(off as u64), Some(self.index), m))?;
+                    ArgValue::Json(self.t.strings.intern(&text))
                 }
             };
             // Pull the correlation keys into columns; they are written back from the columns.

@@ -5,7 +5,11 @@ use serde_json::Value;
 use teller_core::tpe::{token_features, train, SymbolStats, TrainConfig};
 
 fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn i64s(v: &Value) -> Vec<i64> {
@@ -41,7 +45,12 @@ fn rust_matches_python_reference() {
             .map(|m| (m[0].as_u64().unwrap() as u32, m[1].as_u64().unwrap() as u32))
             .collect();
         assert_eq!(out.tpe.merges(), &merges[..], "case {name}: merges");
-        let counts: Vec<u64> = c["merge_counts"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let counts: Vec<u64> = c["merge_counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         assert_eq!(out.merge_counts, counts, "case {name}: merge counts");
         for e in c["encodings"].as_array().unwrap() {
             let seg = u32s(&e["segment"]);
@@ -55,8 +64,18 @@ fn rust_matches_python_reference() {
             let dur: Vec<i64> = c["dur_ns"].as_array().unwrap().iter().flat_map(i64s).collect();
             let st: Vec<i64> = c["start_ns"].as_array().unwrap().iter().flat_map(i64s).collect();
             let stats = SymbolStats::from_corpus(&ids, &dur, base).unwrap();
-            let exp_mean: Vec<f64> = c["stats"]["mean"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-            let exp_std: Vec<f64> = c["stats"]["std"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let exp_mean: Vec<f64> = c["stats"]["mean"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            let exp_std: Vec<f64> = c["stats"]["std"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
             for k in 0..base as usize {
                 assert!((stats.mean[k] - exp_mean[k]).abs() < 1e-9, "case {name}: mean[{k}]");
                 assert!((stats.std[k] - exp_std[k]).abs() < 1e-9, "case {name}: std[{k}]");
@@ -69,7 +88,10 @@ fn rust_matches_python_reference() {
                 for j in 0..5 {
                     let want = row[j].as_f64().unwrap();
                     let got = f[k * 5 + j] as f64;
-                    assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "case {name}: feature [{k}][{j}] {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "case {name}: feature [{k}][{j}] {got} vs {want}"
+                    );
                 }
             }
         }

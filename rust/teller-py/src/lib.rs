@@ -271,7 +271,10 @@ impl NativeTrace {
         Bound<'py, PyArray1<i64>>,
     )> {
         use numpy::IntoPyArray;
-        let mut opts = teller_core::sequence::SequenceOptions { skip_instants, ..Default::default() };
+        let mut opts = teller_core::sequence::SequenceOptions {
+            skip_instants,
+            ..Default::default()
+        };
         if let Some(cl) = close_layers {
             opts.close_layers = cl
                 .iter()

@@ -23,7 +23,10 @@ fn starts_vec(starts: &PyReadonlyArray1<'_, i64>) -> PyResult<Vec<usize>> {
         .enumerate()
         .map(|(i, &x)| {
             usize::try_from(x).map_err(|_| {
-                tpe_err(TpeError::BadOffsets { index: i, detail: format!("negative segment start {x}") })
+                tpe_err(TpeError::BadOffsets {
+                    index: i,
+                    detail: format!("negative segment start {x}"),
+                })
             })
         })
         .collect()
@@ -46,7 +49,11 @@ pub fn tpe_train(
 ) -> PyResult<(Vec<(u32, u32)>, Vec<u64>)> {
     let ids = ids.as_slice()?;
     let starts = starts_vec(&starts)?;
-    let cfg = TrainConfig { num_merges, min_frequency, max_token_events };
+    let cfg = TrainConfig {
+        num_merges,
+        min_frequency,
+        max_token_events,
+    };
     let step = (num_merges / 200).max(1);
     let mut py_err: Option<PyErr> = None;
     let out = py.detach(|| {
@@ -84,10 +91,20 @@ pub fn tpe_symbol_stats<'py>(
     ids: PyReadonlyArray1<'py, u32>,
     dur_ns: PyReadonlyArray1<'py, i64>,
     base_size: u32,
-) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>)> {
+) -> PyResult<(
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+)> {
     let (ids, dur) = (ids.as_slice()?, dur_ns.as_slice()?);
-    let s = py.detach(|| SymbolStats::from_corpus(ids, dur, base_size)).map_err(tpe_err)?;
-    Ok((s.count.into_pyarray(py), s.mean.into_pyarray(py), s.std.into_pyarray(py)))
+    let s = py
+        .detach(|| SymbolStats::from_corpus(ids, dur, base_size))
+        .map_err(tpe_err)?;
+    Ok((
+        s.count.into_pyarray(py),
+        s.mean.into_pyarray(py),
+        s.std.into_pyarray(py),
+    ))
 }
 
 /// A deterministic synthetic LLM-inference-shaped corpus: (ids, starts, dur_ns, start_ns, base_size).
@@ -107,10 +124,22 @@ pub fn tpe_synth_corpus<'py>(
     Bound<'py, PyArray1<i64>>,
     u32,
 )> {
-    let cfg = synth::SynthConfig { seed, n_events, n_symbols, step_events, ..Default::default() };
+    let cfg = synth::SynthConfig {
+        seed,
+        n_events,
+        n_symbols,
+        step_events,
+        ..Default::default()
+    };
     let c = py.detach(|| synth::generate(&cfg));
     let starts: Vec<i64> = c.starts.iter().map(|&x| x as i64).collect();
-    Ok((c.ids.into_pyarray(py), starts.into_pyarray(py), c.dur_ns.into_pyarray(py), c.start_ns.into_pyarray(py), c.base_size))
+    Ok((
+        c.ids.into_pyarray(py),
+        starts.into_pyarray(py),
+        c.dur_ns.into_pyarray(py),
+        c.start_ns.into_pyarray(py),
+        c.base_size,
+    ))
 }
 
 /// A trained TPE model (merges in rank order).
@@ -123,7 +152,9 @@ pub struct NativeTpe {
 impl NativeTpe {
     #[new]
     fn new(base_size: u32, merges: Vec<(u32, u32)>) -> PyResult<Self> {
-        Ok(NativeTpe { inner: teller_core::tpe::Tpe::new(base_size, merges).map_err(tpe_err)? })
+        Ok(NativeTpe {
+            inner: teller_core::tpe::Tpe::new(base_size, merges).map_err(tpe_err)?,
+        })
     }
     #[getter]
     fn base_size(&self) -> u32 {
@@ -147,7 +178,11 @@ impl NativeTpe {
         py: Python<'py>,
         ids: PyReadonlyArray1<'py, u32>,
         starts: PyReadonlyArray1<'py, i64>,
-    ) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    ) -> PyResult<(
+        Bound<'py, PyArray1<u32>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+    )> {
         let ids = ids.as_slice()?;
         let starts = starts_vec(&starts)?;
         let t = &self.inner;
@@ -177,8 +212,12 @@ impl NativeTpe {
         mean: PyReadonlyArray1<'py, f64>,
         std: PyReadonlyArray1<'py, f64>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let stats = SymbolStats::from_parts(count.as_slice()?.to_vec(), mean.as_slice()?.to_vec(), std.as_slice()?.to_vec())
-            .map_err(tpe_err)?;
+        let stats = SymbolStats::from_parts(
+            count.as_slice()?.to_vec(),
+            mean.as_slice()?.to_vec(),
+            std.as_slice()?.to_vec(),
+        )
+        .map_err(tpe_err)?;
         let (ids, dur, start) = (ids.as_slice()?, dur_ns.as_slice()?, start_ns.as_slice()?);
         let offs = starts_vec(&token_offsets)?;
         let segs = starts_vec(&segment_starts)?;

@@ -24,7 +24,6 @@ use rayon::prelude::*;
 
 use super::{check_ids, segment_bounds, Result, Tpe, NONE};
 
-
 /// The encoding of a whole corpus.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Encoding {
@@ -156,7 +155,11 @@ impl Tpe {
                 while g_hi < bounds.len() && segment_starts[g_hi] - t0 < TASK_EVENTS {
                     g_hi += 1;
                 }
-                let t1 = if g_hi < bounds.len() { segment_starts[g_hi] } else { n_tok };
+                let t1 = if g_hi < bounds.len() {
+                    segment_starts[g_hi]
+                } else {
+                    n_tok
+                };
                 let (ta, tb) = std::mem::take(&mut tok_rest).split_at_mut(t1 - t0);
                 let (oa, ob) = std::mem::take(&mut off_rest).split_at_mut(t1 - t0);
                 tok_rest = tb;
@@ -180,7 +183,11 @@ impl Tpe {
                 }
             });
         }
-        Encoding { tokens, token_offsets, segment_starts }
+        Encoding {
+            tokens,
+            token_offsets,
+            segment_starts,
+        }
     }
 
     /// The batch encoder: encodes several segments (`ranges` of `ids`, already validated) together
@@ -201,7 +208,12 @@ impl Tpe {
         ends: &mut Vec<u32>,
     ) {
         let nm = self.merges.len();
-        let BucketScratch { sym, next, prev, buckets } = sc;
+        let BucketScratch {
+            sym,
+            next,
+            prev,
+            buckets,
+        } = sc;
         if buckets.len() < nm {
             buckets.resize_with(nm, Vec::new);
         }
@@ -300,7 +312,12 @@ impl Tpe {
             offs.extend(0..n as u32);
             return;
         }
-        let Scratch { sym, next, prev, heap: heap_buf } = sc;
+        let Scratch {
+            sym,
+            next,
+            prev,
+            heap: heap_buf,
+        } = sc;
         sym.clear();
         sym.extend_from_slice(ids);
         next.clear();
@@ -353,7 +370,6 @@ impl Tpe {
         }
     }
 }
-
 
 /// Groups identical segments: returns the distinct segments (first occurrences, in order) and the
 /// distinct index of every segment. Hashes in parallel; equal hashes are confirmed by comparing the

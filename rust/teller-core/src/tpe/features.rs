@@ -44,7 +44,11 @@ impl SymbolStats {
     /// Computes the statistics from a corpus of base ids with durations.
     pub fn from_corpus(ids: &[u32], dur_ns: &[i64], base_size: u32) -> Result<Self> {
         if dur_ns.len() != ids.len() {
-            return Err(TpeError::LengthMismatch { what: "dur_ns", got: dur_ns.len(), expected: ids.len() });
+            return Err(TpeError::LengthMismatch {
+                what: "dur_ns",
+                got: dur_ns.len(),
+                expected: ids.len(),
+            });
         }
         super::check_ids(ids, base_size)?;
         let nb = base_size as usize;
@@ -69,7 +73,9 @@ impl SymbolStats {
                 sum[k] += s[k];
             }
         }
-        let mean: Vec<f64> = (0..nb).map(|k| if count[k] > 0 { sum[k] / count[k] as f64 } else { 0.0 }).collect();
+        let mean: Vec<f64> = (0..nb)
+            .map(|k| if count[k] > 0 { sum[k] / count[k] as f64 } else { 0.0 })
+            .collect();
         let partial: Vec<Vec<f64>> = ids
             .par_chunks(STATS_CHUNK)
             .zip(dur_ns.par_chunks(STATS_CHUNK))
@@ -88,17 +94,33 @@ impl SymbolStats {
                 ss[k] += s[k];
             }
         }
-        let std = (0..nb).map(|k| if count[k] > 0 { (ss[k] / count[k] as f64).sqrt() } else { 0.0 }).collect();
+        let std = (0..nb)
+            .map(|k| {
+                if count[k] > 0 {
+                    (ss[k] / count[k] as f64).sqrt()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
         Ok(SymbolStats { count, mean, std })
     }
 
     /// Rebuilds statistics from stored columns (for loading).
     pub fn from_parts(count: Vec<u64>, mean: Vec<f64>, std: Vec<f64>) -> Result<Self> {
         if mean.len() != count.len() {
-            return Err(TpeError::LengthMismatch { what: "mean", got: mean.len(), expected: count.len() });
+            return Err(TpeError::LengthMismatch {
+                what: "mean",
+                got: mean.len(),
+                expected: count.len(),
+            });
         }
         if std.len() != count.len() {
-            return Err(TpeError::LengthMismatch { what: "std", got: std.len(), expected: count.len() });
+            return Err(TpeError::LengthMismatch {
+                what: "std",
+                got: std.len(),
+                expected: count.len(),
+            });
         }
         Ok(SymbolStats { count, mean, std })
     }
@@ -138,25 +160,42 @@ pub fn token_features(
 ) -> Result<Vec<f32>> {
     let n = ids.len();
     if dur_ns.len() != n {
-        return Err(TpeError::LengthMismatch { what: "dur_ns", got: dur_ns.len(), expected: n });
+        return Err(TpeError::LengthMismatch {
+            what: "dur_ns",
+            got: dur_ns.len(),
+            expected: n,
+        });
     }
     if start_ns.len() != n {
-        return Err(TpeError::LengthMismatch { what: "start_ns", got: start_ns.len(), expected: n });
+        return Err(TpeError::LengthMismatch {
+            what: "start_ns",
+            got: start_ns.len(),
+            expected: n,
+        });
     }
     super::check_ids(ids, stats.len() as u32)?;
     if token_offsets.is_empty() {
-        return Err(TpeError::BadOffsets { index: 0, detail: "token_offsets must have n_tokens + 1 entries".into() });
+        return Err(TpeError::BadOffsets {
+            index: 0,
+            detail: "token_offsets must have n_tokens + 1 entries".into(),
+        });
     }
     let n_tok = token_offsets.len() - 1;
     if token_offsets[0] != 0 || token_offsets[n_tok] != n {
         return Err(TpeError::BadOffsets {
             index: 0,
-            detail: format!("token_offsets must run from 0 to {n} (got {} .. {})", token_offsets[0], token_offsets[n_tok]),
+            detail: format!(
+                "token_offsets must run from 0 to {n} (got {} .. {})",
+                token_offsets[0], token_offsets[n_tok]
+            ),
         });
     }
     for k in 0..n_tok {
         if token_offsets[k + 1] <= token_offsets[k] {
-            return Err(TpeError::BadOffsets { index: k + 1, detail: "token_offsets must be strictly increasing".into() });
+            return Err(TpeError::BadOffsets {
+                index: k + 1,
+                detail: "token_offsets must be strictly increasing".into(),
+            });
         }
     }
     // Segment ranges over tokens (reuse the corpus-offset validation on the token axis).

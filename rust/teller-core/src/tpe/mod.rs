@@ -25,9 +25,9 @@
 //! * [`naive`]: slow, obviously-correct reference implementations (for tests).
 
 mod encode;
-mod ranks;
 pub mod features;
 pub mod naive;
+mod ranks;
 pub mod synth;
 mod train;
 
@@ -56,9 +56,18 @@ pub enum TpeError {
     #[error("bad segment offsets: {detail} (at offset index {index})")]
     BadOffsets { index: usize, detail: String },
     #[error("array length mismatch: {what} has length {got}, expected {expected}")]
-    LengthMismatch { what: &'static str, got: usize, expected: usize },
+    LengthMismatch {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
     #[error("merge of rank {rank} ({left}, {right}) refers to an id not defined before it (vocabulary at that rank: {limit})")]
-    BadMerge { rank: usize, left: u32, right: u32, limit: u32 },
+    BadMerge {
+        rank: usize,
+        left: u32,
+        right: u32,
+        limit: u32,
+    },
     #[error("vocabulary too large: {0} ids (at most {MAX_VOCAB})")]
     VocabTooLarge(u64),
     #[error("invalid configuration: {0}")]
@@ -85,14 +94,20 @@ pub fn segment_bounds(n: usize, starts: &[usize]) -> Result<Vec<(usize, usize)>>
     if n > 0 && starts.first() != Some(&0) {
         return Err(TpeError::BadOffsets {
             index: 0,
-            detail: format!("the first segment must start at 0 (got {:?}) for {n} events", starts.first()),
+            detail: format!(
+                "the first segment must start at 0 (got {:?}) for {n} events",
+                starts.first()
+            ),
         });
     }
     let mut out = Vec::with_capacity(starts.len());
     for (i, &s) in starts.iter().enumerate() {
         let e = if i + 1 < starts.len() { starts[i + 1] } else { n };
         if s > n {
-            return Err(TpeError::BadOffsets { index: i, detail: format!("start {s} > number of events {n}") });
+            return Err(TpeError::BadOffsets {
+                index: i,
+                detail: format!("start {s} > number of events {n}"),
+            });
         }
         if e < s {
             return Err(TpeError::BadOffsets {
@@ -111,7 +126,11 @@ pub(crate) fn check_ids(ids: &[u32], base_size: u32) -> Result<()> {
     let max = ids.iter().copied().max().unwrap_or(0);
     if !ids.is_empty() && max >= base_size {
         let index = ids.iter().position(|&x| x >= base_size).unwrap();
-        return Err(TpeError::IdOutOfRange { index, id: ids[index], base_size });
+        return Err(TpeError::IdOutOfRange {
+            index,
+            id: ids[index],
+            base_size,
+        });
     }
     Ok(())
 }
@@ -141,7 +160,9 @@ pub fn symbol_counts(ids: &[u32], base_size: u32) -> Result<Vec<u64>> {
 /// replaced by `unk_id` (which must be `< base_size`; the UNK symbol itself is never "rare").
 pub fn map_rare_symbols(ids: &[u32], base_size: u32, min_symbol_count: u64, unk_id: u32) -> Result<RareMapping> {
     if unk_id >= base_size {
-        return Err(TpeError::BadConfig(format!("unk_id {unk_id} must be < base_size {base_size}")));
+        return Err(TpeError::BadConfig(format!(
+            "unk_id {unk_id} must be < base_size {base_size}"
+        )));
     }
     let symbol_counts = symbol_counts(ids, base_size)?;
     let is_rare: Vec<bool> = symbol_counts
@@ -153,9 +174,15 @@ pub fn map_rare_symbols(ids: &[u32], base_size: u32, min_symbol_count: u64, unk_
     let ids = if rare.is_empty() {
         ids.to_vec()
     } else {
-        ids.iter().map(|&x| if is_rare[x as usize] { unk_id } else { x }).collect()
+        ids.iter()
+            .map(|&x| if is_rare[x as usize] { unk_id } else { x })
+            .collect()
     };
-    Ok(RareMapping { ids, symbol_counts, rare })
+    Ok(RareMapping {
+        ids,
+        symbol_counts,
+        rare,
+    })
 }
 
 /// A trained TPE model: the base vocabulary size and the merges in rank order, plus tables
@@ -184,15 +211,27 @@ impl Tpe {
         for (r, &(a, b)) in merges.iter().enumerate() {
             let limit = base_size + r as u32;
             if a >= limit || b >= limit {
-                return Err(TpeError::BadMerge { rank: r, left: a, right: b, limit });
+                return Err(TpeError::BadMerge {
+                    rank: r,
+                    left: a,
+                    right: b,
+                    limit,
+                });
             }
             if seen.insert(pair_key(a, b), r as u32).is_some() {
-                return Err(TpeError::BadConfig(format!("merge ({a}, {b}) appears twice (second at rank {r})")));
+                return Err(TpeError::BadConfig(format!(
+                    "merge ({a}, {b}) appears twice (second at rank {r})"
+                )));
             }
             token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
         }
         let ranks = ranks::RankTable::new(&merges);
-        Ok(Tpe { base_size, merges, ranks, token_len })
+        Ok(Tpe {
+            base_size,
+            merges,
+            ranks,
+            token_len,
+        })
     }
 
     pub fn base_size(&self) -> u32 {
@@ -241,7 +280,11 @@ impl Tpe {
         let mut total = 0usize;
         for (index, &t) in tokens.iter().enumerate() {
             if t >= vocab {
-                return Err(TpeError::TokenOutOfRange { index, id: t, vocab_size: vocab });
+                return Err(TpeError::TokenOutOfRange {
+                    index,
+                    id: t,
+                    vocab_size: vocab,
+                });
             }
             total += self.token_len[t as usize] as usize;
         }

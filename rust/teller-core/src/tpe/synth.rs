@@ -143,7 +143,9 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
         .map(|_| {
             let len = rng.range(6, 41);
             let launch = rng.range(0, 4) as u32; // one of the 4 most frequent symbols
-            (0..len).map(|i| if i % 2 == 0 { launch } else { zipf.sample(&mut rng) }).collect()
+            (0..len)
+                .map(|i| if i % 2 == 0 { launch } else { zipf.sample(&mut rng) })
+                .collect()
         })
         .collect();
 
@@ -158,7 +160,13 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
             let layer_len: usize = slots.iter().map(|v| motifs[v[0]].len()).sum();
             let target = (step_events as f64 * (0.7 + 0.6 * rng.f64())) as usize;
             let n_layers = (target.saturating_sub(prologue.len() + epilogue.len()) / layer_len).max(1);
-            Template { prologue, slots, n_layers, epilogue, canonical: Vec::new() }
+            Template {
+                prologue,
+                slots,
+                n_layers,
+                epilogue,
+                canonical: Vec::new(),
+            }
         })
         .collect();
     for t in templates.iter_mut() {
@@ -188,7 +196,11 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
         step.extend_from_slice(&t.prologue);
         for _ in 0..t.n_layers {
             for v in &t.slots {
-                let m = if v.len() > 1 && rng.f64() < cfg.variant_prob { v[rng.range(1, v.len())] } else { v[0] };
+                let m = if v.len() > 1 && rng.f64() < cfg.variant_prob {
+                    v[rng.range(1, v.len())]
+                } else {
+                    v[0]
+                };
                 for &x in &motifs[m] {
                     if rng.f64() < cfg.noise_prob {
                         match rng.range(0, 3) {
@@ -217,11 +229,21 @@ pub fn generate(cfg: &SynthConfig) -> SynthCorpus {
             us *= 20.0; // straggler
         }
         let d = (us * 1000.0) as i64;
-        let gap = if rng.f64() < 0.01 { (rng.f64() * 500_000.0) as i64 } else { (rng.f64() * 2_000.0) as i64 };
+        let gap = if rng.f64() < 0.01 {
+            (rng.f64() * 500_000.0) as i64
+        } else {
+            (rng.f64() * 2_000.0) as i64
+        };
         t += gap;
         start_ns.push(t);
         dur_ns.push(d);
         t += d;
     }
-    SynthCorpus { base_size: n_symbols, ids, starts, dur_ns, start_ns }
+    SynthCorpus {
+        base_size: n_symbols,
+        ids,
+        starts,
+        dur_ns,
+        start_ns,
+    }
 }

@@ -15,7 +15,11 @@ fn flat(segs: &[Vec<u32>]) -> (Vec<u32>, Vec<usize>) {
 }
 
 fn cfg(num_merges: usize, min_frequency: u64, max_token_events: Option<u32>) -> TrainConfig {
-    TrainConfig { num_merges, min_frequency, max_token_events }
+    TrainConfig {
+        num_merges,
+        min_frequency,
+        max_token_events,
+    }
 }
 
 /// Everything we can check about one corpus + config against the naive references.
@@ -124,22 +128,52 @@ fn empty_and_degenerate_inputs() {
 
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
-    assert!(matches!(train(&[0, 5], &[0], 3, &cfg(1, 1, None), None), Err(TpeError::IdOutOfRange { index: 1, id: 5, .. })));
-    assert!(matches!(train(&[0, 1], &[1], 3, &cfg(1, 1, None), None), Err(TpeError::BadOffsets { .. })));
-    assert!(matches!(train(&[0, 1], &[0, 3], 3, &cfg(1, 1, None), None), Err(TpeError::BadOffsets { .. })));
-    assert!(matches!(train(&[0, 1, 2], &[0, 2, 1], 3, &cfg(1, 1, None), None), Err(TpeError::BadOffsets { .. })));
-    assert!(matches!(Tpe::new(2, vec![(0, 2)]), Err(TpeError::BadMerge { rank: 0, .. })));
+    assert!(matches!(
+        train(&[0, 5], &[0], 3, &cfg(1, 1, None), None),
+        Err(TpeError::IdOutOfRange { index: 1, id: 5, .. })
+    ));
+    assert!(matches!(
+        train(&[0, 1], &[1], 3, &cfg(1, 1, None), None),
+        Err(TpeError::BadOffsets { .. })
+    ));
+    assert!(matches!(
+        train(&[0, 1], &[0, 3], 3, &cfg(1, 1, None), None),
+        Err(TpeError::BadOffsets { .. })
+    ));
+    assert!(matches!(
+        train(&[0, 1, 2], &[0, 2, 1], 3, &cfg(1, 1, None), None),
+        Err(TpeError::BadOffsets { .. })
+    ));
+    assert!(matches!(
+        Tpe::new(2, vec![(0, 2)]),
+        Err(TpeError::BadMerge { rank: 0, .. })
+    ));
     assert!(matches!(Tpe::new(2, vec![(0, 1), (0, 1)]), Err(TpeError::BadConfig(_))));
     assert!(Tpe::new(2, vec![(0, 1), (2, 2)]).is_ok());
-    assert!(matches!(Tpe::new(u32::MAX - 2, vec![(0, 1); 3]), Err(TpeError::VocabTooLarge(_))));
+    assert!(matches!(
+        Tpe::new(u32::MAX - 2, vec![(0, 1); 3]),
+        Err(TpeError::VocabTooLarge(_))
+    ));
     let tpe = Tpe::new(2, vec![(0, 1)]).unwrap();
-    assert!(matches!(tpe.decode(&[0, 3]), Err(TpeError::TokenOutOfRange { index: 1, .. })));
+    assert!(matches!(
+        tpe.decode(&[0, 3]),
+        Err(TpeError::TokenOutOfRange { index: 1, .. })
+    ));
     assert!(matches!(tpe.encode(&[0, 2], &[0]), Err(TpeError::IdOutOfRange { .. })));
     assert!(matches!(tpe.encode_segment(&[7]), Err(TpeError::IdOutOfRange { .. })));
     let stats = SymbolStats::from_corpus(&[0, 1], &[10, 20], 2).unwrap();
-    assert!(matches!(token_features(&[0, 1], &[1], &[0, 0], &[0, 2], &[0], &stats), Err(TpeError::LengthMismatch { .. })));
-    assert!(matches!(token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1], &[0], &stats), Err(TpeError::BadOffsets { .. })));
-    assert!(matches!(token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1, 1, 2], &[0], &stats), Err(TpeError::BadOffsets { .. })));
+    assert!(matches!(
+        token_features(&[0, 1], &[1], &[0, 0], &[0, 2], &[0], &stats),
+        Err(TpeError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1], &[0], &stats),
+        Err(TpeError::BadOffsets { .. })
+    ));
+    assert!(matches!(
+        token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1, 1, 2], &[0], &stats),
+        Err(TpeError::BadOffsets { .. })
+    ));
     assert!(matches!(map_rare_symbols(&[0], 2, 1, 2), Err(TpeError::BadConfig(_))));
 }
 
@@ -167,7 +201,12 @@ fn rare_symbols_to_unk() {
 
 #[test]
 fn training_is_independent_of_thread_count() {
-    let corpus = synth::generate(&synth::SynthConfig { n_events: 60_000, step_events: 600, n_symbols: 300, ..Default::default() });
+    let corpus = synth::generate(&synth::SynthConfig {
+        n_events: 60_000,
+        step_events: 600,
+        n_symbols: 300,
+        ..Default::default()
+    });
     let c = cfg(400, 2, Some(64));
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -175,8 +214,15 @@ fn training_is_independent_of_thread_count() {
             let out = train(&corpus.ids, &corpus.starts, corpus.base_size, &c, None).unwrap();
             let enc = out.tpe.encode(&corpus.ids, &corpus.starts).unwrap();
             let stats = SymbolStats::from_corpus(&corpus.ids, &corpus.dur_ns, corpus.base_size).unwrap();
-            let f = enc.features(&corpus.ids, &corpus.dur_ns, &corpus.start_ns, &stats).unwrap();
-            (out.tpe.merges().to_vec(), out.merge_counts, enc, f.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            let f = enc
+                .features(&corpus.ids, &corpus.dur_ns, &corpus.start_ns, &stats)
+                .unwrap();
+            (
+                out.tpe.merges().to_vec(),
+                out.merge_counts,
+                enc,
+                f.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            )
         })
     };
     let one = run(1);
@@ -187,12 +233,28 @@ fn training_is_independent_of_thread_count() {
 
 #[test]
 fn synth_corpus_roundtrip_and_encoder_vs_naive() {
-    let corpus = synth::generate(&synth::SynthConfig { n_events: 20_000, step_events: 300, n_symbols: 200, ..Default::default() });
-    assert_eq!(corpus, synth::generate(&synth::SynthConfig { n_events: 20_000, step_events: 300, n_symbols: 200, ..Default::default() }));
+    let corpus = synth::generate(&synth::SynthConfig {
+        n_events: 20_000,
+        step_events: 300,
+        n_symbols: 200,
+        ..Default::default()
+    });
+    assert_eq!(
+        corpus,
+        synth::generate(&synth::SynthConfig {
+            n_events: 20_000,
+            step_events: 300,
+            n_symbols: 200,
+            ..Default::default()
+        })
+    );
     let out = train_checked(&corpus.ids, &corpus.starts, corpus.base_size, &cfg(60, 2, None)).unwrap();
     let bounds = segment_bounds(corpus.ids.len(), &corpus.starts).unwrap();
     let segs: Vec<Vec<u32>> = bounds.iter().map(|&(s, e)| corpus.ids[s..e].to_vec()).collect();
-    assert_eq!(out.tpe.merges(), &naive::train(&segs, corpus.base_size, &cfg(60, 2, None))[..]);
+    assert_eq!(
+        out.tpe.merges(),
+        &naive::train(&segs, corpus.base_size, &cfg(60, 2, None))[..]
+    );
     let enc = out.tpe.encode(&corpus.ids, &corpus.starts).unwrap();
     assert_eq!(out.tpe.decode(&enc.tokens).unwrap(), corpus.ids);
     for (i, s) in segs.iter().enumerate().take(10) {
@@ -202,7 +264,14 @@ fn synth_corpus_roundtrip_and_encoder_vs_naive() {
     }
 }
 
-fn naive_features(ids: &[u32], dur: &[i64], start: &[i64], offs: &[usize], seg_tok: &[usize], st: &SymbolStats) -> Vec<f32> {
+fn naive_features(
+    ids: &[u32],
+    dur: &[i64],
+    start: &[i64],
+    offs: &[usize],
+    seg_tok: &[usize],
+    st: &SymbolStats,
+) -> Vec<f32> {
     let ld = |d: i64| (d.max(0) as f64 / 1000.0).ln_1p();
     let mut out = Vec::new();
     let n_tok = offs.len() - 1;
@@ -214,7 +283,11 @@ fn naive_features(ids: &[u32], dur: &[i64], start: &[i64], offs: &[usize], seg_t
         let zs: Vec<f64> = (s..e)
             .map(|j| {
                 let y = ids[j] as usize;
-                if st.count[y] == 0 { 0.0 } else { (ld(dur[j]) - st.mean[y]) / st.std[y].max(features::STD_FLOOR) }
+                if st.count[y] == 0 {
+                    0.0
+                } else {
+                    (ld(dur[j]) - st.mean[y]) / st.std[y].max(features::STD_FLOOR)
+                }
             })
             .collect();
         let gap = if first {
@@ -264,17 +337,43 @@ fn features_hand_computed() {
 
 #[test]
 fn features_match_naive_on_synth() {
-    let corpus = synth::generate(&synth::SynthConfig { n_events: 5_000, step_events: 200, n_symbols: 100, ..Default::default() });
-    let out = train(&corpus.ids, &corpus.starts, corpus.base_size, &cfg(50, 2, Some(16)), None).unwrap();
+    let corpus = synth::generate(&synth::SynthConfig {
+        n_events: 5_000,
+        step_events: 200,
+        n_symbols: 100,
+        ..Default::default()
+    });
+    let out = train(
+        &corpus.ids,
+        &corpus.starts,
+        corpus.base_size,
+        &cfg(50, 2, Some(16)),
+        None,
+    )
+    .unwrap();
     let enc = out.tpe.encode(&corpus.ids, &corpus.starts).unwrap();
     let stats = SymbolStats::from_corpus(&corpus.ids, &corpus.dur_ns, corpus.base_size).unwrap();
-    let f = enc.features(&corpus.ids, &corpus.dur_ns, &corpus.start_ns, &stats).unwrap();
-    let g = naive_features(&corpus.ids, &corpus.dur_ns, &corpus.start_ns, &enc.token_offsets, &enc.segment_starts, &stats);
+    let f = enc
+        .features(&corpus.ids, &corpus.dur_ns, &corpus.start_ns, &stats)
+        .unwrap();
+    let g = naive_features(
+        &corpus.ids,
+        &corpus.dur_ns,
+        &corpus.start_ns,
+        &enc.token_offsets,
+        &enc.segment_starts,
+        &stats,
+    );
     assert_eq!(f, g);
 }
 
 fn corpus_strategy() -> impl Strategy<Value = (u32, Vec<Vec<u32>>)> {
-    (1u32..6).prop_flat_map(|base| (Just(base), prop::collection::vec(prop::collection::vec(0..base, 0..24), 0..7)))
+    (1u32..6).prop_flat_map(|base| {
+        (
+            Just(base),
+            prop::collection::vec(prop::collection::vec(0..base, 0..24), 0..7),
+        )
+    })
 }
 
 proptest! {

@@ -48,14 +48,21 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig { num_merges: 0, min_frequency: 2, max_token_events: None }
+        TrainConfig {
+            num_merges: 0,
+            min_frequency: 2,
+            max_token_events: None,
+        }
     }
 }
 
 impl TrainConfig {
     /// A config that learns up to `vocab_size - base_size` merges.
     pub fn with_vocab_size(base_size: u32, vocab_size: u32) -> Self {
-        TrainConfig { num_merges: vocab_size.saturating_sub(base_size) as usize, ..Default::default() }
+        TrainConfig {
+            num_merges: vocab_size.saturating_sub(base_size) as usize,
+            ..Default::default()
+        }
     }
 }
 
@@ -222,7 +229,9 @@ impl Trainer {
         drop(dist_hash);
         let n_nodes: usize = distinct.iter().map(|&(s, e)| e - s).sum();
         if n_nodes as u64 >= NONE as u64 {
-            return Err(TpeError::BadConfig(format!("too many distinct events for training: {n_nodes}")));
+            return Err(TpeError::BadConfig(format!(
+                "too many distinct events for training: {n_nodes}"
+            )));
         }
 
         // 2. Flat linked lists.
@@ -292,7 +301,12 @@ impl Trainer {
         for (k, (w, o)) in counted {
             let i = pairs.len() as u32;
             pair_map.insert(k, i);
-            pairs.push(Pair { key: k, count: w, pos: Vec::new(), touched: 0 });
+            pairs.push(Pair {
+                key: k,
+                count: w,
+                pos: Vec::new(),
+                touched: 0,
+            });
             csr_start.push(total);
             // Base-symbol pairs cover 2 events; with max_token_events < 2 nothing is allowed.
             if max_tok >= 2 {
@@ -360,7 +374,12 @@ impl Trainer {
             Entry::Vacant(v) => {
                 let i = self.pairs.len() as u32;
                 v.insert(i);
-                self.pairs.push(Pair { key, count: 0, pos: Vec::new(), touched: 0 });
+                self.pairs.push(Pair {
+                    key,
+                    count: 0,
+                    pos: Vec::new(),
+                    touched: 0,
+                });
                 i
             }
         };
@@ -380,7 +399,10 @@ impl Trainer {
     /// Applies merge `(a, b) -> c` at every (still valid) occurrence, left to right.
     fn apply(&mut self, idx: u32, a: u32, b: u32, c: u32) {
         let positions: Vec<u32> = if (idx as usize) < self.n_initial {
-            let (lo, hi) = (self.csr_start[idx as usize] as usize, self.csr_start[idx as usize + 1] as usize);
+            let (lo, hi) = (
+                self.csr_start[idx as usize] as usize,
+                self.csr_start[idx as usize + 1] as usize,
+            );
             // Copy out (bounded by this pair's occurrences) so `self` can be mutated below.
             self.csr_pos[lo..hi].to_vec()
         } else {
@@ -442,7 +464,9 @@ impl Trainer {
                 if q != NONE {
                     assert_eq!(self.prev[q as usize], p, "broken back link");
                     assert!(q > p && q < self.seg_start[d + 1], "link leaves its segment");
-                    *brute.entry(pair_key(self.sym[p as usize], self.sym[q as usize])).or_default() += w;
+                    *brute
+                        .entry(pair_key(self.sym[p as usize], self.sym[q as usize]))
+                        .or_default() += w;
                 }
                 n_seen += 1;
                 p = q;
@@ -451,10 +475,18 @@ impl Trainer {
         }
         for pr in &self.pairs {
             let b = brute.get(&pr.key).copied().unwrap_or(0);
-            assert_eq!(pr.count, b, "incremental count of pair {:?} differs from recount", unpair(pr.key));
+            assert_eq!(
+                pr.count,
+                b,
+                "incremental count of pair {:?} differs from recount",
+                unpair(pr.key)
+            );
         }
         for (&k, &v) in &brute {
-            let i = self.pair_map.get(&k).unwrap_or_else(|| panic!("pair {:?} missing", unpair(k)));
+            let i = self
+                .pair_map
+                .get(&k)
+                .unwrap_or_else(|| panic!("pair {:?} missing", unpair(k)));
             assert_eq!(self.pairs[*i as usize].count, v);
         }
         debug_assert!(self.tok_len.len() >= self.base_size as usize);
