@@ -26,6 +26,7 @@ import contextlib
 import datetime as dt
 import gc
 import gzip
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -35,6 +36,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -382,6 +384,35 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def teller_build() -> dict[str, Any]:
+    """Which extension binary was measured: the tree is rebuilt often, so record the file itself."""
+    info: dict[str, Any] = {"profile": teller.build_profile}
+    native = getattr(teller.trace._native, "__file__", None)
+    if native:
+        st = os.stat(native)
+        info["native_mtime_utc"] = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S UTC"
+        )
+        info["native_sha256"] = hashlib.sha256(Path(native).read_bytes()).hexdigest()[:16]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        info["git_head"] = head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
 def machine_info(hta_info: dict[str, str]) -> dict[str, Any]:
     return {
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -396,6 +427,7 @@ def machine_info(hta_info: dict[str, str]) -> dict[str, Any]:
         "pandas": _version("pandas"),
         "teller": teller.__version__,
         "teller_build_profile": teller.build_profile,
+        "teller_build": teller_build(),
         "hta": hta_info,
     }
 
@@ -452,12 +484,17 @@ def aggregate(rows: list[dict], variant: str) -> dict:
 
 
 def print_report(console: Console, info: dict, rows: list[dict], aggs: list[dict], repeat: dict) -> None:
+    tb = info["teller_build"]
+    if info.get("teller_build_end", tb) != tb:
+        console.print("[bold red]the teller extension changed on disk during the run[/]")
     console.print(
         f"[bold]teller trace-parse benchmark[/]  {info['date_utc']}\n"
         f"CPU: {info['cpu_model']}  cores online/usable: {info['cores_online']}/{info['cores_usable']}  "
         f"loadavg at start: {', '.join(f'{x:.2f}' for x in info['loadavg_start'])}\n"
         f"python {info['python']}  numpy {info['numpy']}  orjson {info['orjson']}  "
-        f"pandas {info['pandas']}  teller {info['teller']} ({info['teller_build_profile']})\n"
+        f"pandas {info['pandas']}  teller {info['teller']} ({info['teller_build_profile']}; "
+        f"_native {tb.get('native_sha256', '?')} built {tb.get('native_mtime_utc', '?')}, "
+        f"git {tb.get('git_head', '?')})\n"
         f"HTA {info['hta'].get('version', '-')}: {info['hta']['call']}; "
         f"backend {info['hta'].get('backend', '-')} (ijson: {info['hta'].get('ijson_backend', '-')})\n"
         f"median of {repeat['real']} interleaved runs after 1 warm-up (synthetic: {repeat['large']} runs); "
@@ -659,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     info["loadavg_end"] = list(os.getloadavg())
+    info["teller_build_end"] = teller_build()
     print_report(console, info, rows, aggs, {"real": repeat, "large": large_repeat})
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
