@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Build the shim and its tests, run every CPU-side test, print "N passed, N failed" and exit non-zero
+# on any failure. Usage: cupti_shim/tests/run_tests.sh [BUILD_DIR] [PYTHON]
+# PYTHON must have `msgpack`; the Python-nvtx test is skipped when it lacks `nvtx`.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+B="${1:-$HERE/../../build/cupti_shim}"
+PY="${2:-python3}"
+mkdir -p "$B"
+B="$(cd "$B" && pwd)"
+PASS=0; FAIL=0; SKIP=0
+ok() { echo "PASS $1"; PASS=$((PASS + 1)); }
+ko() { echo "FAIL $1${2:+: $2}"; FAIL=$((FAIL + 1)); }
+
+if ! PYTHON="$PY" "$HERE/../build.sh" "$B" --tests; then
+  echo "FAIL build"; echo "0 passed, 1 failed"; exit 1
+fi
+SHIM="$B/libteller_shim.so"
+CHECK=("$PY" "$HERE/check_raw.py")
+W="$B/work"
+rm -rf "$W"; mkdir -p "$W"
+ulimit -c 0
+export TELLER_SHIM_QUIET=1
+
+fresh() { rm -rf "$W/$1"; mkdir -p "$W/$1"; echo "$W/$1"; }
+
+# exported symbols: exactly the two entry points
+syms="$(nm -D --defined-only "$SHIM" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')"
+[ "$syms" = "InitializeInjection InitializeInjectionNvtx2 " ] && ok "exports" || ko "exports" "$syms"
+
+# NVTX scenarios (clean exit): basic, fork
+for s in basic fork; do
+  d="$(fresh "$s")"
+  if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" "$s" > "$d/facts.json" \
+      && "${CHECK[@]}" "$s" "$d" "$d/facts.json"; then ok "nvtx-$s"; else ko "nvtx-$s"; fi
+done
+
+# span mode (one SPAN per push/pop) still decodes
+d="$(fresh span)"
+if TELLER_NVTX_MODE=span TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > "$d/facts.json"; then
+  n=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+sp = [r for r in f.of(c.SPAN) if r[1] == 1]
+print(len(sp) if all(r[4] <= r[5] for r in sp) else -1)")
+  [ "$n" = "12006" ] && ok "nvtx-span-mode" || ko "nvtx-span-mode" "$n spans"
+else ko "nvtx-span-mode"; fi
+
+# crash scenarios: records written before death are readable, the open range is visible
+expect_rc() { # name expected_rc
+  local s="$1" want="$2" d; d="$(fresh "$s")"
+  TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" "$s" > "$d/facts.json" 2>/dev/null
+  local rc=$?
+  if [ "$rc" != "$want" ]; then ko "$s" "exit status $rc, expected $want"; return; fi
+  "${CHECK[@]}" "$s" "$d" "$d/facts.json" && ok "$s" || ko "$s"
+}
+expect_rc crash-exit 3
+expect_rc crash-segv 139
+expect_rc crash-abort 134
+for sig in kill term; do
+  s="crash-$sig"; d="$(fresh "$s")"
+  TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" "$B/test_nvtx" "$s" "$d/ready" > "$d/facts.json" 2>/dev/null &
+  pid=$!
+  for _ in $(seq 100); do [ -e "$d/ready" ] && break; sleep 0.1; done
+  if [ ! -e "$d/ready" ]; then kill -9 "$pid" 2>/dev/null; ko "$s" "never ready"; continue; fi
+  [ "$sig" = kill ] && kill -KILL "$pid" || kill -TERM "$pid"
+  wait "$pid" 2>/dev/null
+  "${CHECK[@]}" "$s" "$d" "$d/facts.json" && ok "$s" || ko "$s"
+done
+
+# CUPTI record conversion with real CUDA 13 header structs
+d="$(fresh convert)"
+if TELLER_TRACE_DIR="$d" timeout 60 "$B/test_cupti_convert" > "$d/facts.json" && "${CHECK[@]}" convert "$d" "$d/facts.json"; then
+  ok "cupti-convert"; else ko "cupti-convert"; fi
+
+# CUPTI entry point: no driver (graceful), fake driver+CUPTI pipeline, multiple subscribers
+for m in nodriver fake multi; do
+  d="$(fresh "inject-$m")"
+  extra=()
+  [ "$m" != nodriver ] && extra=(LD_LIBRARY_PATH="$B/fake_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TELLER_CUPTI_PATH="$B/libfake_cupti.so" FAKE_CUPTI_MODE="$m")
+  if env "${extra[@]}" TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_inject" "$m" "$SHIM" \
+       > "$d/facts.json" 2> "$d/stderr.txt" \
+     && ! grep -q VIOLATION "$d/stderr.txt" && "${CHECK[@]}" "inject-$m" "$d" "$d/facts.json"; then
+    ok "inject-$m"; else ko "inject-$m" "$(head -c 500 "$d/stderr.txt")"; fi
+done
+
+# Python nvtx package (domains, registered strings, fork workers, os._exit, pool.terminate)
+d="$(fresh python-nvtx)"
+TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 120 "$PY" "$HERE/test_python_nvtx.py"
+rc=$?
+if [ $rc = 0 ]; then ok "python-nvtx"; elif [ $rc = 77 ]; then echo "SKIP python-nvtx"; SKIP=$((SKIP + 1)); else ko "python-nvtx"; fi
+
+# a wrong/unwritable trace dir must not break the host
+if TELLER_TRACE_DIR=/proc/teller-no NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > /dev/null; then
+  ok "unwritable-dir"; else ko "unwritable-dir"; fi
+
+if [ "$SKIP" -gt 0 ]; then echo "$PASS passed, $FAIL failed, $SKIP skipped"; else echo "$PASS passed, $FAIL failed"; fi
+[ "$FAIL" = 0 ]
