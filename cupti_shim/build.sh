@@ -44,8 +44,10 @@ check_header cupti.h nvidia-cuda-cupti
 check_header cuda.h nvidia-cuda-runtime
 check_header crt/host_defines.h nvidia-cuda-crt
 
+printf '%s\n' "${INC[@]}" > "$BUILD/include_flags"
+
 CFLAGS=(-std=c11 -O2 -g -fPIC -Wall -Wextra -Werror -pthread ${EXTRA_CFLAGS:-})
-SRC=(tl_writer tl_nvtx tl_cupti_convert tl_cupti)
+SRC=(tl_clock tl_writer tl_nvtx tl_cupti_convert tl_cupti)
 OBJS=()
 for s in "${SRC[@]}"; do
   "$CC" "${CFLAGS[@]}" -fvisibility=hidden "${INC[@]}" -c "$HERE/src/$s.c" -o "$BUILD/$s.o"
@@ -58,7 +60,7 @@ if [ "$TESTS" = 1 ]; then
   T="$HERE/tests"
   "$CC" "${CFLAGS[@]}" "${INC[@]}" "$T/test_nvtx.c" -o "$BUILD/test_nvtx" -pthread -ldl
   "$CC" "${CFLAGS[@]}" -fvisibility=hidden "${INC[@]}" -I"$HERE/src" "$T/test_cupti_convert.c" \
-      "$HERE/src/tl_cupti_convert.c" "$HERE/src/tl_writer.c" -o "$BUILD/test_cupti_convert" -pthread -ldl
+      "$HERE/src/tl_cupti_convert.c" "$HERE/src/tl_writer.c" "$HERE/src/tl_clock.c" -o "$BUILD/test_cupti_convert" -pthread -ldl
   "$CC" "${CFLAGS[@]}" "${INC[@]}" "$T/test_inject.c" -o "$BUILD/test_inject" -pthread -ldl
   "$CC" "${CFLAGS[@]}" -shared "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/libfake_cupti.so" -pthread
   mkdir -p "$BUILD/fake_cuda"

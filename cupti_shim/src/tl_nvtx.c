@@ -182,6 +182,7 @@ static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
     for (int j = i; j < top; j++) t->stack[j] = t->stack[j + 1];
     t->depth--;
     if (e.ext_pushed && tl_ext_pop) tl_ext_pop();
+    if (TL_UNLIKELY(ts < e.start)) ts = e.start; /* per-thread monotonic across clock re-anchoring */
     if (!g_span_mode) write_end(t, e.id, ts);
     else write_span(t, e.name, e.start, ts, e.id);
     return i;

@@ -20,7 +20,7 @@
 #define TL_HEADER_REGION (64u * 1024u) /* bytes reserved at the start of the file for the HEADER */
 #define TL_NAME_MAGIC_STR 0x54535452u
 
-__thread tl_thread *tl_tls;
+__thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
 uint32_t tl_gen;          /* bumped for every new file (first open, fork child) */
 uint64_t tl_rid_global = 1;
 
@@ -77,7 +77,7 @@ static uint64_t realtime_ns(void) {
 
 /* Process start on CLOCK_MONOTONIC (from /proc/self/stat starttime, which counts from boot). */
 static uint64_t process_start_ns(void) {
-    uint64_t now = tl_now();
+    uint64_t now = tl_mono_ns();
     int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return now;
     char buf[2048];
@@ -242,7 +242,7 @@ static int open_file_locked(void) {
     g.fd = fd;
     g.pid = getpid();
     g.start_ns = process_start_ns();
-    g_hdr_mono = tl_now();
+    g_hdr_mono = tl_mono_ns();
     g_hdr_real = realtime_ns();
     g.size = 0;
     g.next_off = TL_HEADER_REGION;
@@ -321,6 +321,7 @@ void tl_register_fork_child(void (*fn)(void)) {
 static void atexit_handler(void) { tl_writer_finish(); }
 
 static void init_once(void) {
+    tl_clock_init();
     g.verbose = (int)env_u64("TELLER_SHIM_VERBOSE", 0);
     g.chunk_size = (size_t)env_u64("TELLER_CHUNK_KB", 256) * 1024u;
     if (g.chunk_size < 64 * 1024) g.chunk_size = 64 * 1024;
@@ -550,7 +551,7 @@ void tl_writer_finish(void) {
         uint8_t *r = tl_reserve(t, 32);
         if (r) {
             uint8_t *c = r + 1;
-            uint64_t mono = tl_now(), real = realtime_ns();
+            uint64_t mono = tl_mono_ns(), real = realtime_ns();
             mp_uint(&c, TL_CLOCK_SYNC);
             mp_uint(&c, mono);
             mp_uint(&c, real);

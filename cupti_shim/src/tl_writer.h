@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tl_clock.h"
+
 #define TL_VISIBLE __attribute__((visibility("default")))
 #define TL_HIDDEN __attribute__((visibility("hidden")))
 #define TL_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -76,15 +78,11 @@ TL_HIDDEN const char *tl_trace_path(void);
 TL_HIDDEN uint32_t tl_gettid(void);
 TL_HIDDEN void tl_register_fork_child(void (*fn)(void));
 
-extern __thread tl_thread *tl_tls;
+/* initial-exec: one pointer of static TLS, no __tls_get_addr call on the hot path */
+extern __thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
 extern uint32_t tl_gen; /* current file generation */
 extern uint64_t tl_rid_global; /* atomic */
 
-static inline uint64_t tl_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static inline tl_thread *tl_self(void) {
     tl_thread *t = tl_tls;
@@ -105,10 +103,23 @@ static inline void tl_commit(tl_thread *t, uint8_t *start, uint8_t *end, uint8_t
     t->pos = end;
 }
 
+/* Word-at-a-time hash (the names are short; FNV byte loops dominated the NVTX hot path). */
 static inline uint32_t tl_hash(const char *s, uint32_t len) {
-    uint32_t h = 2166136261u;
-    for (uint32_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h | 1u; /* never 0 */
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ len;
+    uint32_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    if (i < len) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, len - i);
+        h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    }
+    h ^= h >> 32;
+    return (uint32_t)h | 1u; /* never 0 */
 }
 
 /* String id for `s` in the current file; writes a STRING record on first sight in the file. */
