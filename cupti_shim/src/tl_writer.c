@@ -40,6 +40,7 @@ static struct {
     size_t chunk_size;
     uint64_t start_ns;
     uint64_t dropped_unreported; /* atomic */
+    uint64_t full_until;         /* after a failed growth, don't retry before this time (ns) */
     tl_thread *threads;
     pthread_key_t key;
     /* string table (open addressing) */
@@ -295,7 +296,9 @@ static void atfork_child(void) {
         t = nx;
     }
     if (tl_tls) { free(tl_tls); tl_tls = NULL; }
+    if (g.state == 1) pthread_setspecific(g.key, NULL); /* the key's destructor must not see the freed struct */
     g.threads = NULL;
+    g.full_until = 0;
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
     g.pid = 0;
@@ -384,10 +387,15 @@ tl_thread *tl_self_slow(void) {
 uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     size_t len = g.chunk_size;
     if (max + 64 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 64 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; }
+    if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
+        t->dropped++; /* file full: no lock, no syscall, until the back-off ends */
+        return NULL;
+    }
     pthread_mutex_lock(&g.mu);
     uint64_t off = g.next_off;
     int ok = (g.fd >= 0 && g.pid == getpid() && t->gen == tl_gen && grow_locked(off + len) == 0);
     if (ok) g.next_off = off + len;
+    else __atomic_store_n(&g.full_until, tl_now() + 1000000000ull, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.mu);
     uint8_t *p = MAP_FAILED;
     if (ok) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, (off_t)off);

@@ -28,6 +28,10 @@ fresh() { rm -rf "$W/$1"; mkdir -p "$W/$1"; echo "$W/$1"; }
 syms="$(nm -D --defined-only "$SHIM" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')"
 [ "$syms" = "InitializeInjection InitializeInjectionNvtx2 " ] && ok "exports" || ko "exports" "$syms"
 
+# clock: TSC path agrees with clock_gettime(CLOCK_MONOTONIC)
+"$B/test_clock" && ok "clock" || ko "clock"
+TELLER_CLOCK=gettime "$B/test_clock" && ok "clock-gettime" || ko "clock-gettime"
+
 # NVTX scenarios (clean exit): basic, fork
 for s in basic fork; do
   d="$(fresh "$s")"
@@ -89,6 +93,17 @@ d="$(fresh python-nvtx)"
 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 120 "$PY" "$HERE/test_python_nvtx.py"
 rc=$?
 if [ $rc = 0 ]; then ok "python-nvtx"; elif [ $rc = 77 ]; then echo "SKIP python-nvtx"; SKIP=$((SKIP + 1)); else ko "python-nvtx"; fi
+
+# file size limit: records beyond it are dropped and counted in DROPPED records
+d="$(fresh max-size)"
+if TELLER_MAX_FILE_MB=1 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > /dev/null; then
+  res=$("$PY" -c "
+import os, sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+n = sum(r[1] for r in f.of(c.DROPPED))
+print('ok' if n > 0 and os.path.getsize(f.path) <= (1 << 20) and f.torn == 0 else 'bad %d %d' % (n, os.path.getsize(f.path)))")
+  [ "$res" = ok ] && ok "max-size-dropped" || ko "max-size-dropped" "$res"
+else ko "max-size-dropped"; fi
 
 # a wrong/unwritable trace dir must not break the host
 if TELLER_TRACE_DIR=/proc/teller-no NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > /dev/null; then
