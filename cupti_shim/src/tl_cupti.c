@@ -30,6 +30,7 @@ static struct {
     CUptiResult (*GetResultString)(CUptiResult, const char **);
     CUptiResult (*GetCallbackName)(CUpti_CallbackDomain, uint32_t, const char **);
     CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+    CUptiResult (*Subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
     CUptiResult (*EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
     CUptiResult (*SetThreadIdType)(CUpti_ActivityThreadIdType);
     CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
@@ -284,6 +285,7 @@ static int load_cupti(void) {
     LOAD(GetResultString, "cuptiGetResultString", 0);
     LOAD(GetCallbackName, "cuptiGetCallbackName", 0);
     LOAD(Subscribe, "cuptiSubscribe", 1);
+    LOAD(Subscribe_v2, "cuptiSubscribe_v2", 0);
     LOAD(EnableDomain, "cuptiEnableDomain", 1);
     LOAD(SetThreadIdType, "cuptiSetThreadIdType", 0);
     LOAD(ActivityEnable, "cuptiActivityEnable", 1);
@@ -344,12 +346,26 @@ static int setup(void) {
         tl_diag(TL_INFO, "CUPTI kernel record is %zu bytes (built with %zu): reading the common prefix", C.conv->size_kernel,
                 sizeof(CUpti_ActivityKernel11));
 
-    r = C.Subscribe(&C.sub, (CUpti_CallbackFunc)api_callback, NULL);
+    char holder[128] = "";
+    if (C.Subscribe_v2) { /* 13.x: same semantics, but tells who holds CUPTI */
+        CUpti_SubscriberParams sp;
+        memset(&sp, 0, sizeof sp);
+        sp.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+        sp.subscriberName = "teller";
+        sp.oldSubscriberName = holder;
+        sp.oldSubscriberSize = sizeof holder;
+        sp.allowMultipleSubscribers = 0;
+        r = C.Subscribe_v2(&C.sub, (CUpti_CallbackFunc)api_callback, NULL, &sp);
+        holder[sizeof holder - 1] = 0;
+    } else {
+        r = C.Subscribe(&C.sub, (CUpti_CallbackFunc)api_callback, NULL);
+    }
     if (r != CUPTI_SUCCESS) {
-        char msg[256];
+        char msg[384];
         if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
-            snprintf(msg, sizeof msg, "cuptiSubscribe: %s: another CUPTI client (nsys, ncu, torch.profiler) owns CUPTI; "
-                                      "GPU activity not collected, NVTX still collected", result_str(r));
+            snprintf(msg, sizeof msg, "cuptiSubscribe: %s: another CUPTI client (%s) owns CUPTI; "
+                                      "GPU activity not collected, NVTX still collected", result_str(r),
+                     holder[0] ? holder : "nsys, ncu, torch.profiler, ...");
         else
             snprintf(msg, sizeof msg, "cuptiSubscribe: %s: GPU activity not collected", result_str(r));
         tl_diag(TL_ERROR, "%s", msg);

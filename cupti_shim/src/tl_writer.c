@@ -226,8 +226,8 @@ static int grow_locked(uint64_t need_end) {
 static int open_file_locked(void) {
     const char *dir = getenv("TELLER_TRACE_DIR");
     char rawdir[PATH_MAX];
-    if (dir && *dir) snprintf(rawdir, sizeof rawdir, "%s/raw", dir);
-    else snprintf(rawdir, sizeof rawdir, "teller-traces/raw");
+    int w = snprintf(rawdir, sizeof rawdir, "%s/raw", dir && *dir ? dir : "teller-traces");
+    if (w < 0 || (size_t)w >= sizeof rawdir) { errno = ENAMETOOLONG; return -1; }
     if (mkdirs(rawdir) != 0) return -1;
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
@@ -235,7 +235,8 @@ static int open_file_locked(void) {
     for (char *p = host; *p; p++) if (*p == '/') *p = '_';
     int fd = -1;
     for (int n = 0; n < 10000 && fd < 0; n++) {
-        snprintf(g.path, sizeof g.path, "%s/teller-%s-%d-%d.tmsgpack", rawdir, host, (int)getpid(), n);
+        w = snprintf(g.path, sizeof g.path, "%s/teller-%s-%d-%d.tmsgpack", rawdir, host, (int)getpid(), n);
+        if (w < 0 || (size_t)w >= sizeof g.path) { errno = ENAMETOOLONG; return -1; }
         fd = open(g.path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 && errno != EEXIST) return -1;
     }

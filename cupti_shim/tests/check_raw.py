@@ -293,7 +293,8 @@ def scenario_inject(d, facts, mode):
         check(any("not loaded" in e for e in f.header.get("errors", [])), "header errors")
         check(not f.of(GPU) and not f.of(SPAN), "no GPU records without a driver")
     elif mode == "multi":
-        check(any(sev == 2 and "MULTIPLE_SUBSCRIBERS" in msg for sev, msg in diags), f"multi DIAG: {diags}")
+        check(any(sev == 2 and "MULTIPLE_SUBSCRIBERS" in msg and "fake-nsys" in msg for sev, msg in diags),
+              f"multi DIAG (with the holder's name): {diags}")
         check(any("MULTIPLE_SUBSCRIBERS" in e for e in f.header.get("errors", [])), "header errors")
         check(f.header.get("cupti_version") == facts.get("cupti_api", f.header.get("cupti_version")), "version")
     else:  # fake: full pipeline

@@ -52,6 +52,13 @@ V CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, v
     *h = (CUpti_SubscriberHandle)(void *)&g_cb;
     return CUPTI_SUCCESS;
 }
+V CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, void *ud, CUpti_SubscriberParams *p) {
+    if (!p || p->structSize < CUpti_SubscriberParams_STRUCT_SIZE) return CUPTI_ERROR_INVALID_PARAMETER;
+    const char *m = getenv("FAKE_CUPTI_MODE");
+    if (m && strcmp(m, "multi") == 0 && p->oldSubscriberName && p->oldSubscriberSize > 0)
+        snprintf(p->oldSubscriberName, p->oldSubscriberSize, "fake-nsys");
+    return cuptiSubscribe(h, cb, ud);
+}
 V CUptiResult cuptiEnableDomain(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d) { (void)en; (void)h; (void)d; return CUPTI_SUCCESS; }
 V CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType t) { (void)t; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityEnable(CUpti_ActivityKind k) { if ((int)k < 64) g_enabled[k] = 1; return CUPTI_SUCCESS; }
