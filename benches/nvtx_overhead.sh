@@ -28,3 +28,4 @@ echo "NVTX push/pop, $PAIRS pairs, median of $RUNS runs ($(nproc) cores, $(uname
 measure "no tool"
 measure "teller shim (BEGIN/END)" NVTX_INJECTION64_PATH="$B/libteller_shim.so"
 measure "teller shim (SPAN mode)" NVTX_INJECTION64_PATH="$B/libteller_shim.so" TELLER_NVTX_MODE=span
+measure "shim BEGIN/END, clock_gettime" NVTX_INJECTION64_PATH="$B/libteller_shim.so" TELLER_CLOCK=gettime

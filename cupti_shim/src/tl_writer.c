@@ -268,7 +268,16 @@ static void thread_destructor(void *p) {
     tl_thread *t = p;
     if (!t) return;
     pthread_mutex_lock(&g.mu);
+    int mine = (t->gen == tl_gen && g.fd >= 0 && g.pid == getpid());
     if (t->gen == tl_gen) thread_unlink_locked(t);
+    if (mine && t->chunk) {
+        /* give the unused tail of the chunk back to the file system (it reads as zeros: padding) */
+        long pg = sysconf(_SC_PAGESIZE);
+        uint64_t used = (uint64_t)(t->pos - t->chunk);
+        uint64_t from = t->chunk_off + (used + (uint64_t)pg - 1) / (uint64_t)pg * (uint64_t)pg;
+        uint64_t to = t->chunk_off + t->chunk_len;
+        if (to > from) fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(to - from));
+    }
     pthread_mutex_unlock(&g.mu);
     if (t->chunk) munmap(t->chunk, t->chunk_len);
     if (t->dropped) __atomic_add_fetch(&g.dropped_unreported, t->dropped, __ATOMIC_RELAXED);
@@ -363,7 +372,9 @@ tl_thread *tl_self_slow(void) {
     pthread_mutex_lock(&g.mu);
     if (g.fd < 0 || g.pid != getpid()) {
         if (g.state != 1 || open_file_locked() != 0) {
-            if (g.state == 1 && g.verbose) fprintf(stderr, "teller-shim: cannot open trace file: %s\n", strerror(errno));
+            if (g.state == 1 && !getenv("TELLER_SHIM_QUIET"))
+                fprintf(stderr, "teller-shim: cannot create a trace file under %s/raw: %s; tracing disabled\n",
+                        getenv("TELLER_TRACE_DIR") ? getenv("TELLER_TRACE_DIR") : "teller-traces", strerror(errno));
             g.state = -1;
             pthread_mutex_unlock(&g.mu);
             return NULL;
@@ -386,7 +397,7 @@ tl_thread *tl_self_slow(void) {
 }
 
 uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
-    size_t len = g.chunk_size;
+    size_t len = t->next_chunk_len ? t->next_chunk_len : (g.chunk_size < 65536 ? g.chunk_size : 65536);
     if (max + 64 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 64 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; }
     if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
         t->dropped++; /* file full: no lock, no syscall, until the back-off ends */
@@ -408,6 +419,8 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     if (t->chunk) munmap(t->chunk, t->chunk_len);
     t->chunk = p;
     t->chunk_len = len;
+    t->chunk_off = off;
+    if (len < g.chunk_size) t->next_chunk_len = len * 2 < g.chunk_size ? len * 2 : g.chunk_size;
     t->pos = p;
     t->end = p + len;
     if (TL_UNLIKELY(t->dropped)) report_dropped(t);
@@ -552,22 +565,32 @@ void tl_header_set_cupti(uint32_t version, const char *error) {
  * Threads may still be running: their chunks all lie below next_off, so the cut is safe. */
 void tl_writer_finish(void) {
     if (g.state != 1 || g.fd < 0 || g.pid != getpid()) return;
-    tl_thread *t = tl_self();
-    if (t) {
-        uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED) + t->dropped;
-        t->dropped = d;
-        if (d) report_dropped(t);
-        uint8_t *r = tl_reserve(t, 32);
-        if (r) {
-            uint8_t *c = r + 1;
-            uint64_t mono = tl_mono_ns(), real = realtime_ns();
-            mp_uint(&c, TL_CLOCK_SYNC);
-            mp_uint(&c, mono);
-            mp_uint(&c, real);
-            tl_commit(t, r, c, 0x93);
-        }
+    tl_thread *t = tl_tls;
+    uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
+    if (t && t->gen == tl_gen) { d += t->dropped; t->dropped = 0; }
+    /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
+     * written even when the file is at its size cap and no chunk has room. */
+    uint8_t buf[128];
+    uint8_t *c = buf;
+    if (d) {
+        mp_arr(&c, 3);
+        mp_uint(&c, TL_DROPPED);
+        mp_uint(&c, d);
+        mp_cstr(&c, "trace file full or unwritable");
     }
+    mp_arr(&c, 3);
+    mp_uint(&c, TL_CLOCK_SYNC);
+    mp_uint(&c, tl_mono_ns());
+    mp_uint(&c, realtime_ns());
+    size_t len = (size_t)(c - buf);
     pthread_mutex_lock(&g.mu);
-    if (g.fd >= 0 && g.next_off < g.size && ftruncate(g.fd, (off_t)g.next_off) == 0) g.size = g.next_off;
+    if (g.fd >= 0) {
+        uint64_t end = g.next_off;
+        if (pwrite(g.fd, buf, len, (off_t)end) == (ssize_t)len) end += len;
+        if (end != g.size && ftruncate(g.fd, (off_t)end) == 0) g.size = end;
+        /* later chunks (threads still running) must start page aligned, after the tail */
+        long pg = sysconf(_SC_PAGESIZE);
+        g.next_off = (end + (uint64_t)pg - 1) / (uint64_t)pg * (uint64_t)pg;
+    }
     pthread_mutex_unlock(&g.mu);
 }

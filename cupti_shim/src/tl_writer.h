@@ -45,6 +45,8 @@ typedef struct tl_thread {
     uint8_t *pos, *end;   /* free space in the current chunk */
     uint8_t *chunk;       /* mapping of the current chunk */
     size_t chunk_len;
+    uint64_t chunk_off;   /* file offset of the current chunk */
+    size_t next_chunk_len;/* chunks grow 64 KiB -> TELLER_CHUNK_KB, so idle threads cost little */
     uint32_t tid;
     uint32_t gen;         /* file generation this struct belongs to */
     uint64_t rid_next, rid_limit;

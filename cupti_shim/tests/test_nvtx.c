@@ -174,6 +174,10 @@ int main(int argc, char **argv) {
     const char *s = argc > 1 ? argv[1] : "basic";
     if (strcmp(s, "basic") == 0) scenario_basic();
     else if (strcmp(s, "fork") == 0) scenario_fork();
+    else if (strcmp(s, "many") == 0) { /* volume: 200k push/pop pairs (~10 MB) */
+        for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
     else if (strncmp(s, "crash-", 6) == 0) scenario_crash(s + 6, argc > 2 ? argv[2] : NULL);
     else { fprintf(stderr, "unknown scenario %s\n", s); return 2; }
     return 0;
