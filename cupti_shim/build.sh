@@ -53,7 +53,7 @@ for s in "${SRC[@]}"; do
   "$CC" "${CFLAGS[@]}" -fvisibility=hidden "${INC[@]}" -c "$HERE/src/$s.c" -o "$BUILD/$s.o"
   OBJS+=("$BUILD/$s.o")
 done
-"$CC" -shared -o "$BUILD/libteller_shim.so" "${OBJS[@]}" -pthread -ldl -Wl,--no-undefined -Wl,-z,defs
+"$CC" -shared ${EXTRA_CFLAGS:-} -o "$BUILD/libteller_shim.so" "${OBJS[@]}" -pthread -ldl -Wl,--no-undefined -Wl,-z,defs
 echo "built $BUILD/libteller_shim.so"
 
 if [ "$TESTS" = 1 ]; then
