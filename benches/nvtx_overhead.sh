@@ -29,3 +29,22 @@ measure "no tool"
 measure "teller shim (BEGIN/END)" NVTX_INJECTION64_PATH="$B/libteller_shim.so"
 measure "teller shim (SPAN mode)" NVTX_INJECTION64_PATH="$B/libteller_shim.so" TELLER_NVTX_MODE=span
 measure "shim BEGIN/END, clock_gettime" NVTX_INJECTION64_PATH="$B/libteller_shim.so" TELLER_CLOCK=gettime
+
+# Python `nvtx` package (domain push/pop with a cached attribute object), if PYTHON has it
+PY="${PYTHON:-python3}"
+if "$PY" -c "import nvtx" 2>/dev/null; then
+  measure_py() {
+    local label="$1"; shift
+    local xs=()
+    for _ in $(seq "$RUNS"); do
+      rm -rf "$TD/trace"
+      xs+=("$(env "$@" TELLER_TRACE_DIR="$TD/trace" "$PY" "$ROOT/benches/nvtx_overhead_py.py" 1000000)")
+    done
+    printf '%-28s %8s ns/pair   (runs: %s)\n' "$label" "$(printf '%s\n' "${xs[@]}" | median)" "${xs[*]}"
+  }
+  echo "Python nvtx push_range/pop_range, 1M pairs, median of $RUNS runs"
+  measure_py "python: no tool"
+  measure_py "python: teller shim" NVTX_INJECTION64_PATH="$B/libteller_shim.so"
+else
+  echo "(Python nvtx benchmark skipped: $PY has no nvtx package)"
+fi
