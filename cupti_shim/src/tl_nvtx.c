@@ -82,9 +82,10 @@ static inline uint32_t domain_sid(tl_thread *t, nvtxDomainHandle_t d) {
     return n->magic == TL_DOMAIN_MAGIC ? tl_intern_name(t, n) : 0;
 }
 
-static inline void write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_t dom, const tl_attr *a, uint64_t ts) {
+/* returns 0 when the record had to be dropped (its END is then skipped too) */
+static inline int write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_t dom, const tl_attr *a, uint64_t ts) {
     uint8_t *r = tl_reserve(t, 128);
-    if (!r) return;
+    if (!r) return 0;
     uint8_t *c = r + 1;
     int args = attr_has_args(a);
     mp_uint(&c, TL_BEGIN);
@@ -96,6 +97,7 @@ static inline void write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_
     if (dom || args) mp_uint(&c, dom);
     if (args) put_args(&c, a);
     tl_commit(t, r, c, (uint8_t)(0x90 | (args ? 8 : dom ? 7 : 6)));
+    return 1;
 }
 
 static inline void write_end(tl_thread *t, uint64_t id, uint64_t ts) {
@@ -163,9 +165,13 @@ static inline int do_push(tl_thread *t, nvtxDomainHandle_t dom, uint32_t name, c
         e->start = ts;
         e->name = name;
         e->ext_pushed = 0;
+        e->begun = 1;
         if (tl_ext_push) e->ext_pushed = (uint8_t)(tl_ext_push(id) == 0);
     }
-    if (!g_span_mode) write_begin(t, id, name, domain_sid(t, dom), a, ts);
+    if (!g_span_mode) {
+        int ok = write_begin(t, id, name, domain_sid(t, dom), a, ts);
+        if (TL_LIKELY(depth < TL_MAX_DEPTH)) t->stack[depth].begun = (uint8_t)ok;
+    }
     return depth;
 }
 
@@ -183,7 +189,7 @@ static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
     t->depth--;
     if (e.ext_pushed && tl_ext_pop) tl_ext_pop();
     if (TL_UNLIKELY(ts < e.start)) ts = e.start; /* per-thread monotonic across clock re-anchoring */
-    if (!g_span_mode) write_end(t, e.id, ts);
+    if (!g_span_mode) { if (e.begun) write_end(t, e.id, ts); }
     else write_span(t, e.name, e.start, ts, e.id);
     return i;
 }
@@ -225,8 +231,7 @@ static int NVTX_API cb_DomainRangePop(nvtxDomainHandle_t d) {
 static nvtxRangeId_t start_range(nvtxDomainHandle_t d, uint32_t name, const tl_attr *a, tl_thread *t) {
     uint64_t ts = tl_now();
     uint64_t id = tl_next_range_id(t);
-    write_begin(t, id, name, domain_sid(t, d), a, ts);
-    return id;
+    return write_begin(t, id, name, domain_sid(t, d), a, ts) ? id : 0; /* 0: dropped, RangeEnd(0) is ignored */
 }
 
 static nvtxRangeId_t NVTX_API cb_RangeStartEx(const nvtxEventAttributes_t *a) {

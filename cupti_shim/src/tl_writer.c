@@ -59,6 +59,26 @@ static struct {
 };
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static dev_t g_dev;
+static ino_t g_ino;
+static int g_lost; /* our descriptor was closed (and maybe reused) by the program */
+
+/* Programs (daemons, close_fds loops) may close our descriptor and reuse its number for their own
+ * file: before any operation on the file, check that the descriptor still is our trace file, so that
+ * the shim can never write into, extend or truncate someone else's file. Called with g.mu held. */
+static int fd_ours(int fd) {
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino;
+}
+static int fd_ok_locked(void) {
+    if (g.fd < 0 || g.pid != getpid() || g_lost) return 0;
+    if (fd_ours(g.fd)) return 1;
+    g_lost = 1;
+    if (!getenv("TELLER_SHIM_QUIET"))
+        fprintf(stderr, "teller-shim: the program closed the trace file's descriptor; recording stops when the "
+                        "current chunks are full (%s)\n", g.path);
+    return 0;
+}
 
 uint32_t tl_gettid(void) { return (uint32_t)syscall(SYS_gettid); }
 
@@ -207,6 +227,7 @@ static int mkdirs(const char *path) {
 }
 
 static int grow_locked(uint64_t need_end) {
+    if (!fd_ok_locked()) return -1;
     if (need_end <= g.size) return 0;
     uint64_t ns = g.size + g.grow_step;
     if (ns < need_end) ns = need_end;
@@ -241,6 +262,11 @@ static int open_file_locked(void) {
         if (fd < 0 && errno != EEXIST) return -1;
     }
     if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) { close(fd); return -1; }
+    g_dev = st.st_dev;
+    g_ino = st.st_ino;
+    g_lost = 0;
     g.fd = fd;
     g.pid = getpid();
     g.start_ns = process_start_ns();
@@ -268,7 +294,7 @@ static void thread_destructor(void *p) {
     tl_thread *t = p;
     if (!t) return;
     pthread_mutex_lock(&g.mu);
-    int mine = (t->gen == tl_gen && g.fd >= 0 && g.pid == getpid());
+    int mine = (t->gen == tl_gen && fd_ok_locked());
     if (t->gen == tl_gen) thread_unlink_locked(t);
     if (mine && t->chunk) {
         /* give the unused tail of the chunk back to the file system (it reads as zeros: padding) */
@@ -309,8 +335,9 @@ static void atfork_child(void) {
     if (g.state == 1) pthread_setspecific(g.key, NULL); /* the key's destructor must not see the freed struct */
     g.threads = NULL;
     g.full_until = 0;
-    if (g.fd >= 0) close(g.fd);
+    if (g.fd >= 0 && !g_lost && fd_ours(g.fd)) close(g.fd);
     g.fd = -1;
+    g_lost = 0;
     g.pid = 0;
     g.dropped_unreported = 0;
     g.cupti_version = 0;
@@ -370,6 +397,7 @@ tl_thread *tl_self_slow(void) {
         thread_destructor(old);
     }
     pthread_mutex_lock(&g.mu);
+    if (g_lost && g.pid == getpid()) { pthread_mutex_unlock(&g.mu); return NULL; }
     if (g.fd < 0 || g.pid != getpid()) {
         if (g.state != 1 || open_file_locked() != 0) {
             if (g.state == 1 && !getenv("TELLER_SHIM_QUIET"))
@@ -405,12 +433,15 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     }
     pthread_mutex_lock(&g.mu);
     uint64_t off = g.next_off;
-    int ok = (g.fd >= 0 && g.pid == getpid() && t->gen == tl_gen && grow_locked(off + len) == 0);
-    if (ok) g.next_off = off + len;
-    else __atomic_store_n(&g.full_until, tl_now() + 1000000000ull, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&g.mu);
+    int ok = (t->gen == tl_gen && grow_locked(off + len) == 0); /* grow_locked checks the descriptor */
     uint8_t *p = MAP_FAILED;
-    if (ok) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, (off_t)off);
+    if (ok) {
+        g.next_off = off + len;
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, (off_t)off); /* under the lock: same fd as checked */
+    } else {
+        __atomic_store_n(&g.full_until, tl_now() + 1000000000ull, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&g.mu);
     if (p == MAP_FAILED) {
         /* The chunk (if any) stays zero in the file: padding. Keep the old chunk for later, smaller records. */
         t->dropped++;
@@ -557,7 +588,7 @@ void tl_header_set_cupti(uint32_t version, const char *error) {
     pthread_mutex_lock(&g.mu);
     if (version) g.cupti_version = version;
     if (error && !g.cupti_error[0]) snprintf(g.cupti_error, sizeof g.cupti_error, "%s", error);
-    if (g.fd >= 0 && g.pid == getpid()) write_header_locked();
+    if (fd_ok_locked()) write_header_locked();
     pthread_mutex_unlock(&g.mu);
 }
 
@@ -584,7 +615,7 @@ void tl_writer_finish(void) {
     mp_uint(&c, realtime_ns());
     size_t len = (size_t)(c - buf);
     pthread_mutex_lock(&g.mu);
-    if (g.fd >= 0) {
+    if (fd_ok_locked()) {
         uint64_t end = g.next_off;
         if (pwrite(g.fd, buf, len, (off_t)end) == (ssize_t)len) end += len;
         if (end != g.size && ftruncate(g.fd, (off_t)end) == 0) g.size = end;

@@ -34,6 +34,7 @@ typedef struct tl_stack_entry {
     uint64_t start;    /* SPAN mode only */
     uint32_t name;     /* SPAN mode only */
     uint8_t ext_pushed;
+    uint8_t begun;     /* BEGIN was written (not dropped) */
 } tl_stack_entry;
 
 typedef struct tl_scache_entry {

@@ -174,6 +174,25 @@ int main(int argc, char **argv) {
     const char *s = argc > 1 ? argv[1] : "basic";
     if (strcmp(s, "basic") == 0) scenario_basic();
     else if (strcmp(s, "fork") == 0) scenario_fork();
+    else if (strcmp(s, "closefd") == 0 && argc > 2) {
+        /* a program that closes every descriptor and reuses the numbers must never see its files
+         * extended, written or truncated by the shim */
+        nvtxRangePushA("before-close");
+        nvtxRangePop();
+        for (int fd = 3; fd < 1024; fd++) close(fd);
+        FILE *uf[8];
+        for (int i = 0; i < 8; i++) { /* take the low descriptor numbers, including the shim's old one */
+            char path[4096];
+            snprintf(path, sizeof path, "%s.%d", argv[2], i);
+            uf[i] = fopen(path, "w");
+            if (!uf[i]) return 2;
+            fputs("USERDATA", uf[i]);
+            fflush(uf[i]);
+        }
+        for (int i = 0; i < 100000; i++) { nvtxRangePushA("after-close"); nvtxRangePop(); } /* needs new chunks */
+        for (int i = 0; i < 8; i++) fclose(uf[i]);
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
     else if (strcmp(s, "many") == 0) { /* volume: 200k push/pop pairs (~10 MB) */
         for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
         printf("{\"pid\": %d}\n", (int)getpid());
