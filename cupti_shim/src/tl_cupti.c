@@ -32,6 +32,7 @@ static struct {
     CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
     CUptiResult (*Subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
     CUptiResult (*EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
+    CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
     CUptiResult (*SetThreadIdType)(CUpti_ActivityThreadIdType);
     CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
     CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
@@ -287,6 +288,7 @@ static int load_cupti(void) {
     LOAD(Subscribe, "cuptiSubscribe", 1);
     LOAD(Subscribe_v2, "cuptiSubscribe_v2", 0);
     LOAD(EnableDomain, "cuptiEnableDomain", 1);
+    LOAD(EnableCallback, "cuptiEnableCallback", 0);
     LOAD(SetThreadIdType, "cuptiSetThreadIdType", 0);
     LOAD(ActivityEnable, "cuptiActivityEnable", 1);
     LOAD(ActivityRegisterCallbacks, "cuptiActivityRegisterCallbacks", 1);
@@ -394,8 +396,20 @@ static int setup(void) {
     }
     C.thread_running = 1;
 
-    r = C.EnableDomain(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API);
-    if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiEnableDomain(RUNTIME_API): %s", result_str(r));
+    /* Callbacks only for the blocking calls (every other API call stays callback-free). */
+    static const CUpti_CallbackId sync_cbids[] = {
+        CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020,
+        CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000,
+        CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020};
+    int cb_ok = 0;
+    if (C.EnableCallback) {
+        for (size_t i = 0; i < sizeof sync_cbids / sizeof sync_cbids[0]; i++)
+            cb_ok += C.EnableCallback(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API, sync_cbids[i]) == CUPTI_SUCCESS;
+    }
+    if (!cb_ok) {
+        r = C.EnableDomain(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API);
+        if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiEnableDomain(RUNTIME_API): %s", result_str(r));
+    }
     struct { CUpti_ActivityKind k; const char *name; int on; } kinds[] = {
         {CUPTI_ACTIVITY_KIND_CONTEXT, "CONTEXT", 1},
         {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "CONCURRENT_KERNEL", 1},

@@ -26,6 +26,8 @@ static __thread uint64_t t_ext[64];
 static __thread int t_ext_n;
 static __thread int t_in_complete;
 static int g_dropped_once = 3;
+static int g_cb_enabled[1024];
+static int g_domain_enabled;
 
 static uint64_t now(void) {
     if (g_ts) return g_ts();
@@ -59,7 +61,17 @@ V CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb
         snprintf(p->oldSubscriberName, p->oldSubscriberSize, "fake-nsys");
     return cuptiSubscribe(h, cb, ud);
 }
-V CUptiResult cuptiEnableDomain(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d) { (void)en; (void)h; (void)d; return CUPTI_SUCCESS; }
+V CUptiResult cuptiEnableDomain(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d) {
+    (void)h;
+    if (d == CUPTI_CB_DOMAIN_RUNTIME_API) g_domain_enabled = (int)en;
+    return CUPTI_SUCCESS;
+}
+V CUptiResult cuptiEnableCallback(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d, CUpti_CallbackId cbid) {
+    (void)h;
+    if (d != CUPTI_CB_DOMAIN_RUNTIME_API || cbid >= 1024) return CUPTI_ERROR_INVALID_PARAMETER;
+    g_cb_enabled[cbid] = (int)en;
+    return CUPTI_SUCCESS;
+}
 V CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType t) { (void)t; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityEnable(CUpti_ActivityKind k) { if ((int)k < 64) g_enabled[k] = 1; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, CUpti_BuffersCallbackCompleteFunc d) { g_req = r; g_done = d; return CUPTI_SUCCESS; }
@@ -157,11 +169,13 @@ static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kern
     d.correlationId = corr;
     d.correlationData = &corrdata;
     d.callbackSite = CUPTI_API_ENTER;
-    if (g_cb) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
+    int enabled = g_domain_enabled || (cbid < 1024 && g_cb_enabled[cbid]);
+    if (getenv("FAKE_CUPTI_CALLBACK_LOG") && g_cb) fprintf(stderr, "fake_cupti: callback %s %s\n", fname, enabled ? "on" : "off");
+    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
     uint64_t start = now();
     uint64_t end = now() + 1000;
     d.callbackSite = CUPTI_API_EXIT;
-    if (g_cb) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
+    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
     pthread_mutex_lock(&g_mu);
     if (t_ext_n > 0 && g_enabled[CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION]) {
         CUpti_ActivityExternalCorrelation *x = put(sizeof *x);
