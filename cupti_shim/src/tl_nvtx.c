@@ -168,10 +168,12 @@ static inline int do_push(tl_thread *t, nvtxDomainHandle_t dom, uint32_t name, c
         e->begun = 1;
         if (tl_ext_push) e->ext_pushed = (uint8_t)(tl_ext_push(id) == 0);
     }
-    if (!g_span_mode) {
-        int ok = write_begin(t, id, name, domain_sid(t, dom), a, ts);
-        if (TL_LIKELY(depth < TL_MAX_DEPTH)) t->stack[depth].begun = (uint8_t)ok;
+    if (TL_UNLIKELY(depth >= TL_MAX_DEPTH)) {
+        /* no stack slot: neither BEGIN nor END is written, so the trace never shows a false open range */
+        if (t->too_deep++ == 0) tl_diag(TL_WARN, "NVTX push/pop nesting deeper than %d on thread %u: deeper ranges not recorded", TL_MAX_DEPTH, t->tid);
+        return depth;
     }
+    if (!g_span_mode) t->stack[depth].begun = (uint8_t)write_begin(t, id, name, domain_sid(t, dom), a, ts);
     return depth;
 }
 

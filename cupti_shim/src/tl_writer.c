@@ -433,7 +433,12 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     }
     pthread_mutex_lock(&g.mu);
     uint64_t off = g.next_off;
-    int ok = (t->gen == tl_gen && grow_locked(off + len) == 0); /* grow_locked checks the descriptor */
+    if (TL_UNLIKELY(t->gen != tl_gen)) { /* stale thread state: never hand it a chunk of another file */
+        pthread_mutex_unlock(&g.mu);
+        t->dropped++;
+        return NULL;
+    }
+    int ok = grow_locked(off + len) == 0; /* grow_locked checks the descriptor */
     uint8_t *p = MAP_FAILED;
     if (ok) {
         g.next_off = off + len;

@@ -24,7 +24,7 @@ enum { /* layers */
 };
 enum { TL_INFO = 0, TL_WARN = 1, TL_ERROR = 2 };
 
-#define TL_MAX_DEPTH 256
+#define TL_MAX_DEPTH 1024 /* deeper push/pop nesting is counted, not recorded */
 #define TL_SCACHE 512 /* per-thread string cache slots (power of two) */
 #define TL_MAX_STR 65535
 
@@ -52,7 +52,8 @@ typedef struct tl_thread {
     uint32_t gen;         /* file generation this struct belongs to */
     uint64_t rid_next, rid_limit;
     uint64_t dropped;     /* records dropped by this thread, not yet reported */
-    int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked) */
+    int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked nor recorded) */
+    uint64_t too_deep;    /* pushes beyond TL_MAX_DEPTH */
     tl_stack_entry stack[TL_MAX_DEPTH];
     tl_scache_entry scache[TL_SCACHE];
     struct tl_thread *next, *prev;

@@ -107,6 +107,19 @@ print('ok' if n > 0 and n + kept >= 200000 and os.path.getsize(f.path) <= (1 << 
   [ "$res" = ok ] && ok "max-size-dropped" || ko "max-size-dropped" "$res"
 else ko "max-size-dropped"; fi
 
+# nesting deeper than 1024: deeper ranges are not recorded, every recorded range is closed, one DIAG
+d="$(fresh deep)"
+if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" deep > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+r = list(f.ranges().values())
+deep = [x for x in r if x['name'] == 'deep']
+ok = len(deep) == 1024 and all(x['end'] is not None for x in r) and any('deeper' in m for _, m in f.diags())
+print('ok' if ok and [x['name'] for x in r][-1] == 'after-deep' else 'bad %d' % len(deep))")
+  [ "$res" = ok ] && ok "nvtx-too-deep" || ko "nvtx-too-deep" "$res"
+else ko "nvtx-too-deep"; fi
+
 # the program closes all descriptors and reuses the numbers: its files must stay untouched
 d="$(fresh closefd)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" closefd "$d/user" > /dev/null 2>&1; then

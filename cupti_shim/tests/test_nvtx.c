@@ -193,6 +193,13 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 8; i++) fclose(uf[i]);
         printf("{\"pid\": %d}\n", (int)getpid());
     }
+    else if (strcmp(s, "deep") == 0) { /* nesting deeper than the shim tracks */
+        for (int i = 0; i < 1500; i++) nvtxRangePushA("deep");
+        for (int i = 0; i < 1500; i++) nvtxRangePop();
+        nvtxRangePushA("after-deep");
+        nvtxRangePop();
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
     else if (strcmp(s, "many") == 0) { /* volume: 200k push/pop pairs (~10 MB) */
         for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
         printf("{\"pid\": %d}\n", (int)getpid());
