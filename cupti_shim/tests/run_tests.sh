@@ -107,6 +107,22 @@ print('ok' if n > 0 and n + kept >= 200000 and os.path.getsize(f.path) <= (1 << 
   [ "$res" = ok ] && ok "max-size-dropped" || ko "max-size-dropped" "$res"
 else ko "max-size-dropped"; fi
 
+# two NVTX instances (exe + shared library): InitializeInjectionNvtx2 twice, one file, one string table
+d="$(fresh instances)"
+if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" instances "$B/libnvtx_user.so" > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+fs = c.load_dir('$d')
+f = fs[0]
+r = list(f.ranges().values())
+names = [x['name'] for x in r]
+marks = [f.s(m[2]) for m in f.of(c.MARK)]
+ok = len(fs) == 1 and names.count('lib-range') == 11 and names.count('exe-range') == 1 and marks == ['lib-mark'] * 10
+ok = ok and all(x['end'] is not None for x in r)
+print('ok' if ok else 'bad %d files %s' % (len(fs), names[:5]))")
+  [ "$res" = ok ] && ok "nvtx-two-instances" || ko "nvtx-two-instances" "$res"
+else ko "nvtx-two-instances"; fi
+
 # nesting deeper than 1024: deeper ranges are not recorded, every recorded range is closed, one DIAG
 d="$(fresh deep)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" deep > /dev/null; then

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <nvtx3/nvToolsExt.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -191,6 +192,17 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < 100000; i++) { nvtxRangePushA("after-close"); nvtxRangePop(); } /* needs new chunks */
         for (int i = 0; i < 8; i++) fclose(uf[i]);
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strcmp(s, "instances") == 0 && argc > 2) { /* two NVTX instances in one process */
+        nvtxRangePushA("exe-range");
+        void *lib = dlopen(argv[2], RTLD_NOW);
+        void (*work)(int) = NULL;
+        if (!lib || !(*(void **)&work = dlsym(lib, "nvtx_user_lib_work"))) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+        work(10);
+        nvtxRangePop();
+        nvtxRangePushA("lib-range"); /* same name from the other instance: one STRING */
+        nvtxRangePop();
         printf("{\"pid\": %d}\n", (int)getpid());
     }
     else if (strcmp(s, "deep") == 0) { /* nesting deeper than the shim tracks */
