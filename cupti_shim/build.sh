@@ -65,7 +65,10 @@ if [ "$TESTS" = 1 ]; then
   "$CC" "${CFLAGS[@]}" -I"$HERE/src" "$T/test_clock.c" "$HERE/src/tl_clock.c" -o "$BUILD/test_clock"
   "$CC" "${CFLAGS[@]}" "${INC[@]}" "$T/test_inject.c" -o "$BUILD/test_inject" -pthread -ldl
   "$CC" "${CFLAGS[@]}" -shared "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/libfake_cupti.so" -pthread
-  mkdir -p "$BUILD/fake_cuda"
+  mkdir -p "$BUILD/fake_cuda" "$BUILD/fake_cu13/lib"
+  # a wheel-like layout: libcudart.so.13 and libcupti.so.13 side by side, neither on the search path
+  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcudart.so.13 "$T/fake_cuda.c" -o "$BUILD/fake_cu13/lib/libcudart.so.13"
+  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcupti.so.13 "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/fake_cu13/lib/libcupti.so.13" -pthread
   "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcuda.so.1 "$T/fake_cuda.c" -o "$BUILD/fake_cuda/libcuda.so.1"
   echo "built tests in $BUILD"
 fi

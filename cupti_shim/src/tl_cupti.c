@@ -8,6 +8,8 @@
 #include "tl_writer.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -269,18 +271,47 @@ static void cupti_fork_child(void) {
         if (!C.field && (required)) { tl_diag(TL_ERROR, "libcupti has no %s: CUPTI disabled", sym); return -1; } \
     } while (0)
 
+/* dl_iterate_phdr callback: a loaded libcudart (e.g. from the nvidia-cuda-runtime wheel) tells where the
+ * wheel's libcupti.so.13 lives (nvidia/cu13/lib), which is usually not on the loader's search path. */
+static int find_cuda_lib_dir(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    const char *n = info->dlpi_name;
+    if (!n || !*n) return 0;
+    const char *base = strrchr(n, '/');
+    if (!base || !(strstr(base, "libcudart.so") || strstr(base, "libcublas.so") || strstr(base, "libcupti.so"))) return 0;
+    size_t len = (size_t)(base - n);
+    if (len + sizeof "/libcupti.so.13" >= PATH_MAX) return 0;
+    memcpy(data, n, len);
+    memcpy((char *)data + len, "/libcupti.so.13", sizeof "/libcupti.so.13");
+    return 1;
+}
+
 static int load_cupti(void) {
     const char *p = getenv("TELLER_CUPTI_PATH");
-    const char *cands[] = {p && *p ? p : NULL, "libcupti.so.13", "libcupti.so"};
-    for (size_t i = 0; i < 3 && !C.lib; i++) {
+    static char near_cudart[PATH_MAX];
+    near_cudart[0] = 0;
+    dl_iterate_phdr(find_cuda_lib_dir, near_cudart);
+    const char *cands[] = {p && *p ? p : NULL, "libcupti.so.13", near_cudart[0] ? near_cudart : NULL, "libcupti.so"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !C.lib; i++) {
         if (!cands[i]) continue;
         C.lib = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
-        if (!C.lib) tl_diag(TL_WARN, "dlopen(%s): %s", cands[i], dlerror());
-        if (p && *p && i == 0 && !C.lib) break; /* explicit path failed: don't guess */
+        if (!C.lib && getenv("TELLER_SHIM_VERBOSE")) tl_diag(TL_INFO, "dlopen(%s): %s", cands[i], dlerror());
+        if (p && *p && i == 0 && !C.lib) {
+            tl_diag(TL_ERROR, "TELLER_CUPTI_PATH=%s: %s", p, dlerror());
+            break; /* explicit path failed: don't guess */
+        }
     }
     if (!C.lib) {
-        tl_diag(TL_ERROR, "libcupti not found (set TELLER_CUPTI_PATH): GPU activity not collected");
+        tl_diag(TL_ERROR, "libcupti.so.13 not found (not loaded, not on the search path, not next to libcudart; "
+                          "set TELLER_CUPTI_PATH): GPU activity not collected");
         return -1;
+    }
+    {
+        char where[PATH_MAX] = "";
+        void *sym = dlsym(C.lib, "cuptiGetVersion");
+        Dl_info di;
+        if (sym && dladdr(sym, &di) && di.dli_fname) snprintf(where, sizeof where, "%s", di.dli_fname);
+        tl_diag(TL_INFO, "libcupti: %s", where[0] ? where : "(unknown path)");
     }
     LOAD(GetVersion, "cuptiGetVersion", 1);
     LOAD(GetResultString, "cuptiGetResultString", 0);

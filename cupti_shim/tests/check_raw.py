@@ -297,7 +297,10 @@ def scenario_inject(d, facts, mode):
               f"multi DIAG (with the holder's name): {diags}")
         check(any("MULTIPLE_SUBSCRIBERS" in e for e in f.header.get("errors", [])), "header errors")
         check(f.header.get("cupti_version") == facts.get("cupti_api", f.header.get("cupti_version")), "version")
-    else:  # fake: full pipeline
+    else:  # fake / discover: full pipeline
+        if mode == "discover":
+            check(any(m.startswith("libcupti: ") and m.endswith("fake_cu13/lib/libcupti.so.13") for _, m in diags),
+                  f"libcupti not discovered next to libcudart: {diags}")
         check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}")
         check("errors" not in f.header, f"errors {f.header.get('errors')}")
         spans = {r[6]: r for r in f.of(SPAN)}

@@ -77,11 +77,13 @@ d="$(fresh convert)"
 if TELLER_TRACE_DIR="$d" timeout 60 "$B/test_cupti_convert" > "$d/facts.json" && "${CHECK[@]}" convert "$d" "$d/facts.json"; then
   ok "cupti-convert"; else ko "cupti-convert"; fi
 
-# CUPTI entry point: no driver (graceful), fake driver+CUPTI pipeline, multiple subscribers
-for m in nodriver fake multi; do
+# CUPTI entry point: no driver (graceful), fake driver+CUPTI pipeline, multiple subscribers, and
+# libcupti found next to an already loaded libcudart (wheel layout, no TELLER_CUPTI_PATH)
+for m in nodriver fake multi discover; do
   d="$(fresh "inject-$m")"
   extra=()
-  [ "$m" != nodriver ] && extra=(LD_LIBRARY_PATH="$B/fake_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TELLER_CUPTI_PATH="$B/libfake_cupti.so" FAKE_CUPTI_MODE="$m" FAKE_CUPTI_CALLBACK_LOG=1)
+  [ "$m" = fake ] || [ "$m" = multi ] && extra=(LD_LIBRARY_PATH="$B/fake_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TELLER_CUPTI_PATH="$B/libfake_cupti.so" FAKE_CUPTI_MODE="$m" FAKE_CUPTI_CALLBACK_LOG=1)
+  [ "$m" = discover ] && extra=(LD_LIBRARY_PATH="$B/fake_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FAKE_CUDART="$B/fake_cu13/lib/libcudart.so.13" FAKE_CUPTI_MODE=fake FAKE_CUPTI_CALLBACK_LOG=1)
   if env "${extra[@]}" TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_inject" "$m" "$SHIM" \
        > "$d/facts.json" 2> "$d/stderr.txt" \
      && ! grep -q VIOLATION "$d/stderr.txt" && ! grep -q "callback cudaLaunchKernel on" "$d/stderr.txt" \

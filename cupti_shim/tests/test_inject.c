@@ -19,7 +19,9 @@ static unsigned tid(void) { return (unsigned)syscall(SYS_gettid); }
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: test_inject MODE SHIM\n"); return 2; }
     const char *mode = argv[1];
-    int fake = strcmp(mode, "fake") == 0 || strcmp(mode, "multi") == 0;
+    int discover = strcmp(mode, "discover") == 0; /* no TELLER_CUPTI_PATH: found next to a loaded libcudart */
+    int fake = strcmp(mode, "fake") == 0 || strcmp(mode, "multi") == 0 || discover;
+    if (discover && !dlopen(getenv("FAKE_CUDART"), RTLD_NOW | RTLD_GLOBAL)) { fprintf(stderr, "no fake cudart: %s\n", dlerror()); return 2; }
     if (fake && !dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) { fprintf(stderr, "no fake libcuda: %s\n", dlerror()); return 2; }
     void *shim = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
     if (!shim) { fprintf(stderr, "dlopen shim: %s\n", dlerror()); return 2; }
@@ -33,7 +35,7 @@ int main(int argc, char **argv) {
     uint32_t (*launch)(const char *, unsigned) = NULL;
     uint32_t (*sync)(unsigned) = NULL;
     if (fake) {
-        void *fc = dlopen(getenv("TELLER_CUPTI_PATH"), RTLD_NOW | RTLD_NOLOAD);
+        void *fc = dlopen(discover ? "libcupti.so.13" : getenv("TELLER_CUPTI_PATH"), RTLD_NOW | RTLD_NOLOAD);
         if (fc) {
             *(void **)&launch = dlsym(fc, "fake_cupti_launch");
             *(void **)&sync = dlsym(fc, "fake_cupti_sync");
