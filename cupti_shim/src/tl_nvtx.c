@@ -86,7 +86,9 @@ static inline uint32_t domain_sid(tl_thread *t, nvtxDomainHandle_t d) {
 static inline int write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_t dom, const tl_attr *a, uint64_t ts) {
     uint8_t *r = tl_reserve(t, 128);
     if (!r) return 0;
-    uint8_t *c = r + 1;
+    uint8_t tmp[128];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
     int args = attr_has_args(a);
     mp_uint(&c, TL_BEGIN);
     mp_uint(&c, id);
@@ -96,26 +98,31 @@ static inline int write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_t
     mp_uint(&c, ts);
     if (dom || args) mp_uint(&c, dom);
     if (args) put_args(&c, a);
-    tl_commit(t, r, c, (uint8_t)(0x90 | (args ? 8 : dom ? 7 : 6)));
+    tmp[0] = (uint8_t)(0x90 | (args ? 8 : dom ? 7 : 6));
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
     return 1;
 }
 
 static inline void write_end(tl_thread *t, uint64_t id, uint64_t ts) {
     uint8_t *r = tl_reserve(t, 32);
     if (!r) return;
-    uint8_t *c = r + 1;
+    uint8_t tmp[32] = {0};
+    uint8_t *c = tmp + 1;
     mp_uint(&c, TL_END);
     mp_uint(&c, id);
     mp_uint(&c, t->tid);
     mp_uint(&c, ts);
-    tl_commit(t, r, c, 0x94);
+    tmp[0] = 0x94;
+    tl_publish(t, r, tmp, (size_t)(c - tmp)); /* at most 1+1+9+5+9 = 25 bytes */
 }
 
 /* SPAN [3, layer, name, tid, start, end, corr=0, ext=range id, args] */
 static inline void write_span(tl_thread *t, uint32_t name, uint64_t start, uint64_t end, uint64_t ext) {
     uint8_t *r = tl_reserve(t, 64);
     if (!r) return;
-    uint8_t *c = r + 1;
+    uint8_t tmp[64];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
     mp_uint(&c, TL_SPAN);
     mp_uint(&c, TL_L_ANNOTATION);
     mp_uint(&c, name);
@@ -124,13 +131,16 @@ static inline void write_span(tl_thread *t, uint32_t name, uint64_t start, uint6
     mp_uint(&c, end);
     mp_uint(&c, 0);
     mp_uint(&c, ext);
-    tl_commit(t, r, c, 0x98);
+    tmp[0] = 0x98;
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
 }
 
 static void write_mark(tl_thread *t, uint32_t name, uint32_t dom, const tl_attr *a) {
     uint8_t *r = tl_reserve(t, 128);
     if (!r) return;
-    uint8_t *c = r + 1;
+    uint8_t tmp[128];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
     uint32_t n = (dom ? 1u : 0u) + (a ? (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u) : 0u);
     mp_uint(&c, TL_MARK);
     mp_uint(&c, TL_L_MARKER);
@@ -149,7 +159,8 @@ static void write_mark(tl_thread *t, uint32_t name, uint32_t dom, const tl_attr 
         }
         if (a && a->category) { mp_str(&c, "category", 8); mp_uint(&c, a->category); }
     }
-    tl_commit(t, r, c, (uint8_t)(0x90 | (n ? 6 : 5)));
+    tmp[0] = (uint8_t)(0x90 | (n ? 6 : 5));
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
 }
 
 /* ---- push / pop ---- */

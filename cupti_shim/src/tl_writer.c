@@ -80,6 +80,17 @@ static int fd_ok_locked(void) {
     return 0;
 }
 
+int tl_has_avx;
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx"))) void tl_store32(uint8_t *dst, const uint8_t *src) {
+    _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_loadu_si256((const __m256i *)(const void *)src));
+}
+#else
+void tl_store32(uint8_t *dst, const uint8_t *src) { memcpy(dst, src, 32); }
+#endif
+
 uint32_t tl_gettid(void) { return (uint32_t)syscall(SYS_gettid); }
 
 static uint64_t env_u64(const char *name, uint64_t dflt) {
@@ -362,6 +373,9 @@ static void atexit_handler(void) { tl_writer_finish(); }
 
 static void init_once(void) {
     tl_clock_init();
+#if defined(__x86_64__)
+    tl_has_avx = __builtin_cpu_supports("avx") && !getenv("TELLER_NO_AVX");
+#endif
     g.verbose = (int)env_u64("TELLER_SHIM_VERBOSE", 0);
     g.chunk_size = (size_t)env_u64("TELLER_CHUNK_KB", 256) * 1024u;
     if (g.chunk_size < 64 * 1024) g.chunk_size = 64 * 1024;

@@ -108,6 +108,24 @@ static inline void tl_commit(tl_thread *t, uint8_t *start, uint8_t *end, uint8_t
 }
 
 /* Word-at-a-time hash (the names are short; FNV byte loops dominated the NVTX hot path). */
+/* Small records are encoded on the stack and published with ONE 32-byte store where the CPU has AVX: a
+ * thread killed at any point leaves the whole record or nothing (signals land between instructions and a
+ * faulting store has no effect), so no torn record. Larger records (or no AVX): body first, then the
+ * array header byte with a release store (a torn record then reads as 0x00 + loose values). */
+extern int tl_has_avx;
+TL_HIDDEN void tl_store32(uint8_t *dst, const uint8_t *src);
+
+/* tmp holds the encoded record (header byte included) of len bytes; r came from tl_reserve(t, >= 32). */
+static inline void tl_publish(tl_thread *t, uint8_t *r, const uint8_t *tmp, size_t len) {
+    if (TL_LIKELY(len <= 32 && tl_has_avx)) {
+        tl_store32(r, tmp); /* tmp must be 32 readable bytes, zero after len */
+    } else {
+        memcpy(r + 1, tmp + 1, len - 1);
+        __atomic_store_n(r, tmp[0], __ATOMIC_RELEASE);
+    }
+    t->pos = r + len;
+}
+
 static inline uint32_t tl_hash(const char *s, uint32_t len) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ len;
     uint32_t i = 0;
