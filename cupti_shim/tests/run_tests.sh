@@ -39,6 +39,11 @@ for s in basic fork; do
       && "${CHECK[@]}" "$s" "$d" "$d/facts.json"; then ok "nvtx-$s"; else ko "nvtx-$s"; fi
 done
 
+# the same without the 32-byte store path (body first, header byte last)
+d="$(fresh basic-noavx)"
+if TELLER_NO_AVX=1 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > "$d/facts.json" \
+    && "${CHECK[@]}" basic "$d" "$d/facts.json"; then ok "nvtx-basic-noavx"; else ko "nvtx-basic-noavx"; fi
+
 # span mode (one SPAN per push/pop) still decodes
 d="$(fresh span)"
 if TELLER_NVTX_MODE=span TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > "$d/facts.json"; then
