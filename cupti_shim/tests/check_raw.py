@@ -326,6 +326,42 @@ def scenario_inject(d, facts, mode):
     print(f"inject-{mode}: OK ({len(diags)} diagnostics)")
 
 
+def scenario_gpu(d, facts):
+    """Real CUPTI on a GPU (gpu_smoke.py): kernels, memcpy, runtime spans tied to the NVTX range."""
+    fs = [f for f in load_dir(d) if f.header["pid"] == facts["pid"]]
+    check(len(fs) == 1, f"{len(fs)} files for the process")
+    f = fs[0]
+    diags = f.diags()
+    check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}, diags {diags}")
+    check("errors" not in f.header, f"errors {f.header.get('errors')}")
+    check(any("CUPTI collection active" in m for _, m in diags), f"diags {diags}")
+    R = {r["name"]: r for r in f.ranges().values() if r["layer"] == 1}
+    check("gpu-step" in R and "gpu-copy" in R, f"NVTX ranges {sorted(R)}")
+    step = R["gpu-step"]
+    check(step["domain"] == "smoke" and step["end"] is not None, "NVTX range")
+    spans = f.of(SPAN)
+    rt = [r for r in spans if r[1] == 4]
+    check(rt, "no runtime API spans")
+    in_step = {r[6] for r in rt if r[7] == step["id"]}
+    check(in_step, "no runtime call carries the NVTX range as external correlation id")
+    kernels = [r for r in f.of(GPU) if r[1] == 6]
+    check(kernels, "no kernel records")
+    check(any(k[7] in in_step for k in kernels), "no kernel correlates with a launch inside 'gpu-step'")
+    for k in kernels:
+        check(len(k) > 8 and k[5] <= k[6] and isinstance(f.s(k[2]), str) and "grid" in k[8], f"kernel record {k}")
+    # one time base: the kernels launched in the step run after the step began, before the process ended
+    kin = [k for k in kernels if k[7] in in_step]
+    check(all(step["start"] <= k[5] for k in kin), "kernel before its NVTX range: clocks differ")
+    dtoh = [r for r in f.of(GPU) if r[1] == 7 and len(r) > 8 and isinstance(r[8], dict) and r[8].get("kind") == "DtoH"]
+    check(any(r[8]["bytes"] == 1024 * 1024 * 4 for r in dtoh), f"no 4 MiB DtoH memcpy: {dtoh[:3]}")
+    sync = [r for r in f.ranges().values() if r["layer"] == 9]
+    check(sync and all(r["end"] is not None for r in sync), f"sync ranges {sync[:3]}")
+    names = f.thread_names()
+    check("teller-cupti" in names.values(), "writer thread")
+    print(f"gpu: {len(kernels)} kernels, {len(rt)} runtime spans, {len(sync)} sync ranges, "
+          f"{len(dtoh)} DtoH copies OK (cupti {f.header['cupti_version']})")
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__)
@@ -344,6 +380,8 @@ def main():
             scenario_crash(d, facts, scen[6:])
         elif scen == "convert":
             scenario_convert(d, facts)
+        elif scen == "gpu":
+            scenario_gpu(d, facts)
         elif scen.startswith("inject-"):
             scenario_inject(d, facts, scen[7:])
         else:
