@@ -41,6 +41,8 @@ static struct {
     uint64_t start_ns;
     uint64_t dropped_unreported; /* atomic */
     uint64_t full_until;         /* after a failed growth, don't retry before this time (ns) */
+    uint64_t last_sync;          /* CLOCK_SYNC written at most every sync_ns (on chunk hand-out) */
+    uint64_t sync_ns;
     tl_thread *threads;
     pthread_key_t key;
     /* string table (open addressing) */
@@ -283,6 +285,7 @@ static int open_file_locked(void) {
     g.start_ns = process_start_ns();
     g_hdr_mono = tl_mono_ns();
     g_hdr_real = realtime_ns();
+    g.last_sync = g_hdr_mono;
     g.size = 0;
     g.next_off = TL_HEADER_REGION;
     if (grow_locked(TL_HEADER_REGION) != 0 || write_header_locked() != 0) {
@@ -386,6 +389,7 @@ static void init_once(void) {
     g.max_size = env_u64("TELLER_MAX_FILE_MB", 4096) << 20;
     if (g.max_size < TL_HEADER_REGION + g.chunk_size) g.max_size = TL_HEADER_REGION + g.chunk_size;
     g.next_sid = 1;
+    g.sync_ns = env_u64("TELLER_CLOCK_SYNC_MS", 10000) * 1000000ull;
     if (pthread_key_create(&g.key, thread_destructor) != 0) { g.state = -1; return; }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     atexit(atexit_handler);
@@ -440,7 +444,7 @@ tl_thread *tl_self_slow(void) {
 
 uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     size_t len = t->next_chunk_len ? t->next_chunk_len : (g.chunk_size < 65536 ? g.chunk_size : 65536);
-    if (max + 64 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 64 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; }
+    if (max + 256 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 256 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; } /* room for DROPPED + CLOCK_SYNC first */
     if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
         t->dropped++; /* file full: no lock, no syscall, until the back-off ends */
         return NULL;
@@ -474,6 +478,15 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     t->pos = p;
     t->end = p + len;
     if (TL_UNLIKELY(t->dropped)) report_dropped(t);
+    /* long runs: refresh the monotonic/realtime pair now and then (NTP moves realtime) */
+    uint64_t mono = tl_mono_ns(), last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED);
+    if (mono - last >= g.sync_ns && __atomic_compare_exchange_n(&g.last_sync, &last, mono, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        uint8_t *c = t->pos + 1;
+        mp_uint(&c, TL_CLOCK_SYNC);
+        mp_uint(&c, mono);
+        mp_uint(&c, realtime_ns());
+        tl_commit(t, t->pos, c, 0x93);
+    }
     return t->pos;
 }
 

@@ -102,6 +102,18 @@ TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 120 "$PY" "$HERE/tes
 rc=$?
 if [ $rc = 0 ]; then ok "python-nvtx"; elif [ $rc = 77 ]; then echo "SKIP python-nvtx"; SKIP=$((SKIP + 1)); else ko "python-nvtx"; fi
 
+# periodic CLOCK_SYNC records (every chunk hand-out here)
+d="$(fresh clock-sync)"
+if TELLER_CLOCK_SYNC_MS=0 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" many > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+cs = f.of(c.CLOCK_SYNC)
+mono = [r[1] for r in cs]
+print('ok' if len(cs) > 5 and mono == sorted(mono) and all(r[2] > r[1] for r in cs) else 'bad %d' % len(cs))")
+  [ "$res" = ok ] && ok "clock-sync-records" || ko "clock-sync-records" "$res"
+else ko "clock-sync-records"; fi
+
 # file size limit: records beyond it are dropped and counted in DROPPED records
 d="$(fresh max-size)"
 if TELLER_MAX_FILE_MB=1 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" many > /dev/null; then
