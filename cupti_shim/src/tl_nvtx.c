@@ -135,10 +135,11 @@ static inline void write_span(tl_thread *t, uint32_t name, uint64_t start, uint6
     tl_publish(t, r, tmp, (size_t)(c - tmp));
 }
 
-static void write_mark(tl_thread *t, uint32_t name, uint32_t dom, const tl_attr *a) {
-    uint8_t *r = tl_reserve(t, 128);
+/* args.domain is written as text: ids are only resolved in sid fields, not inside args */
+static void write_mark(tl_thread *t, uint32_t name, const tl_name *dom, const tl_attr *a) {
+    uint8_t *r = tl_reserve(t, 320); /* 28 + domain (<= 200 + 9) + args (<= 60) */
     if (!r) return;
-    uint8_t tmp[128];
+    uint8_t tmp[320];
     memset(tmp, 0, 32);
     uint8_t *c = tmp + 1;
     uint32_t n = (dom ? 1u : 0u) + (a ? (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u) : 0u);
@@ -149,7 +150,7 @@ static void write_mark(tl_thread *t, uint32_t name, uint32_t dom, const tl_attr 
     mp_uint(&c, tl_now());
     if (n) {
         mp_map(&c, n);
-        if (dom) { mp_str(&c, "domain", 6); mp_uint(&c, dom); }
+        if (dom) { mp_str(&c, "domain", 6); mp_str(&c, dom->text, dom->len > 200 ? 200 : dom->len); }
         if (a && a->has_color) { mp_str(&c, "color", 5); mp_uint(&c, a->color); }
         if (a && a->has_payload) {
             mp_str(&c, "payload", 7);
@@ -283,7 +284,7 @@ static void NVTX_API cb_DomainRangeEnd(nvtxDomainHandle_t d, nvtxRangeId_t id) {
 
 static void NVTX_API cb_MarkA(const char *msg) {
     tl_thread *t = tl_self();
-    if (t) write_mark(t, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), 0, NULL);
+    if (t) write_mark(t, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, NULL);
 }
 
 static void NVTX_API cb_MarkEx(const nvtxEventAttributes_t *a) {
@@ -291,7 +292,7 @@ static void NVTX_API cb_MarkEx(const nvtxEventAttributes_t *a) {
     if (!t) return;
     tl_attr at;
     decode_attr(t, a, &at);
-    write_mark(t, at.name, 0, &at);
+    write_mark(t, at.name, NULL, &at);
 }
 
 static void NVTX_API cb_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
@@ -299,7 +300,8 @@ static void NVTX_API cb_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttrib
     if (!t) return;
     tl_attr at;
     decode_attr(t, a, &at);
-    write_mark(t, at.name, domain_sid(t, d), &at);
+    tl_name *dn = d ? (tl_name *)(void *)d : NULL;
+    write_mark(t, at.name, dn && dn->magic == TL_DOMAIN_MAGIC ? dn : NULL, &at);
 }
 
 /* ---- names, domains, registered strings ---- */

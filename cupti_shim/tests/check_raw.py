@@ -177,8 +177,7 @@ def scenario_basic(d, facts):
     pushed = sorted((r for r in reg if r["start"] < dflt["end"]), key=lambda r: r["start"])
     check(len(pushed) == 2 and dflt["start"] < pushed[0]["start"] < pushed[1]["start"] <= pushed[1]["end"]
           < pushed[0]["end"] < dflt["end"], "domain push/pop nesting")
-    check(marks["registered-name"][5] == {"domain": "my-domain"} or
-          f.s(marks["registered-name"][5]["domain"]) == "my-domain", "domain mark")
+    check(marks["registered-name"][5] == {"domain": "my-domain"}, f"domain mark {marks['registered-name']}")
     cross = byname["cross-thread"][0]
     check(cross["tid"] == main and cross["end_tid"] == facts["ender_tid"] and cross["end_tid"] != main,
           f"cross-thread range tid {cross['tid']} end_tid {cross['end_tid']}")
