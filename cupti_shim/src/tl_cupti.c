@@ -1,0 +1,478 @@
+/* CUPTI injection: InitializeInjection (CUDA_INJECTION64_PATH). libcupti is loaded with dlopen so
+ * that NVTX-only collection never needs it. Activity buffers completed by CUPTI are queued and parsed
+ * on the shim's own writer thread, never on CUPTI's thread. */
+#define _GNU_SOURCE
+#include "tl_cupti_convert.h"
+#include "tl_msgpack.h"
+#include "tl_nvtx.h"
+#include "tl_writer.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TL_EXT_KIND CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2
+
+typedef struct tl_buf {
+    uint8_t *buf;
+    size_t valid;
+    size_t dropped;
+    struct tl_buf *next;
+} tl_buf;
+
+static struct {
+    void *lib;
+    CUptiResult (*GetVersion)(uint32_t *);
+    CUptiResult (*GetResultString)(CUptiResult, const char **);
+    CUptiResult (*GetCallbackName)(CUpti_CallbackDomain, uint32_t, const char **);
+    CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+    CUptiResult (*Subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+    CUptiResult (*EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
+    CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+    CUptiResult (*SetThreadIdType)(CUpti_ActivityThreadIdType);
+    CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
+    CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+    CUptiResult (*ActivityRegisterTimestampCallback)(CUpti_TimestampCallbackFunc);
+    CUptiResult (*ActivityGetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
+    CUptiResult (*ActivityGetNumDroppedRecords)(CUcontext, uint32_t, size_t *);
+    CUptiResult (*ActivityFlushAll)(uint32_t);
+    CUptiResult (*ActivityFlushPeriod)(uint32_t);
+    CUptiResult (*ActivityPushExternalCorrelationId)(CUpti_ExternalCorrelationKind, uint64_t);
+    CUptiResult (*ActivityPopExternalCorrelationId)(CUpti_ExternalCorrelationKind, uint64_t *);
+    CUptiResult (*ActivityGetStructSize)(CUpti_ActivityKind, uint32_t, size_t *);
+
+    CUpti_SubscriberHandle sub;
+    int active;
+    pid_t pid;
+    uint32_t version;
+    size_t buf_size;
+    /* completed-buffer queue (CUPTI thread -> writer thread) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    tl_buf *head, *tail;
+    tl_buf *free_bufs; /* recycled buffers */
+    int n_free;
+    int stop, thread_running;
+    pthread_t thread;
+    tl_cupti_conv *conv;
+} C = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static int g_init_state; /* 0 never, 1 done (idempotent entry point) */
+
+static const char *result_str(CUptiResult r) {
+    const char *s = NULL;
+    if (C.GetResultString && C.GetResultString(r, &s) == CUPTI_SUCCESS && s) return s;
+    return "CUPTI error";
+}
+
+static uint64_t CUPTIAPI ts_callback(void) { return tl_now(); }
+
+/* ---- buffers: CUPTI's thread only allocates and enqueues ---- */
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *maxNumRecords) {
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&C.mu);
+    if (C.free_bufs) {
+        tl_buf *f = C.free_bufs;
+        C.free_bufs = f->next;
+        C.n_free--;
+        b = f->buf;
+        free(f);
+    }
+    pthread_mutex_unlock(&C.mu);
+    if (!b) b = aligned_alloc(8, C.buf_size);
+    *buffer = b;
+    *size = b ? C.buf_size : 0;
+    *maxNumRecords = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t streamId, uint8_t *buffer, size_t size, size_t validSize) {
+    (void)size;
+    size_t dropped = 0;
+    if (C.ActivityGetNumDroppedRecords) C.ActivityGetNumDroppedRecords(ctx, streamId, &dropped);
+    if (!buffer) return;
+    tl_buf *q = malloc(sizeof *q);
+    if (!q) { free(buffer); return; }
+    q->buf = buffer;
+    q->valid = validSize;
+    q->dropped = dropped;
+    q->next = NULL;
+    pthread_mutex_lock(&C.mu);
+    if (C.tail) C.tail->next = q; else C.head = q;
+    C.tail = q;
+    pthread_cond_signal(&C.cv);
+    pthread_mutex_unlock(&C.mu);
+}
+
+static const char *cbname(void *ud, CUpti_CallbackDomain dom, uint32_t cbid) {
+    (void)ud;
+    const char *s = NULL;
+    if (C.GetCallbackName && C.GetCallbackName(dom, cbid, &s) == CUPTI_SUCCESS) return s;
+    return NULL;
+}
+
+static void process_buffer(tl_thread *t, tl_buf *q) {
+    CUpti_Activity *rec = NULL;
+    if (q->valid > 0) {
+        for (;;) {
+            CUptiResult r = C.ActivityGetNextRecord(q->buf, q->valid, &rec);
+            if (r != CUPTI_SUCCESS) {
+                if (r != CUPTI_ERROR_MAX_LIMIT_REACHED) tl_diag(TL_WARN, "cuptiActivityGetNextRecord: %s", result_str(r));
+                break;
+            }
+            if (t) tl_cupti_convert(C.conv, t, rec);
+        }
+    }
+    if (q->dropped && t) tl_cupti_write_dropped(t, q->dropped, "CUPTI activity buffer full");
+}
+
+static void *writer_main(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "teller-cupti");
+    for (;;) {
+        pthread_mutex_lock(&C.mu);
+        while (!C.head && !C.stop) pthread_cond_wait(&C.cv, &C.mu);
+        tl_buf *q = C.head;
+        if (q) {
+            C.head = q->next;
+            if (!C.head) C.tail = NULL;
+        }
+        int stop = C.stop;
+        pthread_mutex_unlock(&C.mu);
+        if (!q) {
+            if (stop) break;
+            continue;
+        }
+        process_buffer(tl_self(), q);
+        pthread_mutex_lock(&C.mu);
+        if (C.n_free < 8) {
+            q->next = C.free_bufs;
+            C.free_bufs = q;
+            C.n_free++;
+            q = NULL;
+        }
+        pthread_mutex_unlock(&C.mu);
+        if (q) { free(q->buf); free(q); }
+    }
+    return NULL;
+}
+
+/* ---- callbacks: blocking synchronization calls become BEGIN/END (layer sync) so a hang is visible ---- */
+
+static int is_blocking(CUpti_CallbackDomain dom, CUpti_CallbackId cbid) {
+    if (dom == CUPTI_CB_DOMAIN_RUNTIME_API) {
+        switch (cbid) {
+        case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020:
+            return 1;
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static void CUPTIAPI api_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data) {
+    (void)ud;
+    if (!is_blocking(dom, cbid)) return;
+    const CUpti_CallbackData *d = data;
+    tl_thread *t = tl_self();
+    if (!t || !d->correlationData) return;
+    if (d->callbackSite == CUPTI_API_ENTER) {
+        uint64_t id = tl_next_range_id(t);
+        *d->correlationData = id;
+        const char *nm = d->functionName ? d->functionName : "cudaSynchronize";
+        uint32_t name = tl_intern(t, nm, strlen(nm));
+        uint8_t *r = tl_reserve(t, 96);
+        if (!r) return;
+        uint8_t *c = r + 1;
+        mp_uint(&c, TL_BEGIN);
+        mp_uint(&c, id);
+        mp_uint(&c, TL_L_SYNC);
+        mp_uint(&c, name);
+        mp_uint(&c, t->tid);
+        mp_uint(&c, tl_now());
+        mp_uint(&c, 0);
+        mp_map(&c, 1);
+        mp_str(&c, "corr", 4);
+        mp_uint(&c, d->correlationId);
+        tl_commit(t, r, c, 0x98);
+    } else if (*d->correlationData) {
+        uint8_t *r = tl_reserve(t, 32);
+        if (!r) return;
+        uint8_t *c = r + 1;
+        mp_uint(&c, TL_END);
+        mp_uint(&c, *d->correlationData);
+        mp_uint(&c, t->tid);
+        mp_uint(&c, tl_now());
+        tl_commit(t, r, c, 0x94);
+    }
+}
+
+/* ---- NVTX push/pop -> external correlation ---- */
+
+static int ext_push(uint64_t id) {
+    return C.active && C.ActivityPushExternalCorrelationId(TL_EXT_KIND, id) == CUPTI_SUCCESS ? 0 : -1;
+}
+static void ext_pop(void) {
+    uint64_t last = 0;
+    if (C.active) C.ActivityPopExternalCorrelationId(TL_EXT_KIND, &last);
+}
+
+/* ---- lifecycle ---- */
+
+static void cupti_atexit(void) {
+    if (!C.active || C.pid != getpid()) return;
+    tl_ext_push = NULL;
+    tl_ext_pop = NULL;
+    CUptiResult r = C.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiActivityFlushAll: %s", result_str(r));
+    pthread_mutex_lock(&C.mu);
+    C.stop = 1;
+    pthread_cond_signal(&C.cv);
+    pthread_mutex_unlock(&C.mu);
+    if (C.thread_running) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 10; /* never hang the host's exit */
+        if (pthread_timedjoin_np(C.thread, NULL, &ts) != 0) tl_diag(TL_WARN, "CUPTI writer thread did not finish in 10 s");
+        else C.thread_running = 0;
+    }
+    tl_diag(TL_INFO, "CUPTI: %llu activity records converted, %llu ignored", (unsigned long long)C.conv->n_converted,
+            (unsigned long long)C.conv->n_ignored);
+    C.active = 0;
+}
+
+static void cupti_fork_child(void) {
+    /* CUDA cannot be used in a forked child of an initialised parent; drop CUPTI state. */
+    C.active = 0;
+    C.thread_running = 0;
+    C.head = C.tail = NULL;
+    C.free_bufs = NULL;
+    C.n_free = 0;
+    pthread_mutex_init(&C.mu, NULL);
+    pthread_cond_init(&C.cv, NULL);
+    tl_ext_push = NULL;
+    tl_ext_pop = NULL;
+}
+
+#define LOAD(field, sym, required)                                                                          \
+    do {                                                                                                    \
+        *(void **)(&C.field) = dlsym(C.lib, sym);                                                           \
+        if (!C.field && (required)) { tl_diag(TL_ERROR, "libcupti has no %s: CUPTI disabled", sym); return -1; } \
+    } while (0)
+
+/* dl_iterate_phdr callback: a loaded libcudart (e.g. from the nvidia-cuda-runtime wheel) tells where the
+ * wheel's libcupti.so.13 lives (nvidia/cu13/lib), which is usually not on the loader's search path. */
+static int find_cuda_lib_dir(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    const char *n = info->dlpi_name;
+    if (!n || !*n) return 0;
+    const char *base = strrchr(n, '/');
+    if (!base || !(strstr(base, "libcudart.so") || strstr(base, "libcublas.so") || strstr(base, "libcupti.so"))) return 0;
+    size_t len = (size_t)(base - n);
+    if (len + sizeof "/libcupti.so.13" >= PATH_MAX) return 0;
+    memcpy(data, n, len);
+    memcpy((char *)data + len, "/libcupti.so.13", sizeof "/libcupti.so.13");
+    return 1;
+}
+
+static int load_cupti(void) {
+    const char *p = getenv("TELLER_CUPTI_PATH");
+    static char near_cudart[PATH_MAX];
+    near_cudart[0] = 0;
+    dl_iterate_phdr(find_cuda_lib_dir, near_cudart);
+    const char *cands[] = {p && *p ? p : NULL, "libcupti.so.13", near_cudart[0] ? near_cudart : NULL, "libcupti.so"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !C.lib; i++) {
+        if (!cands[i]) continue;
+        C.lib = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+        if (!C.lib && getenv("TELLER_SHIM_VERBOSE")) tl_diag(TL_INFO, "dlopen(%s): %s", cands[i], dlerror());
+        if (p && *p && i == 0 && !C.lib) {
+            tl_diag(TL_ERROR, "TELLER_CUPTI_PATH=%s: %s", p, dlerror());
+            break; /* explicit path failed: don't guess */
+        }
+    }
+    if (!C.lib) {
+        tl_diag(TL_ERROR, "libcupti.so.13 not found (not loaded, not on the search path, not next to libcudart; "
+                          "set TELLER_CUPTI_PATH): GPU activity not collected");
+        return -1;
+    }
+    {
+        char where[PATH_MAX] = "";
+        void *sym = dlsym(C.lib, "cuptiGetVersion");
+        Dl_info di;
+        if (sym && dladdr(sym, &di) && di.dli_fname) snprintf(where, sizeof where, "%s", di.dli_fname);
+        tl_diag(TL_INFO, "libcupti: %s", where[0] ? where : "(unknown path)");
+    }
+    LOAD(GetVersion, "cuptiGetVersion", 1);
+    LOAD(GetResultString, "cuptiGetResultString", 0);
+    LOAD(GetCallbackName, "cuptiGetCallbackName", 0);
+    LOAD(Subscribe, "cuptiSubscribe", 1);
+    LOAD(Subscribe_v2, "cuptiSubscribe_v2", 0);
+    LOAD(EnableDomain, "cuptiEnableDomain", 1);
+    LOAD(EnableCallback, "cuptiEnableCallback", 0);
+    LOAD(SetThreadIdType, "cuptiSetThreadIdType", 0);
+    LOAD(ActivityEnable, "cuptiActivityEnable", 1);
+    LOAD(ActivityRegisterCallbacks, "cuptiActivityRegisterCallbacks", 1);
+    LOAD(ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback", 0);
+    LOAD(ActivityGetNextRecord, "cuptiActivityGetNextRecord", 1);
+    LOAD(ActivityGetNumDroppedRecords, "cuptiActivityGetNumDroppedRecords", 0);
+    LOAD(ActivityFlushAll, "cuptiActivityFlushAll", 1);
+    LOAD(ActivityFlushPeriod, "cuptiActivityFlushPeriod", 0);
+    LOAD(ActivityPushExternalCorrelationId, "cuptiActivityPushExternalCorrelationId", 1);
+    LOAD(ActivityPopExternalCorrelationId, "cuptiActivityPopExternalCorrelationId", 1);
+    LOAD(ActivityGetStructSize, "cuptiActivityGetStructSize", 0);
+    return 0;
+}
+
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && (strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+}
+
+static int setup(void) {
+    if (env_off("TELLER_CUPTI")) {
+        tl_diag(TL_INFO, "TELLER_CUPTI=0: CUPTI collection disabled");
+        return -1;
+    }
+    /* libcupti 13.2 recurses until the stack overflows when it is called in a process without the
+     * CUDA driver: never touch it unless libcuda is already loaded (the driver calls us from cuInit). */
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cuda) {
+        const char *msg = "CUDA driver (libcuda.so.1) is not loaded in this process: CUPTI collection disabled";
+        tl_diag(TL_WARN, "%s", msg);
+        tl_header_set_cupti(0, msg);
+        return -1;
+    }
+    dlclose(cuda);
+    if (load_cupti() != 0) return -1;
+    CUptiResult r = C.GetVersion(&C.version);
+    if (r != CUPTI_SUCCESS) {
+        tl_diag(TL_ERROR, "cuptiGetVersion: %s: CUPTI disabled", result_str(r));
+        return -1;
+    }
+    tl_header_set_cupti(C.version, NULL);
+    tl_diag(TL_INFO, "CUPTI version %u (built against %d)", C.version, CUPTI_API_VERSION);
+
+    C.conv = calloc(1, sizeof *C.conv);
+    if (!C.conv) return -1;
+    C.conv->callback_name = cbname;
+    if (C.ActivityGetStructSize) {
+        C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 0, &C.conv->size_kernel);
+        C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_MEMCPY, 0, &C.conv->size_memcpy);
+        C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_MEMSET, 0, &C.conv->size_memset);
+        C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, 0, &C.conv->size_sync);
+    }
+    tl_cupti_conv_check_sizes(C.conv);
+    if (C.conv->skip_kernel || C.conv->skip_memcpy || C.conv->skip_memset || C.conv->skip_sync)
+        tl_diag(TL_ERROR, "CUPTI %u record layouts are older than the headers this shim was built with: some kinds skipped", C.version);
+    else if (C.conv->size_kernel && C.conv->size_kernel != sizeof(CUpti_ActivityKernel11))
+        tl_diag(TL_INFO, "CUPTI kernel record is %zu bytes (built with %zu): reading the common prefix", C.conv->size_kernel,
+                sizeof(CUpti_ActivityKernel11));
+
+    char holder[128] = "";
+    if (C.Subscribe_v2) { /* 13.x: same semantics, but tells who holds CUPTI */
+        CUpti_SubscriberParams sp;
+        memset(&sp, 0, sizeof sp);
+        sp.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+        sp.subscriberName = "teller";
+        sp.oldSubscriberName = holder;
+        sp.oldSubscriberSize = sizeof holder;
+        sp.allowMultipleSubscribers = 0;
+        r = C.Subscribe_v2(&C.sub, (CUpti_CallbackFunc)api_callback, NULL, &sp);
+        holder[sizeof holder - 1] = 0;
+    } else {
+        r = C.Subscribe(&C.sub, (CUpti_CallbackFunc)api_callback, NULL);
+    }
+    if (r != CUPTI_SUCCESS) {
+        char msg[384];
+        if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+            snprintf(msg, sizeof msg, "cuptiSubscribe: %s: another CUPTI client (%s) owns CUPTI; "
+                                      "GPU activity not collected, NVTX still collected", result_str(r),
+                     holder[0] ? holder : "nsys, ncu, torch.profiler, ...");
+        else
+            snprintf(msg, sizeof msg, "cuptiSubscribe: %s: GPU activity not collected", result_str(r));
+        tl_diag(TL_ERROR, "%s", msg);
+        tl_header_set_cupti(C.version, msg);
+        return -1;
+    }
+    if (C.SetThreadIdType) C.SetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM); /* gettid(), as NVTX */
+    if (C.ActivityRegisterTimestampCallback) {
+        r = C.ActivityRegisterTimestampCallback(ts_callback);
+        if (r != CUPTI_SUCCESS) tl_diag(TL_ERROR, "cuptiActivityRegisterTimestampCallback: %s: GPU timestamps not on CLOCK_MONOTONIC", result_str(r));
+    } else {
+        tl_diag(TL_ERROR, "no cuptiActivityRegisterTimestampCallback: GPU timestamps not on CLOCK_MONOTONIC");
+    }
+    C.buf_size = (size_t)(getenv("TELLER_CUPTI_BUFFER_KB") ? strtoul(getenv("TELLER_CUPTI_BUFFER_KB"), NULL, 10) : 4096) * 1024u;
+    if (C.buf_size < 64 * 1024) C.buf_size = 4u << 20;
+    r = C.ActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    if (r != CUPTI_SUCCESS) {
+        tl_diag(TL_ERROR, "cuptiActivityRegisterCallbacks: %s: GPU activity not collected", result_str(r));
+        return -1;
+    }
+    C.pid = getpid();
+    C.stop = 0;
+    if (pthread_create(&C.thread, NULL, writer_main, NULL) != 0) {
+        tl_diag(TL_ERROR, "cannot start the CUPTI writer thread: GPU activity not collected");
+        return -1;
+    }
+    C.thread_running = 1;
+
+    /* Callbacks only for the blocking calls (every other API call stays callback-free). */
+    static const CUpti_CallbackId sync_cbids[] = {
+        CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020,
+        CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000,
+        CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020};
+    int cb_ok = 0;
+    if (C.EnableCallback) {
+        for (size_t i = 0; i < sizeof sync_cbids / sizeof sync_cbids[0]; i++)
+            cb_ok += C.EnableCallback(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API, sync_cbids[i]) == CUPTI_SUCCESS;
+    }
+    if (!cb_ok) {
+        r = C.EnableDomain(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API);
+        if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiEnableDomain(RUNTIME_API): %s", result_str(r));
+    }
+    struct { CUpti_ActivityKind k; const char *name; int on; } kinds[] = {
+        {CUPTI_ACTIVITY_KIND_CONTEXT, "CONTEXT", 1},
+        {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "CONCURRENT_KERNEL", 1},
+        {CUPTI_ACTIVITY_KIND_MEMCPY, "MEMCPY", 1},
+        {CUPTI_ACTIVITY_KIND_MEMSET, "MEMSET", 1},
+        {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "SYNCHRONIZATION", 1},
+        {CUPTI_ACTIVITY_KIND_RUNTIME, "RUNTIME", 1},
+        {CUPTI_ACTIVITY_KIND_DRIVER, "DRIVER", !env_off("TELLER_CUPTI_DRIVER")},
+        {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, "EXTERNAL_CORRELATION", 1},
+    };
+    int enabled = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (!kinds[i].on) continue;
+        r = C.ActivityEnable(kinds[i].k);
+        if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiActivityEnable(%s): %s", kinds[i].name, result_str(r));
+        else enabled++;
+    }
+    if (C.ActivityFlushPeriod) C.ActivityFlushPeriod((uint32_t)(getenv("TELLER_CUPTI_FLUSH_MS") ? strtoul(getenv("TELLER_CUPTI_FLUSH_MS"), NULL, 10) : 1000));
+    C.active = enabled > 0;
+    if (!C.active) return -1;
+    tl_ext_pop = ext_pop;
+    tl_ext_push = ext_push;
+    tl_register_fork_child(cupti_fork_child);
+    atexit(cupti_atexit); /* runs before the writer's own atexit handler (registered earlier) */
+    tl_diag(TL_INFO, "CUPTI collection active (%d activity kinds)", enabled);
+    return 0;
+}
+
+TL_VISIBLE int InitializeInjection(void) {
+    /* The driver may call this more than once (and the shim may also be loaded by NVTX): idempotent. */
+    if (__atomic_exchange_n(&g_init_state, 1, __ATOMIC_ACQ_REL) != 0) return 1;
+    if (tl_writer_init() != 0) return 1;
+    setup();
+    return 1; /* never make the driver fail because of the tool */
+}

@@ -1,0 +1,34 @@
+/* CUPTI activity record -> raw trace records. Runs on the shim's writer thread (never on CUPTI's). */
+#ifndef TL_CUPTI_CONVERT_H
+#define TL_CUPTI_CONVERT_H
+#include <cupti.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "tl_writer.h"
+
+#define TL_EXT_MAP 65536 /* corr -> external id, direct mapped */
+#define TL_MAX_CTX 256
+#define TL_CBID_CACHE 4096
+
+typedef const char *(*tl_cbname_fn)(void *ud, CUpti_CallbackDomain domain, uint32_t cbid);
+
+typedef struct tl_cupti_conv {
+    tl_cbname_fn callback_name; /* may be NULL: names become "cbid:<n>" */
+    void *ud;
+    /* runtime record sizes (0 = unknown: trust the compiled layout) */
+    size_t size_kernel, size_memcpy, size_memset, size_sync, size_api;
+    uint8_t skip_kernel, skip_memcpy, skip_memset, skip_sync; /* layout too small: conversion disabled */
+    uint32_t ext_corr[TL_EXT_MAP];
+    uint64_t ext_id[TL_EXT_MAP];
+    uint32_t ctx_id[TL_MAX_CTX], ctx_dev[TL_MAX_CTX];
+    uint32_t n_ctx;
+    const char *cbname_rt[TL_CBID_CACHE], *cbname_drv[TL_CBID_CACHE];
+    uint64_t n_converted, n_ignored;
+} tl_cupti_conv;
+
+/* Check runtime struct sizes (from cuptiActivityGetStructSize) against the fields this converter
+ * reads; kinds whose records are too small are skipped (and reported by the caller). */
+TL_HIDDEN void tl_cupti_conv_check_sizes(tl_cupti_conv *cv);
+TL_HIDDEN void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec);
+TL_HIDDEN void tl_cupti_write_dropped(tl_thread *t, uint64_t n, const char *reason);
+#endif

@@ -1,0 +1,374 @@
+/* NVTX v3 injection: InitializeInjectionNvtx2. */
+#define _GNU_SOURCE
+#define NVTX_NO_IMPL
+#include <nvtx3/nvToolsExt.h>
+
+#include "tl_msgpack.h"
+#include "tl_nvtx.h"
+#include "tl_writer.h"
+
+#include <stdlib.h>
+
+#define TL_DOMAIN_MAGIC 0x444f4d4eu
+#define TL_REGSTR_MAGIC 0x52535452u
+
+/* Set by the CUPTI side when external correlation is active (thread-scoped push/pop only). */
+tl_ext_push_fn tl_ext_push;
+tl_ext_pop_fn tl_ext_pop;
+
+/* Start/end ranges may end on another thread: END carries the ending thread's tid and the reader
+ * takes the range's tid from its BEGIN. Push/pop ranges: BEGIN at push, END at pop (default), or one
+ * SPAN at pop (TELLER_NVTX_MODE=span). */
+static int g_span_mode;
+
+typedef struct {
+    uint32_t name;     /* string id */
+    uint8_t has_color, has_payload, payload_kind; /* kind: 0 u64, 1 i64, 2 double */
+    uint32_t color, category;
+    uint64_t payload;
+} tl_attr;
+
+static inline uint32_t msg_sid(tl_thread *t, int type, const nvtxMessageValue_t *m) {
+    if (type == NVTX_MESSAGE_TYPE_ASCII && m->ascii) return tl_intern(t, m->ascii, strlen(m->ascii));
+    if (type == NVTX_MESSAGE_TYPE_REGISTERED && m->registered) {
+        tl_name *n = (tl_name *)(void *)m->registered;
+        if (n->magic == TL_REGSTR_MAGIC) return tl_intern_name(t, n);
+    }
+    if (type == NVTX_MESSAGE_TYPE_UNICODE && m->unicode) {
+        char buf[1024];
+        size_t i = 0;
+        for (const wchar_t *w = m->unicode; *w && i < sizeof buf - 1; w++) buf[i++] = (*w < 128) ? (char)*w : '?';
+        return tl_intern(t, buf, i);
+    }
+    return tl_intern(t, "", 0);
+}
+
+static inline void decode_attr(tl_thread *t, const nvtxEventAttributes_t *a, tl_attr *o) {
+    memset(o, 0, sizeof *o);
+    if (!a) { o->name = tl_intern(t, "", 0); return; }
+    o->name = msg_sid(t, a->messageType, &a->message);
+    if (a->colorType == NVTX_COLOR_ARGB) { o->has_color = 1; o->color = a->color; }
+    o->category = a->category;
+    switch (a->payloadType) {
+    case NVTX_PAYLOAD_TYPE_UNSIGNED_INT64: o->has_payload = 1; o->payload_kind = 0; o->payload = a->payload.ullValue; break;
+    case NVTX_PAYLOAD_TYPE_INT64: o->has_payload = 1; o->payload_kind = 1; o->payload = (uint64_t)a->payload.llValue; break;
+    case NVTX_PAYLOAD_TYPE_UNSIGNED_INT32: o->has_payload = 1; o->payload_kind = 0; o->payload = a->payload.uiValue; break;
+    case NVTX_PAYLOAD_TYPE_INT32: o->has_payload = 1; o->payload_kind = 1; o->payload = (uint64_t)(int64_t)a->payload.iValue; break;
+    case NVTX_PAYLOAD_TYPE_DOUBLE: { double d = a->payload.dValue; o->has_payload = 1; o->payload_kind = 2; memcpy(&o->payload, &d, 8); break; }
+    case NVTX_PAYLOAD_TYPE_FLOAT: { double d = a->payload.fValue; o->has_payload = 1; o->payload_kind = 2; memcpy(&o->payload, &d, 8); break; }
+    default: break;
+    }
+}
+
+/* args map or nil: worst case ~50 bytes */
+static inline void put_args(uint8_t **c, const tl_attr *a) {
+    uint32_t n = (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u);
+    mp_map(c, n);
+    if (a->has_color) { mp_str(c, "color", 5); mp_uint(c, a->color); }
+    if (a->has_payload) {
+        mp_str(c, "payload", 7);
+        if (a->payload_kind == 0) mp_uint(c, a->payload);
+        else if (a->payload_kind == 1) mp_int(c, (int64_t)a->payload);
+        else { double d; memcpy(&d, &a->payload, 8); mp_f64(c, d); }
+    }
+    if (a->category) { mp_str(c, "category", 8); mp_uint(c, a->category); }
+}
+
+static inline int attr_has_args(const tl_attr *a) { return a && (a->has_color || a->has_payload || a->category); }
+
+static inline uint32_t domain_sid(tl_thread *t, nvtxDomainHandle_t d) {
+    if (!d) return 0;
+    tl_name *n = (tl_name *)(void *)d;
+    return n->magic == TL_DOMAIN_MAGIC ? tl_intern_name(t, n) : 0;
+}
+
+/* returns 0 when the record had to be dropped (its END is then skipped too) */
+static inline int write_begin(tl_thread *t, uint64_t id, uint32_t name, uint32_t dom, const tl_attr *a, uint64_t ts) {
+    uint8_t *r = tl_reserve(t, 128);
+    if (!r) return 0;
+    uint8_t tmp[128];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
+    int args = attr_has_args(a);
+    mp_uint(&c, TL_BEGIN);
+    mp_uint(&c, id);
+    mp_uint(&c, TL_L_ANNOTATION);
+    mp_uint(&c, name);
+    mp_uint(&c, t->tid);
+    mp_uint(&c, ts);
+    if (dom || args) mp_uint(&c, dom);
+    if (args) put_args(&c, a);
+    tmp[0] = (uint8_t)(0x90 | (args ? 8 : dom ? 7 : 6));
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
+    return 1;
+}
+
+static inline void write_end(tl_thread *t, uint64_t id, uint64_t ts) {
+    uint8_t *r = tl_reserve(t, 32);
+    if (!r) return;
+    uint8_t tmp[32] = {0};
+    uint8_t *c = tmp + 1;
+    mp_uint(&c, TL_END);
+    mp_uint(&c, id);
+    mp_uint(&c, t->tid);
+    mp_uint(&c, ts);
+    tmp[0] = 0x94;
+    tl_publish(t, r, tmp, (size_t)(c - tmp)); /* at most 1+1+9+5+9 = 25 bytes */
+}
+
+/* SPAN [3, layer, name, tid, start, end, corr=0, ext=range id, args] */
+static inline void write_span(tl_thread *t, uint32_t name, uint64_t start, uint64_t end, uint64_t ext) {
+    uint8_t *r = tl_reserve(t, 64);
+    if (!r) return;
+    uint8_t tmp[64];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
+    mp_uint(&c, TL_SPAN);
+    mp_uint(&c, TL_L_ANNOTATION);
+    mp_uint(&c, name);
+    mp_uint(&c, t->tid);
+    mp_uint(&c, start);
+    mp_uint(&c, end);
+    mp_uint(&c, 0);
+    mp_uint(&c, ext);
+    tmp[0] = 0x98;
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
+}
+
+/* args.domain is written as text: ids are only resolved in sid fields, not inside args */
+static void write_mark(tl_thread *t, uint32_t name, const tl_name *dom, const tl_attr *a) {
+    uint8_t *r = tl_reserve(t, 320); /* 28 + domain (<= 200 + 9) + args (<= 60) */
+    if (!r) return;
+    uint8_t tmp[320];
+    memset(tmp, 0, 32);
+    uint8_t *c = tmp + 1;
+    uint32_t n = (dom ? 1u : 0u) + (a ? (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u) : 0u);
+    mp_uint(&c, TL_MARK);
+    mp_uint(&c, TL_L_MARKER);
+    mp_uint(&c, name);
+    mp_uint(&c, t->tid);
+    mp_uint(&c, tl_now());
+    if (n) {
+        mp_map(&c, n);
+        if (dom) { mp_str(&c, "domain", 6); mp_str(&c, dom->text, dom->len > 200 ? 200 : dom->len); }
+        if (a && a->has_color) { mp_str(&c, "color", 5); mp_uint(&c, a->color); }
+        if (a && a->has_payload) {
+            mp_str(&c, "payload", 7);
+            if (a->payload_kind == 0) mp_uint(&c, a->payload);
+            else if (a->payload_kind == 1) mp_int(&c, (int64_t)a->payload);
+            else { double d; memcpy(&d, &a->payload, 8); mp_f64(&c, d); }
+        }
+        if (a && a->category) { mp_str(&c, "category", 8); mp_uint(&c, a->category); }
+    }
+    tmp[0] = (uint8_t)(0x90 | (n ? 6 : 5));
+    tl_publish(t, r, tmp, (size_t)(c - tmp));
+}
+
+/* ---- push / pop ---- */
+
+static inline int do_push(tl_thread *t, nvtxDomainHandle_t dom, uint32_t name, const tl_attr *a) {
+    uint64_t ts = tl_now();
+    uint64_t id = tl_next_range_id(t);
+    int depth = t->depth++;
+    if (TL_LIKELY(depth < TL_MAX_DEPTH)) {
+        tl_stack_entry *e = &t->stack[depth];
+        e->id = id;
+        e->domain = dom;
+        e->start = ts;
+        e->name = name;
+        e->ext_pushed = 0;
+        e->begun = 1;
+        if (tl_ext_push) e->ext_pushed = (uint8_t)(tl_ext_push(id) == 0);
+    }
+    if (TL_UNLIKELY(depth >= TL_MAX_DEPTH)) {
+        /* no stack slot: neither BEGIN nor END is written, so the trace never shows a false open range */
+        if (t->too_deep++ == 0) tl_diag(TL_WARN, "NVTX push/pop nesting deeper than %d on thread %u: deeper ranges not recorded", TL_MAX_DEPTH, t->tid);
+        return depth;
+    }
+    if (!g_span_mode) t->stack[depth].begun = (uint8_t)write_begin(t, id, name, domain_sid(t, dom), a, ts);
+    return depth;
+}
+
+static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
+    if (t->depth <= 0) return -1;
+    uint64_t ts = tl_now();
+    int top = t->depth - 1;
+    if (TL_UNLIKELY(top >= TL_MAX_DEPTH)) { t->depth--; return top; }
+    /* innermost range of this domain (normally the top of the stack) */
+    int i = top;
+    while (i >= 0 && t->stack[i].domain != dom) i--;
+    if (i < 0) return -1;
+    tl_stack_entry e = t->stack[i];
+    for (int j = i; j < top; j++) t->stack[j] = t->stack[j + 1];
+    t->depth--;
+    if (e.ext_pushed && tl_ext_pop) tl_ext_pop();
+    if (TL_UNLIKELY(ts < e.start)) ts = e.start; /* per-thread monotonic across clock re-anchoring */
+    if (!g_span_mode) { if (e.begun) write_end(t, e.id, ts); }
+    else write_span(t, e.name, e.start, ts, e.id);
+    return i;
+}
+
+static int NVTX_API cb_RangePushA(const char *msg) {
+    tl_thread *t = tl_self();
+    if (!t) return -1;
+    return do_push(t, NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL);
+}
+
+static int NVTX_API cb_RangePushEx(const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return -1;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    return do_push(t, NULL, at.name, &at);
+}
+
+static int NVTX_API cb_RangePop(void) {
+    tl_thread *t = tl_self();
+    return t ? do_pop(t, NULL) : -1;
+}
+
+static int NVTX_API cb_DomainRangePushEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return -1;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    return do_push(t, d, at.name, &at);
+}
+
+static int NVTX_API cb_DomainRangePop(nvtxDomainHandle_t d) {
+    tl_thread *t = tl_self();
+    return t ? do_pop(t, d) : -1;
+}
+
+/* ---- start / end (may end on another thread) ---- */
+
+static nvtxRangeId_t start_range(nvtxDomainHandle_t d, uint32_t name, const tl_attr *a, tl_thread *t) {
+    uint64_t ts = tl_now();
+    uint64_t id = tl_next_range_id(t);
+    return write_begin(t, id, name, domain_sid(t, d), a, ts) ? id : 0; /* 0: dropped, RangeEnd(0) is ignored */
+}
+
+static nvtxRangeId_t NVTX_API cb_RangeStartEx(const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return 0;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    return start_range(NULL, at.name, &at, t);
+}
+
+static nvtxRangeId_t NVTX_API cb_RangeStartA(const char *msg) {
+    tl_thread *t = tl_self();
+    if (!t) return 0;
+    return start_range(NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, t);
+}
+
+static void NVTX_API cb_RangeEnd(nvtxRangeId_t id) {
+    tl_thread *t = tl_self();
+    if (t && id) write_end(t, id, tl_now());
+}
+
+static nvtxRangeId_t NVTX_API cb_DomainRangeStartEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return 0;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    return start_range(d, at.name, &at, t);
+}
+
+static void NVTX_API cb_DomainRangeEnd(nvtxDomainHandle_t d, nvtxRangeId_t id) {
+    (void)d;
+    cb_RangeEnd(id);
+}
+
+/* ---- marks ---- */
+
+static void NVTX_API cb_MarkA(const char *msg) {
+    tl_thread *t = tl_self();
+    if (t) write_mark(t, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, NULL);
+}
+
+static void NVTX_API cb_MarkEx(const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    write_mark(t, at.name, NULL, &at);
+}
+
+static void NVTX_API cb_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    tl_thread *t = tl_self();
+    if (!t) return;
+    tl_attr at;
+    decode_attr(t, a, &at);
+    tl_name *dn = d ? (tl_name *)(void *)d : NULL;
+    write_mark(t, at.name, dn && dn->magic == TL_DOMAIN_MAGIC ? dn : NULL, &at);
+}
+
+/* ---- names, domains, registered strings ---- */
+
+static void NVTX_API cb_NameOsThreadA(uint32_t tid, const char *name) {
+    tl_thread *t = tl_self();
+    if (t && name) tl_write_thread_name(t, tid, name, strlen(name));
+}
+
+static nvtxDomainHandle_t NVTX_API cb_DomainCreateA(const char *name) {
+    /* Handles live for the whole process (NVTX never guarantees a destroy before use ends). */
+    return (nvtxDomainHandle_t)(void *)tl_name_new(name ? name : "", TL_DOMAIN_MAGIC);
+}
+
+static void NVTX_API cb_DomainDestroy(nvtxDomainHandle_t d) {
+    (void)d; /* kept alive: other threads may still be using the handle's cached ids */
+}
+
+static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringA(nvtxDomainHandle_t d, const char *s) {
+    (void)d;
+    return (nvtxStringHandle_t)(void *)tl_name_new(s ? s : "", TL_REGSTR_MAGIC);
+}
+
+static void NVTX_API cb_NameCategoryA(uint32_t cat, const char *name) { (void)cat; (void)name; }
+static void NVTX_API cb_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t cat, const char *name) { (void)d; (void)cat; (void)name; }
+
+static int install(NvtxGetExportTableFunc_t get, NvtxCallbackModule mod, const NvtxFunctionPointer *fns, unsigned n) {
+    const NvtxExportTableCallbacks *etc = (const NvtxExportTableCallbacks *)get(NVTX_ETID_CALLBACKS);
+    if (!etc || !etc->GetModuleFunctionTable) return -1;
+    NvtxFunctionTable table = NULL;
+    unsigned int size = 0;
+    if (!etc->GetModuleFunctionTable(mod, &table, &size) || !table) return -1;
+    for (unsigned i = 1; i < n && i < size; i++)
+        if (fns[i]) *table[i] = fns[i];
+    return 0;
+}
+
+TL_VISIBLE int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t getExportTable) {
+    if (!getExportTable) return 0;
+    if (tl_writer_init() != 0) return 0;
+    const char *mode = getenv("TELLER_NVTX_MODE");
+    g_span_mode = (mode && strcmp(mode, "span") == 0);
+
+    NvtxFunctionPointer core[NVTX_CBID_CORE_SIZE] = {0};
+    core[NVTX_CBID_CORE_MarkEx] = (NvtxFunctionPointer)cb_MarkEx;
+    core[NVTX_CBID_CORE_MarkA] = (NvtxFunctionPointer)cb_MarkA;
+    core[NVTX_CBID_CORE_RangeStartEx] = (NvtxFunctionPointer)cb_RangeStartEx;
+    core[NVTX_CBID_CORE_RangeStartA] = (NvtxFunctionPointer)cb_RangeStartA;
+    core[NVTX_CBID_CORE_RangeEnd] = (NvtxFunctionPointer)cb_RangeEnd;
+    core[NVTX_CBID_CORE_RangePushEx] = (NvtxFunctionPointer)cb_RangePushEx;
+    core[NVTX_CBID_CORE_RangePushA] = (NvtxFunctionPointer)cb_RangePushA;
+    core[NVTX_CBID_CORE_RangePop] = (NvtxFunctionPointer)cb_RangePop;
+    core[NVTX_CBID_CORE_NameCategoryA] = (NvtxFunctionPointer)cb_NameCategoryA;
+    core[NVTX_CBID_CORE_NameOsThreadA] = (NvtxFunctionPointer)cb_NameOsThreadA;
+
+    NvtxFunctionPointer core2[NVTX_CBID_CORE2_SIZE] = {0};
+    core2[NVTX_CBID_CORE2_DomainMarkEx] = (NvtxFunctionPointer)cb_DomainMarkEx;
+    core2[NVTX_CBID_CORE2_DomainRangeStartEx] = (NvtxFunctionPointer)cb_DomainRangeStartEx;
+    core2[NVTX_CBID_CORE2_DomainRangeEnd] = (NvtxFunctionPointer)cb_DomainRangeEnd;
+    core2[NVTX_CBID_CORE2_DomainRangePushEx] = (NvtxFunctionPointer)cb_DomainRangePushEx;
+    core2[NVTX_CBID_CORE2_DomainRangePop] = (NvtxFunctionPointer)cb_DomainRangePop;
+    core2[NVTX_CBID_CORE2_DomainNameCategoryA] = (NvtxFunctionPointer)cb_DomainNameCategoryA;
+    core2[NVTX_CBID_CORE2_DomainRegisterStringA] = (NvtxFunctionPointer)cb_DomainRegisterStringA;
+    core2[NVTX_CBID_CORE2_DomainCreateA] = (NvtxFunctionPointer)cb_DomainCreateA;
+    core2[NVTX_CBID_CORE2_DomainDestroy] = (NvtxFunctionPointer)cb_DomainDestroy;
+
+    if (install(getExportTable, NVTX_CB_MODULE_CORE, core, NVTX_CBID_CORE_SIZE) != 0) return 0;
+    if (install(getExportTable, NVTX_CB_MODULE_CORE2, core2, NVTX_CBID_CORE2_SIZE) != 0) return 0;
+    return 1;
+}

@@ -1,0 +1,659 @@
+/* teller-shim raw trace writer. */
+#define _GNU_SOURCE
+#include "tl_writer.h"
+#include "tl_msgpack.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define TL_PRODUCER "teller-shim 0.1.0"
+#define TL_HEADER_REGION (64u * 1024u) /* bytes reserved at the start of the file for the HEADER */
+#define TL_NAME_MAGIC_STR 0x54535452u
+
+__thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
+uint32_t tl_gen;          /* bumped for every new file (first open, fork child) */
+uint64_t tl_rid_global = 1;
+
+typedef struct {
+    char *text;
+    uint32_t len, hash, sid;
+} tl_gstr;
+
+static struct {
+    pthread_mutex_t mu;  /* file growth, chunk hand-out, thread list, header rewrite */
+    pthread_mutex_t smu; /* global string table */
+    int state;           /* 0 = not initialised, 1 = enabled, -1 = disabled (open failed) */
+    pid_t pid;           /* process that owns fd */
+    int fd;
+    char path[PATH_MAX];
+    uint64_t size, next_off, max_size, grow_step;
+    size_t chunk_size;
+    uint64_t start_ns;
+    uint64_t dropped_unreported; /* atomic */
+    uint64_t full_until;         /* after a failed growth, don't retry before this time (ns) */
+    uint64_t last_sync;          /* CLOCK_SYNC written at most every sync_ns (on chunk hand-out) */
+    uint64_t sync_ns;
+    tl_thread *threads;
+    pthread_key_t key;
+    /* string table (open addressing) */
+    tl_gstr *strs;
+    uint32_t strs_cap, strs_count, next_sid;
+    /* header extras (rewritten in place) */
+    uint32_t cupti_version;
+    char cupti_error[512];
+    int verbose;
+    void (*fork_child_hooks[4])(void);
+    int n_fork_child_hooks;
+} g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .smu = PTHREAD_MUTEX_INITIALIZER,
+    .fd = -1,
+};
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static dev_t g_dev;
+static ino_t g_ino;
+static int g_lost; /* our descriptor was closed (and maybe reused) by the program */
+
+/* Programs (daemons, close_fds loops) may close our descriptor and reuse its number for their own
+ * file: before any operation on the file, check that the descriptor still is our trace file, so that
+ * the shim can never write into, extend or truncate someone else's file. Called with g.mu held. */
+static int fd_ours(int fd) {
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino;
+}
+static int fd_ok_locked(void) {
+    if (g.fd < 0 || g.pid != getpid() || g_lost) return 0;
+    if (fd_ours(g.fd)) return 1;
+    g_lost = 1;
+    if (!getenv("TELLER_SHIM_QUIET"))
+        fprintf(stderr, "teller-shim: the program closed the trace file's descriptor; recording stops when the "
+                        "current chunks are full (%s)\n", g.path);
+    return 0;
+}
+
+int tl_has_avx;
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx"))) void tl_store32(uint8_t *dst, const uint8_t *src) {
+    _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_loadu_si256((const __m256i *)(const void *)src));
+}
+#else
+void tl_store32(uint8_t *dst, const uint8_t *src) { memcpy(dst, src, 32); }
+#endif
+
+uint32_t tl_gettid(void) { return (uint32_t)syscall(SYS_gettid); }
+
+static uint64_t env_u64(const char *name, uint64_t dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end = NULL;
+    unsigned long long x = strtoull(v, &end, 10);
+    return (end && *end == 0) ? (uint64_t)x : dflt;
+}
+
+static uint64_t realtime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Process start on CLOCK_MONOTONIC (from /proc/self/stat starttime, which counts from boot). */
+static uint64_t process_start_ns(void) {
+    uint64_t now = tl_mono_ns();
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return now;
+    char buf[2048];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return now;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return now;
+    /* after ")" come fields 3.. ; starttime is field 22 */
+    int field = 2;
+    unsigned long long start_ticks = 0;
+    for (char *q = p + 1; *q; q++) {
+        if (*q == ' ') {
+            field++;
+            if (field == 22) { start_ticks = strtoull(q + 1, NULL, 10); break; }
+        }
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    if (start_ticks == 0 || hz <= 0) return now;
+    struct timespec bt;
+    clock_gettime(CLOCK_BOOTTIME, &bt);
+    uint64_t boot_now = (uint64_t)bt.tv_sec * 1000000000ull + (uint64_t)bt.tv_nsec;
+    uint64_t start_boot = (uint64_t)start_ticks * (1000000000ull / (uint64_t)hz);
+    uint64_t age = boot_now > start_boot ? boot_now - start_boot : 0;
+    return now > age ? now - age : 0;
+}
+
+static int env_wanted(const char *kv) {
+    static const char *keys[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "CUDA_VISIBLE_DEVICES="};
+    if (strncmp(kv, "TELLER_", 7) == 0) return 1;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (strncmp(kv, keys[i], strlen(keys[i])) == 0) return 1;
+    return 0;
+}
+
+extern char **environ;
+
+/* Encode the HEADER into buf (cap bytes); returns length or 0 if it does not fit. */
+static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t real) {
+    char host[256] = "unknown";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char cmd[16384];
+    size_t cmdlen = 0;
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n;
+        while (cmdlen < sizeof cmd && (n = read(fd, cmd + cmdlen, sizeof cmd - cmdlen)) > 0) cmdlen += (size_t)n;
+        close(fd);
+    }
+    uint32_t nargs = 0;
+    for (size_t i = 0; i < cmdlen; i++) if (cmd[i] == 0) nargs++;
+    if (cmdlen > 0 && cmd[cmdlen - 1] != 0) nargs++; /* truncated last argument */
+    uint32_t nenv = 0;
+    for (char **e = environ; e && *e; e++) if (env_wanted(*e)) nenv++;
+    if (cap < 4096 + cmdlen + 5 * nargs) return 0;
+
+    uint8_t *c = buf;
+    uint32_t nkeys = 9 + (g.cupti_version ? 1 : 0) + (g.cupti_error[0] ? 1 : 0);
+    mp_arr(&c, 4);
+    mp_uint(&c, TL_HEADER);
+    mp_cstr(&c, "teller-trace");
+    mp_uint(&c, 1);
+    mp_map(&c, nkeys);
+    mp_cstr(&c, "pid"); mp_uint(&c, (uint64_t)getpid());
+    mp_cstr(&c, "ppid"); mp_uint(&c, (uint64_t)getppid());
+    mp_cstr(&c, "host"); mp_cstr(&c, host);
+    mp_cstr(&c, "argv"); mp_arr(&c, nargs);
+    for (size_t i = 0, s = 0; i <= cmdlen && nargs; i++) {
+        if (i == cmdlen || cmd[i] == 0) {
+            if (i > s || i < cmdlen) mp_str(&c, cmd + s, i - s);
+            s = i + 1;
+            if (i == cmdlen) break;
+        }
+    }
+    mp_cstr(&c, "clock"); mp_cstr(&c, "CLOCK_MONOTONIC");
+    mp_cstr(&c, "clock_sync"); mp_arr(&c, 2); mp_uint(&c, mono); mp_uint(&c, real);
+    mp_cstr(&c, "start_ns"); mp_uint(&c, g.start_ns);
+    mp_cstr(&c, "env"); mp_map(&c, nenv);
+    for (char **e = environ; e && *e; e++) {
+        if (!env_wanted(*e)) continue;
+        const char *eq = strchr(*e, '=');
+        size_t kl = (size_t)(eq - *e), vl = strlen(eq + 1);
+        if ((size_t)(c - buf) + kl + vl + 64 > cap - 600) { /* keep room; env is tiny in practice */
+            mp_str(&c, *e, kl); mp_str(&c, "", 0); continue;
+        }
+        mp_str(&c, *e, kl); mp_str(&c, eq + 1, vl);
+    }
+    mp_cstr(&c, "producer"); mp_cstr(&c, TL_PRODUCER);
+    if (g.cupti_version) { mp_cstr(&c, "cupti_version"); mp_uint(&c, g.cupti_version); }
+    if (g.cupti_error[0]) { mp_cstr(&c, "errors"); mp_arr(&c, 1); mp_cstr(&c, g.cupti_error); }
+    return (size_t)(c - buf);
+}
+
+static uint64_t g_hdr_mono, g_hdr_real;
+
+static int write_header_locked(void) {
+    uint8_t *buf = calloc(1, TL_HEADER_REGION);
+    if (!buf) return -1;
+    size_t n = encode_header(buf, TL_HEADER_REGION, g_hdr_mono, g_hdr_real);
+    int rc = -1;
+    if (n > 0) {
+        /* Write the whole region: bytes after the header are zero padding. */
+        ssize_t w = pwrite(g.fd, buf, TL_HEADER_REGION, 0);
+        rc = (w == (ssize_t)TL_HEADER_REGION) ? 0 : -1;
+    }
+    free(buf);
+    return rc;
+}
+
+static int mkdirs(const char *path) {
+    char tmp[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof tmp) return -1;
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static int grow_locked(uint64_t need_end) {
+    if (!fd_ok_locked()) return -1;
+    if (need_end <= g.size) return 0;
+    uint64_t ns = g.size + g.grow_step;
+    if (ns < need_end) ns = need_end;
+    if (ns > g.max_size) ns = g.max_size;
+    if (ns < need_end) return -1;
+    int rc = posix_fallocate(g.fd, (off_t)g.size, (off_t)(ns - g.size));
+    if (rc != 0) {
+        /* allocate only what is needed right now */
+        if (ns == need_end || posix_fallocate(g.fd, (off_t)g.size, (off_t)(need_end - g.size)) != 0) return -1;
+        ns = need_end;
+    }
+    g.size = ns;
+    return 0;
+}
+
+/* Open this process's file. Called with g.mu held. */
+static int open_file_locked(void) {
+    const char *dir = getenv("TELLER_TRACE_DIR");
+    char rawdir[PATH_MAX];
+    int w = snprintf(rawdir, sizeof rawdir, "%s/raw", dir && *dir ? dir : "teller-traces");
+    if (w < 0 || (size_t)w >= sizeof rawdir) { errno = ENAMETOOLONG; return -1; }
+    if (mkdirs(rawdir) != 0) return -1;
+    char host[256] = "unknown";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    for (char *p = host; *p; p++) if (*p == '/') *p = '_';
+    int fd = -1;
+    for (int n = 0; n < 10000 && fd < 0; n++) {
+        w = snprintf(g.path, sizeof g.path, "%s/teller-%s-%d-%d.tmsgpack", rawdir, host, (int)getpid(), n);
+        if (w < 0 || (size_t)w >= sizeof g.path) { errno = ENAMETOOLONG; return -1; }
+        fd = open(g.path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 && errno != EEXIST) return -1;
+    }
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) { close(fd); return -1; }
+    g_dev = st.st_dev;
+    g_ino = st.st_ino;
+    g_lost = 0;
+    g.fd = fd;
+    g.pid = getpid();
+    g.start_ns = process_start_ns();
+    g_hdr_mono = tl_mono_ns();
+    g_hdr_real = realtime_ns();
+    g.last_sync = g_hdr_mono;
+    g.size = 0;
+    g.next_off = TL_HEADER_REGION;
+    if (grow_locked(TL_HEADER_REGION) != 0 || write_header_locked() != 0) {
+        close(fd);
+        unlink(g.path);
+        g.fd = -1;
+        return -1;
+    }
+    __atomic_add_fetch(&tl_gen, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void thread_unlink_locked(tl_thread *t) {
+    if (t->prev) t->prev->next = t->next; else g.threads = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->next = t->prev = NULL;
+}
+
+static void thread_destructor(void *p) {
+    tl_thread *t = p;
+    if (!t) return;
+    pthread_mutex_lock(&g.mu);
+    int mine = (t->gen == tl_gen && fd_ok_locked());
+    if (t->gen == tl_gen) thread_unlink_locked(t);
+    if (mine && t->chunk) {
+        /* give the unused tail of the chunk back to the file system (it reads as zeros: padding) */
+        long pg = sysconf(_SC_PAGESIZE);
+        uint64_t used = (uint64_t)(t->pos - t->chunk);
+        uint64_t from = t->chunk_off + (used + (uint64_t)pg - 1) / (uint64_t)pg * (uint64_t)pg;
+        uint64_t to = t->chunk_off + t->chunk_len;
+        if (to > from) fallocate(g.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(to - from));
+    }
+    pthread_mutex_unlock(&g.mu);
+    if (t->chunk) munmap(t->chunk, t->chunk_len);
+    if (t->dropped) __atomic_add_fetch(&g.dropped_unreported, t->dropped, __ATOMIC_RELAXED);
+    if (tl_tls == t) tl_tls = NULL;
+    free(t);
+}
+
+/* fork handling: the child must never write into the parent's mappings or file. */
+static void atfork_prepare(void) {
+    pthread_mutex_lock(&g.smu);
+    pthread_mutex_lock(&g.mu);
+}
+static void atfork_parent(void) {
+    pthread_mutex_unlock(&g.mu);
+    pthread_mutex_unlock(&g.smu);
+}
+static void atfork_child(void) {
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_mutex_init(&g.smu, NULL);
+    /* Drop every inherited thread buffer (the other threads do not exist in the child). */
+    tl_thread *t = g.threads;
+    while (t) {
+        tl_thread *nx = t->next;
+        if (t->chunk) munmap(t->chunk, t->chunk_len);
+        if (t != tl_tls) free(t);
+        t = nx;
+    }
+    if (tl_tls) { free(tl_tls); tl_tls = NULL; }
+    if (g.state == 1) pthread_setspecific(g.key, NULL); /* the key's destructor must not see the freed struct */
+    g.threads = NULL;
+    g.full_until = 0;
+    if (g.fd >= 0 && !g_lost && fd_ours(g.fd)) close(g.fd);
+    g.fd = -1;
+    g_lost = 0;
+    g.pid = 0;
+    g.dropped_unreported = 0;
+    g.cupti_version = 0;
+    g.cupti_error[0] = 0;
+    for (uint32_t i = 0; i < g.strs_cap; i++) free(g.strs[i].text);
+    free(g.strs);
+    g.strs = NULL;
+    g.strs_cap = g.strs_count = 0;
+    g.next_sid = 1;
+    /* Invalidate every cached string id and every thread struct: the child opens its own file lazily. */
+    __atomic_add_fetch(&tl_gen, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < g.n_fork_child_hooks; i++) g.fork_child_hooks[i]();
+}
+
+void tl_register_fork_child(void (*fn)(void)) {
+    pthread_mutex_lock(&g.mu);
+    if (g.n_fork_child_hooks < 4) g.fork_child_hooks[g.n_fork_child_hooks++] = fn;
+    pthread_mutex_unlock(&g.mu);
+}
+
+static void atexit_handler(void) { tl_writer_finish(); }
+
+static void init_once(void) {
+    tl_clock_init();
+#if defined(__x86_64__)
+    tl_has_avx = __builtin_cpu_supports("avx") && !getenv("TELLER_NO_AVX");
+#endif
+    g.verbose = (int)env_u64("TELLER_SHIM_VERBOSE", 0);
+    g.chunk_size = (size_t)env_u64("TELLER_CHUNK_KB", 256) * 1024u;
+    if (g.chunk_size < 64 * 1024) g.chunk_size = 64 * 1024;
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg > 0) g.chunk_size = (g.chunk_size + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+    g.grow_step = env_u64("TELLER_GROW_MB", 16) << 20;
+    if (g.grow_step < g.chunk_size) g.grow_step = g.chunk_size;
+    g.max_size = env_u64("TELLER_MAX_FILE_MB", 4096) << 20;
+    if (g.max_size < TL_HEADER_REGION + g.chunk_size) g.max_size = TL_HEADER_REGION + g.chunk_size;
+    g.next_sid = 1;
+    g.sync_ns = env_u64("TELLER_CLOCK_SYNC_MS", 10000) * 1000000ull;
+    if (pthread_key_create(&g.key, thread_destructor) != 0) { g.state = -1; return; }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    atexit(atexit_handler);
+    g.state = 1;
+}
+
+int tl_writer_init(void) {
+    pthread_once(&g_once, init_once);
+    return g.state == 1 ? 0 : -1;
+}
+
+int tl_writer_enabled(void) { return g.state == 1; }
+
+const char *tl_trace_path(void) { return g.fd >= 0 ? g.path : NULL; }
+
+static void report_dropped(tl_thread *t);
+
+tl_thread *tl_self_slow(void) {
+    if (tl_writer_init() != 0) return NULL;
+    tl_thread *old = tl_tls;
+    if (old) { /* stale generation (cannot normally happen: fork frees them) */
+        tl_tls = NULL;
+        thread_destructor(old);
+    }
+    pthread_mutex_lock(&g.mu);
+    if (g_lost && g.pid == getpid()) { pthread_mutex_unlock(&g.mu); return NULL; }
+    if (g.fd < 0 || g.pid != getpid()) {
+        if (g.state != 1 || open_file_locked() != 0) {
+            if (g.state == 1 && !getenv("TELLER_SHIM_QUIET"))
+                fprintf(stderr, "teller-shim: cannot create a trace file under %s/raw: %s; tracing disabled\n",
+                        getenv("TELLER_TRACE_DIR") ? getenv("TELLER_TRACE_DIR") : "teller-traces", strerror(errno));
+            g.state = -1;
+            pthread_mutex_unlock(&g.mu);
+            return NULL;
+        }
+    }
+    tl_thread *t = calloc(1, sizeof *t);
+    if (!t) { pthread_mutex_unlock(&g.mu); return NULL; }
+    t->gen = tl_gen;
+    t->tid = tl_gettid();
+    t->next = g.threads;
+    if (g.threads) g.threads->prev = t;
+    g.threads = t;
+    pthread_mutex_unlock(&g.mu);
+    tl_tls = t;
+    pthread_setspecific(g.key, t);
+    char name[64] = {0};
+    if (pthread_getname_np(pthread_self(), name, sizeof name) == 0 && name[0])
+        tl_write_thread_name(t, t->tid, name, strlen(name));
+    return t;
+}
+
+uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
+    size_t len = t->next_chunk_len ? t->next_chunk_len : (g.chunk_size < 65536 ? g.chunk_size : 65536);
+    if (max + 256 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 256 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; } /* room for DROPPED + CLOCK_SYNC first */
+    if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
+        t->dropped++; /* file full: no lock, no syscall, until the back-off ends */
+        return NULL;
+    }
+    pthread_mutex_lock(&g.mu);
+    uint64_t off = g.next_off;
+    if (TL_UNLIKELY(t->gen != tl_gen)) { /* stale thread state: never hand it a chunk of another file */
+        pthread_mutex_unlock(&g.mu);
+        t->dropped++;
+        return NULL;
+    }
+    int ok = grow_locked(off + len) == 0; /* grow_locked checks the descriptor */
+    uint8_t *p = MAP_FAILED;
+    if (ok) {
+        g.next_off = off + len;
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, (off_t)off); /* under the lock: same fd as checked */
+    } else {
+        __atomic_store_n(&g.full_until, tl_now() + 1000000000ull, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&g.mu);
+    if (p == MAP_FAILED) {
+        /* The chunk (if any) stays zero in the file: padding. Keep the old chunk for later, smaller records. */
+        t->dropped++;
+        return NULL;
+    }
+    if (t->chunk) munmap(t->chunk, t->chunk_len);
+    t->chunk = p;
+    t->chunk_len = len;
+    t->chunk_off = off;
+    if (len < g.chunk_size) t->next_chunk_len = len * 2 < g.chunk_size ? len * 2 : g.chunk_size;
+    t->pos = p;
+    t->end = p + len;
+    if (TL_UNLIKELY(t->dropped)) report_dropped(t);
+    /* long runs: refresh the monotonic/realtime pair now and then (NTP moves realtime) */
+    uint64_t mono = tl_mono_ns(), last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED);
+    if (mono - last >= g.sync_ns && __atomic_compare_exchange_n(&g.last_sync, &last, mono, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        uint8_t *c = t->pos + 1;
+        mp_uint(&c, TL_CLOCK_SYNC);
+        mp_uint(&c, mono);
+        mp_uint(&c, realtime_ns());
+        tl_commit(t, t->pos, c, 0x93);
+    }
+    return t->pos;
+}
+
+static void report_dropped(tl_thread *t) {
+    uint64_t n = t->dropped;
+    uint8_t *s = t->pos;
+    if ((size_t)(t->end - s) < 64) return;
+    t->dropped = 0;
+    uint8_t *c = s + 1;
+    mp_uint(&c, TL_DROPPED);
+    mp_uint(&c, n);
+    mp_cstr(&c, "trace file full or unwritable");
+    tl_commit(t, s, c, 0x93);
+}
+
+static int strtab_grow_locked(void) {
+    uint32_t ncap = g.strs_cap ? g.strs_cap * 2 : 1024;
+    tl_gstr *n = calloc(ncap, sizeof *n);
+    if (!n) return -1;
+    for (uint32_t i = 0; i < g.strs_cap; i++) {
+        tl_gstr *e = &g.strs[i];
+        if (!e->text) continue;
+        uint32_t j = e->hash & (ncap - 1);
+        while (n[j].text) j = (j + 1) & (ncap - 1);
+        n[j] = *e;
+    }
+    free(g.strs);
+    g.strs = n;
+    g.strs_cap = ncap;
+    return 0;
+}
+
+uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
+    pthread_mutex_lock(&g.smu);
+    if ((g.strs_count + 1) * 2 > g.strs_cap && strtab_grow_locked() != 0) {
+        pthread_mutex_unlock(&g.smu);
+        return 0;
+    }
+    uint32_t j = h & (g.strs_cap - 1);
+    while (g.strs[j].text && !(g.strs[j].hash == h && g.strs[j].len == len && memcmp(g.strs[j].text, s, len) == 0))
+        j = (j + 1) & (g.strs_cap - 1);
+    tl_gstr *e = &g.strs[j];
+    int fresh = 0;
+    if (!e->text) {
+        char *copy = malloc((size_t)len + 1);
+        if (!copy) { pthread_mutex_unlock(&g.smu); return 0; }
+        memcpy(copy, s, len);
+        copy[len] = 0;
+        e->text = copy;
+        e->len = len;
+        e->hash = h;
+        e->sid = g.next_sid++;
+        g.strs_count++;
+        fresh = 1;
+    }
+    tl_scache_entry ce = {e->text, e->len, e->hash, e->sid};
+    pthread_mutex_unlock(&g.smu);
+    if (fresh) {
+        uint8_t *r = tl_reserve(t, (size_t)len + 32);
+        if (r) {
+            uint8_t *c = r + 1;
+            mp_uint(&c, TL_STRING);
+            mp_uint(&c, ce.sid);
+            mp_str(&c, ce.text, ce.len);
+            tl_commit(t, r, c, 0x93);
+        }
+    }
+    t->scache[h & (TL_SCACHE - 1)] = ce;
+    return ce.sid;
+}
+
+tl_name *tl_name_new(const char *s, uint32_t magic) {
+    tl_name *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    size_t len = s ? strlen(s) : 0;
+    if (len > TL_MAX_STR) len = TL_MAX_STR;
+    n->text = malloc(len + 1);
+    if (!n->text) { free(n); return NULL; }
+    if (len) memcpy(n->text, s, len);
+    n->text[len] = 0;
+    n->len = (uint32_t)len;
+    n->hash = tl_hash(n->text, n->len);
+    n->magic = magic;
+    return n;
+}
+
+uint32_t tl_intern_name(tl_thread *t, tl_name *n) {
+    uint64_t c = __atomic_load_n(&n->cache, __ATOMIC_RELAXED);
+    if (TL_LIKELY((uint32_t)(c >> 32) == t->gen && (uint32_t)c != 0)) return (uint32_t)c;
+    uint32_t sid = tl_intern(t, n->text, n->len);
+    if (sid) __atomic_store_n(&n->cache, ((uint64_t)t->gen << 32) | sid, __ATOMIC_RELAXED);
+    return sid;
+}
+
+void tl_write_thread_name(tl_thread *t, uint32_t tid, const char *name, size_t len) {
+    uint32_t sid = tl_intern(t, name, len);
+    uint8_t *r = tl_reserve(t, 32);
+    if (!r) return;
+    uint8_t *c = r + 1;
+    mp_uint(&c, TL_THREAD_NAME);
+    mp_uint(&c, tid);
+    mp_uint(&c, sid);
+    tl_commit(t, r, c, 0x93);
+}
+
+void tl_diag(int severity, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (g.verbose || severity >= TL_ERROR) {
+        if (g.verbose || getenv("TELLER_SHIM_QUIET") == NULL)
+            fprintf(stderr, "teller-shim: %s\n", msg);
+    }
+    tl_thread *t = tl_self();
+    if (!t) return;
+    size_t len = strlen(msg);
+    uint8_t *r = tl_reserve(t, len + 32);
+    if (!r) return;
+    uint8_t *c = r + 1;
+    mp_uint(&c, TL_DIAG);
+    mp_uint(&c, tl_now());
+    mp_uint(&c, (uint64_t)severity);
+    mp_str(&c, msg, len);
+    tl_commit(t, r, c, 0x94);
+}
+
+void tl_header_set_cupti(uint32_t version, const char *error) {
+    if (tl_self() == NULL) return; /* makes sure the file exists */
+    pthread_mutex_lock(&g.mu);
+    if (version) g.cupti_version = version;
+    if (error && !g.cupti_error[0]) snprintf(g.cupti_error, sizeof g.cupti_error, "%s", error);
+    if (fd_ok_locked()) write_header_locked();
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* At exit: report drops, add a CLOCK_SYNC, and cut the file after the last handed-out chunk.
+ * Threads may still be running: their chunks all lie below next_off, so the cut is safe. */
+void tl_writer_finish(void) {
+    if (g.state != 1 || g.fd < 0 || g.pid != getpid()) return;
+    tl_thread *t = tl_tls;
+    uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
+    if (t && t->gen == tl_gen) { d += t->dropped; t->dropped = 0; }
+    /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
+     * written even when the file is at its size cap and no chunk has room. */
+    uint8_t buf[128];
+    uint8_t *c = buf;
+    if (d) {
+        mp_arr(&c, 3);
+        mp_uint(&c, TL_DROPPED);
+        mp_uint(&c, d);
+        mp_cstr(&c, "trace file full or unwritable");
+    }
+    mp_arr(&c, 3);
+    mp_uint(&c, TL_CLOCK_SYNC);
+    mp_uint(&c, tl_mono_ns());
+    mp_uint(&c, realtime_ns());
+    size_t len = (size_t)(c - buf);
+    pthread_mutex_lock(&g.mu);
+    if (fd_ok_locked()) {
+        uint64_t end = g.next_off;
+        if (pwrite(g.fd, buf, len, (off_t)end) == (ssize_t)len) end += len;
+        if (end != g.size && ftruncate(g.fd, (off_t)end) == 0) g.size = end;
+        /* later chunks (threads still running) must start page aligned, after the tail */
+        long pg = sysconf(_SC_PAGESIZE);
+        g.next_off = (end + (uint64_t)pg - 1) / (uint64_t)pg * (uint64_t)pg;
+    }
+    pthread_mutex_unlock(&g.mu);
+}

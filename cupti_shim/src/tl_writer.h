@@ -1,0 +1,163 @@
+/* teller-shim raw trace writer: per-thread chunks of a file-backed MAP_SHARED mapping.
+ * See cupti_shim/README.md for the design and docs/trace-format.md for the format. */
+#ifndef TL_WRITER_H
+#define TL_WRITER_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "tl_clock.h"
+
+#define TL_VISIBLE __attribute__((visibility("default")))
+#define TL_HIDDEN __attribute__((visibility("hidden")))
+#define TL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+enum { /* record types */
+    TL_HEADER = 1, TL_STRING = 2, TL_SPAN = 3, TL_GPU = 4, TL_BEGIN = 5, TL_END = 6, TL_MARK = 7,
+    TL_THREAD_NAME = 8, TL_COUNTER = 9, TL_DROPPED = 10, TL_CLOCK_SYNC = 11, TL_DIAG = 12
+};
+enum { /* layers */
+    TL_L_OTHER = 0, TL_L_ANNOTATION = 1, TL_L_HOST_OP = 2, TL_L_PYTHON = 3, TL_L_RUNTIME = 4,
+    TL_L_DRIVER = 5, TL_L_KERNEL = 6, TL_L_MEMCPY = 7, TL_L_MEMSET = 8, TL_L_SYNC = 9, TL_L_MARKER = 10
+};
+enum { TL_INFO = 0, TL_WARN = 1, TL_ERROR = 2 };
+
+#define TL_MAX_DEPTH 1024 /* deeper push/pop nesting is counted, not recorded */
+#define TL_SCACHE 512 /* per-thread string cache slots (power of two) */
+#define TL_MAX_STR 65535
+
+typedef struct tl_stack_entry {
+    uint64_t id;
+    const void *domain;
+    uint64_t start;    /* SPAN mode only */
+    uint32_t name;     /* SPAN mode only */
+    uint8_t ext_pushed;
+    uint8_t begun;     /* BEGIN was written (not dropped) */
+} tl_stack_entry;
+
+typedef struct tl_scache_entry {
+    const char *text; /* owned by the global table, stable for one file generation */
+    uint32_t len, hash, sid;
+} tl_scache_entry;
+
+typedef struct tl_thread {
+    uint8_t *pos, *end;   /* free space in the current chunk */
+    uint8_t *chunk;       /* mapping of the current chunk */
+    size_t chunk_len;
+    uint64_t chunk_off;   /* file offset of the current chunk */
+    size_t next_chunk_len;/* chunks grow 64 KiB -> TELLER_CHUNK_KB, so idle threads cost little */
+    uint32_t tid;
+    uint32_t gen;         /* file generation this struct belongs to */
+    uint64_t rid_next, rid_limit;
+    uint64_t dropped;     /* records dropped by this thread, not yet reported */
+    int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked nor recorded) */
+    uint64_t too_deep;    /* pushes beyond TL_MAX_DEPTH */
+    tl_stack_entry stack[TL_MAX_DEPTH];
+    tl_scache_entry scache[TL_SCACHE];
+    struct tl_thread *next, *prev;
+} tl_thread;
+
+/* Interned name with a per-file-generation cached string id (domains, registered strings). */
+typedef struct tl_name {
+    uint32_t magic, len, hash;
+    char *text;
+    uint64_t cache; /* (gen << 32) | sid, accessed atomically */
+} tl_name;
+
+/* Initialize the writer once per process (idempotent; called from both entry points). 0 = ok. */
+TL_HIDDEN int tl_writer_init(void);
+TL_HIDDEN int tl_writer_enabled(void);
+TL_HIDDEN tl_thread *tl_self_slow(void);
+TL_HIDDEN uint8_t *tl_reserve_slow(tl_thread *t, size_t max);
+TL_HIDDEN uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t hash);
+TL_HIDDEN uint32_t tl_intern_name(tl_thread *t, tl_name *n);
+TL_HIDDEN tl_name *tl_name_new(const char *s, uint32_t magic);
+TL_HIDDEN void tl_diag(int severity, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+TL_HIDDEN void tl_header_set_cupti(uint32_t version, const char *error);
+TL_HIDDEN void tl_write_thread_name(tl_thread *t, uint32_t tid, const char *name, size_t len);
+TL_HIDDEN void tl_writer_finish(void);
+TL_HIDDEN const char *tl_trace_path(void);
+TL_HIDDEN uint32_t tl_gettid(void);
+TL_HIDDEN void tl_register_fork_child(void (*fn)(void));
+
+/* initial-exec: one pointer of static TLS, no __tls_get_addr call on the hot path */
+extern __thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
+extern uint32_t tl_gen; /* current file generation */
+extern uint64_t tl_rid_global; /* atomic */
+
+
+static inline tl_thread *tl_self(void) {
+    tl_thread *t = tl_tls;
+    if (TL_LIKELY(t != NULL && t->gen == __atomic_load_n(&tl_gen, __ATOMIC_RELAXED))) return t;
+    return tl_self_slow();
+}
+
+/* Space for one record of at most `max` bytes; NULL if it had to be dropped (counted). */
+static inline uint8_t *tl_reserve(tl_thread *t, size_t max) {
+    if (TL_LIKELY((size_t)(t->end - t->pos) >= max)) return t->pos;
+    return tl_reserve_slow(t, max);
+}
+
+/* Publish a record: the array header byte is stored last, so a record torn by SIGKILL starts with
+ * a zero byte (never a plausible array header). */
+static inline void tl_commit(tl_thread *t, uint8_t *start, uint8_t *end, uint8_t hdr) {
+    __atomic_store_n(start, hdr, __ATOMIC_RELEASE);
+    t->pos = end;
+}
+
+/* Word-at-a-time hash (the names are short; FNV byte loops dominated the NVTX hot path). */
+/* Small records are encoded on the stack and published with ONE 32-byte store where the CPU has AVX: a
+ * thread killed at any point leaves the whole record or nothing (signals land between instructions and a
+ * faulting store has no effect), so no torn record. Larger records (or no AVX): body first, then the
+ * array header byte with a release store (a torn record then reads as 0x00 + loose values). */
+extern int tl_has_avx;
+TL_HIDDEN void tl_store32(uint8_t *dst, const uint8_t *src);
+
+/* tmp holds the encoded record (header byte included) of len bytes; r came from tl_reserve(t, >= 32). */
+static inline void tl_publish(tl_thread *t, uint8_t *r, const uint8_t *tmp, size_t len) {
+    if (TL_LIKELY(len <= 32 && tl_has_avx)) {
+        tl_store32(r, tmp); /* tmp must be 32 readable bytes, zero after len */
+    } else {
+        memcpy(r + 1, tmp + 1, len - 1);
+        __atomic_store_n(r, tmp[0], __ATOMIC_RELEASE);
+    }
+    t->pos = r + len;
+}
+
+static inline uint32_t tl_hash(const char *s, uint32_t len) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ len;
+    uint32_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    if (i < len) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, len - i);
+        h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    }
+    h ^= h >> 32;
+    return (uint32_t)h | 1u; /* never 0 */
+}
+
+/* String id for `s` in the current file; writes a STRING record on first sight in the file. */
+static inline uint32_t tl_intern(tl_thread *t, const char *s, size_t len) {
+    if (len > TL_MAX_STR) len = TL_MAX_STR;
+    uint32_t h = tl_hash(s, (uint32_t)len);
+    tl_scache_entry *e = &t->scache[h & (TL_SCACHE - 1)];
+    if (TL_LIKELY(e->hash == h && e->len == len && memcmp(e->text, s, len) == 0)) return e->sid;
+    return tl_intern_slow(t, s, (uint32_t)len, h);
+}
+
+static inline uint64_t tl_next_range_id(tl_thread *t) {
+    if (TL_UNLIKELY(t->rid_next == t->rid_limit)) {
+        t->rid_next = __atomic_fetch_add(&tl_rid_global, 1024, __ATOMIC_RELAXED);
+        t->rid_limit = t->rid_next + 1024;
+    }
+    return t->rid_next++;
+}
+#endif

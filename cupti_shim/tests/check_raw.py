@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""Decode teller raw trace files (docs/trace-format.md) and check a test scenario.
+
+Usage: check_raw.py SCENARIO TRACE_DIR FACTS_JSON
+FACTS_JSON is the JSON line the test program printed (pids, tids, ...). Exit status 0 = pass.
+Also usable as a library: load_file(path) returns a decoded RawFile.
+"""
+import glob
+import json
+import os
+import sys
+from collections import defaultdict
+
+import msgpack
+
+HEADER, STRING, SPAN, GPU, BEGIN, END, MARK, THREAD_NAME, COUNTER, DROPPED, CLOCK_SYNC, DIAG = range(1, 13)
+
+
+class RawFile:
+    def __init__(self, path):
+        self.path = path
+        self.header = None
+        self.strings = {}
+        self.records = []  # raw records (lists), in file order, padding removed
+        # Runs of top-level values that are not arrays: a record torn by SIGKILL mid-write. The shim
+        # stores a record's array header byte last, so a torn record reads as 0x00 + loose values.
+        self.torn = 0
+        in_torn = False
+        data = open(path, "rb").read()
+        up = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data) + 16)
+        up.feed(data)
+        while True:
+            try:
+                v = up.unpack()
+            except msgpack.OutOfData:
+                break  # a cut at the end of the file
+            except Exception as e:  # noqa: BLE001 - garbage after a torn record
+                raise AssertionError(f"{path}: undecodable data at offset {up.tell()}: {e}")
+            if v == 0:
+                in_torn = False
+                continue  # zero padding
+            if not isinstance(v, list) or not v or not isinstance(v[0], int):
+                if not in_torn:
+                    self.torn += 1
+                in_torn = True
+                continue
+            in_torn = False
+            if v[0] == HEADER:
+                assert self.header is None, f"{path}: second HEADER"
+                assert self.records == [], f"{path}: HEADER is not the first record"
+                assert v[1] == "teller-trace" and v[2] == 1, v
+                self.header = v[3]
+                continue
+            if v[0] == STRING:
+                sid, text = v[1], v[2]
+                assert isinstance(sid, int) and sid >= 1, v
+                assert sid not in self.strings, f"{path}: string id {sid} defined twice"
+                self.strings[sid] = text
+                continue
+            self.records.append(v)
+        assert self.header is not None, f"{path}: no HEADER"
+        texts = list(self.strings.values())
+        assert len(texts) == len(set(texts)), f"{path}: a string was written twice"
+
+    def s(self, sid):
+        if isinstance(sid, str):
+            return sid
+        if sid == 0:
+            return None
+        assert sid in self.strings, f"{self.path}: undefined string id {sid}"
+        return self.strings[sid]
+
+    def of(self, rtype):
+        return [r for r in self.records if r[0] == rtype]
+
+    def ranges(self):
+        """BEGIN/END pairs: dict range_id -> dict(name, layer, tid, start, end, end_tid, domain, args)."""
+        out = {}
+        for r in self.records:
+            if r[0] == BEGIN:
+                rid = r[1]
+                assert rid not in out, f"{self.path}: range id {rid} begun twice"
+                out[rid] = dict(id=rid, layer=r[2], name=self.s(r[3]), tid=r[4], start=r[5],
+                                domain=self.s(r[6]) if len(r) > 6 else None,
+                                args=r[7] if len(r) > 7 else None, end=None, end_tid=None)
+        for r in self.records:
+            if r[0] == END:
+                rid = r[1]
+                assert rid in out, f"{self.path}: END of unknown range {rid}"
+                assert out[rid]["end"] is None, f"{self.path}: range {rid} ended twice"
+                out[rid]["end"] = r[3]
+                out[rid]["end_tid"] = r[2]
+                assert r[3] >= out[rid]["start"], f"{self.path}: range {rid} ends before it starts"
+        return out
+
+    def thread_names(self):
+        return {r[1]: self.s(r[2]) for r in self.of(THREAD_NAME)}
+
+    def diags(self):
+        return [(r[2], self.s(r[3])) for r in self.of(DIAG)]
+
+
+def load_dir(d):
+    files = sorted(glob.glob(os.path.join(d, "raw", "*.tmsgpack")))
+    assert files, f"no raw files under {d}/raw"
+    return [RawFile(f) for f in files]
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def check_header(f, pid, argv1=None):
+    h = f.header
+    check(h["pid"] == pid, f"header pid {h['pid']} != {pid}")
+    check(h["clock"] == "CLOCK_MONOTONIC", h["clock"])
+    check(h["producer"] == "teller-shim 0.1.0", h["producer"])
+    check(isinstance(h["clock_sync"], list) and len(h["clock_sync"]) == 2, h["clock_sync"])
+    check(0 < h["start_ns"] <= h["clock_sync"][0], "start_ns after clock_sync")
+    check(isinstance(h["ppid"], int) and h["host"], "ppid/host")
+    for k in h["env"]:
+        check(k.startswith("TELLER_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                               "CUDA_VISIBLE_DEVICES"), f"env key {k} leaked")
+    if argv1 is not None:
+        check(len(h["argv"]) > 1 and h["argv"][1] == argv1, f"argv {h['argv']}")
+    base = os.path.basename(f.path)
+    check(base.startswith("teller-") and f"-{pid}-" in base, f"file name {base}")
+
+
+def check_nesting(ranges, tid):
+    """Push/pop ranges on one thread must nest properly (intervals never partially overlap)."""
+    rs = sorted((r for r in ranges if r["tid"] == tid and r["end"] is not None), key=lambda r: (r["start"], -r["end"]))
+    stack = []
+    for r in rs:
+        while stack and stack[-1]["end"] <= r["start"]:
+            stack.pop()
+        if stack:
+            check(r["end"] <= stack[-1]["end"], f"range {r['name']} overlaps {stack[-1]['name']} on tid {tid}")
+        stack.append(r)
+
+
+def depth_children(ranges, parent):
+    return [r for r in ranges if r["tid"] == parent["tid"] and r is not parent and r["end"] is not None
+            and parent["start"] <= r["start"] and r["end"] <= parent["end"]]
+
+
+def scenario_basic(d, facts):
+    fs = load_dir(d)
+    check(len(fs) == 1, f"expected 1 file, got {len(fs)}")
+    f = fs[0]
+    check_header(f, facts["pid"], "basic")
+    check(f.torn == 0, "torn records in a clean run")
+    rg = f.ranges()
+    R = list(rg.values())
+    main = facts["main_tid"]
+    byname = defaultdict(list)
+    for r in R:
+        byname[r["name"]].append(r)
+    # every range ended
+    check(all(r["end"] is not None for r in R), "unfinished range in a clean run")
+    outer, inner = byname["outer"][0], byname["inner"][0]
+    check(outer["tid"] == inner["tid"] == main, "outer/inner tid")
+    check(outer["start"] < inner["start"] <= inner["end"] < outer["end"], "inner not inside outer")
+    check(outer["layer"] == 1 and outer["domain"] is None, "annotation layer/domain")
+    marks = {f.s(m[2]): m for m in f.of(MARK)}
+    check(set(marks) >= {"mark-a", "colored", "registered-name"}, f"marks {set(marks)}")
+    ma = marks["mark-a"]
+    check(ma[1] == 10 and ma[3] == main and inner["start"] <= ma[4] <= inner["end"], "mark-a inside inner")
+    col = byname["colored"][0]
+    check(col["args"] == {"color": 0xFF00FF00, "payload": -42}, f"colored args {col['args']}")
+    check(marks["colored"][5] == {"color": 0xFF00FF00, "payload": -42}, "mark args")
+    reg = byname["registered-name"]
+    check(len(reg) == 3, f"registered-name ranges {len(reg)}")
+    check(all(r["domain"] == "my-domain" for r in reg), "domain of registered ranges")
+    dflt = byname["default-outer"][0]
+    pushed = sorted((r for r in reg if r["start"] < dflt["end"]), key=lambda r: r["start"])
+    check(len(pushed) == 2 and dflt["start"] < pushed[0]["start"] < pushed[1]["start"] <= pushed[1]["end"]
+          < pushed[0]["end"] < dflt["end"], "domain push/pop nesting")
+    check(marks["registered-name"][5] == {"domain": "my-domain"}, f"domain mark {marks['registered-name']}")
+    cross = byname["cross-thread"][0]
+    check(cross["tid"] == main and cross["end_tid"] == facts["ender_tid"] and cross["end_tid"] != main,
+          f"cross-thread range tid {cross['tid']} end_tid {cross['end_tid']}")
+    names = f.thread_names()
+    check(names.get(main) == "main-thread", f"main thread name {names.get(main)}")
+    iters = facts["iters"]
+    for i, wt in enumerate(facts["worker_tids"]):
+        check(names.get(wt) == f"worker-{i}", f"worker {i} name {names.get(wt)}")
+        mine = [r for r in R if r["tid"] == wt]
+        check(len(mine) == 3 * iters, f"worker {i}: {len(mine)} ranges, expected {3 * iters}")
+        outers = [r for r in mine if r["name"] == f"w{i}-outer"]
+        check(len(outers) == iters, f"worker {i} outers {len(outers)}")
+        check_nesting(R, wt)
+        for k, o in enumerate(sorted(outers, key=lambda r: r["start"])[:50]):
+            kids = depth_children(R, o)
+            check(sorted(c["name"] for c in kids) == sorted([f"w{i}-inner-{k % 3}", "leaf"]), f"children {kids}")
+    check_nesting(R, main)
+    # range ids unique across threads, string table complete
+    check(len(rg) == len(R), "range ids")
+    print(f"basic: {len(R)} ranges, {len(f.strings)} strings, {len(f.records)} records OK")
+
+
+def scenario_fork(d, facts):
+    fs = {f.header["pid"]: f for f in load_dir(d)}
+    parent, c1, c2 = facts["pid"], facts["child"], facts["child2"]
+    check(set(fs) == {parent, c1, c2}, f"files for pids {set(fs)}, expected {parent, c1, c2}")
+    p = fs[parent]
+    check_header(p, parent, "fork")
+    pn = {r["name"]: r for r in p.ranges().values()}
+    check(set(pn) == {"parent-before-fork", "parent-open-at-fork"}, f"parent ranges {set(pn)}")
+    check(all(r["end"] is not None for r in pn.values()), "parent ranges ended in parent")
+    for cpid, rname in ((c1, "child-range"), (c2, "child2-range")):
+        c = fs[cpid]
+        check_header(c, cpid, "fork")
+        check(c.header["ppid"] == parent, "child ppid")
+        cn = {r["name"]: r for r in c.ranges().values()}  # ranges() asserts every END has a BEGIN
+        check(set(cn) == {rname}, f"child ranges {set(cn)}")
+        check(cn[rname]["end"] is not None and cn[rname]["tid"] == cpid, "child range")
+        check(c.header["start_ns"] >= p.header["start_ns"], "child start_ns")
+    check([p_.s(m[2]) for m in fs[c1].of(MARK) for p_ in [fs[c1]]] == ["child-mark"], "child mark")
+    print("fork: parent and 2 children in separate files OK")
+
+
+def scenario_crash(d, facts, how):
+    fs = load_dir(d)
+    check(len(fs) == 1, f"expected 1 file, got {len(fs)}")
+    f = fs[0]
+    check_header(f, facts["pid"], f"crash-{how}")
+    R = list(f.ranges().values())
+    done = [r for r in R if r["name"] == "done"]
+    check(len(done) == 100 and all(r["end"] is not None for r in done), f"done ranges {len(done)}")
+    doomed = [r for r in R if r["name"] == "doomed"]
+    check(len(doomed) == 1 and doomed[0]["end"] is None, "doomed range must be open")
+    check([f.s(m[2]) for m in f.of(MARK)] == ["before-death"], "mark before death")
+    if how in ("kill", "term"):
+        sp = [r for r in R if r["name"] == "spinner-open"]
+        check(len(sp) == 1 and sp[0]["end"] is None, "spinner-open must be open")
+        spins = [r for r in R if r["name"] == "spin" and r["end"] is not None]
+        check(len(spins) > 10, f"spinner completed only {len(spins)} ranges")
+        check(f.thread_names().get(sp[0]["tid"]) == "spinner", "spinner thread name")
+        check(f.torn <= 1, f"{f.torn} torn records (at most one per thread killed mid-record)")
+    else:
+        check(f.torn == 0, "torn records")
+    print(f"crash-{how}: {len(R)} ranges readable after the crash, open range visible OK (torn={f.torn})")
+
+
+def scenario_convert(d, facts):
+    fs = load_dir(d)
+    f = fs[0]
+    recs = [r for r in f.records if r[0] in (SPAN, GPU, DROPPED)]
+    got = []
+    for r in recs:
+        r = list(r)
+        if r[0] == SPAN:
+            r[2] = f.s(r[2])
+        elif r[0] == GPU:
+            r[2] = f.s(r[2])
+        elif r[0] == DROPPED:
+            r[2] = f.s(r[2])
+        got.append(r)
+    longname = "void long_kernel<" + "k" * (5000 - 17)
+    exp = [
+        [SPAN, 4, "cudaLaunchKernel", 4242, 1000, 1100, 42, 777],
+        [GPU, 6, "void gemm<128, 64>(float*)", 3, 7, 2000, 2900, 42, {"grid": [4, 2, 1], "block": [128, 1, 1]}],
+        [GPU, 6, "void gemm<128, 64>(float*)", 3, 7, 3000, 3900, 42, {"grid": [4, 2, 1], "block": [128, 1, 1]}],
+        [GPU, 6, longname, 0, 13, 5000, 6000, 50, {"grid": [1, 1, 1], "block": [32, 32, 32]}],
+        [GPU, 7, "Memcpy HtoD", 3, 7, 6100, 6200, 43, {"bytes": 4096, "kind": "HtoD"}],
+        [GPU, 8, "Memset", 3, 7, 6300, 6400, 44, {"bytes": 1024}],
+        [GPU, 9, "cudaStreamSynchronize", 3, 7, 6400, 6600, 45, {"context": 1}],
+        [SPAN, 5, "cuCtxSynchronize", 4243, 6700, 6800, 46, 0],
+        [SPAN, 4, "runtime_cbid:9999", 4242, 6900, 6950, 47, 0],
+        [DROPPED, 5, "CUPTI activity buffer full"],
+    ]
+    check(got == exp, "converted records differ:\n" + "\n".join(f"got {g}\nexp {e}" for g, e in zip(got, exp) if g != e)
+          + f"\n(len got {len(got)} exp {len(exp)})")
+    check(list(f.strings.values()).count("void gemm<128, 64>(float*)") == 1, "kernel name written once")
+    print(f"convert: {len(exp)} records exact OK")
+
+
+def scenario_inject(d, facts, mode):
+    fs = load_dir(d)
+    check(len(fs) == 1, f"expected 1 file, got {len(fs)}")
+    f = fs[0]
+    check_header(f, facts["pid"], mode)
+    R = {r["name"]: r for r in f.ranges().values()}
+    for n in ("step", "inner-step", "after-init"):
+        check(n in R and R[n]["end"] is not None and R[n]["layer"] == 1, f"NVTX range {n} missing")
+    diags = f.diags()
+    if mode == "nodriver":
+        check(any(sev == 1 and "not loaded" in msg for sev, msg in diags), f"no driver DIAG: {diags}")
+        check(len([1 for _, m in diags if "not loaded" in m]) == 1, "init not idempotent (DIAG twice)")
+        check(any("not loaded" in e for e in f.header.get("errors", [])), "header errors")
+        check(not f.of(GPU) and not f.of(SPAN), "no GPU records without a driver")
+    elif mode == "multi":
+        check(any(sev == 2 and "MULTIPLE_SUBSCRIBERS" in msg and "fake-nsys" in msg for sev, msg in diags),
+              f"multi DIAG (with the holder's name): {diags}")
+        check(any("MULTIPLE_SUBSCRIBERS" in e for e in f.header.get("errors", [])), "header errors")
+        check(f.header.get("cupti_version") == facts.get("cupti_api", f.header.get("cupti_version")), "version")
+    else:  # fake / discover: full pipeline
+        if mode == "discover":
+            check(any(m.startswith("libcupti: ") and m.endswith("fake_cu13/lib/libcupti.so.13") for _, m in diags),
+                  f"libcupti not discovered next to libcudart: {diags}")
+        check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}")
+        check("errors" not in f.header, f"errors {f.header.get('errors')}")
+        spans = {r[6]: r for r in f.of(SPAN)}
+        gpus = {f.s(r[2]): r for r in f.of(GPU)}
+        ci, co = facts["corr_in"], facts["corr_out"]
+        check(spans[ci][1] == 4 and f.s(spans[ci][2]) == "cudaLaunchKernel" and spans[ci][3] == facts["tid"], "launch span")
+        check(spans[ci][7] == R["step"]["id"], f"ext of launch in 'step' = {spans[ci][7]}, range id {R['step']['id']}")
+        inner_corr = [c for c, r in spans.items() if r[7] == R["inner-step"]["id"]]
+        check(len(inner_corr) == 1, "launch in inner-step maps to the innermost range")
+        check(spans[co][7] == 0, "launch outside ranges has no ext")
+        check(gpus["kernel_in_step"][7] == ci and gpus["kernel_outside"][7] == co, "kernel corr")
+        k = gpus["kernel_in_step"]
+        check(R["step"]["start"] <= spans[ci][4] <= spans[ci][5] <= k[5] <= k[6], "timestamps on one clock")
+        sync = [r for r in f.ranges().values() if r["layer"] == 9]
+        check(len(sync) == 1 and sync[0]["name"] == "cudaStreamSynchronize" and sync[0]["args"] == {"corr": facts["corr_sync"]}
+              and sync[0]["end"] is not None, f"sync range {sync}")
+        dropped = f.of(DROPPED)
+        check(len(dropped) == 1 and dropped[0][1] == 3, f"dropped {dropped}")
+        names = f.thread_names()
+        check("teller-cupti" in names.values(), "writer thread named")
+        writer_tid = [t for t, n in names.items() if n == "teller-cupti"][0]
+        check(writer_tid != facts["tid"], "activity records written by the writer thread")
+    print(f"inject-{mode}: OK ({len(diags)} diagnostics)")
+
+
+def scenario_gpu(d, facts):
+    """Real CUPTI on a GPU (gpu_smoke.py): kernels, memcpy, runtime spans tied to the NVTX range."""
+    fs = [f for f in load_dir(d) if f.header["pid"] == facts["pid"]]
+    check(len(fs) == 1, f"{len(fs)} files for the process")
+    f = fs[0]
+    diags = f.diags()
+    check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}, diags {diags}")
+    check("errors" not in f.header, f"errors {f.header.get('errors')}")
+    check(any("CUPTI collection active" in m for _, m in diags), f"diags {diags}")
+    R = {r["name"]: r for r in f.ranges().values() if r["layer"] == 1}
+    check("gpu-step" in R and "gpu-copy" in R, f"NVTX ranges {sorted(R)}")
+    step = R["gpu-step"]
+    check(step["domain"] == "smoke" and step["end"] is not None, "NVTX range")
+    spans = f.of(SPAN)
+    rt = [r for r in spans if r[1] == 4]
+    check(rt, "no runtime API spans")
+    in_step = {r[6] for r in rt if r[7] == step["id"]}
+    check(in_step, "no runtime call carries the NVTX range as external correlation id")
+    kernels = [r for r in f.of(GPU) if r[1] == 6]
+    check(kernels, "no kernel records")
+    check(any(k[7] in in_step for k in kernels), "no kernel correlates with a launch inside 'gpu-step'")
+    for k in kernels:
+        check(len(k) > 8 and k[5] <= k[6] and isinstance(f.s(k[2]), str) and "grid" in k[8], f"kernel record {k}")
+    # one time base: the kernels launched in the step run after the step began, before the process ended
+    kin = [k for k in kernels if k[7] in in_step]
+    check(all(step["start"] <= k[5] for k in kin), "kernel before its NVTX range: clocks differ")
+    dtoh = [r for r in f.of(GPU) if r[1] == 7 and len(r) > 8 and isinstance(r[8], dict) and r[8].get("kind") == "DtoH"]
+    check(any(r[8]["bytes"] == 1024 * 1024 * 4 for r in dtoh), f"no 4 MiB DtoH memcpy: {dtoh[:3]}")
+    sync = [r for r in f.ranges().values() if r["layer"] == 9]
+    check(sync and all(r["end"] is not None for r in sync), f"sync ranges {sync[:3]}")
+    names = f.thread_names()
+    check("teller-cupti" in names.values(), "writer thread")
+    print(f"gpu: {len(kernels)} kernels, {len(rt)} runtime spans, {len(sync)} sync ranges, "
+          f"{len(dtoh)} DtoH copies OK (cupti {f.header['cupti_version']})")
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    scen, d, facts_path = sys.argv[1:]
+    facts = {}
+    if facts_path != "-":
+        lines = [ln for ln in open(facts_path).read().splitlines() if ln.startswith("{")]
+        facts = json.loads(lines[-1]) if lines else {}
+    try:
+        if scen == "basic":
+            scenario_basic(d, facts)
+        elif scen == "fork":
+            scenario_fork(d, facts)
+        elif scen.startswith("crash-"):
+            scenario_crash(d, facts, scen[6:])
+        elif scen == "convert":
+            scenario_convert(d, facts)
+        elif scen == "gpu":
+            scenario_gpu(d, facts)
+        elif scen.startswith("inject-"):
+            scenario_inject(d, facts, scen[7:])
+        else:
+            print(f"unknown scenario {scen}")
+            return 2
+    except AssertionError as e:
+        print(f"FAIL {scen}: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""GPU smoke test for the CUPTI side (needs a CUDA GPU and a CUDA build of torch).
+
+Run by gpu_check.sh with CUDA_INJECTION64_PATH, NVTX_INJECTION64_PATH and TELLER_TRACE_DIR set.
+Prints one JSON line of facts for `check_raw.py gpu`."""
+import json
+import os
+import threading
+
+import nvtx
+import torch
+
+assert torch.cuda.is_available(), "no CUDA device"
+with nvtx.annotate("gpu-step", domain="smoke"):
+    a = torch.randn(1024, 1024, device="cuda")
+    b = a @ a
+    torch.cuda.synchronize()
+with nvtx.annotate("gpu-copy", domain="smoke"):
+    c = b.cpu()
+    torch.cuda.synchronize()
+print(json.dumps({"pid": os.getpid(), "tid": threading.get_native_id(), "checksum": float(c.sum())}))

@@ -1,0 +1,138 @@
+/* Packs real CUDA 13 CUPTI activity structs (from the installed cupti_activity.h) into an activity
+ * buffer, walks it, and feeds every record to the shim's converter. check_raw.py then checks the
+ * trace. The walk uses libcupti's cuptiActivityGetNextRecord when a CUDA driver is present; without
+ * one (libcupti 13.2 crashes when called without libcuda.so.1) it uses a walker that advances by the
+ * compiled struct sizes, which is how CUPTI lays out records of the version it was built with. */
+#define _GNU_SOURCE
+#include "tl_cupti_convert.h"
+#include "tl_writer.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint8_t *g_buf;
+static size_t g_used;
+
+static void *put(size_t size) {
+    void *p = g_buf + g_used;
+    memset(p, 0, size);
+    g_used += (size + 7) & ~(size_t)7;
+    return p;
+}
+
+static size_t record_size(CUpti_ActivityKind k) {
+    switch (k) {
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+    case CUPTI_ACTIVITY_KIND_KERNEL: return sizeof(CUpti_ActivityKernel11);
+    case CUPTI_ACTIVITY_KIND_MEMCPY: return sizeof(CUpti_ActivityMemcpy6);
+    case CUPTI_ACTIVITY_KIND_MEMSET: return sizeof(CUpti_ActivityMemset4);
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: return sizeof(CUpti_ActivitySynchronization2);
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: return sizeof(CUpti_ActivityAPI);
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
+    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(CUpti_ActivityContext4);
+    case CUPTI_ACTIVITY_KIND_MARKER: return sizeof(CUpti_ActivityMarker2);
+    default: return 0;
+    }
+}
+
+/* Same contract as cuptiActivityGetNextRecord: *rec NULL starts the walk. */
+static CUptiResult own_next(uint8_t *buf, size_t valid, CUpti_Activity **rec) {
+    uint8_t *p = *rec ? (uint8_t *)*rec + ((record_size((*rec)->kind) + 7) & ~(size_t)7) : buf;
+    if (p >= buf + valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    if (record_size(((CUpti_Activity *)(void *)p)->kind) == 0) return CUPTI_ERROR_INVALID_KIND;
+    *rec = (CUpti_Activity *)(void *)p;
+    return CUPTI_SUCCESS;
+}
+
+static const char *names(void *ud, CUpti_CallbackDomain d, uint32_t cbid) {
+    (void)ud;
+    if (d == CUPTI_CB_DOMAIN_RUNTIME_API && cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000) return "cudaLaunchKernel";
+    if (d == CUPTI_CB_DOMAIN_DRIVER_API && cbid == CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize) return "cuCtxSynchronize";
+    return NULL;
+}
+
+int main(void) {
+    g_buf = aligned_alloc(8, 1 << 20);
+    static char longname[5001];
+    memset(longname, 'k', 5000);
+    memcpy(longname, "void long_kernel<", 17);
+
+    CUpti_ActivityContext4 *ctx = put(sizeof *ctx);
+    ctx->kind = CUPTI_ACTIVITY_KIND_CONTEXT; ctx->contextId = 1; ctx->deviceId = 3;
+
+    CUpti_ActivityExternalCorrelation *x = put(sizeof *x);
+    x->kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION; x->externalKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2;
+    x->externalId = 777; x->correlationId = 42;
+
+    CUpti_ActivityAPI *api = put(sizeof *api);
+    api->kind = CUPTI_ACTIVITY_KIND_RUNTIME; api->cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+    api->start = 1000; api->end = 1100; api->processId = 1; api->threadId = 4242; api->correlationId = 42;
+
+    for (int i = 0; i < 2; i++) {
+        CUpti_ActivityKernel11 *k = put(sizeof *k);
+        k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL; k->name = "void gemm<128, 64>(float*)";
+        k->deviceId = 3; k->streamId = 7; k->start = 2000 + 1000u * (unsigned)i; k->end = 2900 + 1000u * (unsigned)i;
+        k->correlationId = 42; k->gridX = 4; k->gridY = 2; k->gridZ = 1; k->blockX = 128; k->blockY = 1; k->blockZ = 1;
+    }
+    CUpti_ActivityKernel11 *kl = put(sizeof *kl);
+    kl->kind = CUPTI_ACTIVITY_KIND_KERNEL; kl->name = longname; kl->deviceId = 0; kl->streamId = 13;
+    kl->start = 5000; kl->end = 6000; kl->correlationId = 50; kl->gridX = kl->gridY = kl->gridZ = 1;
+    kl->blockX = kl->blockY = kl->blockZ = 32;
+
+    CUpti_ActivityMemcpy6 *mc = put(sizeof *mc);
+    mc->kind = CUPTI_ACTIVITY_KIND_MEMCPY; mc->copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD; mc->bytes = 4096;
+    mc->deviceId = 3; mc->streamId = 7; mc->start = 6100; mc->end = 6200; mc->correlationId = 43;
+
+    CUpti_ActivityMemset4 *ms = put(sizeof *ms);
+    ms->kind = CUPTI_ACTIVITY_KIND_MEMSET; ms->bytes = 1024; ms->deviceId = 3; ms->streamId = 7;
+    ms->start = 6300; ms->end = 6400; ms->correlationId = 44;
+
+    CUpti_ActivitySynchronization2 *sy = put(sizeof *sy);
+    sy->kind = CUPTI_ACTIVITY_KIND_SYNCHRONIZATION; sy->type = CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE;
+    sy->contextId = 1; sy->streamId = 7; sy->start = 6400; sy->end = 6600; sy->correlationId = 45;
+
+    CUpti_ActivityAPI *drv = put(sizeof *drv);
+    drv->kind = CUPTI_ACTIVITY_KIND_DRIVER; drv->cbid = CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize;
+    drv->start = 6700; drv->end = 6800; drv->threadId = 4243; drv->correlationId = 46;
+
+    CUpti_ActivityAPI *unk = put(sizeof *unk);
+    unk->kind = CUPTI_ACTIVITY_KIND_RUNTIME; unk->cbid = 9999; unk->start = 6900; unk->end = 6950; unk->threadId = 4242;
+    unk->correlationId = 47;
+
+    CUpti_ActivityMarker2 *mk = put(sizeof *mk); /* a kind the converter does not handle */
+    mk->kind = CUPTI_ACTIVITY_KIND_MARKER;
+
+    CUptiResult (*next)(uint8_t *, size_t, CUpti_Activity **) = own_next;
+    const char *walker = "compiled struct sizes (no CUDA driver: libcupti 13.2 cannot be called)";
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cuda) cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (cuda && !getenv("TELLER_TEST_FAKE_CUDA")) {
+        const char *p = getenv("TELLER_CUPTI_PATH");
+        void *lib = dlopen(p && *p ? p : "libcupti.so.13", RTLD_NOW);
+        if (lib && (*(void **)&next = dlsym(lib, "cuptiActivityGetNextRecord")) != NULL) walker = "libcupti cuptiActivityGetNextRecord";
+        else next = own_next;
+    }
+
+    tl_cupti_conv *cv = calloc(1, sizeof *cv);
+    cv->callback_name = names;
+    tl_cupti_conv_check_sizes(cv);
+    tl_thread *t = tl_self();
+    if (!t) { fprintf(stderr, "cannot open trace file\n"); return 1; }
+    CUpti_Activity *rec = NULL;
+    int n = 0;
+    CUptiResult r;
+    while ((r = next(g_buf, g_used, &rec)) == CUPTI_SUCCESS) {
+        tl_cupti_convert(cv, t, rec);
+        n++;
+    }
+    if (r != CUPTI_ERROR_MAX_LIMIT_REACHED) { fprintf(stderr, "walk ended with %d\n", (int)r); return 1; }
+    tl_cupti_write_dropped(t, 5, "CUPTI activity buffer full");
+    fprintf(stderr, "walker: %s; %d records, %llu converted, %llu ignored\n", walker, n,
+            (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored);
+    printf("{\"records\": %d, \"converted\": %llu, \"ignored\": %llu, \"kernel11_size\": %zu, \"cupti_api\": %d}\n", n,
+           (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored, sizeof(CUpti_ActivityKernel11), CUPTI_API_VERSION);
+    return (n == 12 && cv->n_ignored == 1) ? 0 : 1;
+}

@@ -1,0 +1,57 @@
+/* CUPTI entry point tests. Usage: test_inject MODE SHIM_PATH
+ *   nodriver: InitializeInjection without a CUDA driver must return, log a DIAG, and NVTX keeps working.
+ *   fake:     a fake libcuda.so.1 is loaded and TELLER_CUPTI_PATH names a fake libcupti: full pipeline.
+ *   multi:    the fake cuptiSubscribe fails with MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED.
+ * Prints one JSON line of facts for check_raw.py. */
+#define _GNU_SOURCE
+#include <nvtx3/nvToolsExt.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static unsigned tid(void) { return (unsigned)syscall(SYS_gettid); }
+
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: test_inject MODE SHIM\n"); return 2; }
+    const char *mode = argv[1];
+    int discover = strcmp(mode, "discover") == 0; /* no TELLER_CUPTI_PATH: found next to a loaded libcudart */
+    int fake = strcmp(mode, "fake") == 0 || strcmp(mode, "multi") == 0 || discover;
+    if (discover && !dlopen(getenv("FAKE_CUDART"), RTLD_NOW | RTLD_GLOBAL)) { fprintf(stderr, "no fake cudart: %s\n", dlerror()); return 2; }
+    if (fake && !dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) { fprintf(stderr, "no fake libcuda: %s\n", dlerror()); return 2; }
+    void *shim = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    if (!shim) { fprintf(stderr, "dlopen shim: %s\n", dlerror()); return 2; }
+    int (*init)(void) = (int (*)(void))dlsym(shim, "InitializeInjection");
+    if (!init) { fprintf(stderr, "no InitializeInjection\n"); return 2; }
+    int r1 = init();
+    int r2 = init(); /* the driver may call it twice */
+    if (r1 != 1 || r2 != 1) { fprintf(stderr, "InitializeInjection returned %d, %d\n", r1, r2); return 1; }
+
+    uint32_t corr_in = 0, corr_out = 0, corr_sync = 0;
+    uint32_t (*launch)(const char *, unsigned) = NULL;
+    uint32_t (*sync)(unsigned) = NULL;
+    if (fake) {
+        void *fc = dlopen(discover ? "libcupti.so.13" : getenv("TELLER_CUPTI_PATH"), RTLD_NOW | RTLD_NOLOAD);
+        if (fc) {
+            *(void **)&launch = dlsym(fc, "fake_cupti_launch");
+            *(void **)&sync = dlsym(fc, "fake_cupti_sync");
+        }
+    }
+    nvtxRangePushA("step");
+    if (launch) corr_in = launch("kernel_in_step", tid());
+    nvtxRangePushA("inner-step");
+    if (launch) launch("kernel_in_inner", tid());
+    nvtxRangePop();
+    nvtxRangePop();
+    if (launch) corr_out = launch("kernel_outside", tid());
+    if (sync) corr_sync = sync(tid());
+    nvtxRangePushA("after-init");
+    nvtxRangePop();
+    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u}\n", (int)getpid(), tid(),
+           corr_in, corr_out, corr_sync);
+    return 0; /* exit(): the shim flushes CUPTI and joins its writer thread in atexit */
+}

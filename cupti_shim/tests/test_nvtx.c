@@ -1,0 +1,222 @@
+/* NVTX scenarios for the shim. The program uses the header-only NVTX v3 API; NVTX loads the shim
+ * through NVTX_INJECTION64_PATH. It prints one JSON line of facts (tids, pids) that check_raw.py
+ * compares with the decoded trace. Usage: test_nvtx SCENARIO [READY_FILE] */
+#define _GNU_SOURCE
+#include <nvtx3/nvToolsExt.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NTHREADS 4
+#define ITERS 1000
+
+static unsigned tid(void) { return (unsigned)syscall(SYS_gettid); }
+
+static nvtxDomainHandle_t g_dom;
+static nvtxRangeId_t g_cross_id;
+static pthread_barrier_t g_bar;
+static unsigned g_worker_tids[NTHREADS];
+static unsigned g_ender_tid;
+
+static void *worker(void *arg) {
+    int idx = (int)(intptr_t)arg;
+    g_worker_tids[idx] = tid();
+    char name[64];
+    snprintf(name, sizeof name, "worker-%d", idx);
+    nvtxNameOsThreadA(tid(), name);
+    for (int i = 0; i < ITERS; i++) {
+        char l0[32], l1[32];
+        snprintf(l0, sizeof l0, "w%d-outer", idx);
+        snprintf(l1, sizeof l1, "w%d-inner-%d", idx, i % 3);
+        nvtxRangePushA(l0);
+        nvtxRangePushA(l1);
+        nvtxRangePushA("leaf");
+        nvtxRangePop();
+        nvtxRangePop();
+        nvtxRangePop();
+    }
+    if (idx == 0) {
+        /* end a range started on the main thread */
+        pthread_barrier_wait(&g_bar);
+        g_ender_tid = tid();
+        nvtxRangeEnd(g_cross_id);
+    }
+    return NULL;
+}
+
+static void scenario_basic(void) {
+    nvtxNameOsThreadA(tid(), "main-thread");
+    nvtxRangePushA("outer");
+    nvtxRangePushA("inner");
+    nvtxMarkA("mark-a");
+    nvtxRangePop();
+    nvtxRangePop();
+
+    nvtxEventAttributes_t a = {0};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.colorType = NVTX_COLOR_ARGB;
+    a.color = 0xFF00FF00u;
+    a.payloadType = NVTX_PAYLOAD_TYPE_INT64;
+    a.payload.llValue = -42;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = "colored";
+    nvtxRangePushEx(&a);
+    nvtxRangePop();
+    nvtxMarkEx(&a);
+
+    g_dom = nvtxDomainCreateA("my-domain");
+    nvtxStringHandle_t reg = nvtxDomainRegisterStringA(g_dom, "registered-name");
+    nvtxEventAttributes_t b = {0};
+    b.version = NVTX_VERSION;
+    b.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    b.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    b.message.registered = reg;
+    nvtxRangePushA("default-outer");
+    nvtxDomainRangePushEx(g_dom, &b);
+    nvtxDomainRangePushEx(g_dom, &b);
+    nvtxDomainRangePop(g_dom);
+    nvtxDomainRangePop(g_dom);
+    nvtxRangePop();
+    nvtxDomainMarkEx(g_dom, &b);
+    nvtxRangeId_t dr = nvtxDomainRangeStartEx(g_dom, &b);
+    nvtxDomainRangeEnd(g_dom, dr);
+
+    a.message.ascii = "cross-thread";
+    a.colorType = NVTX_COLOR_UNKNOWN;
+    a.payloadType = NVTX_PAYLOAD_UNKNOWN;
+    g_cross_id = nvtxRangeStartEx(&a);
+
+    pthread_barrier_init(&g_bar, NULL, 2);
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+    pthread_barrier_wait(&g_bar);
+    for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
+
+    printf("{\"pid\": %d, \"main_tid\": %u, \"ender_tid\": %u, \"worker_tids\": [%u, %u, %u, %u], \"iters\": %d}\n",
+           (int)getpid(), tid(), g_ender_tid, g_worker_tids[0], g_worker_tids[1], g_worker_tids[2], g_worker_tids[3], ITERS);
+}
+
+static void scenario_fork(void) {
+    nvtxRangePushA("parent-before-fork");
+    nvtxRangePushA("parent-open-at-fork");
+    fflush(stdout);
+    pid_t c = fork();
+    if (c == 0) {
+        nvtxRangePushA("child-range");
+        nvtxMarkA("child-mark");
+        nvtxRangePop();
+        nvtxRangePop(); /* inherited range: must not write into the parent's file */
+        _exit(0);
+    }
+    nvtxRangePop();
+    nvtxRangePop();
+    int st = 0;
+    waitpid(c, &st, 0);
+    pid_t c2 = fork(); /* a second child that exits normally (atexit runs) */
+    if (c2 == 0) {
+        nvtxRangePushA("child2-range");
+        nvtxRangePop();
+        exit(0);
+    }
+    waitpid(c2, &st, 0);
+    printf("{\"pid\": %d, \"child\": %d, \"child2\": %d}\n", (int)getpid(), (int)c, (int)c2);
+}
+
+static void *spinner(void *arg) {
+    (void)arg;
+    nvtxNameOsThreadA(tid(), "spinner");
+    nvtxRangePushA("spinner-open");
+    for (;;) {
+        nvtxRangePushA("spin");
+        nvtxRangePop();
+    }
+    return NULL;
+}
+
+/* crash scenarios: complete some ranges, leave "doomed" open, then die */
+static void scenario_crash(const char *how, const char *ready) {
+    for (int i = 0; i < 100; i++) {
+        nvtxRangePushA("done");
+        nvtxRangePop();
+    }
+    nvtxMarkA("before-death");
+    nvtxRangePushA("doomed");
+    printf("{\"pid\": %d, \"main_tid\": %u}\n", (int)getpid(), tid());
+    fflush(stdout);
+    if (strcmp(how, "exit") == 0) _exit(3);
+    if (strcmp(how, "segv") == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        volatile int *volatile bad = NULL;
+        *bad = 1;
+    }
+    if (strcmp(how, "abort") == 0) abort();
+    /* kill / term: wait to be killed by the driver script, with a second thread writing records */
+    pthread_t th;
+    pthread_create(&th, NULL, spinner, NULL);
+    usleep(200000);
+    if (ready) {
+        FILE *f = fopen(ready, "w");
+        if (f) fclose(f);
+    }
+    for (;;) pause();
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *s = argc > 1 ? argv[1] : "basic";
+    if (strcmp(s, "basic") == 0) scenario_basic();
+    else if (strcmp(s, "fork") == 0) scenario_fork();
+    else if (strcmp(s, "closefd") == 0 && argc > 2) {
+        /* a program that closes every descriptor and reuses the numbers must never see its files
+         * extended, written or truncated by the shim */
+        nvtxRangePushA("before-close");
+        nvtxRangePop();
+        for (int fd = 3; fd < 1024; fd++) close(fd);
+        FILE *uf[8];
+        for (int i = 0; i < 8; i++) { /* take the low descriptor numbers, including the shim's old one */
+            char path[4096];
+            snprintf(path, sizeof path, "%s.%d", argv[2], i);
+            uf[i] = fopen(path, "w");
+            if (!uf[i]) return 2;
+            fputs("USERDATA", uf[i]);
+            fflush(uf[i]);
+        }
+        for (int i = 0; i < 100000; i++) { nvtxRangePushA("after-close"); nvtxRangePop(); } /* needs new chunks */
+        for (int i = 0; i < 8; i++) fclose(uf[i]);
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strcmp(s, "instances") == 0 && argc > 2) { /* two NVTX instances in one process */
+        nvtxRangePushA("exe-range");
+        void *lib = dlopen(argv[2], RTLD_NOW);
+        void (*work)(int) = NULL;
+        if (!lib || !(*(void **)&work = dlsym(lib, "nvtx_user_lib_work"))) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+        work(10);
+        nvtxRangePop();
+        nvtxRangePushA("lib-range"); /* same name from the other instance: one STRING */
+        nvtxRangePop();
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strcmp(s, "deep") == 0) { /* nesting deeper than the shim tracks */
+        for (int i = 0; i < 1500; i++) nvtxRangePushA("deep");
+        for (int i = 0; i < 1500; i++) nvtxRangePop();
+        nvtxRangePushA("after-deep");
+        nvtxRangePop();
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strcmp(s, "many") == 0) { /* volume: 200k push/pop pairs (~10 MB) */
+        for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strncmp(s, "crash-", 6) == 0) scenario_crash(s + 6, argc > 2 ? argv[2] : NULL);
+    else { fprintf(stderr, "unknown scenario %s\n", s); return 2; }
+    return 0;
+}
