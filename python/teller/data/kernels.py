@@ -281,6 +281,7 @@ def all_reduce_ns(gpu: GPUSpec, nbytes: float, tp: int, *, link: float = 1.0) ->
     if tp <= 1:
         return 0.0
     alpha = 4_500.0 if nbytes <= 8 * 1024 * 1024 else 12_000.0
+    alpha *= 1.0 + 0.6 * (1.0 / link - 1.0)  # a congested link also delays the handshakes
     vol = 2.0 * (tp - 1) / tp * nbytes
     return alpha + vol / (gpu.nvlink_gbps * 1e9 * 0.8 * link) * 1e9
 

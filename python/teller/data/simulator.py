@@ -226,7 +226,7 @@ class EngineSim:
         for i in range(wl.init_running):
             q = Request(i, -float(rng.uniform(0.05e9, 3e9)), self._draw_len(wl.prompt_mean, 8, 8192),
                         self._draw_len(wl.output_mean, 4, 2048))
-            q.generated = int(rng.integers(1, max(2, q.output)))
+            q.generated = int(rng.integers(max(1, q.output // 2), max(2, q.output)))
             q.computed = q.prompt + q.generated - 1
             q.first_token = q.arrival + 0.05e9
             running.append(q)
