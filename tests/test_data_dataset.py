@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import teller
 from teller.data import LABELS, culprit_mask, generate, load_config, plan, validate
 from teller.errors import ConfigError, TellerFileNotFoundError
@@ -207,7 +206,9 @@ def test_generate_refuses_other_dataset_and_resumes(tmp_path):
     (r / "s000000" / "marker").write_text("kept")
     from teller.data.dataset import load_config as lc
 
-    (r / ".generate.json").write_text(json.dumps({"seed": 1, "config": lc("tiny"), "num_samples": 3}, sort_keys=True))
+    (r / ".generate.json").write_text(
+        json.dumps({"seed": 1, "config": lc("tiny"), "num_samples": 3}, sort_keys=True)
+    )
     generate(r, num_samples=3, seed=1, preset="tiny")
     assert (r / "s000000" / "marker").exists()  # complete samples are kept
     after = _files(r)
@@ -217,14 +218,16 @@ def test_generate_refuses_other_dataset_and_resumes(tmp_path):
 
 def _teller(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "teller", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "teller", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
 
 
 def test_cli_generate_validate(tmp_path):
     d = tmp_path / "cli"
-    r = _teller("dataset", "generate", "--output-dir", str(d), "--num-samples", "4", "--seed", "3",
-                "--preset", "tiny")
+    r = _teller(
+        "dataset", "generate", "--output-dir", str(d), "--num-samples", "4", "--seed", "3", "--preset", "tiny"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(d)
     assert "4 samples" in r.stderr

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import teller
 from teller.data import culprit_mask, kernel_family
 from teller.data.dataset import _fault_json
@@ -22,22 +21,51 @@ REAL = 1_764_000_000_000_000_000
 
 # prefill-heavy: every step is a full chunk, so GEMMs are compute-bound
 PREFILL = Workload(
-    model="llama-3.1-8b", gpu="H100", tp=2, arrival="poisson", rate=2000.0, prompt_mean=2048, output_mean=64,
-    cuda_graphs=True, max_num_seqs=128, max_num_batched_tokens=4096, steps=10, traced_layers=2,
-    init_running=0, kv_util=0.5,
+    model="llama-3.1-8b",
+    gpu="H100",
+    tp=2,
+    arrival="poisson",
+    rate=2000.0,
+    prompt_mean=2048,
+    output_mean=64,
+    cuda_graphs=True,
+    max_num_seqs=128,
+    max_num_batched_tokens=4096,
+    steps=10,
+    traced_layers=2,
+    init_running=0,
+    kv_util=0.5,
 )
 # decode-heavy with CUDA graphs
-DECODE = replace(PREFILL, rate=20.0, prompt_mean=256, output_mean=512, init_running=32, max_num_batched_tokens=2048)
+DECODE = replace(
+    PREFILL, rate=20.0, prompt_mean=256, output_mean=512, init_running=32, max_num_batched_tokens=2048
+)
 # no arrivals: identical batches whatever the step times, so kernel shapes compare one to one
 STEADY = replace(DECODE, rate=0.01)
 
 
-def run(tmp: Path, wl: Workload, ftype: str | None, seed: int = 7, rank: int | None = None, sev: float = 1.0,
-        params: dict | None = None) -> tuple[teller.trace.Trace, SimResult]:
+def run(
+    tmp: Path,
+    wl: Workload,
+    ftype: str | None,
+    seed: int = 7,
+    rank: int | None = None,
+    sev: float = 1.0,
+    params: dict | None = None,
+) -> tuple[teller.trace.Trace, SimResult]:
     faults = []
     if ftype is not None:
-        faults.append(Fault(ftype, FAULT_INFO[ftype][0], 0 if ftype != "oom_error" else 4, wl.steps, sev,
-                            {"kind": "rank", "name": "x", "rank": rank}, dict(params or {})))
+        faults.append(
+            Fault(
+                ftype,
+                FAULT_INFO[ftype][0],
+                0 if ftype != "oom_error" else 4,
+                wl.steps,
+                sev,
+                {"kind": "rank", "name": "x", "rank": rank},
+                dict(params or {}),
+            )
+        )
     d = tmp / f"{ftype}-{seed}-{rank}"
     res = simulate(wl, faults, np.random.default_rng(seed), d, real_base=REAL)
     return teller.trace.load(d, warn=False), res
@@ -80,7 +108,10 @@ def test_hbm_contention_slows_memory_bound_kernels_and_shows_foreign_kernels(tmp
     ok, _ = run(tmp_path, PREFILL, None)
     bad, _ = run(tmp_path, PREFILL, "hbm_contention", rank=0, params={"foreign_visible": True})
     assert ratio(kernels(bad, "rms_norm", device=0), kernels(ok, "rms_norm", device=0)) > 1.8
-    assert ratio(kernels(bad, "gemm", device=0, large_tile=True), kernels(ok, "gemm", device=0, large_tile=True)) < 1.2
+    assert (
+        ratio(kernels(bad, "gemm", device=0, large_tile=True), kernels(ok, "gemm", device=0, large_tile=True))
+        < 1.2
+    )
     # the other rank is unaffected
     assert ratio(kernels(bad, "rms_norm", device=1), kernels(ok, "rms_norm", device=1)) < 1.15
     foreign = bad.layer_mask("kernel") & (bad.tid != 7)
@@ -192,12 +223,14 @@ def test_network_delay_shows_in_requests_and_responses_only(tmp_path):
     assert res.log.count("Received request") < ok_res.log.count("Received request")
     # kernels unchanged
     assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+
     # access-log lines come long after "Finished request"
     def lag(log: str) -> float:
         lines = log.splitlines()
         fin = [int(x.split()[0]) for x in lines if "Finished request" in x]
         acc = [int(x.split()[0]) for x in lines if "200 OK" in x]
         return float(np.max(np.array(acc) - np.array(fin))) if fin else 0.0
+
     if "Finished request" in res.log:
         assert lag(res.log) > 100e6
 
@@ -233,8 +266,10 @@ def test_every_fault_type_simulates_and_has_culprits(tmp_path, ftype):
     tr, res = run(tmp_path, wl, ftype, rank=0 if ftype in ("nccl_straggler", "hbm_contention") else None)
     f = res.faults[0]
     assert 0 <= f.start_ns < f.end_ns
-    ann = {"faults": [_fault_json(f, REAL, res.pids)],
-           "workload": {"processes": [{"rank": r, "pid": p, "device": r} for r, p in enumerate(res.pids)]}}
+    ann = {
+        "faults": [_fault_json(f, REAL, res.pids)],
+        "workload": {"processes": [{"rank": r, "pid": p, "device": r} for r, p in enumerate(res.pids)]},
+    }
     m = culprit_mask(tr, ann)
     if ftype not in ("network_delay",) or len(tr):
         assert m.sum() > 0, ftype

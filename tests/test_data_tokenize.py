@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import teller
 from teller import tpe
 from teller.data import culprit_mask, generate
@@ -102,7 +101,9 @@ def test_log_tokenizer_templates():
     nums = [v for t, v in toks if t == "<num>"]
     assert pytest.approx(nums[-1], rel=1e-6) == np.log1p(97.3)
     assert [t for t, _ in split_log_line("Received request cmpl-0a1b2c3d4e5f0001: x")][2] == "<id>"
-    assert "<ip>" in [t for t, _ in split_log_line('INFO:     10.0.3.7:5512 - "POST /v1/completions HTTP/1.1" 200 OK')]
+    assert "<ip>" in [
+        t for t, _ in split_log_line('INFO:     10.0.3.7:5512 - "POST /v1/completions HTTP/1.1" 200 OK')
+    ]
 
 
 def test_log_tokenizer_roundtrip(setup, tmp_path):
@@ -121,9 +122,28 @@ def test_cli_tokenize(setup, tmp_path):
     data, tdir, _ = setup
     env = dict(os.environ, COLUMNS="200")
     r = subprocess.run(
-        [sys.executable, "-m", "teller", "tokenize", "--data-dir", str(data), "--tokenizer-dir", str(tdir),
-         "--output-dir", str(tmp_path), "--run-id", "r1", "--shard-size", "13", "--workers", "2"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "teller",
+            "tokenize",
+            "--data-dir",
+            str(data),
+            "--tokenizer-dir",
+            str(tdir),
+            "--output-dir",
+            str(tmp_path),
+            "--run-id",
+            "r1",
+            "--shard-size",
+            "13",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     out = Path(r.stdout.strip())
@@ -131,8 +151,21 @@ def test_cli_tokenize(setup, tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert sum(len(s["samples"]) for s in man["splits"].values()) == 26
     r = subprocess.run(
-        [sys.executable, "-m", "teller", "tokenize", "--data-dir", str(tmp_path / "none"), "--tokenizer-dir",
-         str(tdir), "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "teller",
+            "tokenize",
+            "--data-dir",
+            str(tmp_path / "none"),
+            "--tokenizer-dir",
+            str(tdir),
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert r.returncode == 2 and "manifest" in r.stderr

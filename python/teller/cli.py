@@ -620,7 +620,9 @@ def dataset_generate(
 @dataset_app.command("validate")
 def dataset_validate(
     directory: Annotated[str, typer.Argument(help="The dataset directory.")],
-    deep: Annotated[bool, typer.Option(help="Also parse every trace.json and check it against its annotation.")] = False,
+    deep: Annotated[
+        bool, typer.Option(help="Also parse every trace.json and check it against its annotation.")
+    ] = False,
     max_problems: Annotated[int, typer.Option(help="Print at most this many problems.")] = 200,
 ) -> None:
     """Check every sample against the annotation schema (and the manifest against its schema); print
@@ -650,7 +652,7 @@ def tokenize_cmd(
     output_dir: Annotated[str, typer.Option("--output-dir", help="Shards go to OUTPUT_DIR/<run-id>/.")],
     run_id: Annotated[
         str | None,
-        typer.Option(help="Run id (default: derived from the dataset, tokenizer and settings; reruns resume)."),
+        typer.Option(help="Run id (default: a hash of dataset, tokenizer and settings; reruns resume)."),
     ] = None,
     shard_size: Annotated[int, typer.Option(help="Samples per shard.")] = 256,
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,

@@ -89,7 +89,9 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _range(cfg: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> None:
     v = cfg.get(key)
-    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]):
+    if not (
+        isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]
+    ):
         raise ConfigError(f"config: {key} must be a [min, max] pair of numbers, got {v!r}")
     if (lo is not None and v[0] < lo) or (hi is not None and v[1] > hi):
         raise ConfigError(f"config: {key} must lie within [{lo}, {hi}], got {v!r}")
@@ -104,20 +106,33 @@ def _check_config(cfg: dict[str, Any]) -> None:
     w = cfg.get("workloads")
     if not isinstance(w, dict):
         raise ConfigError("config: workloads must be a mapping")
-    for key in ("rate", "prompt_mean", "output_mean", "init_running", "max_num_seqs", "max_num_batched_tokens",
-                "kv_util"):
+    for key in (
+        "rate",
+        "prompt_mean",
+        "output_mean",
+        "init_running",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_util",
+    ):
         _range(w, key, 0)
     for part in ("in_dist", "ood"):
         d = w.get(part)
         if not isinstance(d, dict):
             raise ConfigError(f"config: workloads.{part} must be a mapping")
-        for key, known in (("models", K.MODELS), ("gpus", K.GPUS), ("arrivals", ("poisson", "bursty", "ramp"))):
+        for key, known in (
+            ("models", K.MODELS),
+            ("gpus", K.GPUS),
+            ("arrivals", ("poisson", "bursty", "ramp")),
+        ):
             vals = d.get(key, [])
             if not isinstance(vals, list) or (part == "in_dist" and not vals):
                 raise ConfigError(f"config: workloads.{part}.{key} must be a list (non-empty for in_dist)")
             for v in vals:
                 if v not in known:
-                    raise ConfigError(f"config: workloads.{part}.{key}: unknown {v!r}; known: {', '.join(known)}")
+                    raise ConfigError(
+                        f"config: workloads.{part}.{key}: unknown {v!r}; known: {', '.join(known)}"
+                    )
     tps = w.get("tp")
     if not (isinstance(tps, list) and tps and all(isinstance(x, int) and x >= 1 for x in tps)):
         raise ConfigError(f"config: workloads.tp must be a non-empty list of positive integers, got {tps!r}")
@@ -130,8 +145,12 @@ def _check_config(cfg: dict[str, Any]) -> None:
         if c != NORMAL and FAULT_INFO[c][1] and max(tps) < 2:
             raise ConfigError(f"config: class {c!r} needs tensor parallelism: add a tp >= 2 to workloads.tp")
     sp = cfg.get("splits")
-    if not (isinstance(sp, dict) and set(sp) == {"train", "val", "test"}
-            and all(isinstance(v, (int, float)) and v >= 0 for v in sp.values()) and sum(sp.values()) > 0):
+    if not (
+        isinstance(sp, dict)
+        and set(sp) == {"train", "val", "test"}
+        and all(isinstance(v, (int, float)) and v >= 0 for v in sp.values())
+        and sum(sp.values()) > 0
+    ):
         raise ConfigError("config: splits must map train, val, test to non-negative fractions")
     ood = cfg.get("ood_fraction")
     if not isinstance(ood, (int, float)) or not 0 <= ood < 1:
@@ -479,7 +498,9 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
             for err in sorted(man_v.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
                 problems.append(Problem(f"manifest.json {_json_path(err.absolute_path)}", err.message))
     dirs = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-    listed = set((manifest or {}).get("samples", {}) if isinstance((manifest or {}).get("samples"), dict) else {})
+    listed = set(
+        (manifest or {}).get("samples", {}) if isinstance((manifest or {}).get("samples"), dict) else {}
+    )
     for sid in sorted(listed - set(dirs)):
         problems.append(Problem(f"{sid}/", "listed in manifest.json but missing"))
     if manifest is not None:
@@ -522,8 +543,12 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
         if f["start_ns"] > f["end_ns"]:
             out.append(Problem(f"{loc} $.faults[{k}]", "start_ns is after end_ns"))
         if f["end_ns"] < t0 or f["start_ns"] > t1 + 1:
-            out.append(Problem(f"{loc} $.faults[{k}]", f"window [{f['start_ns']}, {f['end_ns']}] is outside the "
-                               f"trace [{t0}, {t1}]"))
+            out.append(
+                Problem(
+                    f"{loc} $.faults[{k}]",
+                    f"window [{f['start_ns']}, {f['end_ns']}] is outside the trace [{t0}, {t1}]",
+                )
+            )
         r = f["target"].get("rank")
         if r is not None and r >= tp:
             out.append(Problem(f"{loc} $.faults[{k}].target.rank", f"rank {r} does not exist (tp={tp})"))
@@ -541,7 +566,9 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
             out.append(Problem(f"{sid}/trace.json", f"does not parse: {e}"))
             return out
         if len(tr) != ann["trace"]["events"]:
-            out.append(Problem(f"{loc} $.trace.events", f"{ann['trace']['events']}, trace.json has {len(tr)}"))
+            out.append(
+                Problem(f"{loc} $.trace.events", f"{ann['trace']['events']}, trace.json has {len(tr)}")
+            )
         elif len(tr) and int(tr.ts.min()) != t0:
             out.append(Problem(f"{loc} $.trace.start_ns", f"{t0}, trace.json starts at {int(tr.ts.min())}"))
     return out
@@ -621,11 +648,15 @@ def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
             sel = kern & (fam == "all_reduce")
         elif t in ("cpu_contention", "host_memory_pressure"):
             sel = np.isin(layer, [L["host_op"], L["runtime"]]) | (
-                (layer == L["annotation"]) & np.isin(ev_name, ["schedule", "prepare_inputs", "postprocess",
-                                                               "recv_scheduler_output", "sample"])
+                (layer == L["annotation"])
+                & np.isin(
+                    ev_name, ["schedule", "prepare_inputs", "postprocess", "recv_scheduler_output", "sample"]
+                )
             )
         elif t == "kv_cache_exhaustion":
-            sel = ((layer == L["annotation"]) & (ev_name == "schedule")) | (kern & (fam == "attention_prefill"))
+            sel = ((layer == L["annotation"]) & (ev_name == "schedule")) | (
+                kern & (fam == "attention_prefill")
+            )
         elif t == "nccl_straggler":
             sel = kern & (fam != "all_reduce")
         elif t == "network_delay":

@@ -208,7 +208,9 @@ class Effects:
             extra += float(rng.exponential(40e3 + 400e3 * f.severity))
         f = self._active("host_memory_pressure", rank)
         if f is not None:
-            p = (0.06 if kind in ("postprocess", "prepare_inputs", "detokenize") else 0.01) * (0.3 + f.severity)
+            p = (0.06 if kind in ("postprocess", "prepare_inputs", "detokenize") else 0.01) * (
+                0.3 + f.severity
+            )
             if rng.random() < p:
                 extra += float(rng.uniform(0.5e6, 2e6 + 18e6 * f.severity))
         return extra

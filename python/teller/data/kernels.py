@@ -190,9 +190,7 @@ def layer_kernels(
     hd = model.head_dim
 
     def gemm(n: int, k: int, op: str) -> KernelCost:
-        return KernelCost(
-            "gemm", gemm_name(gpu, t, n, k), 2.0 * t * n * k, b2 * (n * k + t * k + t * n), op
-        )
+        return KernelCost("gemm", gemm_name(gpu, t, n, k), 2.0 * t * n * k, b2 * (n * k + t * k + t * n), op)
 
     prefill = n_prefill > 0
     attn_flops = 4.0 * heads_tp * hd * attn_pairs
@@ -206,9 +204,13 @@ def layer_kernels(
     )
     act = b2 * t * h
     attention = [
-        KernelCost("rms_norm", KERNEL_NAMES["fused_add_rms_norm"], 4.0 * t * h, 3 * act, "_C::fused_add_rms_norm"),
+        KernelCost(
+            "rms_norm", KERNEL_NAMES["fused_add_rms_norm"], 4.0 * t * h, 3 * act, "_C::fused_add_rms_norm"
+        ),
         gemm(qkv_n, h, "aten::linear"),
-        KernelCost("rotary", KERNEL_NAMES["rotary"], 6.0 * t * qkv_n, b2 * t * qkv_n * 2, "_C::rotary_embedding"),
+        KernelCost(
+            "rotary", KERNEL_NAMES["rotary"], 6.0 * t * qkv_n, b2 * t * qkv_n * 2, "_C::rotary_embedding"
+        ),
         KernelCost(
             "reshape_and_cache",
             KERNEL_NAMES["reshape_and_cache"],
@@ -220,9 +222,17 @@ def layer_kernels(
         gemm(h, attn_out, "aten::linear"),
     ]
     mlp = [
-        KernelCost("rms_norm", KERNEL_NAMES["fused_add_rms_norm"], 4.0 * t * h, 3 * act, "_C::fused_add_rms_norm"),
+        KernelCost(
+            "rms_norm", KERNEL_NAMES["fused_add_rms_norm"], 4.0 * t * h, 3 * act, "_C::fused_add_rms_norm"
+        ),
         gemm(2 * ffn_tp, h, "aten::linear"),
-        KernelCost("silu_and_mul", KERNEL_NAMES["silu_and_mul"], 3.0 * t * ffn_tp, b2 * t * ffn_tp * 3, "_C::silu_and_mul"),
+        KernelCost(
+            "silu_and_mul",
+            KERNEL_NAMES["silu_and_mul"],
+            3.0 * t * ffn_tp,
+            b2 * t * ffn_tp * 3,
+            "_C::silu_and_mul",
+        ),
         gemm(h, ffn_tp, "aten::linear"),
     ]
     if tp > 1:
@@ -243,15 +253,23 @@ def head_kernels(gpu: GPUSpec, model: ModelSpec, tp: int, n_tokens: int, n_seqs:
     s = max(n_seqs, 1)
     return [
         KernelCost("rms_norm", KERNEL_NAMES["rms_norm"], 4.0 * s * h, 2.0 * 2 * s * h, "_C::rms_norm"),
-        KernelCost("lm_head", gemm_name(gpu, s, v, h), 2.0 * s * v * h, 2.0 * (v * h + s * h + s * v), "aten::linear"),
-        KernelCost("sampling", KERNEL_NAMES["sampling_softmax"], 5.0 * s * v, 4.0 * 2 * s * v, "aten::softmax"),
+        KernelCost(
+            "lm_head", gemm_name(gpu, s, v, h), 2.0 * s * v * h, 2.0 * (v * h + s * h + s * v), "aten::linear"
+        ),
+        KernelCost(
+            "sampling", KERNEL_NAMES["sampling_softmax"], 5.0 * s * v, 4.0 * 2 * s * v, "aten::softmax"
+        ),
         KernelCost("sampling", KERNEL_NAMES["sampling_argmax"], 1.0 * s * v, 4.0 * s * v, "aten::argmax"),
     ]
 
 
 def embedding_kernel(model: ModelSpec, n_tokens: int) -> KernelCost:
     return KernelCost(
-        "embedding", KERNEL_NAMES["embedding"], 0.0, 2.0 * 2 * max(n_tokens, 1) * model.hidden, "aten::embedding"
+        "embedding",
+        KERNEL_NAMES["embedding"],
+        0.0,
+        2.0 * 2 * max(n_tokens, 1) * model.hidden,
+        "aten::embedding",
     )
 
 

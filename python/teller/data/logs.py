@@ -21,9 +21,7 @@ class LogBook:
     def add(self, t_sim: float, text: str, stream: str = "stdout") -> None:
         self.lines.append((self.real_base + int(t_sim), len(self.lines), stream, text))
 
-    def vllm(
-        self, t_sim: float, level: str, src: str, proc: str, msg: str, stream: str = "stdout"
-    ) -> None:
+    def vllm(self, t_sim: float, level: str, src: str, proc: str, msg: str, stream: str = "stdout") -> None:
         self.add(t_sim, f"{level} {_stamp(self.real_base + int(t_sim))} [{src}] {proc} {msg}", stream)
 
     def raw(self, t_sim: float, text: str, stream: str = "stderr") -> None:

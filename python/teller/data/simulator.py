@@ -114,23 +114,41 @@ class _Rank:
         return self.mono + int(t)
 
     def begin(self, name: str, t: float, args: dict[str, Any] | None = None) -> None:
-        self.open.append(self.w.begin("annotation", name, tid=self.tid, ts=self.ts(t), domain="vllm", args=args))
+        self.open.append(
+            self.w.begin("annotation", name, tid=self.tid, ts=self.ts(t), domain="vllm", args=args)
+        )
 
     def end(self, t: float) -> None:
         rid = self.open.pop()
         self.w.end(rid, tid=self.tid, ts=self.ts(t))
         self.events += 1
 
-    def span(self, layer: str, name: str, s: float, e: float, corr: int = 0, args: dict[str, Any] | None = None) -> None:
+    def span(
+        self, layer: str, name: str, s: float, e: float, corr: int = 0, args: dict[str, Any] | None = None
+    ) -> None:
         self.w.span(layer, name, tid=self.tid, start=self.ts(s), end=self.ts(max(e, s)), corr=corr, args=args)
         self.events += 1
 
     def gpu_rec(
-        self, layer: str, name: str, s: float, e: float, corr: int, stream: int = COMPUTE_STREAM,
+        self,
+        layer: str,
+        name: str,
+        s: float,
+        e: float,
+        corr: int,
+        stream: int = COMPUTE_STREAM,
         args: dict[str, Any] | None = None,
     ) -> None:
-        self.w.gpu(layer, name, device=self.r, stream=stream, start=self.ts(s), end=self.ts(max(e, s + 1)),
-                   corr=corr, args=args)
+        self.w.gpu(
+            layer,
+            name,
+            device=self.r,
+            stream=stream,
+            start=self.ts(s),
+            end=self.ts(max(e, s + 1)),
+            corr=corr,
+            args=args,
+        )
         self.events += 1
 
     def next_corr(self) -> int:
@@ -169,8 +187,16 @@ class EngineSim:
         # those of the full model.
         self.time_scale = self.model.layers / max(1, workload.traced_layers)
         self.stats: dict[str, Any] = {
-            "steps": 0, "preemptions": 0, "prefill_tokens": 0, "decode_tokens": 0, "graph_steps": 0,
-            "eager_steps": 0, "max_kv_usage": 0.0, "finished": 0, "crashed": False, "max_waiting": 0,
+            "steps": 0,
+            "preemptions": 0,
+            "prefill_tokens": 0,
+            "decode_tokens": 0,
+            "graph_steps": 0,
+            "eager_steps": 0,
+            "max_kv_usage": 0.0,
+            "finished": 0,
+            "crashed": False,
+            "max_waiting": 0,
         }
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -208,7 +234,9 @@ class EngineSim:
             t += self.rng.exponential(1e9 / max(rate, 1e-3)) / self.time_scale
             t_arr = t
             out.append(
-                Request(k, t_arr, self._draw_len(wl.prompt_mean, 8, 8192), self._draw_len(wl.output_mean, 4, 2048))
+                Request(
+                    k, t_arr, self._draw_len(wl.prompt_mean, 8, 8192), self._draw_len(wl.output_mean, 4, 2048)
+                )
             )
             k += 1
         out.sort(key=lambda q: (q.arrival, q.k))
@@ -224,8 +252,12 @@ class EngineSim:
         running: list[Request] = []
         waiting: deque[Request] = deque()
         for i in range(wl.init_running):
-            q = Request(i, -float(rng.uniform(0.05e9, 3e9)), self._draw_len(wl.prompt_mean, 8, 8192),
-                        self._draw_len(wl.output_mean, 4, 2048))
+            q = Request(
+                i,
+                -float(rng.uniform(0.05e9, 3e9)),
+                self._draw_len(wl.prompt_mean, 8, 8192),
+                self._draw_len(wl.output_mean, 4, 2048),
+            )
             q.generated = int(rng.integers(max(1, q.output // 2), max(2, q.output)))
             q.computed = q.prompt + q.generated - 1
             q.first_token = q.arrival + 0.05e9
@@ -234,7 +266,9 @@ class EngineSim:
         # KV capacity: healthy peak demand / target utilisation
         demand = sum(math.ceil((q.prompt + q.output) / bs) for q in running)
         demand += sum(
-            math.ceil((q.prompt + min(q.output, wl.steps)) / bs) for q in arrivals if q.arrival < wl.steps * 30e6 / self.time_scale
+            math.ceil((q.prompt + min(q.output, wl.steps)) / bs)
+            for q in arrivals
+            if q.arrival < wl.steps * 30e6 / self.time_scale
         )
         self.kv_blocks = max(64, int(demand / wl.kv_util))
         for q in running:
@@ -258,12 +292,25 @@ class EngineSim:
                 pid=pid,
                 ppid=self.engine_pid if r else self.api_pid,
                 host=self.node,
-                argv=["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", self.model.name,
-                      "--tensor-parallel-size", str(wl.tp)] + ([] if wl.cuda_graphs else ["--enforce-eager"]),
+                argv=[
+                    "python3",
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    self.model.name,
+                    "--tensor-parallel-size",
+                    str(wl.tp),
+                ]
+                + ([] if wl.cuda_graphs else ["--enforce-eager"]),
                 clock_sync=(mono - 3 * 10**9, self.real_base - 3 * 10**9 + err),
                 start_ns=mono - 3 * 10**9,
-                env={"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(wl.tp),
-                     "LOCAL_WORLD_SIZE": str(wl.tp), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(wl.tp)))},
+                env={
+                    "RANK": str(r),
+                    "LOCAL_RANK": str(r),
+                    "WORLD_SIZE": str(wl.tp),
+                    "LOCAL_WORLD_SIZE": str(wl.tp),
+                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(wl.tp))),
+                },
                 producer="teller-sim 1",
             )
             w.thread_name(pid, "EngineCore" if r == 0 else f"VllmWorker-{r}")
@@ -289,7 +336,9 @@ class EngineSim:
             self.fx.step = step
             t = max(rk.host for rk in ranks)
             if kv_fault is not None and step == kv_fault.start_step:
-                arrivals = deque(sorted([*arrivals, *self._kv_burst(kv_fault, t)], key=lambda q: (q.arrival, q.k)))
+                arrivals = deque(
+                    sorted([*arrivals, *self._kv_burst(kv_fault, t)], key=lambda q: (q.arrival, q.k))
+                )
             if net is not None and not net.active(step) and held:
                 for q in held:
                     q.arrival = t - float(rng.uniform(0, 2e6))
@@ -308,7 +357,10 @@ class EngineSim:
             preempt_total += len(new_preempt)
             for q in new_preempt:
                 self.log.vllm(
-                    t + 40e3, "WARNING", "scheduler.py:1560", self.proc(0),
+                    t + 40e3,
+                    "WARNING",
+                    "scheduler.py:1560",
+                    self.proc(0),
                     f"Sequence group {request_id(q.k, self.salt)} is preempted by PreemptionMode.RECOMPUTE "
                     "mode because there is not enough KV cache space. This can affect the end-to-end "
                     "performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more "
@@ -353,10 +405,16 @@ class EngineSim:
             running[:] = still
             for tf, q in finished_pending:
                 delay = self.fx.response_delay_ns() * float(rng.uniform(0.6, 1.4))
-                self.log.vllm(tf + 30e3, "INFO", "logger.py:43", self.api, f"Finished request {request_id(q.k, self.salt)}.")
+                self.log.vllm(
+                    tf + 30e3,
+                    "INFO",
+                    "logger.py:43",
+                    self.api,
+                    f"Finished request {request_id(q.k, self.salt)}.",
+                )
                 self.log.raw(
                     tf + 60e3 + delay,
-                    f"INFO:     {client_addr(q.k, self.salt)} - \"POST /v1/completions HTTP/1.1\" 200 OK",
+                    f'INFO:     {client_addr(q.k, self.salt)} - "POST /v1/completions HTTP/1.1" 200 OK',
                     "stdout",
                 )
             finished_pending.clear()
@@ -392,7 +450,9 @@ class EngineSim:
             pids=[rk.pid for rk in ranks],
         )
 
-    def _admit(self, arrivals: deque[Request], waiting: deque[Request], held: list[Request], t: float) -> float:
+    def _admit(
+        self, arrivals: deque[Request], waiting: deque[Request], held: list[Request], t: float
+    ) -> float:
         """Move the requests that arrived by ``t`` to the waiting queue (or into the network-delay
         hold while the fault lasts)."""
         scale = self.fx.arrival_scale()
@@ -493,7 +553,12 @@ class EngineSim:
         return d + self.fx.host_spike(rk.r, self.rng, kind)
 
     def _step(
-        self, ranks: list[_Rank], step: int, batch: list[tuple[Request, int]], n_prefill: int, t0: float,
+        self,
+        ranks: list[_Rank],
+        step: int,
+        batch: list[tuple[Request, int]],
+        n_prefill: int,
+        t0: float,
         crash: bool,
     ) -> float:
         wl, gpu, model, fx = self.wl, self.gpu, self.model, self.fx
@@ -618,8 +683,14 @@ class EngineSim:
         lat_f = 1.0 + 3.0 * (1.0 / pf - 1.0) / 12.0
         gs = max(s + 3e3, rk.gpu)
         gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf) * self.j() * lat_f
-        rk.gpu_rec("memcpy", f"Memcpy {kind} (Pageable -> Device)" if kind == "HtoD" else
-                   "Memcpy DtoH (Device -> Pageable)", gs, gs + gd, c, args={"bytes": int(nbytes), "kind": kind})
+        rk.gpu_rec(
+            "memcpy",
+            f"Memcpy {kind} (Pageable -> Device)" if kind == "HtoD" else "Memcpy DtoH (Device -> Pageable)",
+            gs,
+            gs + gd,
+            c,
+            args={"bytes": int(nbytes), "kind": kind},
+        )
         rk.gpu = gs + gd
         e = gs + gd + 1.5e3
         rk.span("runtime", "cudaMemcpyAsync", s, e, corr=c, args={"bytes": int(nbytes), "kind": kind})
@@ -651,7 +722,9 @@ class EngineSim:
             base = K.all_reduce_ns(self.gpu, kc.bytes, self.wl.tp, link=self.fx.link())
             for rk, st, c in zip(ranks, starts, corrs, strict=True):
                 e = t_all + base * self.j(0.03)
-                rk.gpu_rec("kernel", kc.name, st, e, c, args={"collective": "allreduce", "bytes": int(kc.bytes)})
+                rk.gpu_rec(
+                    "kernel", kc.name, st, e, c, args={"collective": "allreduce", "bytes": int(kc.bytes)}
+                )
                 rk.gpu = e
             return
         for rk, st, c in zip(ranks, starts, corrs, strict=True):
@@ -673,7 +746,9 @@ class EngineSim:
             for _ in range(n):
                 s = float(self.rng.uniform(t0, t1))
                 name = K.KERNEL_NAMES["foreign_copy" if self.rng.random() < 0.5 else "foreign_elementwise"]
-                rk.gpu_rec("kernel", name, s, s + float(self.rng.uniform(30e3, 400e3)), 0, stream=FOREIGN_STREAM)
+                rk.gpu_rec(
+                    "kernel", name, s, s + float(self.rng.uniform(30e3, 400e3)), 0, stream=FOREIGN_STREAM
+                )
 
     # -- logs ------------------------------------------------------------------------------------
     def _startup_logs(self) -> None:
@@ -683,48 +758,95 @@ class EngineSim:
         eager = (not wl.cuda_graphs) or self.fx.eager()
         P = self.proc(0)
         self.log.vllm(t, "INFO", "api_server.py:1043", self.api, f"vLLM API server version {VLLM_VERSION}")
-        self.log.vllm(t + 2e6, "INFO", "api_server.py:1044", self.api,
-                      f"args: Namespace(model='{self.model.name}', tensor_parallel_size={wl.tp}, "
-                      f"max_num_seqs={wl.max_num_seqs}, max_num_batched_tokens={wl.max_num_batched_tokens}, "
-                      f"enforce_eager={eager}, enable_chunked_prefill=True, gpu_memory_utilization=0.9)")
+        self.log.vllm(
+            t + 2e6,
+            "INFO",
+            "api_server.py:1044",
+            self.api,
+            f"args: Namespace(model='{self.model.name}', tensor_parallel_size={wl.tp}, "
+            f"max_num_seqs={wl.max_num_seqs}, max_num_batched_tokens={wl.max_num_batched_tokens}, "
+            f"enforce_eager={eager}, enable_chunked_prefill=True, gpu_memory_utilization=0.9)",
+        )
         t += float(rng.uniform(3e9, 8e9))
-        self.log.vllm(t, "INFO", "core.py:58", P,
-                      f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model='{self.model.name}', "
-                      f"dtype=torch.bfloat16, max_seq_len=8192, tensor_parallel_size={wl.tp}, "
-                      f"enforce_eager={eager}, kv_cache_dtype=auto, seed=0, "
-                      f"compilation_config={{\"level\":{0 if eager else 3},\"use_cudagraph\":{str(not eager).lower()}}}")
+        self.log.vllm(
+            t,
+            "INFO",
+            "core.py:58",
+            P,
+            f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model='{self.model.name}', "
+            f"dtype=torch.bfloat16, max_seq_len=8192, tensor_parallel_size={wl.tp}, "
+            f"enforce_eager={eager}, kv_cache_dtype=auto, seed=0, "
+            f'compilation_config={{"level":{0 if eager else 3},"use_cudagraph":{str(not eager).lower()}}}',
+        )
         if eager:
-            self.log.vllm(t + 1e6, "WARNING", "cuda.py:93", P,
-                          "To see benefits of async output processing, enable CUDA graph. Since, enforce-eager "
-                          "is enabled, async output processor cannot be used")
+            self.log.vllm(
+                t + 1e6,
+                "WARNING",
+                "cuda.py:93",
+                P,
+                "To see benefits of async output processing, enable CUDA graph. Since, enforce-eager "
+                "is enabled, async output processor cannot be used",
+            )
         if wl.tp > 1:
             for r in range(wl.tp):
-                self.log.vllm(t + 3e9 + r * 1e6, "INFO", "custom_all_reduce_utils.py:244", self.proc(r),
-                              "reading GPU P2P access cache from /root/.cache/vllm/gpu_p2p_access_cache_for_"
-                              f"{','.join(map(str, range(wl.tp)))}.json")
+                self.log.vllm(
+                    t + 3e9 + r * 1e6,
+                    "INFO",
+                    "custom_all_reduce_utils.py:244",
+                    self.proc(r),
+                    "reading GPU P2P access cache from /root/.cache/vllm/gpu_p2p_access_cache_for_"
+                    f"{','.join(map(str, range(wl.tp)))}.json",
+                )
         t += float(rng.uniform(5e9, 40e9))
         wgib = self.model.weight_bytes() / wl.tp / 2**30
         for r in range(wl.tp):
-            self.log.vllm(t + r * 3e6, "INFO", "gpu_model_runner.py:1329", self.proc(r),
-                          f"Model loading took {wgib:.4f} GiB and {rng.uniform(3, 40):.6f} seconds")
+            self.log.vllm(
+                t + r * 3e6,
+                "INFO",
+                "gpu_model_runner.py:1329",
+                self.proc(r),
+                f"Model loading took {wgib:.4f} GiB and {rng.uniform(3, 40):.6f} seconds",
+            )
         t += float(rng.uniform(2e9, 6e9))
         kv_tokens = self.kv_blocks * wl.block_size
-        self.log.vllm(t, "INFO", "kv_cache_utils.py:634", P, f"GPU KV cache size: {fmt_int(kv_tokens)} tokens")
-        self.log.vllm(t + 1e5, "INFO", "kv_cache_utils.py:637", P,
-                      f"Maximum concurrency for 8,192 tokens per request: {kv_tokens / 8192:.2f}x")
+        self.log.vllm(
+            t, "INFO", "kv_cache_utils.py:634", P, f"GPU KV cache size: {fmt_int(kv_tokens)} tokens"
+        )
+        self.log.vllm(
+            t + 1e5,
+            "INFO",
+            "kv_cache_utils.py:637",
+            P,
+            f"Maximum concurrency for 8,192 tokens per request: {kv_tokens / 8192:.2f}x",
+        )
         if not eager:
             t += float(rng.uniform(8e9, 25e9))
-            self.log.vllm(t, "INFO", "gpu_model_runner.py:1686", P,
-                          f"Graph capturing finished in {rng.integers(8, 30)} secs, took "
-                          f"{rng.uniform(0.3, 1.2):.2f} GiB")
+            self.log.vllm(
+                t,
+                "INFO",
+                "gpu_model_runner.py:1686",
+                P,
+                f"Graph capturing finished in {rng.integers(8, 30)} secs, took "
+                f"{rng.uniform(0.3, 1.2):.2f} GiB",
+            )
         t += float(rng.uniform(1e9, 3e9))
-        self.log.vllm(t, "INFO", "core.py:159", P,
-                      f"init engine (profile, create kv cache, warmup model) took {rng.uniform(20, 90):.2f} seconds")
-        self.log.vllm(t + 5e8, "INFO", "launcher.py:28", self.api, "Starting vLLM API server on http://0.0.0.0:8000")
+        self.log.vllm(
+            t,
+            "INFO",
+            "core.py:159",
+            P,
+            f"init engine (profile, create kv cache, warmup model) took {rng.uniform(20, 90):.2f} seconds",
+        )
+        self.log.vllm(
+            t + 5e8, "INFO", "launcher.py:28", self.api, "Starting vLLM API server on http://0.0.0.0:8000"
+        )
 
     def _log_request(self, q: Request) -> None:
         self.log.vllm(
-            q.arrival + 20e3, "INFO", "logger.py:39", self.api,
+            q.arrival + 20e3,
+            "INFO",
+            "logger.py:39",
+            self.api,
             f"Received request {request_id(q.k, self.salt)}: prompt: '', params: SamplingParams(n=1, "
             f"temperature=0.7, top_p=0.95, max_tokens={q.output}), prompt_token_ids: [{q.prompt} tokens], "
             "lora_request: None.",
@@ -736,13 +858,20 @@ class EngineSim:
         if f is not None and f.active(self.fx.step) and rng.random() < 0.15 * f.severity:
             avail = max(0.2, 12.0 * (1.0 - f.severity)) * float(rng.uniform(0.7, 1.3))
             self.log.vllm(
-                t1 + 80e3, "WARNING", "utils.py:562", self.proc(0),
-                f"Host memory is low: {avail:.1f} GiB available, swap used {rng.uniform(2, 40) * f.severity:.1f} GiB; "
+                t1 + 80e3,
+                "WARNING",
+                "utils.py:562",
+                self.proc(0),
+                f"Host memory is low: {avail:.1f} GiB available, swap used "
+                f"{rng.uniform(2, 40) * f.severity:.1f} GiB; "
                 "pinned memory allocations and tokenization may stall",
             )
         elif f is None and rng.random() < 0.004:
             self.log.vllm(
-                t1 + 80e3, "WARNING", "utils.py:562", self.proc(0),
+                t1 + 80e3,
+                "WARNING",
+                "utils.py:562",
+                self.proc(0),
                 f"Host memory is low: {rng.uniform(14, 30):.1f} GiB available, swap used "
                 f"{rng.uniform(0.0, 0.3):.1f} GiB; pinned memory allocations and tokenization may stall",
             )
@@ -753,35 +882,51 @@ class EngineSim:
         P = self.proc(r)
         tried = float(rng.uniform(0.5, 4.0))
         free = float(rng.uniform(0.05, 1.0))
+        site = "/usr/local/lib/python3.12/dist-packages/vllm"
         tb = [
             "Traceback (most recent call last):",
-            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 521, in run_engine_core',
+            f'  File "{site}/v1/engine/core.py", line 521, in run_engine_core',
             "    engine_core.run_busy_loop()",
-            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 1163, in execute_model',
+            f'  File "{site}/v1/worker/gpu_model_runner.py", line 1163, in execute_model',
             "    hidden_states = self.model(",
-            '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/models/llama.py", line 368, in forward',
+            f'  File "{site}/model_executor/models/llama.py", line 368, in forward',
             "    hidden_states, residual = layer(positions, hidden_states, residual)",
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. GPU {r} has a total "
-            f"capacity of {self.gpu.memory_gib:.2f} GiB of which {free:.2f} GiB is free. Process "
-            f"{self.worker_pids[r]} has {self.gpu.memory_gib - free:.2f} GiB memory in use. Of the allocated memory "
-            f"{self.gpu.memory_gib * 0.93:.2f} GiB is allocated by PyTorch, and {rng.uniform(0.1, 0.9):.2f} GiB is "
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. GPU {r} has a "
+            f"total capacity of {self.gpu.memory_gib:.2f} GiB of which {free:.2f} GiB is free. Process "
+            f"{self.worker_pids[r]} has {self.gpu.memory_gib - free:.2f} GiB memory in use. Of the allocated "
+            f"memory {self.gpu.memory_gib * 0.93:.2f} GiB is allocated by PyTorch, and "
+            f"{rng.uniform(0.1, 0.9):.2f} GiB is "
             "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
         ]
         self.log.vllm(t + 0.3e6, "ERROR", "core.py:526", P, "EngineCore encountered a fatal error.", "stderr")
         for k, line in enumerate(tb):
             self.log.raw(t + 0.31e6 + k * 1e3, line)
-        self.log.vllm(t + 2e6, "ERROR", "async_llm.py:399", self.api, "AsyncLLM output_handler failed.", "stderr")
-        self.log.raw(t + 2.1e6, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-                     "See stack trace (above) for the root cause.")
+        self.log.vllm(
+            t + 2e6, "ERROR", "async_llm.py:399", self.api, "AsyncLLM output_handler failed.", "stderr"
+        )
+        self.log.raw(
+            t + 2.1e6,
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+            "See stack trace (above) for the root cause.",
+        )
         for q, _n in batch[:4]:
-            self.log.raw(t + 3e6, f"INFO:     {client_addr(q.k, self.salt)} - \"POST /v1/completions HTTP/1.1\" "
-                         "500 Internal Server Error", "stdout")
+            self.log.raw(
+                t + 3e6,
+                f'INFO:     {client_addr(q.k, self.salt)} - "POST /v1/completions HTTP/1.1" '
+                "500 Internal Server Error",
+                "stdout",
+            )
         self.log.vllm(t + 5e6, "INFO", "launcher.py:80", self.api, "Shutting down FastAPI HTTP server.")
 
 
 def simulate(
-    workload: Workload, faults: list[Fault], rng: np.random.Generator, raw_dir: Path, *, real_base: int,
+    workload: Workload,
+    faults: list[Fault],
+    rng: np.random.Generator,
+    raw_dir: Path,
+    *,
+    real_base: int,
     jitter: float = 0.06,
 ) -> SimResult:
     """Run the engine model and write one raw file per rank into ``raw_dir``."""

@@ -107,7 +107,9 @@ class LogTokenizer:
             for _ts, _stream, text in parse_log(p):
                 cnt.update(t for t, _v in split_log_line(text))
         fixed = list(LOG_SPECIALS) + list(LOG_PLACEHOLDERS)
-        words = sorted((w for w, c in cnt.items() if c >= min_count and w not in fixed), key=lambda w: (-cnt[w], w))
+        words = sorted(
+            (w for w, c in cnt.items() if c >= min_count and w not in fixed), key=lambda w: (-cnt[w], w)
+        )
         return cls(fixed + words[: max(0, vocab_size - len(fixed))])
 
     def encode_lines(self, lines: list[tuple[int, str, str]], t0: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +130,13 @@ class LogTokenizer:
         return np.asarray(ids, dtype=np.uint32), np.asarray(feats, dtype=np.float32).reshape(-1, 2)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": LOG_TOKENIZER_FORMAT, "version": 1, "vocab": self.vocab,
-                "specials": list(LOG_SPECIALS), "placeholders": list(LOG_PLACEHOLDERS)}
+        return {
+            "format": LOG_TOKENIZER_FORMAT,
+            "version": 1,
+            "vocab": self.vocab,
+            "specials": list(LOG_SPECIALS),
+            "placeholders": list(LOG_PLACEHOLDERS),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LogTokenizer:
@@ -185,10 +192,16 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
         ann = json.loads((sd / "annotation.json").read_text())
-        tr = _trace.load(sd / "trace.json", step_names=tok.settings.get("step_names"),
-                         normalize=tok.settings.get("normalize"), warn=False)
+        tr = _trace.load(
+            sd / "trace.json",
+            step_names=tok.settings.get("step_names"),
+            normalize=tok.settings.get("normalize"),
+            warn=False,
+        )
         enc = tok.encode(tr)
-        ev = np.asarray(enc.events if enc.events is not None else np.full(int(enc.offsets[-1]), -1), dtype=np.int64)
+        ev = np.asarray(
+            enc.events if enc.events is not None else np.full(int(enc.offsets[-1]), -1), dtype=np.int64
+        )
         mask = culprit_mask(tr, ann)
         base_c = np.zeros(len(ev), dtype=np.int64)
         ok = ev >= 0
@@ -211,9 +224,16 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         offs["segment_offsets"].append(offs["segment_offsets"][-1] + len(enc.segment_starts))
         offs["log_offsets"].append(offs["log_offsets"][-1] + len(lids))
         lab.append(labels.index(ann["label"]))
-    dtypes = {"trace_ids": np.uint32, "trace_features": np.float32, "trace_culprit": np.bool_,
-              "token_event_pos": np.int64, "base_events": np.int64, "segment_starts": np.int64,
-              "log_ids": np.uint32, "log_features": np.float32}
+    dtypes = {
+        "trace_ids": np.uint32,
+        "trace_features": np.float32,
+        "trace_culprit": np.bool_,
+        "token_event_pos": np.int64,
+        "base_events": np.int64,
+        "segment_starts": np.int64,
+        "log_ids": np.uint32,
+        "log_features": np.float32,
+    }
     for k, parts in cols.items():
         width = 5 if k == "trace_features" else (2 if k == "log_features" else 0)
         empty = np.zeros((0, width) if width else 0, dtype=dtypes[k])
@@ -254,8 +274,9 @@ def tokenize_dataset(
     data = Path(data_dir)
     man_path = data / "manifest.json"
     if not man_path.is_file():
-        raise TellerFileNotFoundError(f"{man_path}: no dataset manifest (run `teller dataset generate`)",
-                                      path=str(man_path))
+        raise TellerFileNotFoundError(
+            f"{man_path}: no dataset manifest (run `teller dataset generate`)", path=str(man_path)
+        )
     tpath = Path(tokenizer_dir)
     tfile = tpath / tpe.FILE_NAME if tpath.is_dir() else tpath
     if not tfile.is_file():
@@ -286,8 +307,17 @@ def tokenize_dataset(
         shards = []
         for k in range(0, len(ids), shard_size):
             name = f"{split}-{k // shard_size:05d}"
-            jobs.append({"name": name, "samples": ids[k : k + shard_size], "data": str(data), "out": str(out),
-                         "tokenizer": str(tfile), "log_tokenizer": str(lt_path), "labels": labels})
+            jobs.append(
+                {
+                    "name": name,
+                    "samples": ids[k : k + shard_size],
+                    "data": str(data),
+                    "out": str(out),
+                    "tokenizer": str(tfile),
+                    "log_tokenizer": str(lt_path),
+                    "labels": labels,
+                }
+            )
             shards.append({"name": name, "rows": [k, min(k + shard_size, len(ids))]})
         splits[split] = {"samples": list(ids), "shards": shards}
     infos: dict[str, dict[str, Any]] = {}
@@ -315,11 +345,23 @@ def tokenize_dataset(
         "format": SHARDS_FORMAT,
         "version": SHARDS_VERSION,
         "run_id": run_id,
-        "dataset": {"path": str(data.resolve()), "manifest_sha256": d_hash, "num_samples": man["num_samples"]},
-        "tokenizer": {"path": str(tfile.resolve()), "sha256": t_hash, "vocab_size": tok.vocab_size,
-                      "feature_names": list(tpe.FEATURE_NAMES)},
-        "log_tokenizer": {"path": "log_tokenizer.json", "sha256": _sha256(lt_path), "vocab_size": lt_vocab,
-                          "feature_names": list(LOG_FEATURE_NAMES)},
+        "dataset": {
+            "path": str(data.resolve()),
+            "manifest_sha256": d_hash,
+            "num_samples": man["num_samples"],
+        },
+        "tokenizer": {
+            "path": str(tfile.resolve()),
+            "sha256": t_hash,
+            "vocab_size": tok.vocab_size,
+            "feature_names": list(tpe.FEATURE_NAMES),
+        },
+        "log_tokenizer": {
+            "path": "log_tokenizer.json",
+            "sha256": _sha256(lt_path),
+            "vocab_size": lt_vocab,
+            "feature_names": list(LOG_FEATURE_NAMES),
+        },
         "label_names": labels,
         "settings": settings,
         "arrays": ARRAYS,
