@@ -197,6 +197,10 @@ def test_generate_refuses_other_dataset_and_resumes(tmp_path):
     generate(d, num_samples=3, seed=1, preset="tiny")
     with pytest.raises(ConfigError, match="already holds a dataset"):
         generate(d, num_samples=3, seed=2, preset="tiny")
+    # the same command again is a no-op that keeps the bytes
+    before = _files(d)
+    generate(d, num_samples=3, seed=1, preset="tiny")
+    assert _files(d) == before
     # an interrupted run: a stamp and some complete samples; the rerun completes the rest
     r = tmp_path / "resume"
     generate(r, num_samples=3, seed=1, preset="tiny")

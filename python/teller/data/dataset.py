@@ -391,7 +391,13 @@ def generate(
                 f"{out}: holds a dataset generated with another seed or configuration; use a new directory"
             )
     elif man_path.exists() and not stamp.exists():
-        raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
+        try:
+            old_man = json.loads(man_path.read_text())
+        except json.JSONDecodeError:
+            old_man = {}
+        same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} == cfg_key
+        if not (same and resume):
+            raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
     stamp.write_text(json.dumps(cfg_key, sort_keys=True))
     plans = plan(cfg, n, seed)
     todo = [p for p in plans if not (resume and (out / p.sample_id / "annotation.json").is_file())]
