@@ -245,3 +245,24 @@ def test_cli_generate_validate(tmp_path):
     assert "s000001/annotation.json $.faults[0].layer" in r.stdout
     r = _teller("dataset", "generate", "--output-dir", str(tmp_path / "x"), "--preset", "nope")
     assert r.returncode == 2 and "unknown preset" in r.stderr
+
+
+def test_secondary_faults(tmp_path):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text("base: tiny\nsecondary_fault_fraction: 1.0\n")
+    d = tmp_path / "multi"
+    generate(d, num_samples=8, seed=4, config=cfg)
+    assert validate(d) == []
+    n_multi = 0
+    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
+        ann = _ann(d, sd.name)
+        if ann["label"] == "normal":
+            assert ann["faults"] == []
+            continue
+        assert ann["faults"][0]["type"] == ann["label"]
+        if len(ann["faults"]) == 2:
+            n_multi += 1
+            sec = ann["faults"][1]
+            assert sec["type"] != ann["label"] and sec["params"]["role"] == "secondary"
+            assert sec["severity"] <= 0.5
+    assert n_multi >= 5

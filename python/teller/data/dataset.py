@@ -152,6 +152,9 @@ def _check_config(cfg: dict[str, Any]) -> None:
         and sum(sp.values()) > 0
     ):
         raise ConfigError("config: splits must map train, val, test to non-negative fractions")
+    sf = cfg.get("secondary_fault_fraction", 0.0)
+    if not isinstance(sf, (int, float)) or not 0 <= sf <= 1:
+        raise ConfigError(f"config: secondary_fault_fraction must be in [0, 1], got {sf!r}")
     ood = cfg.get("ood_fraction")
     if not isinstance(ood, (int, float)) or not 0 <= ood < 1:
         raise ConfigError(f"config: ood_fraction must be in [0, 1), got {ood!r}")
@@ -291,10 +294,25 @@ def generate_sample(cfg: dict[str, Any], seed: int, p: SamplePlan, out_dir: Path
     rng = sample_rng(seed, p.index)
     wl = draw_workload(cfg, rng, p.label, p.ood)
     faults: list[Fault] = []
+    sev_lo, sev_hi = (float(x) for x in cfg["severity"])
     if p.label != NORMAL:
-        faults.append(
-            draw_fault(p.label, rng, steps=wl.steps, tp=wl.tp, severity_range=tuple(cfg["severity"]))  # type: ignore[arg-type]
-        )
+        faults.append(draw_fault(p.label, rng, steps=wl.steps, tp=wl.tp, severity_range=(sev_lo, sev_hi)))
+        frac = float(cfg.get("secondary_fault_fraction", 0.0))
+        if frac > 0 and rng.random() < frac:
+            # a milder, unrelated co-occurring fault: the label stays the primary one
+            pool = [
+                c
+                for c in cfg["classes"]
+                if c not in (NORMAL, p.label, "oom_error", "eager_mode_misconfig")
+                and (wl.tp >= 2 or not FAULT_INFO[c][1])
+            ]
+            if pool:
+                kind = pool[int(rng.integers(len(pool)))]
+                sec = draw_fault(
+                    kind, rng, steps=wl.steps, tp=wl.tp, severity_range=(sev_lo, min(sev_hi, 0.5))
+                )
+                sec.params["role"] = "secondary"
+                faults.append(sec)
     real_base = REAL_BASE0 + p.index * 7_200_000_000_000 + int(rng.integers(0, 3_600_000_000_000))
     final = out_dir / p.sample_id
     tmp = out_dir / f".tmp-{p.sample_id}"
