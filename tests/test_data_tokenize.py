@@ -169,3 +169,25 @@ def test_cli_tokenize(setup, tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "manifest" in r.stderr
+
+
+def test_sharded_split_random_access(setup):
+    from teller.data.tokenize import ShardedSplit
+
+    data, tdir, out = setup
+    man = json.loads((out / "manifest.json").read_text())
+    ds = ShardedSplit(out, "train")
+    assert len(ds) == len(man["splits"]["train"]["samples"])
+    tok = tpe.load(tdir)
+    for i in (0, len(ds) // 2, len(ds) - 1, -1):
+        x = ds[i]
+        sid = x["sample_id"]
+        ann = json.loads((data / sid / "annotation.json").read_text())
+        assert ds.label_names[x["label"]] == ann["label"]
+        enc = tok.encode(teller.trace.load(data / sid / "trace.json", warn=False))
+        np.testing.assert_array_equal(x["trace_ids"], enc.ids)
+        np.testing.assert_array_equal(x["segment_starts"], enc.segment_starts)
+        assert x["trace_features"].shape == (len(enc.ids), 5) and len(x["trace_culprit"]) == len(enc.ids)
+        assert len(x["log_ids"]) == len(x["log_features"]) > 0
+    with pytest.raises(IndexError):
+        ds[len(ds)]

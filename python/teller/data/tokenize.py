@@ -379,3 +379,58 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
     if not (d / "done.json").is_file():
         raise TellerFileNotFoundError(f"{d}: no such complete shard", path=str(d))
     return {k: np.load(d / f"{k}.npy", mmap_mode="r" if mmap else None) for k in ARRAYS}
+
+
+class ShardedSplit:
+    """Random access to the samples of one split of a tokenized run (memory-mapped, no copies until
+    indexed): ``ShardedSplit(run_dir, "train")[i]`` is a dict of that sample's arrays plus its
+    ``label`` (int) and ``sample_id``. Usable directly as a map-style PyTorch dataset."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], split: str) -> None:
+        self.run_dir = Path(run_dir)
+        mp_ = self.run_dir / "manifest.json"
+        if not mp_.is_file():
+            raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
+        self.manifest = json.loads(mp_.read_text())
+        if split not in self.manifest["splits"]:
+            raise ConfigError(f"unknown split {split!r}; known: {', '.join(self.manifest['splits'])}")
+        sp = self.manifest["splits"][split]
+        self.sample_ids: list[str] = list(sp["samples"])
+        self.label_names: list[str] = list(self.manifest["label_names"])
+        self._shards = sp["shards"]
+        self._starts = np.array([s["rows"][0] for s in self._shards], dtype=np.int64)
+        self._cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def _shard(self, name: str) -> dict[str, np.ndarray]:
+        a = self._cache.get(name)
+        if a is None:
+            a = self._cache[name] = load_shard(self.run_dir, name)
+        return a
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        sh = self._shards[k]
+        a = self._shard(sh["name"])
+        r = i - sh["rows"][0]
+        o0, o1 = int(a["trace_offsets"][r]), int(a["trace_offsets"][r + 1])
+        b0, b1 = int(a["base_offsets"][r]), int(a["base_offsets"][r + 1])
+        s0, s1 = int(a["segment_offsets"][r]), int(a["segment_offsets"][r + 1])
+        l0, l1 = int(a["log_offsets"][r]), int(a["log_offsets"][r + 1])
+        return {
+            "sample_id": self.sample_ids[i],
+            "label": int(a["labels"][r]),
+            "trace_ids": a["trace_ids"][o0:o1],
+            "trace_features": a["trace_features"][o0:o1],
+            "trace_culprit": a["trace_culprit"][o0:o1],
+            "token_event_pos": a["token_event_pos"][o0:o1],
+            "base_events": a["base_events"][b0:b1],
+            "segment_starts": a["segment_starts"][s0:s1],
+            "log_ids": a["log_ids"][l0:l1],
+            "log_features": a["log_features"][l0:l1],
+        }
