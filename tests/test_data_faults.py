@@ -99,9 +99,11 @@ def ratio(a: np.ndarray, b: np.ndarray) -> float:
 def test_gpu_throttle_slows_compute_bound_gemms_not_memory_bound(tmp_path):
     ok, _ = run(tmp_path, PREFILL, None)
     bad, _ = run(tmp_path, PREFILL, "gpu_throttle", params={"cause": "power_cap"})
-    assert ratio(kernels(bad, "gemm", large_tile=True), kernels(ok, "gemm", large_tile=True)) > 1.6
-    assert ratio(kernels(bad, "rms_norm"), kernels(ok, "rms_norm")) < 1.15
-    assert ratio(kernels(bad, "silu_and_mul"), kernels(ok, "silu_and_mul")) < 1.15
+    gemm = ratio(kernels(bad, "gemm", large_tile=True), kernels(ok, "gemm", large_tile=True))
+    assert gemm > 1.6
+    for fam in ("rms_norm", "silu_and_mul"):
+        r = ratio(kernels(bad, fam), kernels(ok, fam))
+        assert r < 1.35 and gemm > 1.4 * r, fam
 
 
 def test_hbm_contention_slows_memory_bound_kernels_and_shows_foreign_kernels(tmp_path):
