@@ -266,3 +266,11 @@ def test_secondary_faults(tmp_path):
             assert sec["type"] != ann["label"] and sec["params"]["role"] == "secondary"
             assert sec["severity"] <= 0.5
     assert n_multi >= 5
+
+
+def test_fault_windows_inside_trace(tiny):
+    for sd in sorted(p for p in tiny.iterdir() if p.is_dir()):
+        ann = _ann(tiny, sd.name)
+        t0, t1 = ann["trace"]["start_ns"], ann["trace"]["end_ns"]
+        for f in ann["faults"]:
+            assert t0 <= f["start_ns"] < f["end_ns"] <= t1 + 1, (sd.name, f["type"])

@@ -282,6 +282,13 @@ def _fault_json(f: Fault, real_base: int, pids: list[int]) -> dict[str, Any]:
     }
 
 
+def _clip(f: dict[str, Any], t0: int, t1: int) -> dict[str, Any]:
+    """Keep a fault window inside the trace span (whole-run faults start before the first event)."""
+    f["start_ns"] = min(max(f["start_ns"], t0), t1)
+    f["end_ns"] = max(min(f["end_ns"], t1 + 1), f["start_ns"])
+    return f
+
+
 def _json_dump(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
@@ -346,7 +353,7 @@ def generate_sample(cfg: dict[str, Any], seed: int, p: SamplePlan, out_dir: Path
         "split": p.split,
         "ood": p.ood,
         "workload": workload,
-        "faults": [_fault_json(f, real_base, res.pids) for f in res.faults],
+        "faults": [_clip(_fault_json(f, real_base, res.pids), t_start, t_end) for f in res.faults],
         "trace": {"start_ns": t_start, "end_ns": t_end, "events": len(tr), "steps": len(tr.steps())},
         "stats": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.stats.items()},
     }
