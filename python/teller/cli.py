@@ -546,6 +546,146 @@ def tpe_inspect(
     console.print(t)
 
 
+# ---------------------------------------------------------------------------------------------------
+# dataset / tokenize (teller.data)
+
+dataset_app = typer.Typer(
+    help="Generate and validate RCA datasets (the LLM-serving fault simulator).", no_args_is_help=True
+)
+app.add_typer(dataset_app, name="dataset")
+
+
+def _progress_bar(label: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
+
+
+@dataset_app.command("generate")
+def dataset_generate(
+    output_dir: Annotated[str, typer.Option("--output-dir", help="The dataset directory to create.")],
+    num_samples: Annotated[
+        int | None, typer.Option("--num-samples", help="Samples to generate (default: the preset's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed: same seed and configuration, identical bytes.")] = 0,
+    preset: Annotated[
+        str | None, typer.Option(help="tiny (tests), default (the benchmark) or large.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option(help="A YAML file overlaid on the preset (its `base:` names the preset).")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+) -> None:
+    """Simulate a vLLM-like serving engine with injected faults: trace.json, log.txt, annotation.json
+    per sample, manifest.json with splits (train/val/test/test_ood). Resumes an interrupted run."""
+    from teller.data import generate
+
+    t0 = time.perf_counter()
+    try:
+        with _progress_bar("generating") as prog:
+            task = prog.add_task("samples", total=None)
+
+            def cb(done: int, total: int) -> None:
+                prog.update(task, completed=done, total=total)
+
+            man = generate(
+                output_dir,
+                num_samples=num_samples,
+                seed=seed,
+                preset=preset,
+                config=config,
+                workers=workers,
+                progress=cb,
+            )
+    except TellerError as e:
+        raise _fail(e) from None
+    dt = time.perf_counter() - t0
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in man["splits"].items())
+    err_console.print(
+        f"{man['num_samples']} samples ({sizes}), {man['events']['total']} events "
+        f"(mean {man['events']['mean']:.0f}/sample) in {dt:.1f} s",
+        highlight=False,
+    )
+    print(output_dir)
+
+
+@dataset_app.command("validate")
+def dataset_validate(
+    directory: Annotated[str, typer.Argument(help="The dataset directory.")],
+    deep: Annotated[
+        bool, typer.Option(help="Also parse every trace.json and check it against its annotation.")
+    ] = False,
+    max_problems: Annotated[int, typer.Option(help="Print at most this many problems.")] = 200,
+) -> None:
+    """Check every sample against the annotation schema (and the manifest against its schema); print
+    each problem with its file and JSON path; exit 1 if there is any."""
+    from teller.data import validate
+
+    try:
+        problems = validate(directory, deep=deep)
+    except TellerError as e:
+        raise _fail(e) from None
+    for p in problems[:max_problems]:
+        console.print(f"[red]{p.path}[/]: {p.message}", highlight=False, soft_wrap=True)
+    if len(problems) > max_problems:
+        console.print(f"... and {len(problems) - max_problems} more", highlight=False)
+    if problems:
+        err_console.print(f"[bold red]{len(problems)} problem(s)[/]", highlight=False)
+        raise typer.Exit(1)
+    err_console.print("[green]ok[/]: the dataset is valid", highlight=False)
+
+
+@app.command("tokenize")
+def tokenize_cmd(
+    data_dir: Annotated[str, typer.Option("--data-dir", help="A dataset directory (manifest.json).")],
+    tokenizer_dir: Annotated[
+        str, typer.Option("--tokenizer-dir", help="Directory (or file) of the TPE tokenizer.json.")
+    ],
+    output_dir: Annotated[str, typer.Option("--output-dir", help="Shards go to OUTPUT_DIR/<run-id>/.")],
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="Run id (default: a hash of dataset, tokenizer and settings; reruns resume)."),
+    ] = None,
+    shard_size: Annotated[int, typer.Option(help="Samples per shard.")] = 256,
+    workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+    log_vocab_size: Annotated[int, typer.Option(help="Log word vocabulary size (built on train).")] = 4096,
+) -> None:
+    """Encode every sample with TPE (ids, timing features, token->event offsets, culprit mask) and its
+    log with the log tokenizer, into memory-mapped .npy shards plus manifest.json. Resumable."""
+    from teller.data.tokenize import tokenize_dataset
+
+    t0 = time.perf_counter()
+    try:
+        with _progress_bar("tokenizing") as prog:
+            task = prog.add_task("shards", total=None)
+
+            def cb(done: int, total: int) -> None:
+                prog.update(task, completed=done, total=total)
+
+            out = tokenize_dataset(
+                data_dir,
+                tokenizer_dir,
+                output_dir,
+                run_id=run_id,
+                shard_size=shard_size,
+                workers=workers,
+                log_vocab_size=log_vocab_size,
+                progress=cb,
+            )
+    except TellerError as e:
+        raise _fail(e) from None
+    err_console.print(f"tokenized in {time.perf_counter() - t0:.1f} s", highlight=False)
+    print(out)
+
+
 def main() -> None:
     try:
         app()

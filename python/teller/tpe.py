@@ -376,6 +376,18 @@ def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
         return [p]
     if (p / "raw").is_dir():
         return [p]
+    man = p / "manifest.json"
+    if man.is_file():
+        # a teller dataset (docs/dataset.md): train on its train split only (no test leakage)
+        try:
+            m = json.loads(man.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            m = None
+        if isinstance(m, dict) and m.get("format") == "teller-dataset":
+            train = [p / sid / "trace.json" for sid in m.get("splits", {}).get("train", [])]
+            if not train:
+                raise ConfigError(f"{p}: the dataset has no train samples to train a tokenizer on")
+            return train
     found: list[Path] = []
     for child in sorted(p.iterdir()):
         if child.is_dir():

@@ -1,0 +1,709 @@
+"""Datasets: configuration and presets, the sample plan (labels, stratified splits, OOD workloads),
+the generate driver (parallel, deterministic, resumable), validation, and the culprit mask.
+
+Layout (``docs/dataset.md``)::
+
+    D/manifest.json
+    D/s000000/{trace.json, log.txt, annotation.json[, raw/*.tmsgpack]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from teller import __version__
+from teller.data import kernels as K
+from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
+from teller.data.simulator import Workload, simulate
+from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
+
+GENERATOR = "teller-sim"
+GENERATOR_VERSION = 1
+DATASET_FORMAT = "teller-dataset"
+DATASET_VERSION = 1
+SAMPLE_FORMAT = "teller-sample"
+SPLITS = ("train", "val", "test", "test_ood")
+REAL_BASE0 = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z: sample clocks start from here
+
+ProgressFn = Callable[[int, int], Any]
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    d = resources.files("teller.data") / "presets"
+    return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(text: str, where: str) -> dict[str, Any]:
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {e}", path=where) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: the configuration must be a mapping", path=where)
+    return cfg
+
+
+def load_config(preset: str | None = None, config: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A preset (default ``default``), optionally overlaid by a YAML file (whose ``base`` key may name
+    the preset to start from). Returns the validated, complete configuration."""
+    if config is not None:
+        p = Path(config)
+        if not p.is_file():
+            raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
+        user = _read_yaml(p.read_text(), str(p))
+        base = preset or user.pop("base", None) or "default"
+    else:
+        user = {}
+        base = preset or "default"
+    if base not in preset_names():
+        raise ConfigError(f"unknown preset {base!r}; known: {', '.join(preset_names())}")
+    text = (resources.files("teller.data") / "presets" / f"{base}.yaml").read_text()
+    cfg = _read_yaml(text, f"preset {base}")
+    cfg = _merge(cfg, user)
+    cfg["preset"] = base
+    _check_config(cfg)
+    return cfg
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _range(cfg: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> None:
+    v = cfg.get(key)
+    if not (
+        isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]
+    ):
+        raise ConfigError(f"config: {key} must be a [min, max] pair of numbers, got {v!r}")
+    if (lo is not None and v[0] < lo) or (hi is not None and v[1] > hi):
+        raise ConfigError(f"config: {key} must lie within [{lo}, {hi}], got {v!r}")
+
+
+def _check_config(cfg: dict[str, Any]) -> None:
+    for key in ("num_samples", "traced_layers"):
+        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
+            raise ConfigError(f"config: {key} must be a positive integer, got {cfg.get(key)!r}")
+    _range(cfg, "steps", 4, 10_000)
+    _range(cfg, "severity", 0.0, 1.0)
+    w = cfg.get("workloads")
+    if not isinstance(w, dict):
+        raise ConfigError("config: workloads must be a mapping")
+    for key in (
+        "rate",
+        "prompt_mean",
+        "output_mean",
+        "init_running",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_util",
+    ):
+        _range(w, key, 0)
+    for part in ("in_dist", "ood"):
+        d = w.get(part)
+        if not isinstance(d, dict):
+            raise ConfigError(f"config: workloads.{part} must be a mapping")
+        for key, known in (
+            ("models", K.MODELS),
+            ("gpus", K.GPUS),
+            ("arrivals", ("poisson", "bursty", "ramp")),
+        ):
+            vals = d.get(key, [])
+            if not isinstance(vals, list) or (part == "in_dist" and not vals):
+                raise ConfigError(f"config: workloads.{part}.{key} must be a list (non-empty for in_dist)")
+            for v in vals:
+                if v not in known:
+                    raise ConfigError(
+                        f"config: workloads.{part}.{key}: unknown {v!r}; known: {', '.join(known)}"
+                    )
+    tps = w.get("tp")
+    if not (isinstance(tps, list) and tps and all(isinstance(x, int) and x >= 1 for x in tps)):
+        raise ConfigError(f"config: workloads.tp must be a non-empty list of positive integers, got {tps!r}")
+    classes = cfg.get("classes")
+    if not (isinstance(classes, list) and classes):
+        raise ConfigError("config: classes must be a non-empty list of labels")
+    for c in classes:
+        if c not in LABELS:
+            raise ConfigError(f"config: unknown class {c!r}; known: {', '.join(LABELS)}")
+        if c != NORMAL and FAULT_INFO[c][1] and max(tps) < 2:
+            raise ConfigError(f"config: class {c!r} needs tensor parallelism: add a tp >= 2 to workloads.tp")
+    sp = cfg.get("splits")
+    if not (
+        isinstance(sp, dict)
+        and set(sp) == {"train", "val", "test"}
+        and all(isinstance(v, (int, float)) and v >= 0 for v in sp.values())
+        and sum(sp.values()) > 0
+    ):
+        raise ConfigError("config: splits must map train, val, test to non-negative fractions")
+    sf = cfg.get("secondary_fault_fraction", 0.0)
+    if not isinstance(sf, (int, float)) or not 0 <= sf <= 1:
+        raise ConfigError(f"config: secondary_fault_fraction must be in [0, 1], got {sf!r}")
+    ood = cfg.get("ood_fraction")
+    if not isinstance(ood, (int, float)) or not 0 <= ood < 1:
+        raise ConfigError(f"config: ood_fraction must be in [0, 1), got {ood!r}")
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    index: int
+    sample_id: str
+    label: str
+    split: str
+
+    @property
+    def ood(self) -> bool:
+        return self.split == "test_ood"
+
+
+def sample_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
+    """The RNG of one sample: independent of the worker that generates it."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(index), int(stream)]))
+
+
+def plan(cfg: dict[str, Any], num_samples: int, seed: int) -> list[SamplePlan]:
+    """Labels round-robin over the classes; per class, a seeded permutation assigns ``ood_fraction``
+    of the samples to ``test_ood`` and splits the rest train/val/test by the configured fractions."""
+    classes: list[str] = list(cfg["classes"])
+    labels = [classes[i % len(classes)] for i in range(num_samples)]
+    split = [""] * num_samples
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5B117]))
+    fr = cfg["splits"]
+    tot = float(sum(fr.values()))
+    for c in classes:
+        idx = np.array([i for i in range(num_samples) if labels[i] == c], dtype=np.int64)
+        idx = idx[rng.permutation(len(idx))]
+        n = len(idx)
+        n_ood = int(round(n * float(cfg["ood_fraction"])))
+        rest = n - n_ood
+        n_val = int(round(rest * fr["val"] / tot))
+        n_test = int(round(rest * fr["test"] / tot))
+        n_train = rest - n_val - n_test
+        names = ["test_ood"] * n_ood + ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
+        for i, s in zip(idx.tolist(), names, strict=True):
+            split[i] = s
+    return [SamplePlan(i, f"s{i:06d}", labels[i], split[i]) for i in range(num_samples)]
+
+
+def draw_workload(cfg: dict[str, Any], rng: np.random.Generator, label: str, ood: bool) -> Workload:
+    w = cfg["workloads"]
+    ind, oo = w["in_dist"], w["ood"]
+    dims = ("models", "gpus", "arrivals")
+    pick_ood: set[str] = set()
+    if ood:
+        avail = [d for d in dims if oo.get(d)]
+        if not avail:
+            raise ConfigError("config: ood_fraction > 0 needs at least one workloads.ood list")
+        k = int(rng.integers(1, len(avail) + 1))
+        pick_ood = {avail[j] for j in rng.permutation(len(avail))[:k]}
+
+    def choose(d: str) -> str:
+        pool = oo[d] if d in pick_ood else ind[d]
+        return str(pool[int(rng.integers(len(pool)))])
+
+    model, gpu, arrival = choose("models"), choose("gpus"), choose("arrivals")
+    tps = list(w["tp"])
+    if label != NORMAL and FAULT_INFO[label][1]:
+        tps = [t for t in tps if t >= 2]
+    # the weights must fit: at most 70 % of the GPU memory per rank
+    mspec, gspec = K.model_spec(model), K.gpu_spec(gpu)
+    fits = [t for t in tps if mspec.weight_bytes() / t <= 0.7 * gspec.memory_gib * 2**30]
+    tps = fits or [max(tps)]
+    tp = int(tps[int(rng.integers(len(tps)))])
+
+    def u(key: str) -> float:
+        lo, hi = w[key]
+        return float(rng.uniform(lo, hi))
+
+    steps_lo, steps_hi = cfg["steps"]
+    return Workload(
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        arrival=arrival,
+        rate=round(u("rate"), 2),
+        prompt_mean=int(u("prompt_mean")),
+        output_mean=int(u("output_mean")),
+        cuda_graphs=label != "eager_mode_misconfig",
+        max_num_seqs=int(u("max_num_seqs")),
+        max_num_batched_tokens=int(u("max_num_batched_tokens")) // 256 * 256 or 256,
+        steps=int(rng.integers(steps_lo, steps_hi + 1)),
+        traced_layers=int(cfg["traced_layers"]),
+        init_running=int(u("init_running")),
+        kv_util=round(u("kv_util"), 3),
+        log_every_steps=int(cfg.get("log_every_steps", 4)),
+    )
+
+
+# -- one sample ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _chdir(path: Path) -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _fault_json(f: Fault, real_base: int, pids: list[int]) -> dict[str, Any]:
+    target = dict(f.target)
+    r = target.get("rank")
+    target["pid"] = pids[r] if r is not None and r < len(pids) else None
+    return {
+        "type": f.type,
+        "layer": f.layer,
+        "target": target,
+        "start_ns": real_base + f.start_ns,
+        "end_ns": real_base + f.end_ns,
+        "severity": round(f.severity, 4),
+        "params": f.params,
+    }
+
+
+def _clip(f: dict[str, Any], t0: int, t1: int) -> dict[str, Any]:
+    """Keep a fault window inside the trace span (whole-run faults start before the first event)."""
+    f["start_ns"] = min(max(f["start_ns"], t0), t1)
+    f["end_ns"] = max(min(f["end_ns"], t1 + 1), f["start_ns"])
+    return f
+
+
+def _json_dump(obj: Any, path: Path) -> None:
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def generate_sample(cfg: dict[str, Any], seed: int, p: SamplePlan, out_dir: Path) -> dict[str, Any]:
+    """Simulate one sample into ``out_dir/<sample_id>`` (written to a temporary directory, then
+    renamed: a sample directory that exists is complete). Returns its annotation."""
+    from teller import trace as _trace
+
+    rng = sample_rng(seed, p.index)
+    wl = draw_workload(cfg, rng, p.label, p.ood)
+    faults: list[Fault] = []
+    sev_lo, sev_hi = (float(x) for x in cfg["severity"])
+    if p.label != NORMAL:
+        faults.append(draw_fault(p.label, rng, steps=wl.steps, tp=wl.tp, severity_range=(sev_lo, sev_hi)))
+        frac = float(cfg.get("secondary_fault_fraction", 0.0))
+        if frac > 0 and rng.random() < frac:
+            # a milder, unrelated co-occurring fault: the label stays the primary one
+            pool = [
+                c
+                for c in cfg["classes"]
+                if c not in (NORMAL, p.label, "oom_error", "eager_mode_misconfig")
+                and (wl.tp >= 2 or not FAULT_INFO[c][1])
+            ]
+            if pool:
+                kind = pool[int(rng.integers(len(pool)))]
+                sec = draw_fault(
+                    kind, rng, steps=wl.steps, tp=wl.tp, severity_range=(sev_lo, min(sev_hi, 0.5))
+                )
+                sec.params["role"] = "secondary"
+                faults.append(sec)
+    real_base = REAL_BASE0 + p.index * 7_200_000_000_000 + int(rng.integers(0, 3_600_000_000_000))
+    final = out_dir / p.sample_id
+    tmp = out_dir / f".tmp-{p.sample_id}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    res = simulate(wl, faults, rng, tmp / "raw", real_base=real_base, jitter=float(cfg.get("jitter", 0.06)))
+    with _chdir(tmp):
+        tr = _trace.load("raw", warn=False)
+        tr.to_chrome("trace.json")
+    (tmp / "log.txt").write_text(res.log)
+    ts = tr.ts
+    t_start = int(ts.min()) if len(tr) else real_base
+    t_end = int((ts + tr.dur).max()) if len(tr) else real_base
+    m = K.model_spec(wl.model)
+    workload = wl.to_dict()
+    workload.update(
+        {
+            "model_name": m.name,
+            "model_layers": m.layers,
+            "gpu_name": K.gpu_spec(wl.gpu).name,
+            "kv_blocks": int(res.stats["kv_blocks"]),
+            "processes": [{"rank": r, "pid": pid, "device": r} for r, pid in enumerate(res.pids)],
+        }
+    )
+    ann = {
+        "format": SAMPLE_FORMAT,
+        "version": DATASET_VERSION,
+        "sample_id": p.sample_id,
+        "label": p.label,
+        "split": p.split,
+        "ood": p.ood,
+        "workload": workload,
+        "faults": [_clip(_fault_json(f, real_base, res.pids), t_start, t_end) for f in res.faults],
+        "trace": {"start_ns": t_start, "end_ns": t_end, "events": len(tr), "steps": len(tr.steps())},
+        "stats": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.stats.items()},
+    }
+    _json_dump(ann, tmp / "annotation.json")
+    if not cfg.get("keep_raw", False):
+        shutil.rmtree(tmp / "raw")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return ann
+
+
+def _worker(args: tuple[dict[str, Any], int, SamplePlan, str]) -> tuple[int, dict[str, Any]]:
+    cfg, seed, p, out = args
+    return p.index, _summary(generate_sample(cfg, seed, p, Path(out)))
+
+
+def _summary(ann: dict[str, Any]) -> dict[str, Any]:
+    return {"events": ann["trace"]["events"], "label": ann["label"], "split": ann["split"]}
+
+
+# -- generate ------------------------------------------------------------------------------------
+
+
+def generate(
+    output_dir: str | os.PathLike[str],
+    *,
+    num_samples: int | None = None,
+    seed: int = 0,
+    preset: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    workers: int = 1,
+    progress: ProgressFn | None = None,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Generate a dataset; returns the manifest. Same seed and configuration: identical bytes,
+    whatever ``workers``. With ``resume``, complete sample directories already present (from an
+    interrupted run with the same seed and configuration) are kept."""
+    cfg = load_config(preset, config)
+    n = int(num_samples if num_samples is not None else cfg["num_samples"])
+    if n < 1:
+        raise ConfigError(f"--num-samples must be >= 1, got {n}")
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    out = Path(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TellerIOError(f"{out}: cannot create the output directory: {e}", path=str(out)) from None
+    man_path = out / "manifest.json"
+    cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n}
+    stamp = out / ".generate.json"
+    if stamp.exists() and resume:
+        try:
+            old = json.loads(stamp.read_text())
+        except json.JSONDecodeError:
+            old = None
+        if old != cfg_key:
+            raise ConfigError(
+                f"{out}: holds a dataset generated with another seed or configuration; use a new directory"
+            )
+    elif man_path.exists() and not stamp.exists():
+        try:
+            old_man = json.loads(man_path.read_text())
+        except json.JSONDecodeError:
+            old_man = {}
+        same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} == cfg_key
+        if not (same and resume):
+            raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
+    stamp.write_text(json.dumps(cfg_key, sort_keys=True))
+    plans = plan(cfg, n, seed)
+    todo = [p for p in plans if not (resume and (out / p.sample_id / "annotation.json").is_file())]
+    done = n - len(todo)
+    if progress:
+        progress(done, n)
+    args = [(cfg, int(seed), p, str(out)) for p in todo]
+    if workers == 1 or len(todo) <= 1:
+        for a in args:
+            _worker(a)
+            done += 1
+            if progress:
+                progress(done, n)
+    else:
+        ctx = mp.get_context("spawn")  # no fork: the Rust thread pool of the parent must not be cloned
+        with ctx.Pool(workers) as pool:
+            for _ in pool.imap_unordered(_worker, args, chunksize=max(1, min(8, len(args) // (4 * workers)))):
+                done += 1
+                if progress:
+                    progress(done, n)
+    manifest = build_manifest(out, cfg, seed, plans)
+    _json_dump(manifest, man_path)
+    stamp.unlink()
+    return manifest
+
+
+def build_manifest(out: Path, cfg: dict[str, Any], seed: int, plans: list[SamplePlan]) -> dict[str, Any]:
+    labels = list(cfg["classes"])
+    splits: dict[str, list[str]] = {s: [] for s in SPLITS}
+    counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in SPLITS}
+    events = []
+    for p in plans:
+        splits[p.split].append(p.sample_id)
+        counts[p.split][p.label] += 1
+        ann = json.loads((out / p.sample_id / "annotation.json").read_text())
+        events.append(int(ann["trace"]["events"]))
+    ev = np.asarray(events, dtype=np.int64)
+    return {
+        "format": DATASET_FORMAT,
+        "version": DATASET_VERSION,
+        "generator": {"name": GENERATOR, "version": GENERATOR_VERSION, "teller_version": __version__},
+        "seed": int(seed),
+        "preset": cfg["preset"],
+        "config": cfg,
+        "num_samples": len(plans),
+        "labels": labels,
+        "splits": splits,
+        "counts": counts,
+        "events": {
+            "total": int(ev.sum()),
+            "mean": round(float(ev.mean()), 1) if len(ev) else 0.0,
+            "min": int(ev.min()) if len(ev) else 0,
+            "max": int(ev.max()) if len(ev) else 0,
+        },
+        "samples": {p.sample_id: {"label": p.label, "split": p.split} for p in plans},
+    }
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((resources.files("teller.data") / "schema" / name).read_text())
+
+
+def _json_path(parts: Any) -> str:
+    out = "$"
+    for x in parts:
+        out += f"[{x}]" if isinstance(x, int) else f".{x}"
+    return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str  # file (relative to the dataset) and JSON path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[Problem]:
+    """Check the manifest and every sample against the schemas plus the rules a schema cannot say
+    (windows inside the trace, ranks that exist, labels that match the faults, files present). With
+    ``deep``, also parse every trace.json and check its event count and span."""
+    import jsonschema
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise TellerFileNotFoundError(f"{d}: no such dataset directory", path=str(d))
+    problems: list[Problem] = []
+    ann_v = jsonschema.Draft202012Validator(_schema("annotation.schema.json"))
+    man_v = jsonschema.Draft202012Validator(_schema("manifest.schema.json"))
+    manifest: dict[str, Any] | None = None
+    mp_ = d / "manifest.json"
+    if not mp_.is_file():
+        problems.append(Problem("manifest.json", "missing"))
+    else:
+        try:
+            manifest = json.loads(mp_.read_text())
+        except json.JSONDecodeError as e:
+            problems.append(Problem("manifest.json", f"not valid JSON: {e}"))
+        if manifest is not None:
+            for err in sorted(man_v.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
+                problems.append(Problem(f"manifest.json {_json_path(err.absolute_path)}", err.message))
+    dirs = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    listed = set(
+        (manifest or {}).get("samples", {}) if isinstance((manifest or {}).get("samples"), dict) else {}
+    )
+    for sid in sorted(listed - set(dirs)):
+        problems.append(Problem(f"{sid}/", "listed in manifest.json but missing"))
+    if manifest is not None:
+        for sid in sorted(set(dirs) - listed):
+            problems.append(Problem(f"{sid}/", "sample directory not listed in manifest.json"))
+    for sid in dirs:
+        problems.extend(_validate_sample(d / sid, ann_v, manifest, deep))
+    return problems
+
+
+def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep: bool) -> list[Problem]:
+    sid = sd.name
+    out: list[Problem] = []
+    for name in ("trace.json", "log.txt"):
+        if not (sd / name).is_file():
+            out.append(Problem(f"{sid}/{name}", "missing"))
+    ap = sd / "annotation.json"
+    if not ap.is_file():
+        out.append(Problem(f"{sid}/annotation.json", "missing"))
+        return out
+    try:
+        ann = json.loads(ap.read_text())
+    except json.JSONDecodeError as e:
+        out.append(Problem(f"{sid}/annotation.json", f"not valid JSON: {e}"))
+        return out
+    errs = sorted(ann_v.iter_errors(ann), key=lambda e: list(e.absolute_path))
+    for err in errs:
+        out.append(Problem(f"{sid}/annotation.json {_json_path(err.absolute_path)}", err.message))
+    if errs:
+        return out
+    loc = f"{sid}/annotation.json"
+    if ann["sample_id"] != sid:
+        out.append(Problem(f"{loc} $.sample_id", f"is {ann['sample_id']!r}, the directory is {sid!r}"))
+    types = [f["type"] for f in ann["faults"]]
+    if (ann["label"] == NORMAL) != (not types) or (types and ann["label"] not in types):
+        out.append(Problem(f"{loc} $.label", f"{ann['label']!r} does not match the faults {types}"))
+    tp = ann["workload"]["tp"]
+    t0, t1 = ann["trace"]["start_ns"], ann["trace"]["end_ns"]
+    for k, f in enumerate(ann["faults"]):
+        if f["start_ns"] > f["end_ns"]:
+            out.append(Problem(f"{loc} $.faults[{k}]", "start_ns is after end_ns"))
+        if f["end_ns"] < t0 or f["start_ns"] > t1 + 1:
+            out.append(
+                Problem(
+                    f"{loc} $.faults[{k}]",
+                    f"window [{f['start_ns']}, {f['end_ns']}] is outside the trace [{t0}, {t1}]",
+                )
+            )
+        r = f["target"].get("rank")
+        if r is not None and r >= tp:
+            out.append(Problem(f"{loc} $.faults[{k}].target.rank", f"rank {r} does not exist (tp={tp})"))
+    if manifest is not None and isinstance(manifest.get("samples"), dict):
+        m = manifest["samples"].get(sid)
+        if isinstance(m, dict) and (m.get("label"), m.get("split")) != (ann["label"], ann["split"]):
+            out.append(Problem(f"{loc} $.label", "label/split differ from manifest.json"))
+    if deep and (sd / "trace.json").is_file():
+        from teller import trace as _trace
+        from teller.errors import TellerError
+
+        try:
+            tr = _trace.load(sd / "trace.json", warn=False)
+        except TellerError as e:
+            out.append(Problem(f"{sid}/trace.json", f"does not parse: {e}"))
+            return out
+        if len(tr) != ann["trace"]["events"]:
+            out.append(
+                Problem(f"{loc} $.trace.events", f"{ann['trace']['events']}, trace.json has {len(tr)}")
+            )
+        elif len(tr) and int(tr.ts.min()) != t0:
+            out.append(Problem(f"{loc} $.trace.start_ns", f"{t0}, trace.json starts at {int(tr.ts.min())}"))
+    return out
+
+
+# -- culprit events ------------------------------------------------------------------------------
+
+_MEMORY_BOUND = frozenset(K.MEMORY_FAMILIES) | {"elementwise"}
+
+
+def kernel_family(name: str) -> str:
+    """The family of a kernel name (``gemm``, ``attention``, ``rms_norm``, ``all_reduce``...)."""
+    n = name
+    if "gemm" in n:
+        return "gemm"
+    if "FlashAttn" in n or "flash_fwd" in n:
+        return "attention_decode" if ("splitkv" in n or "false, true>" in n) else "attention_prefill"
+    for key, fam in (
+        ("rms_norm", "rms_norm"),
+        ("rotary", "rotary"),
+        ("reshape_and_cache", "reshape_and_cache"),
+        ("act_and_mul", "silu_and_mul"),
+        ("indexSelect", "embedding"),
+        ("SoftMax", "sampling"),
+        ("ArgMax", "sampling"),
+        ("cross_device_reduce", "all_reduce"),
+        ("ncclDevKernel", "all_reduce"),
+        ("elementwise_kernel", "elementwise"),
+    ):
+        if key in n:
+            return fam
+    return "other"
+
+
+def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
+    """Boolean mask over the events of ``trace`` (a :class:`teller.trace.Trace` of the sample's
+    ``trace.json``): the events that carry the root cause of the sample's faults. See
+    ``docs/dataset.md`` ("culprit events") for the rule of each fault type. Normal samples: all False."""
+    from teller.trace import LAYER_NAMES
+
+    n = len(trace)
+    mask = np.zeros(n, dtype=bool)
+    if not annotation.get("faults") or n == 0:
+        return mask
+    layer = np.asarray(trace.layer)
+    L = {name: i for i, name in enumerate(LAYER_NAMES)}
+    names = trace.strings
+    name_col = np.asarray(trace.name)
+    uniq, inv = np.unique(name_col, return_inverse=True)
+    fam_u = np.array([kernel_family(names[int(u)]) for u in uniq], dtype=object)
+    fam = fam_u[inv]
+    name_u = np.array([names[int(u)] for u in uniq], dtype=object)
+    ev_name = name_u[inv]
+    ts = np.asarray(trace.ts)
+    pid = np.asarray(trace.pid)
+    dev = np.asarray(trace.device)
+    tid = np.asarray(trace.tid)
+    procs = {int(p["rank"]): int(p["pid"]) for p in annotation["workload"].get("processes", [])}
+    gpu = np.isin(layer, [L["kernel"], L["memcpy"], L["memset"]])
+    cpu = ~gpu
+    kern = layer == L["kernel"]
+    for f in annotation["faults"]:
+        win = (ts >= f["start_ns"]) & (ts < f["end_ns"])
+        r = f["target"].get("rank")
+        if r is None:
+            on_rank = np.ones(n, dtype=bool)
+        else:
+            on_rank = (gpu & (dev == int(r))) | (cpu & (pid == procs.get(int(r), -1)))
+        t = f["type"]
+        if t == "gpu_throttle":
+            sel = kern & np.isin(fam, ["gemm", "attention_prefill"])
+        elif t == "hbm_contention":
+            sel = kern & (np.isin(fam, list(_MEMORY_BOUND)) | (tid != 7))
+        elif t == "pcie_degradation":
+            sel = (layer == L["memcpy"]) | ((layer == L["runtime"]) & (ev_name == "cudaMemcpyAsync"))
+        elif t == "nvlink_degradation":
+            sel = kern & (fam == "all_reduce")
+        elif t in ("cpu_contention", "host_memory_pressure"):
+            sel = np.isin(layer, [L["host_op"], L["runtime"]]) | (
+                (layer == L["annotation"])
+                & np.isin(
+                    ev_name, ["schedule", "prepare_inputs", "postprocess", "recv_scheduler_output", "sample"]
+                )
+            )
+        elif t == "kv_cache_exhaustion":
+            sel = ((layer == L["annotation"]) & (ev_name == "schedule")) | (
+                kern & (fam == "attention_prefill")
+            )
+        elif t == "nccl_straggler":
+            sel = kern & (fam != "all_reduce")
+        elif t == "network_delay":
+            sel = (layer == L["annotation"]) & np.char.startswith(ev_name.astype(str), "engine_step")
+        elif t == "eager_mode_misconfig":
+            sel = (layer == L["runtime"]) & (ev_name == "cudaLaunchKernel")
+        elif t == "oom_error":
+            sel = cpu & (layer == L["annotation"])
+        elif t == "launch_storm":
+            el = kern & (fam == "elementwise") & (tid == 7)
+            link = np.asarray(trace.link)
+            launch = np.zeros(n, dtype=bool)
+            li = link[el]
+            launch[li[li >= 0]] = True
+            sel = el | launch | ((layer == L["host_op"]) & (ev_name == "aten::add_"))
+        else:
+            sel = np.zeros(n, dtype=bool)
+        mask |= sel & win & on_rank
+    return mask

@@ -1,0 +1,236 @@
+"""The fault model: which faults exist, how a fault instance is drawn, and what it does to the engine.
+
+A :class:`Fault` is drawn per sample (onset, duration, severity, target) and turned into
+:class:`Effects`, the time-dependent factors the simulator reads at every event. The physics of each
+fault (and why some look alike at one layer) is documented in ``docs/faults.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+NORMAL = "normal"
+
+# type id -> (layer of the root cause, needs tensor parallelism, whole-run fault)
+FAULT_INFO: dict[str, tuple[str, bool, bool]] = {
+    "gpu_throttle": ("device", False, False),
+    "hbm_contention": ("device", False, False),
+    "pcie_degradation": ("device", False, False),
+    "nvlink_degradation": ("communication", True, False),
+    "cpu_contention": ("host_op", False, False),
+    "host_memory_pressure": ("host_op", False, False),
+    "kv_cache_exhaustion": ("engine", False, False),
+    "nccl_straggler": ("communication", True, False),
+    "network_delay": ("engine", False, False),
+    "eager_mode_misconfig": ("runtime", False, True),
+    "oom_error": ("runtime", False, False),
+    "launch_storm": ("kernel", False, False),
+}
+FAULT_TYPES: tuple[str, ...] = tuple(FAULT_INFO)
+LABELS: tuple[str, ...] = (NORMAL, *FAULT_TYPES)
+LAYERS = ("engine", "backend", "host_op", "runtime", "kernel", "communication", "device")
+
+
+@dataclass
+class Fault:
+    type: str
+    layer: str
+    start_step: int  # the fault is in force during engine steps [start_step, end_step)
+    end_step: int
+    severity: float  # 0..1
+    target: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+    start_ns: int = 0  # simulation time of the window, filled in by the simulator
+    end_ns: int = 0
+
+    def active(self, step: int) -> bool:
+        return self.start_step <= step < self.end_step
+
+    def ranks(self, tp: int) -> list[int]:
+        r = self.target.get("rank")
+        return list(range(tp)) if r is None else [int(r)]
+
+
+def draw_fault(
+    ftype: str, rng: np.random.Generator, *, steps: int, tp: int, severity_range: tuple[float, float]
+) -> Fault:
+    """Draw one fault instance: onset in the first half of the window of ``steps`` engine steps, a
+    duration of 30-75 % of it (whole-run faults cover everything), severity uniform in
+    ``severity_range``."""
+    layer, _needs_tp, whole = FAULT_INFO[ftype]
+    lo, hi = severity_range
+    sev = float(rng.uniform(lo, hi))
+    if whole:
+        start, end = 0, steps
+    else:
+        start = int(rng.uniform(0.1, 0.45) * steps)
+        end = min(steps, start + max(2, int(rng.uniform(0.3, 0.75) * steps)))
+    target: dict[str, Any]
+    params: dict[str, Any] = {}
+    if ftype == "gpu_throttle":
+        # a node-wide power cap hits every GPU; a thermal/clock problem one GPU
+        rank = None if rng.random() < 0.6 else int(rng.integers(tp))
+        target = {"kind": "kernel_family", "name": "gemm", "rank": rank}
+        params["cause"] = "power_cap" if rank is None else "thermal"
+    elif ftype == "hbm_contention":
+        rank = int(rng.integers(tp))
+        target = {"kind": "kernel_family", "name": "memory_bound", "rank": rank}
+        params["foreign_visible"] = bool(rng.random() < 0.6)
+    elif ftype == "pcie_degradation":
+        rank = None if rng.random() < 0.5 else int(rng.integers(tp))
+        target = {"kind": "kernel_family", "name": "memcpy", "rank": rank}
+    elif ftype == "nvlink_degradation":
+        target = {"kind": "kernel_family", "name": "all_reduce", "rank": None}
+    elif ftype == "cpu_contention":
+        rank = None if rng.random() < 0.5 else int(rng.integers(tp))
+        target = {"kind": "process", "name": "worker", "rank": rank}
+    elif ftype == "host_memory_pressure":
+        target = {"kind": "process", "name": "engine_core", "rank": 0}
+    elif ftype == "kv_cache_exhaustion":
+        target = {"kind": "engine", "name": "scheduler", "rank": 0}
+    elif ftype == "nccl_straggler":
+        target = {"kind": "rank", "name": "worker", "rank": int(rng.integers(tp))}
+    elif ftype == "network_delay":
+        target = {"kind": "engine", "name": "api_server", "rank": 0}
+        params["delay_ms"] = round(float(50 + 950 * sev), 1)
+    elif ftype == "eager_mode_misconfig":
+        target = {"kind": "operator", "name": "cudaLaunchKernel", "rank": None}
+    elif ftype == "oom_error":
+        target = {"kind": "operator", "name": "forward", "rank": int(rng.integers(tp))}
+        end = steps
+    elif ftype == "launch_storm":
+        # an un-fused op (e.g. a debug hook or a Python-side elementwise loop) launching many tiny kernels
+        rank = None
+        target = {"kind": "kernel_family", "name": "elementwise", "rank": rank}
+    else:  # pragma: no cover - FAULT_INFO is the single list
+        raise KeyError(ftype)
+    return Fault(ftype, layer, start, end, sev, target, params)
+
+
+@dataclass
+class Effects:
+    """Time-dependent factors for one sample. ``factor(...)`` returns 1.0 when no fault applies."""
+
+    faults: list[Fault]
+    tp: int
+    step: int = 0  # the engine step being simulated
+
+    def _active(self, ftype: str, rank: int | None = None) -> Fault | None:
+        for f in self.faults:
+            if f.type == ftype and f.active(self.step) and (rank is None or rank in f.ranks(self.tp)):
+                return f
+        return None
+
+    def has(self, ftype: str) -> Fault | None:
+        for f in self.faults:
+            if f.type == ftype:
+                return f
+        return None
+
+    # -- GPU -------------------------------------------------------------------------------------
+    def clock(self, rank: int) -> float:
+        """Compute throughput multiplier (SM clock)."""
+        c = 1.0
+        f = self._active("gpu_throttle", rank)
+        if f is not None:
+            # power cap: SM clock falls up to ~55 %; thermal ramps in over the first 20 % of the window
+            ramp = min(1.0, (self.step - f.start_step + 1) / max(1.0, 0.3 * (f.end_step - f.start_step)))
+            c *= 1.0 - 0.55 * f.severity * (ramp if f.params.get("cause") == "thermal" else 1.0)
+        f = self._active("nccl_straggler", rank)
+        if f is not None:
+            c *= 1.0 / (1.0 + 1.2 * f.severity)
+        f = self._active("hbm_contention", rank)
+        if f is not None:
+            c *= 1.0 - 0.08 * f.severity
+        return c
+
+    def mem(self, rank: int) -> float:
+        """HBM throughput multiplier."""
+        m = 1.0
+        f = self._active("hbm_contention", rank)
+        if f is not None:
+            m *= 1.0 - 0.6 * f.severity
+        f = self._active("nccl_straggler", rank)
+        if f is not None:
+            m *= 1.0 / (1.0 + 1.2 * f.severity)
+        f = self._active("gpu_throttle", rank)
+        if f is not None:
+            # a lower SM clock also issues loads more slowly: memory-bound kernels lose up to ~20 %
+            m *= 1.0 - 0.2 * f.severity
+        return m
+
+    def link(self) -> float:
+        f = self._active("nvlink_degradation")
+        return 1.0 if f is None else 1.0 / (1.0 + 5.0 * f.severity)
+
+    def pcie(self, rank: int) -> float:
+        f = self._active("pcie_degradation", rank)
+        return 1.0 if f is None else 1.0 / (1.0 + 12.0 * f.severity)
+
+    def foreign_rate(self, rank: int) -> float:
+        """Visible foreign kernels per ms on the rank's GPU (noisy neighbour sharing the device)."""
+        f = self._active("hbm_contention", rank)
+        if f is None or not f.params.get("foreign_visible"):
+            return 0.0
+        return 0.3 + 1.5 * f.severity
+
+    def launch_storm(self) -> int:
+        """Extra tiny kernels launched per layer by a pathological op."""
+        f = self._active("launch_storm")
+        return 0 if f is None else int(2 + 14 * f.severity)
+
+    # -- host ------------------------------------------------------------------------------------
+    def host(self, rank: int) -> float:
+        """Host-side duration multiplier (CPU time of ranges, operators and API calls)."""
+        h = 1.0
+        f = self._active("cpu_contention", rank)
+        if f is not None:
+            h *= 1.0 + 2.5 * f.severity
+        f = self._active("host_memory_pressure", rank)
+        if f is not None:
+            h *= 1.0 + 0.25 * f.severity
+        f = self._active("nccl_straggler", rank)
+        if f is not None:
+            h *= 1.0 + 0.3 * f.severity
+        return h
+
+    def host_spike(self, rank: int, rng: np.random.Generator, kind: str) -> float:
+        """An extra stall (ns) before a host range: descheduling under CPU contention, page faults /
+        swap-in under memory pressure (mostly in tokenization, detokenization and pinned copies), and
+        rare benign GC pauses in every sample."""
+        extra = 0.0
+        if rng.random() < 0.0015:
+            extra += float(rng.uniform(0.2e6, 1.5e6))  # GC pause / benign hiccup
+        f = self._active("cpu_contention", rank)
+        if f is not None and rng.random() < 0.05 + 0.25 * f.severity:
+            extra += float(rng.exponential(40e3 + 400e3 * f.severity))
+        f = self._active("host_memory_pressure", rank)
+        if f is not None:
+            p = (0.06 if kind in ("postprocess", "prepare_inputs", "detokenize") else 0.01) * (
+                0.3 + f.severity
+            )
+            if rng.random() < p:
+                extra += float(rng.uniform(0.5e6, 2e6 + 18e6 * f.severity))
+        return extra
+
+    # -- engine ----------------------------------------------------------------------------------
+    def arrival_scale(self) -> float:
+        """Multiplier of the request arrival rate reaching the engine."""
+        f = self._active("network_delay")
+        return 1.0 if f is None else max(0.05, 1.0 - 0.9 * f.severity)
+
+    def response_delay_ns(self) -> float:
+        f = self._active("network_delay")
+        return 0.0 if f is None else float(f.params.get("delay_ms", 0.0)) * 1e6
+
+    def kv_burst(self) -> Fault | None:
+        return self.has("kv_cache_exhaustion")
+
+    def eager(self) -> bool:
+        return self.has("eager_mode_misconfig") is not None
+
+    def oom(self) -> Fault | None:
+        return self.has("oom_error")

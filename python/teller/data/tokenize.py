@@ -1,0 +1,436 @@
+"""Tokenize a dataset into memory-mapped shards: TPE for the traces, a template tokenizer for the logs.
+
+Output (``docs/dataset.md``, "Tokenized shards")::
+
+    O/<run-id>/manifest.json
+    O/<run-id>/log_tokenizer.json
+    O/<run-id>/shards/<split>-<k>/<array>.npy
+
+Shards are written to a temporary directory and renamed when complete, so a rerun with the same
+run id skips them (resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
+
+SHARDS_FORMAT = "teller-shards"
+SHARDS_VERSION = 1
+LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
+LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
+LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
+LOG_FEATURE_NAMES = ("t_rel_ms", "signed_log1p_value")
+ProgressFn = Callable[[int, int], Any]
+
+# order matters: the first alternative that matches at a position wins
+_TOKEN_RE = re.compile(
+    r"(?P<time>\b\d\d-\d\d \d\d:\d\d:\d\d\b)"
+    r"|(?P<ip>\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b)"
+    r"|(?P<path>(?:/[\w.@+-]+){2,}/?|\b[\w-]+\.(?:py|json|cpp|cu|so|yaml)(?::\d+)?\b)"
+    r"|(?P<id>\b(?:cmpl|chatcmpl|req)-[0-9a-f]+\b)"
+    r"|(?P<hex>\b0x[0-9a-fA-F]+\b|\b[0-9a-f]{12,}\b)"
+    r"|(?P<num>[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?%?)"
+    r"|(?P<word>[A-Za-z_][A-Za-z_']*)"
+    r"|(?P<punct>[^\sA-Za-z0-9_])"
+)
+
+
+def _num(text: str) -> float:
+    t = text.replace(",", "").rstrip("%")
+    try:
+        v = float(t)
+    except ValueError:
+        return 0.0
+    return float(np.sign(v) * np.log1p(abs(v)))
+
+
+def split_log_line(text: str) -> list[tuple[str, float]]:
+    """A log line (without the tee prefix) -> (token string, numeric value) pairs. Numbers, ids,
+    hex, addresses, paths and time stamps become placeholders; numbers keep their value."""
+    out: list[tuple[str, float]] = []
+    for m in _TOKEN_RE.finditer(text):
+        kind = m.lastgroup
+        s = m.group()
+        if kind == "word":
+            out.append((s.lower(), 0.0))
+        elif kind == "punct":
+            out.append((s, 0.0))
+        elif kind == "num":
+            out.append(("<num>", _num(s)))
+        else:
+            out.append((f"<{kind}>", 0.0))
+    return out
+
+
+def parse_log(path: Path) -> list[tuple[int, str, str]]:
+    """``log.txt`` lines -> (realtime ns, stream, text). Lines without the tee prefix get ts 0."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        ts_s, _, rest = line.partition(" ")
+        stream, _, text = rest.partition(" ")
+        if ts_s.isdigit() and stream in ("stdout", "stderr"):
+            out.append((int(ts_s), stream, text))
+        else:
+            out.append((0, "stdout", line))
+    return out
+
+
+@dataclass
+class LogTokenizer:
+    """Template tokenizer for logs: placeholders for variable fields, a word vocabulary built on the
+    train split (most frequent first, ties by word), unknown words -> [UNK]. Every line starts with
+    [BOL] and its stream token."""
+
+    vocab: list[str]
+
+    def __post_init__(self) -> None:
+        self.index = {w: i for i, w in enumerate(self.vocab)}
+
+    @classmethod
+    def train(cls, logs: Iterable[Path], vocab_size: int = 4096, min_count: int = 2) -> LogTokenizer:
+        cnt: Counter[str] = Counter()
+        for p in logs:
+            for _ts, _stream, text in parse_log(p):
+                cnt.update(t for t, _v in split_log_line(text))
+        fixed = list(LOG_SPECIALS) + list(LOG_PLACEHOLDERS)
+        words = sorted(
+            (w for w, c in cnt.items() if c >= min_count and w not in fixed), key=lambda w: (-cnt[w], w)
+        )
+        return cls(fixed + words[: max(0, vocab_size - len(fixed))])
+
+    def encode_lines(self, lines: list[tuple[int, str, str]], t0: int) -> tuple[np.ndarray, np.ndarray]:
+        """ids (uint32) and features (float32, n x 2: time relative to ``t0`` in ms, signed log1p of
+        the number a <num> token stood for)."""
+        ids: list[int] = []
+        feats: list[tuple[float, float]] = []
+        unk = self.index["[UNK]"]
+        for ts, stream, text in lines:
+            t = (ts - t0) / 1e6 if ts else 0.0
+            ids.append(self.index["[BOL]"])
+            feats.append((t, 0.0))
+            ids.append(self.index[f"<{stream}>"])
+            feats.append((t, 0.0))
+            for tok, v in split_log_line(text):
+                ids.append(self.index.get(tok, unk))
+                feats.append((t, v))
+        return np.asarray(ids, dtype=np.uint32), np.asarray(feats, dtype=np.float32).reshape(-1, 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": LOG_TOKENIZER_FORMAT,
+            "version": 1,
+            "vocab": self.vocab,
+            "specials": list(LOG_SPECIALS),
+            "placeholders": list(LOG_PLACEHOLDERS),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LogTokenizer:
+        if d.get("format") != LOG_TOKENIZER_FORMAT:
+            raise TokenizerError("not a teller log tokenizer")
+        return cls(list(d["vocab"]))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+ARRAYS = {
+    "labels": "int64 [samples]: index into label_names",
+    "trace_ids": "uint32 [tokens]: TPE token ids, samples concatenated",
+    "trace_features": "float32 [tokens, 5]: TPE timing features (feature_names)",
+    "trace_offsets": "int64 [samples + 1]: sample i's tokens are trace_ids[o[i]:o[i+1]]",
+    "trace_culprit": "bool [tokens]: the token covers a culprit event (teller.data.culprit_mask)",
+    "token_event_pos": "int64 [tokens]: first base position of each token within its sample",
+    "base_events": "int64 [base positions]: trace event index of each base position (-1: <close>)",
+    "base_offsets": "int64 [samples + 1]: sample i's base positions are base_events[b[i]:b[i+1]]",
+    "segment_starts": "int64 [segments]: first token (within its sample) of each step",
+    "segment_offsets": "int64 [samples + 1]: sample i's steps are segment_starts[s[i]:s[i+1]]",
+    "log_ids": "uint32 [log tokens]: log tokenizer ids, samples concatenated",
+    "log_features": "float32 [log tokens, 2]: log feature_names",
+    "log_offsets": "int64 [samples + 1]: sample i's log tokens are log_ids[l[i]:l[i+1]]",
+}
+
+
+def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
+    from teller import tpe
+    from teller import trace as _trace
+    from teller.data.dataset import culprit_mask
+
+    out = Path(job["out"])
+    final = out / "shards" / job["name"]
+    if (final / "done.json").is_file():
+        return json.loads((final / "done.json").read_text())
+    tmp = out / "shards" / f".tmp-{job['name']}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    tok = tpe.load(job["tokenizer"])
+    logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
+    labels = job["labels"]
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS if not k.endswith("offsets") and k != "labels"}
+    offs = {"trace_offsets": [0], "base_offsets": [0], "segment_offsets": [0], "log_offsets": [0]}
+    lab = []
+    for sid in job["samples"]:
+        sd = Path(job["data"]) / sid
+        ann = json.loads((sd / "annotation.json").read_text())
+        tr = _trace.load(
+            sd / "trace.json",
+            step_names=tok.settings.get("step_names"),
+            normalize=tok.settings.get("normalize"),
+            warn=False,
+        )
+        enc = tok.encode(tr)
+        ev = np.asarray(
+            enc.events if enc.events is not None else np.full(int(enc.offsets[-1]), -1), dtype=np.int64
+        )
+        mask = culprit_mask(tr, ann)
+        base_c = np.zeros(len(ev), dtype=np.int64)
+        ok = ev >= 0
+        base_c[ok] = mask[ev[ok]]
+        o = np.asarray(enc.offsets, dtype=np.int64)
+        csum = np.concatenate([[0], np.cumsum(base_c)])
+        tok_c = (csum[o[1:]] - csum[o[:-1]]) > 0
+        cols["trace_ids"].append(np.asarray(enc.ids, dtype=np.uint32))
+        cols["trace_features"].append(np.asarray(enc.features, dtype=np.float32).reshape(-1, 5))
+        cols["trace_culprit"].append(tok_c)
+        cols["token_event_pos"].append(o[:-1])
+        cols["base_events"].append(ev)
+        cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
+        t0 = int(ann["trace"]["start_ns"])
+        lids, lfeat = logtok.encode_lines(parse_log(sd / "log.txt"), t0)
+        cols["log_ids"].append(lids)
+        cols["log_features"].append(lfeat)
+        offs["trace_offsets"].append(offs["trace_offsets"][-1] + len(enc.ids))
+        offs["base_offsets"].append(offs["base_offsets"][-1] + len(ev))
+        offs["segment_offsets"].append(offs["segment_offsets"][-1] + len(enc.segment_starts))
+        offs["log_offsets"].append(offs["log_offsets"][-1] + len(lids))
+        lab.append(labels.index(ann["label"]))
+    dtypes = {
+        "trace_ids": np.uint32,
+        "trace_features": np.float32,
+        "trace_culprit": np.bool_,
+        "token_event_pos": np.int64,
+        "base_events": np.int64,
+        "segment_starts": np.int64,
+        "log_ids": np.uint32,
+        "log_features": np.float32,
+    }
+    for k, parts in cols.items():
+        width = 5 if k == "trace_features" else (2 if k == "log_features" else 0)
+        empty = np.zeros((0, width) if width else 0, dtype=dtypes[k])
+        arr = np.concatenate(parts).astype(dtypes[k], copy=False) if parts else empty
+        np.save(tmp / f"{k}.npy", arr)
+    for k, v in offs.items():
+        np.save(tmp / f"{k}.npy", np.asarray(v, dtype=np.int64))
+    np.save(tmp / "labels.npy", np.asarray(lab, dtype=np.int64))
+    info = {
+        "name": job["name"],
+        "samples": len(job["samples"]),
+        "tokens": int(offs["trace_offsets"][-1]),
+        "log_tokens": int(offs["log_offsets"][-1]),
+        "culprit_tokens": int(sum(int(c.sum()) for c in cols["trace_culprit"])),
+    }
+    (tmp / "done.json").write_text(json.dumps(info, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return info
+
+
+def tokenize_dataset(
+    data_dir: str | os.PathLike[str],
+    tokenizer_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    run_id: str | None = None,
+    shard_size: int = 256,
+    workers: int = 1,
+    log_vocab_size: int = 4096,
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
+    hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes."""
+    from teller import tpe
+
+    data = Path(data_dir)
+    man_path = data / "manifest.json"
+    if not man_path.is_file():
+        raise TellerFileNotFoundError(
+            f"{man_path}: no dataset manifest (run `teller dataset generate`)", path=str(man_path)
+        )
+    tpath = Path(tokenizer_dir)
+    tfile = tpath / tpe.FILE_NAME if tpath.is_dir() else tpath
+    if not tfile.is_file():
+        raise TellerFileNotFoundError(f"{tfile}: no tokenizer", path=str(tfile))
+    if shard_size < 1 or workers < 1:
+        raise ConfigError("--shard-size and --workers must be >= 1")
+    tok = tpe.load(tfile)  # fail early on a bad tokenizer
+    man = json.loads(man_path.read_text())
+    labels: list[str] = list(man["labels"])
+    t_hash = _sha256(tfile)
+    d_hash = _sha256(man_path)
+    settings = {"shard_size": shard_size, "log_vocab_size": log_vocab_size}
+    if run_id is None:
+        h = hashlib.sha256(json.dumps([d_hash, t_hash, settings], sort_keys=True).encode()).hexdigest()
+        run_id = f"tok-{h[:12]}"
+    out = Path(output_dir) / run_id
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    lt_path = out / "log_tokenizer.json"
+    if not lt_path.is_file():
+        train_logs = [data / sid / "log.txt" for sid in man["splits"].get("train", [])]
+        lt = LogTokenizer.train(train_logs, vocab_size=log_vocab_size)
+        tmp = out / ".log_tokenizer.json.tmp"
+        tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
+        os.replace(tmp, lt_path)
+    jobs = []
+    splits: dict[str, Any] = {}
+    for split, ids in man["splits"].items():
+        shards = []
+        for k in range(0, len(ids), shard_size):
+            name = f"{split}-{k // shard_size:05d}"
+            jobs.append(
+                {
+                    "name": name,
+                    "samples": ids[k : k + shard_size],
+                    "data": str(data),
+                    "out": str(out),
+                    "tokenizer": str(tfile),
+                    "log_tokenizer": str(lt_path),
+                    "labels": labels,
+                }
+            )
+            shards.append({"name": name, "rows": [k, min(k + shard_size, len(ids))]})
+        splits[split] = {"samples": list(ids), "shards": shards}
+    infos: dict[str, dict[str, Any]] = {}
+    done = 0
+    if progress:
+        progress(0, len(jobs))
+    if workers == 1 or len(jobs) <= 1:
+        for j in jobs:
+            infos[j["name"]] = _encode_shard(j)
+            done += 1
+            if progress:
+                progress(done, len(jobs))
+    else:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for info in pool.imap_unordered(_encode_shard, jobs):
+                infos[info["name"]] = info
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+    for sp in splits.values():
+        for s in sp["shards"]:
+            s.update({k: v for k, v in infos[s["name"]].items() if k != "name"})
+    lt_vocab = len(json.loads(lt_path.read_text())["vocab"])
+    manifest = {
+        "format": SHARDS_FORMAT,
+        "version": SHARDS_VERSION,
+        "run_id": run_id,
+        "dataset": {
+            "path": str(data.resolve()),
+            "manifest_sha256": d_hash,
+            "num_samples": man["num_samples"],
+        },
+        "tokenizer": {
+            "path": str(tfile.resolve()),
+            "sha256": t_hash,
+            "vocab_size": tok.vocab_size,
+            "feature_names": list(tpe.FEATURE_NAMES),
+        },
+        "log_tokenizer": {
+            "path": "log_tokenizer.json",
+            "sha256": _sha256(lt_path),
+            "vocab_size": lt_vocab,
+            "feature_names": list(LOG_FEATURE_NAMES),
+        },
+        "label_names": labels,
+        "settings": settings,
+        "arrays": ARRAYS,
+        "splits": splits,
+    }
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, out / "manifest.json")
+    return out
+
+
+def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) -> dict[str, np.ndarray]:
+    """All arrays of one shard (memory-mapped by default)."""
+    d = Path(run_dir) / "shards" / name
+    if not (d / "done.json").is_file():
+        raise TellerFileNotFoundError(f"{d}: no such complete shard", path=str(d))
+    return {k: np.load(d / f"{k}.npy", mmap_mode="r" if mmap else None) for k in ARRAYS}
+
+
+class ShardedSplit:
+    """Random access to the samples of one split of a tokenized run (memory-mapped, no copies until
+    indexed): ``ShardedSplit(run_dir, "train")[i]`` is a dict of that sample's arrays plus its
+    ``label`` (int) and ``sample_id``. Usable directly as a map-style PyTorch dataset."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], split: str) -> None:
+        self.run_dir = Path(run_dir)
+        mp_ = self.run_dir / "manifest.json"
+        if not mp_.is_file():
+            raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
+        self.manifest = json.loads(mp_.read_text())
+        if split not in self.manifest["splits"]:
+            raise ConfigError(f"unknown split {split!r}; known: {', '.join(self.manifest['splits'])}")
+        sp = self.manifest["splits"][split]
+        self.sample_ids: list[str] = list(sp["samples"])
+        self.label_names: list[str] = list(self.manifest["label_names"])
+        self._shards = sp["shards"]
+        self._starts = np.array([s["rows"][0] for s in self._shards], dtype=np.int64)
+        self._cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def _shard(self, name: str) -> dict[str, np.ndarray]:
+        a = self._cache.get(name)
+        if a is None:
+            a = self._cache[name] = load_shard(self.run_dir, name)
+        return a
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        sh = self._shards[k]
+        a = self._shard(sh["name"])
+        r = i - sh["rows"][0]
+        o0, o1 = int(a["trace_offsets"][r]), int(a["trace_offsets"][r + 1])
+        b0, b1 = int(a["base_offsets"][r]), int(a["base_offsets"][r + 1])
+        s0, s1 = int(a["segment_offsets"][r]), int(a["segment_offsets"][r + 1])
+        l0, l1 = int(a["log_offsets"][r]), int(a["log_offsets"][r + 1])
+        return {
+            "sample_id": self.sample_ids[i],
+            "label": int(a["labels"][r]),
+            "trace_ids": a["trace_ids"][o0:o1],
+            "trace_features": a["trace_features"][o0:o1],
+            "trace_culprit": a["trace_culprit"][o0:o1],
+            "token_event_pos": a["token_event_pos"][o0:o1],
+            "base_events": a["base_events"][b0:b1],
+            "segment_starts": a["segment_starts"][s0:s1],
+            "log_ids": a["log_ids"][l0:l1],
+            "log_features": a["log_features"][l0:l1],
+        }

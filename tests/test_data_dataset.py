@@ -1,0 +1,276 @@
+"""Dataset generation: determinism, parse round trip, splits, validation with broken samples, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import teller
+from teller.data import LABELS, culprit_mask, generate, load_config, plan, validate
+from teller.errors import ConfigError, TellerFileNotFoundError
+
+N = 13  # one sample per class
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny") / "ds"
+    generate(d, num_samples=N, seed=11, preset="tiny")
+    return d
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_layout_and_manifest(tiny):
+    man = json.loads((tiny / "manifest.json").read_text())
+    assert man["format"] == "teller-dataset" and man["generator"]["name"] == "teller-sim"
+    assert man["num_samples"] == N and man["seed"] == 11 and man["preset"] == "tiny"
+    assert sorted(sum(man["splits"].values(), [])) == [f"s{i:06d}" for i in range(N)]
+    assert sum(sum(c.values()) for c in man["counts"].values()) == N
+    for sid in man["samples"]:
+        for f in ("trace.json", "log.txt", "annotation.json"):
+            assert (tiny / sid / f).is_file()
+        assert not (tiny / sid / "raw").exists()
+    labels = {json.loads((tiny / s / "annotation.json").read_text())["label"] for s in man["samples"]}
+    assert labels == set(LABELS)
+    assert not any(p.name.startswith(".") for p in tiny.iterdir())
+
+
+def test_validate_ok(tiny):
+    assert validate(tiny, deep=True) == []
+
+
+def test_determinism_same_seed_identical_bytes_any_workers(tiny, tmp_path):
+    again = tmp_path / "again"
+    generate(again, num_samples=N, seed=11, preset="tiny", workers=2)
+    assert _files(again) == _files(tiny)
+    other = tmp_path / "other"
+    generate(other, num_samples=3, seed=12, preset="tiny")
+    assert (other / "s000000" / "trace.json").read_bytes() != (tiny / "s000000" / "trace.json").read_bytes()
+
+
+def test_parse_round_trip_and_trace_clock(tiny, tmp_path):
+    cfg = tmp_path / "raw.yaml"
+    cfg.write_text("base: tiny\nkeep_raw: true\n")
+    d = tmp_path / "raw"
+    generate(d, num_samples=4, seed=11, config=cfg)
+    for k in range(4):
+        sd = d / f"s{k:06d}"
+        ann = json.loads((sd / "annotation.json").read_text())
+        from_raw = teller.trace.load(sd / "raw", warn=False)
+        from_json = teller.trace.load(sd / "trace.json", warn=False)
+        assert len(from_raw) == len(from_json) == ann["trace"]["events"]
+        np.testing.assert_array_equal(np.sort(from_raw.ts), np.sort(from_json.ts))
+        np.testing.assert_array_equal(np.sort(from_raw.dur), np.sort(from_json.dur))
+        assert int(from_json.ts.min()) == ann["trace"]["start_ns"]
+        # trace.json times: ts (us) * 1000 + baseTimeNanoseconds are the absolute ns of the annotation
+        raw = json.loads((sd / "trace.json").read_text())
+        base = int(raw["baseTimeNanoseconds"])
+        xs = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+        assert min(round(float(e["ts"]) * 1000) + base for e in xs) == ann["trace"]["start_ns"]
+        for f in ann["faults"]:
+            assert ann["trace"]["start_ns"] <= f["start_ns"] <= f["end_ns"] <= ann["trace"]["end_ns"] + 1
+        # raw files are per rank, with the rank's pid
+        assert len(list((sd / "raw").glob("*.tmsgpack"))) == ann["workload"]["tp"]
+        # the same sample id under the same seed does not depend on keep_raw
+        assert (sd / "trace.json").read_bytes() != b""
+
+
+def test_splits_stratified_and_ood_workloads_unseen():
+    cfg = load_config("default")
+    plans = plan(cfg, 1300, seed=0)
+    by = {}
+    for p in plans:
+        by.setdefault(p.label, {}).setdefault(p.split, 0)
+        by[p.label][p.split] += 1
+    for label, counts in by.items():
+        assert counts["test_ood"] == 10, label
+        assert (counts["train"], counts["val"], counts["test"]) == (62, 14, 14), (label, counts)
+    from teller.data.dataset import draw_workload, sample_rng
+
+    ind = cfg["workloads"]["in_dist"]
+    for p in plans[:200]:
+        wl = draw_workload(cfg, sample_rng(0, p.index), p.label, p.ood)
+        seen = wl.model in ind["models"] and wl.gpu in ind["gpus"] and wl.arrival in ind["arrivals"]
+        assert seen != p.ood
+
+
+def test_culprit_mask_on_generated_samples(tiny):
+    for sd in sorted(p for p in tiny.iterdir() if p.is_dir()):
+        ann = json.loads((sd / "annotation.json").read_text())
+        tr = teller.trace.load(sd / "trace.json", warn=False)
+        m = culprit_mask(tr, ann)
+        assert m.dtype == bool and m.shape == (len(tr),)
+        if not ann["faults"]:
+            assert not m.any()
+        else:
+            f = ann["faults"][0]
+            assert ((tr.ts[m] >= f["start_ns"]) & (tr.ts[m] < f["end_ns"])).all()
+
+
+def _broken(tiny: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "broken"
+    shutil.copytree(tiny, d)
+    return d
+
+
+def _ann(d: Path, sid: str) -> dict:
+    return json.loads((d / sid / "annotation.json").read_text())
+
+
+def _put(d: Path, sid: str, ann: dict) -> None:
+    (d / sid / "annotation.json").write_text(json.dumps(ann))
+
+
+def test_validate_reports_each_broken_sample_with_its_path(tiny, tmp_path):
+    d = _broken(tiny, tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    faulty = [s for s, v in man["samples"].items() if v["label"] not in ("normal", "network_delay")]
+    a, b, c, e, g = faulty[:5]
+    x = _ann(d, a)
+    del x["faults"][0]["start_ns"]
+    _put(d, a, x)
+    x = _ann(d, b)
+    x["faults"][0]["severity"] = "high"
+    _put(d, b, x)
+    x = _ann(d, c)
+    x["faults"][0]["type"] = "cosmic_ray"
+    _put(d, c, x)
+    x = _ann(d, e)
+    x["faults"][0]["target"]["rank"] = 9
+    _put(d, e, x)
+    (d / g / "log.txt").unlink()
+    (d / "s000000" / "annotation.json").write_text("{not json")
+    probs = [str(p) for p in validate(d)]
+    text = "\n".join(probs)
+    assert f"{a}/annotation.json $.faults[0]: 'start_ns' is a required property" in text
+    assert f"{b}/annotation.json $.faults[0].severity: 'high' is not of type 'number'" in text
+    assert f"{c}/annotation.json $.faults[0].type: 'cosmic_ray' is not one of" in text
+    assert f"{e}/annotation.json $.faults[0].target.rank: rank 9 does not exist" in text
+    assert f"{g}/log.txt: missing" in text
+    assert "s000000/annotation.json: not valid JSON" in text
+    # the other samples are clean
+    bad = {a, b, c, e, g, "s000000"}
+    assert all(any(p.startswith(s) for s in bad) for p in probs)
+
+
+def test_validate_manifest_problems(tiny, tmp_path):
+    d = _broken(tiny, tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    del man["splits"]["val"]
+    (d / "manifest.json").write_text(json.dumps(man))
+    shutil.rmtree(d / "s000003")
+    text = "\n".join(map(str, validate(d)))
+    assert "manifest.json $.splits: 'val' is a required property" in text
+    assert "s000003/: listed in manifest.json but missing" in text
+    with pytest.raises(TellerFileNotFoundError):
+        validate(tmp_path / "nope")
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config("huge")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: tiny\nseverity: [0.5, 2.0]\n")
+    with pytest.raises(ConfigError, match="severity"):
+        load_config(config=bad)
+    bad.write_text("base: tiny\nclasses: [normal, meteor]\n")
+    with pytest.raises(ConfigError, match="meteor"):
+        load_config(config=bad)
+    bad.write_text("base: tiny\nworkloads: {tp: [1]}\n")
+    with pytest.raises(ConfigError, match="tensor parallelism"):
+        load_config(config=bad)
+    with pytest.raises(TellerFileNotFoundError):
+        load_config(config=tmp_path / "missing.yaml")
+
+
+def test_generate_refuses_other_dataset_and_resumes(tmp_path):
+    d = tmp_path / "ds"
+    generate(d, num_samples=3, seed=1, preset="tiny")
+    with pytest.raises(ConfigError, match="already holds a dataset"):
+        generate(d, num_samples=3, seed=2, preset="tiny")
+    # the same command again is a no-op that keeps the bytes
+    before = _files(d)
+    generate(d, num_samples=3, seed=1, preset="tiny")
+    assert _files(d) == before
+    # an interrupted run: a stamp and some complete samples; the rerun completes the rest
+    r = tmp_path / "resume"
+    generate(r, num_samples=3, seed=1, preset="tiny")
+    before = _files(r)
+    shutil.rmtree(r / "s000001")
+    (r / "manifest.json").unlink()
+    (r / "s000000" / "marker").write_text("kept")
+    from teller.data.dataset import load_config as lc
+
+    (r / ".generate.json").write_text(
+        json.dumps({"seed": 1, "config": lc("tiny"), "num_samples": 3}, sort_keys=True)
+    )
+    generate(r, num_samples=3, seed=1, preset="tiny")
+    assert (r / "s000000" / "marker").exists()  # complete samples are kept
+    after = _files(r)
+    after.pop("s000000/marker")
+    assert after == before
+
+
+def _teller(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "teller", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def test_cli_generate_validate(tmp_path):
+    d = tmp_path / "cli"
+    r = _teller(
+        "dataset", "generate", "--output-dir", str(d), "--num-samples", "4", "--seed", "3", "--preset", "tiny"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(d)
+    assert "4 samples" in r.stderr
+    r = _teller("dataset", "validate", str(d), "--deep")
+    assert r.returncode == 0, r.stdout + r.stderr
+    x = _ann(d, "s000001")
+    x["faults"][0]["layer"] = "firmware"
+    _put(d, "s000001", x)
+    r = _teller("dataset", "validate", str(d))
+    assert r.returncode == 1
+    assert "s000001/annotation.json $.faults[0].layer" in r.stdout
+    r = _teller("dataset", "generate", "--output-dir", str(tmp_path / "x"), "--preset", "nope")
+    assert r.returncode == 2 and "unknown preset" in r.stderr
+
+
+def test_secondary_faults(tmp_path):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text("base: tiny\nsecondary_fault_fraction: 1.0\n")
+    d = tmp_path / "multi"
+    generate(d, num_samples=8, seed=4, config=cfg)
+    assert validate(d) == []
+    n_multi = 0
+    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
+        ann = _ann(d, sd.name)
+        if ann["label"] == "normal":
+            assert ann["faults"] == []
+            continue
+        assert ann["faults"][0]["type"] == ann["label"]
+        if len(ann["faults"]) == 2:
+            n_multi += 1
+            sec = ann["faults"][1]
+            assert sec["type"] != ann["label"] and sec["params"]["role"] == "secondary"
+            assert sec["severity"] <= 0.5
+    assert n_multi >= 5
+
+
+def test_fault_windows_inside_trace(tiny):
+    for sd in sorted(p for p in tiny.iterdir() if p.is_dir()):
+        ann = _ann(tiny, sd.name)
+        t0, t1 = ann["trace"]["start_ns"], ann["trace"]["end_ns"]
+        for f in ann["faults"]:
+            assert t0 <= f["start_ns"] < f["end_ns"] <= t1 + 1, (sd.name, f["type"])

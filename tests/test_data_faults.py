@@ -1,0 +1,277 @@
+"""Per-fault symptom checks: each fault changes what the physics says it changes, and not the rest.
+
+Each check simulates the same workload and seed twice, healthy and with one fault over the whole
+window at full severity, then compares the traces (and logs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import teller
+from teller.data import culprit_mask, kernel_family
+from teller.data.dataset import _fault_json
+from teller.data.faults import FAULT_INFO, Fault
+from teller.data.simulator import SimResult, Workload, simulate
+from teller.trace import FLAG_UNFINISHED
+
+REAL = 1_764_000_000_000_000_000
+
+# prefill-heavy: every step is a full chunk, so GEMMs are compute-bound
+PREFILL = Workload(
+    model="llama-3.1-8b",
+    gpu="H100",
+    tp=2,
+    arrival="poisson",
+    rate=2000.0,
+    prompt_mean=2048,
+    output_mean=64,
+    cuda_graphs=True,
+    max_num_seqs=128,
+    max_num_batched_tokens=4096,
+    steps=10,
+    traced_layers=2,
+    init_running=0,
+    kv_util=0.5,
+)
+# decode-heavy with CUDA graphs
+DECODE = replace(
+    PREFILL, rate=20.0, prompt_mean=256, output_mean=512, init_running=32, max_num_batched_tokens=2048
+)
+# no arrivals: identical batches whatever the step times, so kernel shapes compare one to one
+STEADY = replace(DECODE, rate=0.01)
+
+
+def run(
+    tmp: Path,
+    wl: Workload,
+    ftype: str | None,
+    seed: int = 7,
+    rank: int | None = None,
+    sev: float = 1.0,
+    params: dict | None = None,
+) -> tuple[teller.trace.Trace, SimResult]:
+    faults = []
+    if ftype is not None:
+        faults.append(
+            Fault(
+                ftype,
+                FAULT_INFO[ftype][0],
+                0 if ftype != "oom_error" else 4,
+                wl.steps,
+                sev,
+                {"kind": "rank", "name": "x", "rank": rank},
+                dict(params or {}),
+            )
+        )
+    d = tmp / f"{ftype}-{seed}-{rank}"
+    res = simulate(wl, faults, np.random.default_rng(seed), d, real_base=REAL)
+    return teller.trace.load(d, warn=False), res
+
+
+def kernels(tr: teller.trace.Trace, family: str, *, device: int | None = None, large_tile: bool = False):
+    k = tr.layer_mask("kernel") & (tr.tid == 7)
+    names = np.array(tr.strings, dtype=object)[tr.name]
+    fam = np.array([kernel_family(n) for n in names], dtype=object)
+    m = k & (fam == family)
+    if device is not None:
+        m &= tr.device == device
+    if large_tile:
+        m &= np.array(["128x256" in n or "256x128" in n or "128x128" in n for n in names])
+    return tr.dur[m].astype(float)
+
+
+def runtime(tr: teller.trace.Trace, name: str, pid: int | None = None) -> np.ndarray:
+    names = np.array(tr.strings, dtype=object)[tr.name]
+    m = tr.layer_mask("runtime") & (names == name)
+    if pid is not None:
+        m &= tr.pid == pid
+    return tr.dur[m].astype(float)
+
+
+def ratio(a: np.ndarray, b: np.ndarray) -> float:
+    assert len(a) and len(b)
+    return float(np.median(a) / np.median(b))
+
+
+def test_gpu_throttle_slows_compute_bound_gemms_not_memory_bound(tmp_path):
+    ok, _ = run(tmp_path, PREFILL, None)
+    bad, _ = run(tmp_path, PREFILL, "gpu_throttle", params={"cause": "power_cap"})
+    gemm = ratio(kernels(bad, "gemm", large_tile=True), kernels(ok, "gemm", large_tile=True))
+    assert gemm > 1.6
+    for fam in ("rms_norm", "silu_and_mul"):
+        r = ratio(kernels(bad, fam), kernels(ok, fam))
+        assert r < 1.35 and gemm > 1.4 * r, fam
+
+
+def test_hbm_contention_slows_memory_bound_kernels_and_shows_foreign_kernels(tmp_path):
+    ok, _ = run(tmp_path, PREFILL, None)
+    bad, _ = run(tmp_path, PREFILL, "hbm_contention", rank=0, params={"foreign_visible": True})
+    assert ratio(kernels(bad, "rms_norm", device=0), kernels(ok, "rms_norm", device=0)) > 1.8
+    assert (
+        ratio(kernels(bad, "gemm", device=0, large_tile=True), kernels(ok, "gemm", device=0, large_tile=True))
+        < 1.2
+    )
+    # the other rank is unaffected
+    assert ratio(kernels(bad, "rms_norm", device=1), kernels(ok, "rms_norm", device=1)) < 1.15
+    foreign = bad.layer_mask("kernel") & (bad.tid != 7)
+    assert foreign.sum() > 0 and set(np.unique(bad.device[foreign])) == {0}
+    assert (ok.layer_mask("kernel") & (ok.tid != 7)).sum() == 0
+
+
+def test_nccl_straggler_slows_one_rank_and_the_others_wait_in_all_reduce(tmp_path):
+    ok, _ = run(tmp_path, PREFILL, None)
+    bad, _ = run(tmp_path, PREFILL, "nccl_straggler", rank=1)
+    assert ratio(kernels(bad, "gemm", device=1), kernels(ok, "gemm", device=1)) > 1.5
+    assert ratio(kernels(bad, "gemm", device=0), kernels(ok, "gemm", device=0)) < 1.1
+    # the healthy rank waits for the straggler inside the all-reduce kernel
+    ar0, ar1 = kernels(bad, "all_reduce", device=0), kernels(bad, "all_reduce", device=1)
+    assert ar0.mean() > 3 * ar1.mean()
+    ok0, ok1 = kernels(ok, "all_reduce", device=0), kernels(ok, "all_reduce", device=1)
+    assert 0.3 < ok0.mean() / ok1.mean() < 3.0
+
+
+def test_nvlink_degradation_slows_all_reduce_on_every_rank_uniformly(tmp_path):
+    ok, _ = run(tmp_path, STEADY, None)
+    bad, _ = run(tmp_path, STEADY, "nvlink_degradation")
+    for dev in (0, 1):
+        assert ratio(kernels(bad, "all_reduce", device=dev), kernels(ok, "all_reduce", device=dev)) > 1.5
+    assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+    r = kernels(bad, "all_reduce", device=0).mean() / kernels(bad, "all_reduce", device=1).mean()
+    assert 0.5 < r < 2.0
+
+
+def test_pcie_degradation_slows_memcpy(tmp_path):
+    ok, _ = run(tmp_path, STEADY, None)
+    bad, _ = run(tmp_path, STEADY, "pcie_degradation")
+    mk = lambda tr: tr.dur[tr.layer_mask("memcpy")].astype(float)  # noqa: E731
+    assert ratio(mk(bad), mk(ok)) > 2.0
+    assert ratio(runtime(bad, "cudaMemcpyAsync"), runtime(ok, "cudaMemcpyAsync")) > 1.5
+    assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+
+
+def test_cpu_contention_stretches_host_side_not_kernels(tmp_path):
+    eager = replace(STEADY, cuda_graphs=False)
+    ok, _ = run(tmp_path, eager, None)
+    bad, _ = run(tmp_path, eager, "cpu_contention")
+    assert ratio(runtime(bad, "cudaLaunchKernel"), runtime(ok, "cudaLaunchKernel")) > 1.8
+    assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+    ho = lambda tr: tr.dur[tr.layer_mask("host_op")].astype(float)  # noqa: E731
+    assert ratio(ho(bad), ho(ok)) > 1.8
+
+
+def test_host_memory_pressure_gives_sporadic_long_host_stalls(tmp_path):
+    wl = replace(STEADY, steps=24)
+    ok, _ = run(tmp_path, wl, None)
+    bad, res = run(tmp_path, wl, "host_memory_pressure", rank=0)
+    names = np.array(bad.strings, dtype=object)[bad.name]
+    host = bad.layer_mask("annotation") & np.isin(names, ["prepare_inputs", "postprocess"])
+    names_ok = np.array(ok.strings, dtype=object)[ok.name]
+    host_ok = ok.layer_mask("annotation") & np.isin(names_ok, ["prepare_inputs", "postprocess"])
+    assert bad.dur[host].max() > 1_000_000  # a stall of > 1 ms
+    assert bad.dur[host].max() > 5 * ok.dur[host_ok].max()
+    # kernels unchanged
+    assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+
+
+def test_kv_cache_exhaustion_preempts_and_reprefills(tmp_path):
+    wl = replace(DECODE, steps=24, init_running=48, rate=40.0)
+    hits = reprefills = 0
+    for seed in (1, 2, 3):
+        _ok, ok_res = run(tmp_path, wl, None, seed=seed)
+        bad, res = run(tmp_path, wl, "kv_cache_exhaustion", seed=seed, sev=1.0)
+        assert "is preempted" not in ok_res.log
+        assert res.stats["max_kv_usage"] > 0.97
+        assert res.stats["max_waiting"] > 0
+        if res.stats["preemptions"]:
+            hits += 1
+            assert "is preempted by PreemptionMode.RECOMPUTE mode" in res.log
+            assert "Preemptions: " in res.log
+            # re-prefill: the preempted requests are recomputed: prefill attention after the warning
+            t_pre = min(int(x.split()[0]) for x in res.log.splitlines() if "is preempted" in x)
+            k = bad.layer_mask("kernel")
+            names = np.array(bad.strings, dtype=object)[bad.name]
+            pre = np.array([kernel_family(n) == "attention_prefill" for n in names]) & k
+            reprefills += int((bad.ts[pre] > t_pre).any())
+    assert hits >= 2 and reprefills >= 1
+
+
+def test_eager_mode_misconfig(tmp_path):
+    ok, ok_res = run(tmp_path, DECODE, None)
+    bad, res = run(tmp_path, DECODE, "eager_mode_misconfig")
+    assert len(runtime(ok, "cudaGraphLaunch")) > 0
+    assert len(runtime(bad, "cudaGraphLaunch")) == 0
+    assert len(runtime(bad, "cudaLaunchKernel")) > 2 * max(1, len(runtime(ok, "cudaLaunchKernel")))
+    assert "enforce_eager=True" in res.log and "Graph capturing finished" not in res.log
+    assert "enforce_eager=False" in ok_res.log and "Graph capturing finished" in ok_res.log
+
+
+def test_oom_error_ends_trace_early_with_traceback(tmp_path):
+    ok, _ = run(tmp_path, DECODE, None)
+    bad, res = run(tmp_path, DECODE, "oom_error", rank=1)
+    assert "torch.OutOfMemoryError: CUDA out of memory" in res.log
+    assert "EngineDeadError" in res.log
+    assert len(bad.steps()) < len(ok.steps())
+    assert (bad.flags & FLAG_UNFINISHED).sum() > 0
+    assert (ok.flags & FLAG_UNFINISHED).sum() == 0
+
+
+def test_network_delay_shows_in_requests_and_responses_only(tmp_path):
+    wl = replace(DECODE, rate=150.0, steps=20)
+    ok, ok_res = run(tmp_path, wl, None)
+    bad, res = run(tmp_path, wl, "network_delay", params={"delay_ms": 800.0})
+    assert res.log.count("Received request") < ok_res.log.count("Received request")
+    # kernels unchanged
+    assert ratio(kernels(bad, "gemm"), kernels(ok, "gemm")) < 1.1
+
+    # access-log lines come long after "Finished request"
+    def lag(log: str) -> float:
+        lines = log.splitlines()
+        fin = [int(x.split()[0]) for x in lines if "Finished request" in x]
+        acc = [int(x.split()[0]) for x in lines if "200 OK" in x]
+        return float(np.max(np.array(acc) - np.array(fin))) if fin else 0.0
+
+    if "Finished request" in res.log:
+        assert lag(res.log) > 100e6
+
+
+def test_launch_storm_adds_tiny_elementwise_kernels(tmp_path):
+    ok, _ = run(tmp_path, STEADY, None)
+    bad, _ = run(tmp_path, STEADY, "launch_storm")
+    assert len(kernels(bad, "elementwise")) > 20
+    assert len(kernels(ok, "elementwise")) == 0
+
+
+def test_culprit_mask_selects_target_rank_family_and_window(tmp_path):
+    bad, res = run(tmp_path, PREFILL, "nccl_straggler", rank=1)
+    f = res.faults[0]
+    ann = {
+        "faults": [_fault_json(f, REAL, res.pids)],
+        "workload": {"processes": [{"rank": r, "pid": p, "device": r} for r, p in enumerate(res.pids)]},
+    }
+    m = culprit_mask(bad, ann)
+    assert m.sum() > 0
+    assert set(np.unique(bad.device[m])) == {1}
+    assert bad.layer_mask("kernel")[m].all()
+    names = np.array(bad.strings, dtype=object)[bad.name]
+    assert not any(kernel_family(n) == "all_reduce" for n in names[m])
+    start, end = ann["faults"][0]["start_ns"], ann["faults"][0]["end_ns"]
+    assert (bad.ts[m] >= start).all() and (bad.ts[m] < end).all()
+    assert culprit_mask(bad, {"faults": [], "workload": ann["workload"]}).sum() == 0
+
+
+@pytest.mark.parametrize("ftype", sorted(FAULT_INFO))
+def test_every_fault_type_simulates_and_has_culprits(tmp_path, ftype):
+    wl = DECODE if ftype not in ("eager_mode_misconfig",) else replace(DECODE, cuda_graphs=True)
+    tr, res = run(tmp_path, wl, ftype, rank=0 if ftype in ("nccl_straggler", "hbm_contention") else None)
+    f = res.faults[0]
+    assert 0 <= f.start_ns < f.end_ns
+    ann = {
+        "faults": [_fault_json(f, REAL, res.pids)],
+        "workload": {"processes": [{"rank": r, "pid": p, "device": r} for r, p in enumerate(res.pids)]},
+    }
+    m = culprit_mask(tr, ann)
+    if ftype not in ("network_delay",) or len(tr):
+        assert m.sum() > 0, ftype

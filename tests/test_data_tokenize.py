@@ -1,0 +1,193 @@
+"""`teller tokenize`: shards readable (memory-mapped), consistent with their manifest, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import teller
+from teller import tpe
+from teller.data import culprit_mask, generate
+from teller.data.tokenize import ARRAYS, LogTokenizer, load_shard, parse_log, split_log_line, tokenize_dataset
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    data = root / "ds"
+    generate(data, num_samples=26, seed=5, preset="tiny")
+    tok = tpe.train(data, vocab_size=400)
+    tdir = root / "tpe"
+    tok.save(tdir)
+    out = tokenize_dataset(data, tdir, root / "out", shard_size=6, workers=1, log_vocab_size=512)
+    return data, tdir, out
+
+
+def test_manifest_and_shards_consistent(setup):
+    data, tdir, out = setup
+    man = json.loads((out / "manifest.json").read_text())
+    dman = json.loads((data / "manifest.json").read_text())
+    assert man["format"] == "teller-shards" and man["label_names"] == dman["labels"]
+    assert man["tokenizer"]["sha256"] and man["log_tokenizer"]["vocab_size"] <= 512
+    assert set(man["arrays"]) == set(ARRAYS)
+    tok = tpe.load(tdir)
+    for split, sp in man["splits"].items():
+        assert sp["samples"] == dman["splits"][split]
+        rows = 0
+        for sh in sp["shards"]:
+            a = load_shard(out, sh["name"])
+            n = sh["samples"]
+            assert sh["rows"] == [rows, rows + n]
+            rows += n
+            assert isinstance(a["trace_ids"], np.memmap)
+            assert a["labels"].shape == (n,)
+            assert a["trace_offsets"].shape == (n + 1,) and a["trace_offsets"][-1] == sh["tokens"]
+            assert a["trace_ids"].dtype == np.uint32 and len(a["trace_ids"]) == sh["tokens"]
+            assert a["trace_features"].shape == (sh["tokens"], 5) and a["trace_features"].dtype == np.float32
+            assert a["trace_culprit"].dtype == np.bool_ and a["trace_culprit"].sum() == sh["culprit_tokens"]
+            assert a["log_offsets"][-1] == sh["log_tokens"] == len(a["log_ids"])
+            assert a["log_features"].shape == (sh["log_tokens"], 2)
+            assert int(a["trace_ids"].max()) < tok.vocab_size
+            for i, sid in enumerate(sp["samples"][sh["rows"][0] : sh["rows"][1]]):
+                ann = json.loads((data / sid / "annotation.json").read_text())
+                assert man["label_names"][int(a["labels"][i])] == ann["label"]
+                tr = teller.trace.load(data / sid / "trace.json", warn=False)
+                enc = tok.encode(tr)
+                o0, o1 = a["trace_offsets"][i], a["trace_offsets"][i + 1]
+                np.testing.assert_array_equal(a["trace_ids"][o0:o1], enc.ids)
+                b0, b1 = a["base_offsets"][i], a["base_offsets"][i + 1]
+                ev = a["base_events"][b0:b1]
+                np.testing.assert_array_equal(a["token_event_pos"][o0:o1], enc.offsets[:-1])
+                # token k covers events ev[pos[k]:pos[k+1]]; its culprit flag = any culprit event
+                m = culprit_mask(tr, ann)
+                pos = np.append(a["token_event_pos"][o0:o1], b1 - b0)
+                for k in range(0, o1 - o0, max(1, (o1 - o0) // 7)):
+                    e = ev[pos[k] : pos[k + 1]]
+                    assert bool(a["trace_culprit"][o0 + k]) == bool(m[e[e >= 0]].any())
+                assert bool(a["trace_culprit"][o0:o1].any()) == bool(m.any() and m[ev[ev >= 0]].any())
+        assert rows == len(sp["samples"])
+
+
+def test_resume_skips_complete_shards(setup):
+    data, tdir, out = setup
+    man = json.loads((out / "manifest.json").read_text())
+    name = man["splits"]["train"]["shards"][0]["name"]
+    done = out / "shards" / name / "done.json"
+    mtime = done.stat().st_mtime_ns
+    other = man["splits"]["train"]["shards"][1]["name"]
+    import shutil
+
+    shutil.rmtree(out / "shards" / other)
+    again = tokenize_dataset(data, tdir, out.parent, shard_size=6, log_vocab_size=512)
+    assert again == out
+    assert done.stat().st_mtime_ns == mtime
+    assert (out / "shards" / other / "done.json").is_file()
+    assert json.loads((out / "manifest.json").read_text()) == man
+
+
+def test_log_tokenizer_templates():
+    toks = split_log_line(
+        "INFO 11-24 16:00:01 [loggers.py:116] (EngineCore_DP0 pid=4211) Engine 000: Avg prompt throughput: "
+        "1,234.5 tokens/s, Running: 12 reqs, GPU KV cache usage: 97.3%"
+    )
+    words = [t for t, _ in toks]
+    assert words[:3] == ["info", "<time>", "["]
+    assert "<path>" in words and "engine" in words and "kv" in words
+    nums = [v for t, v in toks if t == "<num>"]
+    assert pytest.approx(nums[-1], rel=1e-6) == np.log1p(97.3)
+    assert [t for t, _ in split_log_line("Received request cmpl-0a1b2c3d4e5f0001: x")][2] == "<id>"
+    assert "<ip>" in [
+        t for t, _ in split_log_line('INFO:     10.0.3.7:5512 - "POST /v1/completions HTTP/1.1" 200 OK')
+    ]
+
+
+def test_log_tokenizer_roundtrip(setup, tmp_path):
+    data, _tdir, _out = setup
+    logs = sorted(data.glob("s*/log.txt"))
+    lt = LogTokenizer.train(logs, vocab_size=300)
+    assert len(lt.vocab) <= 300 and lt.vocab[0] == "[PAD]"
+    assert LogTokenizer.from_dict(json.loads(json.dumps(lt.to_dict()))).vocab == lt.vocab
+    lines = parse_log(logs[0])
+    ids, feats = lt.encode_lines(lines, lines[-1][0])
+    assert (ids == lt.index["[BOL]"]).sum() == len(lines)
+    assert feats.shape == (len(ids), 2)
+
+
+def test_cli_tokenize(setup, tmp_path):
+    data, tdir, _ = setup
+    env = dict(os.environ, COLUMNS="200")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "teller",
+            "tokenize",
+            "--data-dir",
+            str(data),
+            "--tokenizer-dir",
+            str(tdir),
+            "--output-dir",
+            str(tmp_path),
+            "--run-id",
+            "r1",
+            "--shard-size",
+            "13",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = Path(r.stdout.strip())
+    assert out == tmp_path / "r1"
+    man = json.loads((out / "manifest.json").read_text())
+    assert sum(len(s["samples"]) for s in man["splits"].values()) == 26
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "teller",
+            "tokenize",
+            "--data-dir",
+            str(tmp_path / "none"),
+            "--tokenizer-dir",
+            str(tdir),
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "manifest" in r.stderr
+
+
+def test_sharded_split_random_access(setup):
+    from teller.data.tokenize import ShardedSplit
+
+    data, tdir, out = setup
+    man = json.loads((out / "manifest.json").read_text())
+    ds = ShardedSplit(out, "train")
+    assert len(ds) == len(man["splits"]["train"]["samples"])
+    tok = tpe.load(tdir)
+    for i in (0, len(ds) // 2, len(ds) - 1, -1):
+        x = ds[i]
+        sid = x["sample_id"]
+        ann = json.loads((data / sid / "annotation.json").read_text())
+        assert ds.label_names[x["label"]] == ann["label"]
+        enc = tok.encode(teller.trace.load(data / sid / "trace.json", warn=False))
+        np.testing.assert_array_equal(x["trace_ids"], enc.ids)
+        np.testing.assert_array_equal(x["segment_starts"], enc.segment_starts)
+        assert x["trace_features"].shape == (len(enc.ids), 5) and len(x["trace_culprit"]) == len(enc.ids)
+        assert len(x["log_ids"]) == len(x["log_features"]) > 0
+    with pytest.raises(IndexError):
+        ds[len(ds)]
