@@ -15,9 +15,10 @@ export TRANSFORMERS_OFFLINE := 1
 export OMP_NUM_THREADS ?= 2
 
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
+SHIM_SRC := $(shell find cupti_shim/src -name '*.[ch]') cupti_shim/build.sh
 PY_SRC := $(shell find python -name '*.py' -o -name '*.pyi' -o -name '*.json' -o -name '*.yaml')
 
-.PHONY: help venv build demo test test-rust test-py bench lint fmt clean
+.PHONY: help venv build demo test test-rust test-shim test-py bench lint fmt clean
 
 help:
 	@echo "make demo   - create .venv, install pinned deps, build (release), run the main job"
@@ -44,23 +45,51 @@ $(VENV)/.built: $(VENV)/.deps $(RUST_SRC)
 	$(PY) -c "import teller, sys; assert teller.build_profile == 'release', teller.build_profile; print('built teller', teller.__version__, teller.build_profile)"
 	touch $@
 
-build: $(VENV)/.built
+# The collector shim, built by teller itself into its cache (keyed by sources, headers, compiler).
+$(VENV)/.shim: $(VENV)/.built $(SHIM_SRC)
+	$(VENV)/bin/teller shim build
+	touch $@
+
+build: $(VENV)/.built $(VENV)/.shim
 
 # --- main job ------------------------------------------------------------------------------------
+# The whole path on embedded defaults: a real profiler trace, a real collection of an unmodified
+# tiny inference, a simulated labelled dataset, a TPE tokenizer trained on it, tokenized shards.
+DEMO := output/demo
 DEMO_TRACE := tests/data/traces/a100_nccl_2rank.kineto.json.gz
 demo: build
-	@mkdir -p output/demo
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)
+	@echo "== 1. environment"
 	$(VENV)/bin/teller doctor
-	$(VENV)/bin/teller trace convert $(DEMO_TRACE) -o output/demo/trace.json.gz
-	$(VENV)/bin/teller trace summary output/demo/trace.json.gz --top 8
+	@echo "== 2. a real PyTorch-profiler trace (A100, NCCL): convert and summarize"
+	$(VENV)/bin/teller trace convert $(DEMO_TRACE) -o $(DEMO)/a100.trace.json.gz
+	$(VENV)/bin/teller trace summary $(DEMO)/a100.trace.json.gz --top 5
+	@echo "== 3. collect an unmodified tiny GPT-2 inference on this CPU (NVTX injection, module ranges, logs)"
+	$(VENV)/bin/teller collect --trace-dir $(DEMO)/collect --nvtx-json transformers -- \
+		$(PY) examples/tiny_inference.py --requests 3 --new-tokens 6
+	$(VENV)/bin/teller trace summary $(DEMO)/collect/run-* --top 5
+	@echo "== 4. simulate a labelled fault dataset, train TPE on its train split, tokenize it"
+	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/dataset --num-samples 60 --seed 0 --preset tiny --workers 2
+	$(VENV)/bin/teller dataset validate $(DEMO)/dataset
+	$(VENV)/bin/teller tpe train --data-dir $(DEMO)/dataset --output-dir $(DEMO)/tpe-runs --vocab-size 1024 > $(DEMO)/tpe-path
+	rm -rf $(DEMO)/tpe && cp -r "$$(cat $(DEMO)/tpe-path)" $(DEMO)/tpe
+	$(VENV)/bin/teller tpe inspect $(DEMO)/tpe --top 8
+	$(VENV)/bin/teller tokenize --data-dir $(DEMO)/dataset --tokenizer-dir $(DEMO)/tpe --output-dir $(DEMO)/tokens --workers 2
 	@echo
-	@echo "Perfetto-ready trace: $(abspath output/demo/trace.json.gz)  (open it at https://ui.perfetto.dev)"
+	@echo "Perfetto-ready traces (open at https://ui.perfetto.dev):"
+	@echo "  $(abspath $(DEMO))/a100.trace.json.gz"
+	@ls -d $(abspath $(DEMO))/collect/run-*/trace.json | sed 's/^/  /'
+	@echo "tokenizer: $(abspath $(DEMO))/tpe   dataset: $(abspath $(DEMO))/dataset   shards: $(abspath $(DEMO))/tokens"
 
 # --- tests ---------------------------------------------------------------------------------------
-test: build test-rust test-py
+test: build test-rust test-shim test-py
 
 test-rust:
 	cargo test -p teller-core --quiet
+
+# The shim's C test programs (NVTX injection for real, fork, crashes, CUPTI record conversion).
+test-shim: $(VENV)/.deps
+	bash cupti_shim/tests/run_tests.sh build/cupti_shim $(PY)
 
 test-py: build
 	$(PY) -m pytest -q tests

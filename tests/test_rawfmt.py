@@ -123,7 +123,7 @@ def test_truncation_at_every_cut_point(tmp_path):
 
 def test_zero_padding_and_torn_record(tmp_path):
     p = tmp_path / "pad.tmsgpack"
-    with RawWriter(p, pid=1, clock_sync=(0, REAL0), extra_meta={"chunk_size": 256}) as w:
+    with RawWriter(p, pid=1, clock_sync=(0, REAL0)) as w:
         w.span("host_op", "a", tid=1, start=10, end=20)
     data = bytearray(p.read_bytes())
     data += b"\0" * (256 - len(data))  # end of chunk 0
@@ -139,7 +139,7 @@ def test_zero_padding_and_torn_record(tmp_path):
     assert sorted(tr.name_of(i) for i in range(len(tr))) == ["a", "c"]
 
 
-def test_corrupt_record_without_chunk_size_is_an_error(tmp_path):
+def test_corrupt_record_is_an_error(tmp_path):
     p = tmp_path / "bad.tmsgpack"
     with RawWriter(p, pid=1, clock_sync=(0, REAL0)) as w:
         w.span("host_op", "a", tid=1, start=10, end=20)

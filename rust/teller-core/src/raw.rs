@@ -11,6 +11,8 @@ use hashbrown::HashMap;
 
 pub const MAGIC: &str = "teller-trace";
 pub const FORMAT_VERSION: i64 = 1;
+/// A run of this many zero bytes ends a torn record's leftovers (see `read_raw`).
+const TORN_RESYNC_ZEROS: usize = 16;
 
 /// A decoded MessagePack value (borrowing strings from the buffer).
 #[derive(Debug, Clone, PartialEq)]
@@ -301,7 +303,6 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // Pass 1: decode records (borrowing), find the header and the string table.
     let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
     let mut warnings = Vec::new();
-    let mut chunk_size: Option<usize> = None;
     let mut d = Dec { b, p: 0 };
     while d.p < b.len() {
         if b[d.p] == 0 {
@@ -316,48 +317,57 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
         let at = d.p;
         let idx = recs.len() as u64;
-        let torn = |d: &mut Dec, warnings: &mut Vec<String>, msg: String, chunk: Option<usize>| -> bool {
-            // A torn record (a writer died mid-record) can only be followed by zero padding up to the
-            // end of its chunk; skip to the next chunk when the header declared a chunk size.
-            if let Some(cs) = chunk.filter(|&cs| cs > 0) {
-                let next = (at.div_euclid(cs) + 1) * cs;
-                warnings.push(format!(
-                    "{path}: torn record at byte {at} skipped up to byte {next} ({msg})"
-                ));
-                d.p = next;
-                return true;
+        // A torn record: a writer stores a record's first byte (its array header) last, so a record
+        // cut by a crash reads as a zero byte followed by loose values, followed by the zero tail of
+        // its chunk. Only a malformed record right after zero padding is taken for one: skip to the
+        // next run of zeros (a record body never holds that many) and warn. Anything else is corrupt.
+        let after_padding = at > 0 && b[at - 1] == 0;
+        let torn = |d: &mut Dec, warnings: &mut Vec<String>, msg: String| -> bool {
+            if !after_padding {
+                return false;
             }
-            false
+            let mut p = at;
+            let mut zeros = 0usize;
+            while p < b.len() {
+                if b[p] == 0 {
+                    zeros += 1;
+                    if zeros >= TORN_RESYNC_ZEROS {
+                        break;
+                    }
+                } else {
+                    zeros = 0;
+                }
+                p += 1;
+            }
+            let next = if p < b.len() { p + 1 - zeros } else { b.len() };
+            warnings.push(format!(
+                "{path}: torn record at byte {at} ({msg}): skipped {} byte(s)",
+                next - at
+            ));
+            d.p = next;
+            true
         };
         match d.value(0) {
             Ok(MVal::Array(fields)) => {
                 if fields.is_empty() || fields[0].as_i64().is_none() {
-                    if torn(
-                        &mut d,
-                        &mut warnings,
-                        "record type is not an integer".into(),
-                        chunk_size,
-                    ) {
+                    if torn(&mut d, &mut warnings, "record type is not an integer".into()) {
                         continue;
                     }
                     return Err(fe(at, idx, "record does not start with an integer record type".into()));
                 }
-                if recs.is_empty() {
-                    if fields[0].as_i64() != Some(1) || !matches!(fields.get(1), Some(MVal::Str(s)) if *s == MAGIC) {
-                        return Err(fe(
-                            at,
-                            0,
-                            "not a teller raw trace: the first record is not a HEADER".into(),
-                        ));
-                    }
-                    if let Some(cs) = fields.get(3).and_then(|m| m.get("chunk_size")).and_then(|v| v.as_u64()) {
-                        chunk_size = Some(cs as usize);
-                    }
+                if recs.is_empty()
+                    && (fields[0].as_i64() != Some(1) || !matches!(fields.get(1), Some(MVal::Str(s)) if *s == MAGIC))
+                {
+                    return Err(fe(
+                        at,
+                        0,
+                        "not a teller raw trace: the first record is not a HEADER".into(),
+                    ));
                 }
                 recs.push((at, fields));
             }
             Ok(_) => {
-                if torn(&mut d, &mut warnings, "not an array".into(), chunk_size) {
+                if torn(&mut d, &mut warnings, "not an array".into()) {
                     continue;
                 }
                 if recs.is_empty() {
@@ -385,7 +395,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 break;
             }
             Err(DErr::Bad(off, msg)) => {
-                if torn(&mut d, &mut warnings, msg.clone(), chunk_size) {
+                if torn(&mut d, &mut warnings, msg.clone()) {
                     continue;
                 }
                 return Err(fe(off, idx, msg));
@@ -975,14 +985,35 @@ mod tests {
         b.extend_from_slice(&[0; 10]);
         let (t, _) = read_raw("p", &b, 0).unwrap();
         assert_eq!(t.len(), 1);
-        // a non-array record is an error with its offset
-        let mut c = b.clone();
+        // a non-array record right after another record is corrupt: an error with its offset
+        let mut c = Vec::new();
+        header(&mut c, 1, 0, 0);
+        span(&mut c, 2, "x", 1, 1, 2);
         let off = c.len();
         c.push(0x05);
         match read_raw("p", &c, 0) {
             Err(Error::Format { offset, .. }) => assert_eq!(offset, Some(off as u64)),
             other => panic!("{other:?}"),
         }
+        // ... but after zero padding it is a torn record (its zero header byte never written): the
+        // leftovers are skipped up to the next zero run and the records after it are kept
+        let mut c = Vec::new();
+        header(&mut c, 1, 0, 0);
+        span(&mut c, 2, "x", 1, 1, 2);
+        let torn_at = c.len() + 1;
+        c.push(0);
+        c.extend_from_slice(&[0x03, 0x02, 0xa1, b'y', 0x01, 0x00, 0x00, 0x05]);
+        c.extend_from_slice(&[0; 40]);
+        span(&mut c, 2, "z", 1, 3, 4);
+        let (t, _) = read_raw("p", &c, 0).unwrap();
+        assert_eq!((0..t.len()).map(|i| t.name_of(i)).collect::<Vec<_>>(), vec!["x", "z"]);
+        assert!(
+            t.warnings
+                .iter()
+                .any(|w| w.contains(&format!("torn record at byte {torn_at}"))),
+            "{:?}",
+            t.warnings
+        );
         // not a raw file
         assert!(read_raw("p", b"[1,2]", 0).is_err());
         assert!(!looks_like_raw(b"{\"traceEvents\": []}"));
