@@ -26,6 +26,15 @@ fn status_kb(field: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// User + system CPU seconds of the whole process (robust to other processes sharing the cores).
+fn cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / 100.0 // utime, stime in clock ticks (USER_HZ = 100)
+}
+
 fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
@@ -107,6 +116,57 @@ fn main() {
 
     // Encoding.
     let tpe = &out.tpe;
+    if std::env::args().any(|a| a == "--junctions") {
+        // How many adjacent corpus pairs can never be inside a token (hard split points)?
+        let m = tpe.merges();
+        let b = tpe.base_size();
+        let mut first: Vec<u32> = (0..b).collect();
+        let mut last: Vec<u32> = (0..b).collect();
+        let mut junction = std::collections::HashSet::new();
+        for &(x, y) in m {
+            first.push(first[x as usize]);
+            last.push(last[y as usize]);
+            junction.insert((last[x as usize], first[y as usize]));
+        }
+        let mut hard = 0usize;
+        for w in ids.windows(2) {
+            if !junction.contains(&(w[0], w[1])) {
+                hard += 1;
+            }
+        }
+        println!("junction pairs {}, hard split points {} = one per {:.1} events", junction.len(), hard, ids.len() as f64 / hard as f64);
+        let mut blocks = std::collections::HashSet::new();
+        let mut distinct_ev = 0usize;
+        for (i, &s) in starts.iter().enumerate() {
+            let e = starts.get(i + 1).copied().unwrap_or(ids.len());
+            let mut b0 = s;
+            for j in s + 1..=e {
+                if j == e || !junction.contains(&(ids[j - 1], ids[j])) {
+                    if blocks.insert(&ids[b0..j]) {
+                        distinct_ev += j - b0;
+                    }
+                    b0 = j;
+                }
+            }
+        }
+        println!("blocks: {} distinct, {:.1}% of events in distinct blocks", blocks.len(), 100.0 * distinct_ev as f64 / ids.len() as f64);
+    }
+    let profile: usize = arg("--profile-encode", 0);
+    if profile > 0 {
+        // Only the encoder, repeatedly (for `perf record`).
+        let t0 = Instant::now();
+        let c0 = cpu_s();
+        for _ in 0..profile {
+            pool1.install(|| tpe.encode_opts(&ids, &starts, false).unwrap());
+        }
+        let n = (profile * ids.len()) as f64;
+        println!(
+            "profile (no dedupe, 1 thread): {:.1} M events/s wall, {:.1} M events per CPU-second",
+            n / t0.elapsed().as_secs_f64() / 1e6,
+            n / (cpu_s() - c0) / 1e6
+        );
+        return;
+    }
     for (name, pool) in [("1 thread", &pool1), ("N threads", &pool_n)] {
         let mut best = f64::INFINITY;
         let mut n_tok = 0;

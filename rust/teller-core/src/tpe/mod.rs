@@ -191,7 +191,7 @@ impl Tpe {
             }
             token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
         }
-        let ranks = ranks::RankTable::new(&merges);
+        let ranks = ranks::RankTable::new(&merges, vocab as u32);
         Ok(Tpe { base_size, merges, ranks, token_len })
     }
 

@@ -319,3 +319,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn wide_vocabulary_rank_table() {
+    // Ids above 2^16 use the wide rank-table layout.
+    let base = 70_000u32;
+    let segs: Vec<Vec<u32>> = (0..6u32).map(|k| (0..40u32).map(|i| 69_990 + (i * (k + 3) + i / 3) % 10).collect()).collect();
+    check_all(&segs, base, &cfg(30, 1, None));
+    let (ids, starts) = flat(&segs);
+    let out = train(&ids, &starts, base, &cfg(30, 1, None), None).unwrap();
+    assert_eq!(out.tpe.merges().len(), 30);
+    assert!(out.tpe.vocab_size() > 1 << 16);
+}
