@@ -108,6 +108,7 @@ fn main() {
         rss0 / 1024,
         hwm.saturating_sub(rss0) as f64 * 1024.0 / ids.len() as f64
     );
+    println!("  trainer sizes: {:?}", out.stats);
     if !skip_mt {
         let t0 = Instant::now();
         let out2 = pool_n.install(|| train(&ids, &starts, base_size, &cfg, None).unwrap());

@@ -36,7 +36,7 @@ mod tests;
 
 pub use encode::Encoding;
 pub use features::{token_features, SymbolStats, N_FEATURES};
-pub use train::{train, train_checked, Progress, TrainConfig, TrainOutput};
+pub use train::{train, train_checked, Progress, TrainConfig, TrainOutput, TrainStats};
 
 use hashbrown::HashMap;
 

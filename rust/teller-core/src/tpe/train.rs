@@ -65,6 +65,20 @@ pub struct TrainOutput {
     pub tpe: Tpe,
     /// The (weighted) count of every merge at the time it was chosen, in rank order.
     pub merge_counts: Vec<u64>,
+    pub stats: TrainStats,
+}
+
+/// Sizes seen by the trainer (for logs and benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TrainStats {
+    /// Segments with at least 2 events, and how many of them are distinct.
+    pub segments: usize,
+    pub distinct_segments: usize,
+    /// Events in the distinct segments (the trainer's working size).
+    pub distinct_events: usize,
+    /// Distinct adjacent pairs before training, and pairs tracked at the end.
+    pub initial_pairs: usize,
+    pub final_pairs: usize,
 }
 
 /// Progress callback: `(merges_done, num_merges) -> keep_going`. Called after every merge (the
@@ -117,6 +131,7 @@ struct Trainer {
     heap: BinaryHeap<(u64, Reverse<u64>)>,
     touched: Vec<u32>,
     step: u32,
+    n_segments: usize,
 }
 
 fn train_impl(
@@ -165,6 +180,10 @@ fn train_impl(
             // Pairs touched this step were created this step: only the final count matters.
             if cnt >= min_freq {
                 t.heap.push((cnt, Reverse(t.key_of(i))));
+            } else {
+                // Counts only go down from here: this pair can never be merged, free its positions
+                // (most new pairs are rare, so this keeps the position lists small).
+                t.pairs[i as usize].pos = Vec::new();
             }
         }
         t.touched = touched;
@@ -178,8 +197,16 @@ fn train_impl(
             }
         }
     }
+    let stats = TrainStats {
+        segments: t.n_segments,
+        distinct_segments: t.seg_weight.len(),
+        distinct_events: t.sym.len(),
+        initial_pairs: t.n_initial,
+        final_pairs: t.pairs.len(),
+    };
+    drop(t);
     let tpe = Tpe::new(base_size, merges)?;
-    Ok(TrainOutput { tpe, merge_counts })
+    Ok(TrainOutput { tpe, merge_counts, stats })
 }
 
 /// Rough number of events per parallel counting chunk.
@@ -336,6 +363,7 @@ impl Trainer {
             heap: BinaryHeap::from(heap_items),
             touched: Vec::new(),
             step: 0,
+            n_segments: bounds.iter().filter(|&&(s, e)| e - s >= 2).count(),
         })
     }
 
@@ -347,9 +375,14 @@ impl Trainer {
     #[inline]
     fn dec(&mut self, x: u32, y: u32, w: u64) {
         let i = self.pair_map[&pair_key(x, y)];
-        let c = &mut self.pairs[i as usize].count;
-        debug_assert!(*c >= w);
-        *c -= w;
+        let min_freq = self.min_freq;
+        let pr = &mut self.pairs[i as usize];
+        debug_assert!(pr.count >= w);
+        pr.count -= w;
+        if pr.count < min_freq && pr.touched != self.step && pr.pos.capacity() > 0 {
+            // Can never be merged any more (see the touched loop in `train_impl`).
+            pr.pos = Vec::new();
+        }
     }
 
     #[inline]
