@@ -95,12 +95,15 @@ fn main() {
     let rss0 = status_kb("VmRSS:").unwrap_or(0);
     reset_peak();
     let t0 = Instant::now();
+    let c0 = cpu_s();
     let out = pool1.install(|| train(&ids, &starts, base_size, &cfg, None).unwrap());
     let train1 = t0.elapsed().as_secs_f64();
+    let train1_cpu = cpu_s() - c0;
     let hwm = status_kb("VmHWM:").unwrap_or(0);
     println!(
-        "train 1 thread: {:.3}s, {} merges (last count {}), peak RSS during training {} MiB (+{} MiB over the {} MiB before) = {:.1} B/event over baseline",
+        "train 1 thread: {:.3}s wall ({:.2} CPU-s), {} merges (last count {}), peak RSS during training {} MiB (+{} MiB over the {} MiB before) = {:.1} B/event over baseline",
         train1,
+        train1_cpu,
         out.tpe.merges().len(),
         out.merge_counts.last().copied().unwrap_or(0),
         hwm / 1024,
@@ -171,18 +174,21 @@ fn main() {
     for (name, pool) in [("1 thread", &pool1), ("N threads", &pool_n)] {
         let mut best = f64::INFINITY;
         let mut n_tok = 0;
+        let c0 = cpu_s();
         for _ in 0..reps {
             let t0 = Instant::now();
             let enc = pool.install(|| tpe.encode(&ids, &starts).unwrap());
             best = best.min(t0.elapsed().as_secs_f64());
             n_tok = enc.tokens.len();
         }
+        let cpu = (cpu_s() - c0) / reps as f64;
         println!(
-            "encode {} ({}): best of {reps} {:.4}s = {:.1} M events/s, {} tokens ({:.2} events/token)",
+            "encode {} ({}): best of {reps} {:.4}s = {:.1} M events/s (mean {:.3} CPU-s), {} tokens ({:.2} events/token)",
             name,
             if name == "1 thread" { 1 } else { threads },
             best,
             ids.len() as f64 / best / 1e6,
+            cpu,
             n_tok,
             ids.len() as f64 / n_tok as f64
         );
