@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use teller_core::tpe::{synth, train, SymbolStats, TrainConfig};
+use teller_core::tpe::{synth, train, Algo, SymbolStats, TrainConfig};
 
 fn corpus(n_events: usize, step_events: usize) -> synth::SynthCorpus {
     synth::generate(&synth::SynthConfig { n_events, step_events, noise_prob: 0.05, variant_prob: 0.3, ..Default::default() })
@@ -24,9 +24,11 @@ fn bench_tpe(c: &mut Criterion) {
     let tpe = train(&corp.ids, &corp.starts, corp.base_size, &cfg, None).unwrap().tpe;
     let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     g.bench_function("encode_batch_1thread", |b| b.iter(|| pool1.install(|| tpe.encode(black_box(&corp.ids), &corp.starts).unwrap())));
-    g.bench_function("encode_batch_no_dedupe_1thread", |b| {
-        b.iter(|| pool1.install(|| tpe.encode_opts(black_box(&corp.ids), &corp.starts, false).unwrap()))
-    });
+    for algo in [Algo::Backtrack, Algo::Bucket] {
+        g.bench_function(format!("encode_batch_no_dedupe_1thread_{algo:?}"), |b| {
+            b.iter(|| pool1.install(|| tpe.encode_opts(black_box(&corp.ids), &corp.starts, false, algo).unwrap()))
+        });
+    }
     g.bench_function("encode_batch_pool", |b| b.iter(|| tpe.encode(black_box(&corp.ids), &corp.starts).unwrap()));
     g.bench_function("encode_segment_heap", |b| {
         b.iter(|| {

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use teller_core::tpe::{synth, train, SymbolStats, TrainConfig};
+use teller_core::tpe::{synth, train, Algo, SymbolStats, TrainConfig};
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
@@ -160,8 +160,9 @@ fn main() {
         // Only the encoder, repeatedly (for `perf record`).
         let t0 = Instant::now();
         let c0 = cpu_s();
+        let algo = if std::env::args().any(|a| a == "--bucket") { Algo::Bucket } else { Algo::Backtrack };
         for _ in 0..profile {
-            pool1.install(|| tpe.encode_opts(&ids, &starts, false).unwrap());
+            pool1.install(|| tpe.encode_opts(&ids, &starts, false, algo).unwrap());
         }
         let n = (profile * ids.len()) as f64;
         println!(
@@ -195,11 +196,20 @@ fn main() {
     }
     // Encoding without the segment dedupe: every segment encoded (the bucket encoder's own speed),
     // and the single-segment heap encoder.
-    for (name, pool) in [("1 thread", &pool1), ("N threads", &pool_n)] {
-        let t0 = Instant::now();
-        let enc = pool.install(|| tpe.encode_opts(&ids, &starts, false).unwrap());
-        let dt = t0.elapsed().as_secs_f64();
-        println!("encode without segment dedupe, {name}: {:.4}s = {:.1} M events/s ({} tokens)", dt, ids.len() as f64 / dt / 1e6, enc.tokens.len());
+    for algo in [Algo::Backtrack, Algo::Bucket] {
+        for (name, pool) in [("1 thread", &pool1), ("N threads", &pool_n)] {
+            let t0 = Instant::now();
+            let c0 = cpu_s();
+            let enc = pool.install(|| tpe.encode_opts(&ids, &starts, false, algo).unwrap());
+            let dt = t0.elapsed().as_secs_f64();
+            println!(
+                "encode without segment dedupe, {algo:?}, {name}: {:.4}s = {:.1} M events/s ({:.3} CPU-s, {} tokens)",
+                dt,
+                ids.len() as f64 / dt / 1e6,
+                cpu_s() - c0,
+                enc.tokens.len()
+            );
+        }
     }
     {
         let t0 = Instant::now();

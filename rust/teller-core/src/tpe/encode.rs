@@ -22,8 +22,20 @@ use std::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use rayon::prelude::*;
 
+use super::backtrack::Backtrack;
 use super::{check_ids, segment_bounds, Result, Tpe, NONE};
 
+
+/// Which batch encoder to use (all give identical results; see the module docs).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algo {
+    /// Bucket queue over ranks (replays the merges).
+    Bucket,
+    /// Longest valid match with backtracking (`backtrack.rs`).
+    #[default]
+    Backtrack,
+}
 
 /// The encoding of a whole corpus.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -61,6 +73,8 @@ pub(crate) struct BucketScratch {
     item_pos: Vec<u32>,
     item_next: Vec<u32>,
     list: Vec<u32>,
+    /// Reachable positions of the backtracking encoder.
+    pub(crate) reach: Vec<bool>,
     /// Bit `r` set when bucket `r` is non-empty: the sweep jumps over empty ranks 64 at a time.
     nonempty: Vec<u64>,
 }
@@ -93,12 +107,12 @@ impl Tpe {
     /// Encodes a corpus (see the module docs for `starts`). Parallel over segments with the
     /// current rayon pool; the result is identical to sequential encoding.
     pub fn encode(&self, ids: &[u32], starts: &[usize]) -> Result<Encoding> {
-        self.encode_opts(ids, starts, true)
+        self.encode_opts(ids, starts, true, Algo::default())
     }
 
-    /// [`Tpe::encode`] with the segment dedupe switchable (for benchmarks and tests).
+    /// [`Tpe::encode`] with the segment dedupe and the algorithm selectable (benchmarks, tests).
     #[doc(hidden)]
-    pub fn encode_opts(&self, ids: &[u32], starts: &[usize], dedupe: bool) -> Result<Encoding> {
+    pub fn encode_opts(&self, ids: &[u32], starts: &[usize], dedupe: bool, algo: Algo) -> Result<Encoding> {
         let bounds = segment_bounds(ids.len(), starts)?;
         check_ids(ids, self.base_size)?;
         let (distinct, seg_distinct) = if dedupe {
@@ -106,7 +120,7 @@ impl Tpe {
         } else {
             (bounds.clone(), (0..bounds.len() as u32).collect())
         };
-        Ok(self.encode_distinct(ids, &bounds, &distinct, &seg_distinct))
+        Ok(self.encode_distinct(ids, &bounds, &distinct, &seg_distinct, algo))
     }
 
     fn encode_distinct(
@@ -115,7 +129,12 @@ impl Tpe {
         bounds: &[(usize, usize)],
         distinct: &[(usize, usize)],
         seg_distinct: &[u32],
+        algo: Algo,
     ) -> Encoding {
+        let bt = match algo {
+            Algo::Backtrack if !self.merges.is_empty() => Some(self.backtrack.get_or_init(|| Backtrack::build(self))),
+            _ => None,
+        };
         // Encode every distinct segment once, in parallel tasks of consecutive segments.
         let mut tasks: Vec<(usize, usize)> = Vec::new();
         let mut lo = 0;
@@ -136,7 +155,19 @@ impl Tpe {
                 let mut toks = Vec::new();
                 let mut offs = Vec::new();
                 let mut ends = Vec::with_capacity(hi - lo);
-                self.encode_task(ids, &distinct[lo..hi], sc, &mut toks, &mut offs, &mut ends);
+                match bt {
+                    Some(bt) => {
+                        for &(s, e) in &distinct[lo..hi] {
+                            if !self.encode_backtrack(bt, &ids[s..e], &mut sc.reach, &mut toks, &mut offs) {
+                                debug_assert!(false, "backtracking encoder got stuck");
+                                let mut e2 = Vec::new();
+                                self.encode_task(ids, &[(s, e)], sc, &mut toks, &mut offs, &mut e2);
+                            }
+                            ends.push(toks.len() as u32);
+                        }
+                    }
+                    None => self.encode_task(ids, &distinct[lo..hi], sc, &mut toks, &mut offs, &mut ends),
+                }
                 (toks, offs, ends)
             })
             .collect();

@@ -24,6 +24,7 @@
 //! * [`synth`]: a deterministic synthetic, LLM-inference-shaped corpus generator.
 //! * [`naive`]: slow, obviously-correct reference implementations (for tests).
 
+mod backtrack;
 mod encode;
 mod ranks;
 pub mod features;
@@ -34,7 +35,7 @@ mod train;
 #[cfg(test)]
 mod tests;
 
-pub use encode::Encoding;
+pub use encode::{Algo, Encoding};
 pub use features::{token_features, SymbolStats, N_FEATURES};
 pub use train::{train, train_checked, Progress, TrainConfig, TrainOutput, TrainStats};
 
@@ -168,6 +169,8 @@ pub struct Tpe {
     ranks: ranks::RankTable,
     /// Number of base events covered by every token id (`len == vocab_size`).
     token_len: Vec<u32>,
+    /// Tables of the backtracking encoder, built on first use (so loading stays cheap).
+    backtrack: std::sync::OnceLock<backtrack::Backtrack>,
 }
 
 impl Tpe {
@@ -192,7 +195,7 @@ impl Tpe {
             token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
         }
         let ranks = ranks::RankTable::new(&merges, vocab as u32);
-        Ok(Tpe { base_size, merges, ranks, token_len })
+        Ok(Tpe { base_size, merges, ranks, token_len, backtrack: std::sync::OnceLock::new() })
     }
 
     pub fn base_size(&self) -> u32 {
@@ -221,7 +224,7 @@ impl Tpe {
     }
 
     /// Appends the base-symbol expansion of `token` to `out` (iterative, no recursion).
-    fn expand_into(&self, token: u32, out: &mut Vec<u32>, stack: &mut Vec<u32>) {
+    pub(crate) fn expand_into(&self, token: u32, out: &mut Vec<u32>, stack: &mut Vec<u32>) {
         stack.clear();
         stack.push(token);
         while let Some(t) = stack.pop() {

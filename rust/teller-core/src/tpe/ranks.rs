@@ -96,3 +96,67 @@ impl RankTable {
         }
     }
 }
+
+/// Open-addressing `u64 -> u32` map (linear probing, <= 50% load) for the encoder's trie.
+#[derive(Debug, Clone)]
+pub(crate) struct U64Map {
+    keys: Vec<u64>,
+    vals: Vec<u32>,
+    len: usize,
+    shift: u32,
+    mask: usize,
+}
+
+impl U64Map {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        let cap = (n * 2).max(16).next_power_of_two();
+        U64Map { keys: vec![EMPTY; cap], vals: vec![0; cap], len: 0, shift: 64 - cap.trailing_zeros(), mask: cap - 1 }
+    }
+
+    fn grow(&mut self) {
+        let old_k = std::mem::take(&mut self.keys);
+        let old_v = std::mem::take(&mut self.vals);
+        *self = U64Map::with_capacity(old_k.len());
+        for (k, v) in old_k.into_iter().zip(old_v) {
+            if k != EMPTY {
+                self.insert(k, v);
+            }
+        }
+    }
+
+    /// Inserts (or overwrites) `k -> v`. `k` must not be `u64::MAX`.
+    pub(crate) fn insert(&mut self, k: u64, v: u32) {
+        if (self.len + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        let mut i = hash(k, self.shift);
+        loop {
+            if self.keys[i] == EMPTY {
+                self.keys[i] = k;
+                self.vals[i] = v;
+                self.len += 1;
+                return;
+            }
+            if self.keys[i] == k {
+                self.vals[i] = v;
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self, k: u64) -> Option<u32> {
+        let mut i = hash(k, self.shift);
+        loop {
+            let s = self.keys[i];
+            if s == k {
+                return Some(self.vals[i]);
+            }
+            if s == EMPTY {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+}

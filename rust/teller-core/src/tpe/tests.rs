@@ -44,7 +44,11 @@ fn check_all(segs: &[Vec<u32>], base_size: u32, c: &TrainConfig) {
     }
     // Batch encoding == per-segment encoding; no token crosses a segment boundary.
     let enc = tpe.encode(&ids, &starts).unwrap();
-    assert_eq!(enc, tpe.encode_opts(&ids, &starts, false).unwrap());
+    for dedupe in [false, true] {
+        for algo in [Algo::Bucket, Algo::Backtrack] {
+            assert_eq!(enc, tpe.encode_opts(&ids, &starts, dedupe, algo).unwrap(), "dedupe {dedupe} {algo:?}");
+        }
+    }
     assert_eq!(enc.segment_starts.len(), segs.len());
     assert_eq!(enc.token_offsets.len(), enc.tokens.len() + 1);
     assert_eq!(tpe.decode(&enc.tokens).unwrap(), ids);
@@ -317,6 +321,10 @@ proptest! {
             prop_assert_eq!((t.clone(), o), naive::encode(s, tpe.merges(), base));
             prop_assert_eq!(&tpe.decode(&t).unwrap(), s);
         }
+        let (ids, starts) = flat(&segs);
+        let a = tpe.encode_opts(&ids, &starts, false, Algo::Bucket).unwrap();
+        let b = tpe.encode_opts(&ids, &starts, false, Algo::Backtrack).unwrap();
+        prop_assert_eq!(a, b);
     }
 }
 
@@ -330,4 +338,58 @@ fn wide_vocabulary_rank_table() {
     let out = train(&ids, &starts, base, &cfg(30, 1, None), None).unwrap();
     assert_eq!(out.tpe.merges().len(), 30);
     assert!(out.tpe.vocab_size() > 1 << 16);
+}
+
+#[test]
+fn backtracking_equals_bucket_on_synth() {
+    for (noise, max_tok) in [(0.01, None), (0.05, Some(16)), (0.2, None)] {
+        let corpus = synth::generate(&synth::SynthConfig {
+            n_events: 80_000,
+            step_events: 700,
+            n_symbols: 200,
+            noise_prob: noise,
+            variant_prob: 0.3,
+            ..Default::default()
+        });
+        let out = train(&corpus.ids, &corpus.starts, corpus.base_size, &cfg(1500, 2, max_tok), None).unwrap();
+        let a = out.tpe.encode_opts(&corpus.ids, &corpus.starts, false, Algo::Bucket).unwrap();
+        let b = out.tpe.encode_opts(&corpus.ids, &corpus.starts, false, Algo::Backtrack).unwrap();
+        assert_eq!(a, b);
+        // Other inputs than the training corpus.
+        let other = synth::generate(&synth::SynthConfig { seed: 7, n_events: 20_000, step_events: 500, n_symbols: 200, noise_prob: 0.1, ..Default::default() });
+        let a = out.tpe.encode_opts(&other.ids, &other.starts, false, Algo::Bucket).unwrap();
+        let b = out.tpe.encode_opts(&other.ids, &other.starts, false, Algo::Backtrack).unwrap();
+        assert_eq!(a, b);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Long segments over tiny alphabets with many arbitrary merges: the hardest case for the
+    /// backtracking encoder (many invalid tokens, deep backtracking).
+    #[test]
+    fn prop_backtrack_equals_naive_long(
+        base in 1u32..4,
+        seg in prop::collection::vec(0u32..4, 0..120),
+        raw in prop::collection::vec((0u32..10_000, 0u32..10_000), 0..60),
+    ) {
+        let seg: Vec<u32> = seg.into_iter().map(|x| x % base).collect();
+        let mut merges = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (a, b) in raw {
+            // Prefer recent tokens so that long tokens exist.
+            let lim = base + merges.len() as u32;
+            let pick = |x: u32| if x % 3 == 0 { x % lim } else { lim - 1 - (x % lim.min(4)) };
+            let p = (pick(a), pick(b));
+            if seen.insert(p) {
+                merges.push(p);
+            }
+        }
+        let tpe = Tpe::new(base, merges).unwrap();
+        let (t, o) = naive::encode(&seg, tpe.merges(), base);
+        let enc = tpe.encode_opts(&seg, &[0], false, Algo::Backtrack).unwrap();
+        prop_assert_eq!(&enc.tokens, &t);
+        prop_assert_eq!(&enc.token_offsets, &o);
+    }
 }

@@ -1,0 +1,228 @@
+//! The backtracking encoder (after GitHub's `bpe` crate, "So many tokens, so little time").
+//!
+//! Fact used: with token ids ordered by merge rank (ours are: `base_size + rank`), the BPE
+//! encoding of a sequence is the unique tokenization into *valid* tokens (a token is valid when BPE
+//! encodes its own expansion to itself) in which every adjacent pair of tokens is *compatible*
+//! (BPE encodes the concatenation of the two expansions to exactly these two tokens). So we walk
+//! left to right taking the longest valid token that matches (a trie over expansions), check
+//! compatibility with the previous token by undoing the two merge trees from the top
+//! (`valid_pair`, `O(depth)` rank lookups), try the next shorter valid prefix token on failure,
+//! and backtrack (pop the previous token, mark the position unreachable) when none fits.
+//!
+//! Cost: about one trie step per event plus a few lookups per token, instead of ~3 rank lookups
+//! and ~3 queue operations per event for the merge-replaying encoders. It is cross-checked against
+//! them (and the naive reference) by the property tests; if it ever cannot find a tokenization
+//! (which the fact above rules out), the caller falls back to the bucket encoder.
+
+use super::encode::BucketScratch;
+use super::ranks::U64Map;
+use super::{Tpe, NONE};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Backtrack {
+    /// `(node << 32 | symbol) -> child node`; node 0 is the root.
+    children: U64Map,
+    /// The valid token whose expansion ends at this node, or `NONE`.
+    node_token: Vec<u32>,
+    /// Per token id: the longest valid token that is a proper prefix of it, or `NONE`.
+    prefix: Vec<u32>,
+    /// Per token id: its two parts (base symbols: itself).
+    left: Vec<u32>,
+    right: Vec<u32>,
+}
+
+impl Backtrack {
+    pub(crate) fn build(tpe: &Tpe) -> Backtrack {
+        let base = tpe.base_size;
+        let vocab = tpe.vocab_size() as usize;
+        let mut left: Vec<u32> = (0..base).collect();
+        let mut right: Vec<u32> = (0..base).collect();
+        for &(a, b) in &tpe.merges {
+            left.push(a);
+            right.push(b);
+        }
+        // Expansions of all merged tokens in one arena; validity by encoding them all at once.
+        let mut arena: Vec<u32> = Vec::new();
+        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(tpe.merges.len());
+        let mut stack = Vec::new();
+        for t in base..vocab as u32 {
+            let s = arena.len();
+            tpe.expand_into(t, &mut arena, &mut stack);
+            ranges.push((s, arena.len()));
+        }
+        let mut valid = vec![true; vocab];
+        if !ranges.is_empty() {
+            let (mut toks, mut offs, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+            tpe.encode_task(&arena, &ranges, &mut BucketScratch::default(), &mut toks, &mut offs, &mut ends);
+            let mut prev = 0usize;
+            for (k, &e) in ends.iter().enumerate() {
+                let e = e as usize;
+                let t = base + k as u32;
+                valid[t as usize] = e - prev == 1 && toks[prev] == t;
+                prev = e;
+            }
+        }
+        // Trie over the expansions of valid tokens.
+        let mut children = U64Map::with_capacity(base as usize + arena.len() / 4);
+        let mut node_token: Vec<u32> = vec![NONE];
+        let mut end_node: Vec<u32> = vec![NONE; vocab];
+        for s in 0..base {
+            let node = node_token.len() as u32;
+            children.insert(s as u64, node);
+            node_token.push(s);
+            end_node[s as usize] = node;
+        }
+        for (k, &(s, e)) in ranges.iter().enumerate() {
+            let t = base as usize + k;
+            if !valid[t] {
+                continue;
+            }
+            let mut node = 0u32;
+            for &x in &arena[s..e] {
+                let key = ((node as u64) << 32) | x as u64;
+                node = match children.get(key) {
+                    Some(c) => c,
+                    None => {
+                        let c = node_token.len() as u32;
+                        children.insert(key, c);
+                        node_token.push(NONE);
+                        c
+                    }
+                };
+            }
+            node_token[node as usize] = t as u32;
+            end_node[t] = node;
+        }
+        // Longest valid proper prefix of every valid token.
+        let mut prefix = vec![NONE; vocab];
+        for (k, &(s, e)) in ranges.iter().enumerate() {
+            let t = base as usize + k;
+            if !valid[t] {
+                continue;
+            }
+            let mut node = 0u32;
+            let mut best = NONE;
+            for &x in &arena[s..e - 1] {
+                node = children.get(((node as u64) << 32) | x as u64).expect("prefix path exists");
+                if node_token[node as usize] != NONE {
+                    best = node_token[node as usize];
+                }
+            }
+            prefix[t] = best;
+        }
+        drop(end_node);
+        Backtrack { children, node_token, prefix, left, right }
+    }
+
+    /// Longest valid token matching `ids[pos..]` (every base symbol is one, so never `NONE` for a
+    /// validated, non-empty input).
+    #[inline(always)]
+    fn longest_match(&self, ids: &[u32], pos: usize) -> u32 {
+        let mut node = 0u32;
+        let mut best = NONE;
+        for &x in &ids[pos..] {
+            match self.children.get(((node as u64) << 32) | x as u64) {
+                Some(c) => {
+                    node = c;
+                    let t = self.node_token[c as usize];
+                    if t != NONE {
+                        best = t;
+                    }
+                }
+                None => break,
+            }
+        }
+        best
+    }
+}
+
+impl Tpe {
+    /// Can BPE produce `t1 t2` next to each other? Undo the later-created token's last merge
+    /// step by step; whenever the pair across the split would have been merged earlier (smaller
+    /// id; for the right token also an equal id: leftmost wins ties), it is not compatible.
+    #[inline]
+    fn valid_pair(&self, bt: &Backtrack, mut t1: u32, mut t2: u32) -> bool {
+        let base = self.base_size;
+        let mut limit = u32::MAX;
+        loop {
+            if let Some(r) = self.ranks.get(t1, t2) {
+                if base + r < limit {
+                    return false;
+                }
+            }
+            if t1 > t2 {
+                limit = t1;
+                t1 = bt.right[t1 as usize];
+                if t1 == limit {
+                    limit = t2 + 1;
+                    t2 = bt.left[t2 as usize];
+                    if t2 + 1 == limit {
+                        return true;
+                    }
+                }
+            } else {
+                limit = t2 + 1;
+                t2 = bt.left[t2 as usize];
+                if t2 + 1 == limit {
+                    limit = t1;
+                    t1 = bt.right[t1 as usize];
+                    if t1 == limit {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Backtracking encoding of one segment (validated ids), appending tokens and their starts
+    /// relative to the segment. Returns `false` (having appended nothing) if it got stuck.
+    pub(crate) fn encode_backtrack(
+        &self,
+        bt: &Backtrack,
+        ids: &[u32],
+        reach: &mut Vec<bool>,
+        toks: &mut Vec<u32>,
+        offs: &mut Vec<u32>,
+    ) -> bool {
+        let n = ids.len();
+        let t0 = toks.len();
+        if n == 0 {
+            return true;
+        }
+        reach.clear();
+        reach.resize(n + 1, true);
+        let len = &self.token_len;
+        let mut pos = 0usize;
+        let mut next = bt.longest_match(ids, 0);
+        while next != NONE {
+            let mut token = next;
+            let last = if toks.len() > t0 { Some(toks[toks.len() - 1]) } else { None };
+            loop {
+                let end = pos + len[token as usize] as usize;
+                if reach[end] && last.map_or(true, |l| self.valid_pair(bt, l, token)) {
+                    toks.push(token);
+                    offs.push(pos as u32);
+                    pos = end;
+                    next = if pos < n { bt.longest_match(ids, pos) } else { NONE };
+                    break;
+                } else if bt.prefix[token as usize] != NONE {
+                    token = bt.prefix[token as usize];
+                } else {
+                    reach[pos] = false;
+                    let Some(l) = last else {
+                        toks.truncate(t0);
+                        offs.truncate(t0);
+                        return false;
+                    };
+                    toks.pop();
+                    offs.pop();
+                    pos -= len[l as usize] as usize;
+                    next = l;
+                    break;
+                }
+            }
+        }
+        debug_assert_eq!(pos, n);
+        true
+    }
+}
