@@ -30,10 +30,12 @@ use super::{check_ids, segment_bounds, Result, Tpe, NONE};
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Algo {
-    /// Bucket queue over ranks (replays the merges).
-    Bucket,
-    /// Longest valid match with backtracking (`backtrack.rs`).
+    /// Bucket queue over ranks (replays the merges). The default: fastest on trace vocabularies.
     #[default]
+    Bucket,
+    /// Longest valid match with backtracking (`backtrack.rs`): identical output, but 2x slower on
+    /// trace vocabularies whose tokens are tens to hundreds of events long (deep trie walks and
+    /// frequent backtracking); kept as a cross-check and for short-token vocabularies.
     Backtrack,
 }
 
