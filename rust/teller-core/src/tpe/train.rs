@@ -4,8 +4,8 @@
 //! * **Dedupe identical segments first.** Inference traces repeat the same step over and over; we
 //!   keep each distinct segment once with a multiplicity (BPE's "word count" trick), so the work
 //!   and memory scale with the *distinct* events, and every count update is weighted.
-//! * **Flat doubly-linked symbol lists** (`sym`/`prev`/`next` arrays over all distinct segments,
-//!   12 bytes per distinct event). A merge keeps the left node (which takes the new id) and unlinks
+//! * **Flat doubly-linked symbol lists**: one array of `Node { sym, prev, next }` over all distinct
+//!   segments (12 bytes per distinct event; one struct so that a visit touches one cache line). A merge keeps the left node (which takes the new id) and unlinks
 //!   the right one, so node indices stay ordered left-to-right inside a segment and the first node
 //!   of a segment never dies.
 //! * **Position index per pair** (node index of the pair's left symbol), not per segment: applying
@@ -103,6 +103,28 @@ pub fn train_checked(ids: &[u32], starts: &[usize], base_size: u32, cfg: &TrainC
     train_impl(ids, starts, base_size, cfg, None, true)
 }
 
+/// One symbol of a distinct segment (dead nodes have `sym == NONE`).
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    sym: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// How many positions ahead `apply` prefetches.
+const PREFETCH: usize = 8;
+
+#[inline(always)]
+fn prefetch<T>(v: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if i < v.len() {
+        // SAFETY: prefetching is only a hint; the address is in bounds.
+        unsafe { std::arch::x86_64::_mm_prefetch(v.as_ptr().add(i) as *const i8, std::arch::x86_64::_MM_HINT_T0) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, i);
+}
+
 struct Pair {
     key: u64,
     count: u64,
@@ -114,9 +136,7 @@ struct Pair {
 
 struct Trainer {
     base_size: u32,
-    sym: Vec<u32>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    nodes: Vec<Node>,
     /// First node of every distinct segment, plus a final sentinel (= number of nodes).
     seg_start: Vec<u32>,
     seg_weight: Vec<u64>,
@@ -200,7 +220,7 @@ fn train_impl(
     let stats = TrainStats {
         segments: t.n_segments,
         distinct_segments: t.seg_weight.len(),
-        distinct_events: t.sym.len(),
+        distinct_events: t.nodes.len(),
         initial_pairs: t.n_initial,
         final_pairs: t.pairs.len(),
     };
@@ -253,19 +273,22 @@ impl Trainer {
         }
 
         // 2. Flat linked lists.
-        let mut sym = Vec::with_capacity(n_nodes);
+        let mut nodes: Vec<Node> = Vec::with_capacity(n_nodes);
         let mut seg_start = Vec::with_capacity(distinct.len() + 1);
         for &(s, e) in &distinct {
-            seg_start.push(sym.len() as u32);
-            sym.extend_from_slice(&ids[s..e]);
+            let base = nodes.len() as u32;
+            seg_start.push(base);
+            let len = (e - s) as u32;
+            nodes.extend(ids[s..e].iter().enumerate().map(|(i, &x)| {
+                let i = i as u32;
+                Node {
+                    sym: x,
+                    prev: if i == 0 { NONE } else { base + i - 1 },
+                    next: if i + 1 == len { NONE } else { base + i + 1 },
+                }
+            }));
         }
-        seg_start.push(sym.len() as u32);
-        let mut prev: Vec<u32> = (0..n_nodes as u32).map(|i| i.wrapping_sub(1)).collect();
-        let mut next: Vec<u32> = (1..=n_nodes as u32).collect();
-        for d in 0..distinct.len() {
-            prev[seg_start[d] as usize] = NONE;
-            next[seg_start[d + 1] as usize - 1] = NONE;
-        }
+        seg_start.push(nodes.len() as u32);
 
         // 3. Initial pair counts, in parallel over chunks of distinct segments.
         let mut chunks: Vec<(usize, usize)> = Vec::new(); // ranges of distinct segment indices
@@ -288,8 +311,8 @@ impl Trainer {
                 for d in lo..hi {
                     let w = seg_weight[d];
                     let (s, e) = (seg_start[d] as usize, seg_start[d + 1] as usize);
-                    for win in sym[s..e].windows(2) {
-                        let v = m.entry(pair_key(win[0], win[1])).or_insert((0, 0));
+                    for win in nodes[s..e].windows(2) {
+                        let v = m.entry(pair_key(win[0].sym, win[1].sym)).or_insert((0, 0));
                         v.0 += w;
                         v.1 += 1;
                     }
@@ -338,7 +361,7 @@ impl Trainer {
             for d in 0..distinct.len() {
                 let (s, e) = (seg_start[d] as usize, seg_start[d + 1] as usize);
                 for p in s..e - 1 {
-                    let i = pair_map[&pair_key(sym[p], sym[p + 1])] as usize;
+                    let i = pair_map[&pair_key(nodes[p].sym, nodes[p + 1].sym)] as usize;
                     csr_pos[cursor[i] as usize] = p as u32;
                     cursor[i] += 1;
                 }
@@ -347,9 +370,7 @@ impl Trainer {
 
         Ok(Trainer {
             base_size,
-            sym,
-            prev,
-            next,
+            nodes,
             seg_start,
             seg_weight,
             pair_map,
@@ -423,12 +444,21 @@ impl Trainer {
         };
         // Cache of the current segment (positions are ascending).
         let (mut seg_lo, mut seg_hi, mut w) = (1u32, 0u32, 0u64);
-        for p in positions {
-            if self.sym[p as usize] != a {
+        for (k, &p) in positions.iter().enumerate() {
+            // The positions are sorted but sparse: prefetch a few ahead (memory latency bound).
+            if let Some(&ahead) = positions.get(k + PREFETCH) {
+                prefetch(&self.nodes, ahead as usize);
+            }
+            let np = self.nodes[p as usize];
+            if np.sym != a {
                 continue; // dead node, or the left symbol has been merged already
             }
-            let q = self.next[p as usize];
-            if q == NONE || self.sym[q as usize] != b {
+            let q = np.next;
+            if q == NONE {
+                continue;
+            }
+            let nq = self.nodes[q as usize];
+            if nq.sym != b {
                 continue;
             }
             if !(seg_lo <= p && p < seg_hi) {
@@ -437,26 +467,28 @@ impl Trainer {
                 seg_hi = self.seg_start[d + 1];
                 w = self.seg_weight[d];
             }
-            let x = self.prev[p as usize];
-            let y = self.next[q as usize];
+            let x = np.prev;
+            let y = nq.next;
+            let sx = if x != NONE { self.nodes[x as usize].sym } else { NONE };
+            let sy = if y != NONE { self.nodes[y as usize].sym } else { NONE };
             if x != NONE {
-                self.dec(self.sym[x as usize], a, w);
+                self.dec(sx, a, w);
             }
             self.dec(a, b, w);
             if y != NONE {
-                self.dec(b, self.sym[y as usize], w);
+                self.dec(b, sy, w);
             }
-            self.sym[p as usize] = c;
-            self.sym[q as usize] = NONE;
-            self.next[p as usize] = y;
+            self.nodes[p as usize].sym = c;
+            self.nodes[p as usize].next = y;
+            self.nodes[q as usize].sym = NONE;
             if y != NONE {
-                self.prev[y as usize] = p;
+                self.nodes[y as usize].prev = p;
             }
             if x != NONE {
-                self.inc(self.sym[x as usize], c, w, x);
+                self.inc(sx, c, w, x);
             }
             if y != NONE {
-                self.inc(c, self.sym[y as usize], w, p);
+                self.inc(c, sy, w, p);
             }
         }
     }
@@ -468,14 +500,14 @@ impl Trainer {
             let w = self.seg_weight[d];
             let mut p = self.seg_start[d];
             let mut n_seen = 0;
-            assert_eq!(self.prev[p as usize], NONE);
+            assert_eq!(self.nodes[p as usize].prev, NONE);
             while p != NONE {
-                assert_ne!(self.sym[p as usize], NONE, "dead node linked");
-                let q = self.next[p as usize];
+                assert_ne!(self.nodes[p as usize].sym, NONE, "dead node linked");
+                let q = self.nodes[p as usize].next;
                 if q != NONE {
-                    assert_eq!(self.prev[q as usize], p, "broken back link");
+                    assert_eq!(self.nodes[q as usize].prev, p, "broken back link");
                     assert!(q > p && q < self.seg_start[d + 1], "link leaves its segment");
-                    *brute.entry(pair_key(self.sym[p as usize], self.sym[q as usize])).or_default() += w;
+                    *brute.entry(pair_key(self.nodes[p as usize].sym, self.nodes[q as usize].sym)).or_default() += w;
                 }
                 n_seen += 1;
                 p = q;
