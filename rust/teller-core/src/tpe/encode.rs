@@ -70,10 +70,13 @@ pub(crate) struct BucketScratch {
     next: Vec<u32>,
     prev: Vec<u32>,
     /// Bucket `r` is a singly linked list through `item_pos`/`item_next` starting at `head[r]`
-    /// (4 bytes per rank and an append-only arena: far fewer cache misses than a `Vec` per rank).
+    /// (4 bytes per rank and an arena: far fewer cache misses than a `Vec` per rank). Items of a
+    /// processed bucket go to a free list, so the arena holds at most the pending items (about
+    /// one per event), not every push.
     head: Vec<u32>,
     item_pos: Vec<u32>,
     item_next: Vec<u32>,
+    free: u32,
     list: Vec<u32>,
     /// Reachable positions of the backtracking encoder.
     pub(crate) reach: Vec<bool>,
@@ -85,9 +88,18 @@ impl BucketScratch {
     #[inline(always)]
     fn push(&mut self, r: u32, p: u32) {
         let r = r as usize;
-        self.item_next.push(self.head[r]);
-        self.head[r] = self.item_pos.len() as u32;
-        self.item_pos.push(p);
+        let it = if self.free != NONE {
+            let it = self.free;
+            self.free = self.item_next[it as usize];
+            self.item_pos[it as usize] = p;
+            self.item_next[it as usize] = self.head[r];
+            it
+        } else {
+            self.item_next.push(self.head[r]);
+            self.item_pos.push(p);
+            self.item_pos.len() as u32 - 1
+        };
+        self.head[r] = it;
         self.nonempty[r >> 6] |= 1 << (r & 63);
     }
 }
@@ -261,6 +273,7 @@ impl Tpe {
         sc.prev.clear();
         sc.item_pos.clear();
         sc.item_next.clear();
+        sc.free = NONE;
         let mut first = Vec::with_capacity(ranges.len());
         let mut pending = 0usize;
         for &(s, e) in ranges {
@@ -298,7 +311,10 @@ impl Tpe {
             sc.head[r] = NONE;
             while it != NONE {
                 list.push(sc.item_pos[it as usize]);
-                it = sc.item_next[it as usize];
+                let nx = sc.item_next[it as usize];
+                sc.item_next[it as usize] = sc.free;
+                sc.free = it;
+                it = nx;
             }
             pending -= list.len();
             list.reverse();

@@ -106,6 +106,18 @@ pub fn segment_bounds(n: usize, starts: &[usize]) -> Result<Vec<(usize, usize)>>
     Ok(out)
 }
 
+/// Converts `int64` segment start offsets (what the Python fast path passes) to `usize`,
+/// rejecting negative values. Validation against the corpus happens in the callee.
+pub fn starts_from_i64(starts: &[i64]) -> Result<Vec<usize>> {
+    starts
+        .iter()
+        .enumerate()
+        .map(|(index, &s)| {
+            usize::try_from(s).map_err(|_| TpeError::BadOffsets { index, detail: format!("negative start offset {s}") })
+        })
+        .collect()
+}
+
 /// Checks that every id is `< base_size`.
 pub(crate) fn check_ids(ids: &[u32], base_size: u32) -> Result<()> {
     // Fast path: one vectorizable max; locate the culprit only on failure.

@@ -145,6 +145,8 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matches!(token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1], &[0], &stats), Err(TpeError::BadOffsets { .. })));
     assert!(matches!(token_features(&[0, 1], &[1, 1], &[0, 0], &[0, 1, 1, 2], &[0], &stats), Err(TpeError::BadOffsets { .. })));
     assert!(matches!(map_rare_symbols(&[0], 2, 1, 2), Err(TpeError::BadConfig(_))));
+    assert_eq!(starts_from_i64(&[0, 5]).unwrap(), vec![0, 5]);
+    assert!(matches!(starts_from_i64(&[0, -1]), Err(TpeError::BadOffsets { index: 1, .. })));
 }
 
 #[test]
