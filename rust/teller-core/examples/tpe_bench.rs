@@ -120,6 +120,11 @@ fn main() {
 
     // Encoding.
     let tpe = &out.tpe;
+    {
+        let t0 = Instant::now();
+        tpe.encode(&ids[..1], &[0]).unwrap();
+        println!("backtracking tables built on first encode: {:.3}s", t0.elapsed().as_secs_f64());
+    }
     if std::env::args().any(|a| a == "--junctions") {
         // How many adjacent corpus pairs can never be inside a token (hard split points)?
         let m = tpe.merges();

@@ -160,3 +160,10 @@ impl U64Map {
         }
     }
 }
+
+impl U64Map {
+    /// All `(key, value)` entries, in table order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.keys.iter().zip(&self.vals).filter(|(&k, _)| k != EMPTY).map(|(&k, &v)| (k, v))
+    }
+}
