@@ -35,7 +35,7 @@ fn bench_tpe(c: &mut Criterion) {
             let mut n = 0;
             for (i, &s) in corp.starts.iter().enumerate() {
                 let e = corp.starts.get(i + 1).copied().unwrap_or(corp.ids.len());
-                n += tpe.encode_segment(black_box(&corp.ids[s..e])).unwrap().0.len();
+                n += tpe.encode_segment_heap(black_box(&corp.ids[s..e])).unwrap().0.len();
             }
             n
         })

@@ -221,7 +221,7 @@ fn main() {
         let mut toks = 0usize;
         for (i, &s) in starts.iter().enumerate() {
             let e = starts.get(i + 1).copied().unwrap_or(ids.len());
-            toks += tpe.encode_segment(&ids[s..e]).unwrap().0.len();
+            toks += tpe.encode_segment_heap(&ids[s..e]).unwrap().0.len();
         }
         let dt = t0.elapsed().as_secs_f64();
         println!("encode_segment (heap encoder) per segment, 1 thread: {:.4}s = {:.1} M events/s ({toks} tokens)", dt, ids.len() as f64 / dt / 1e6);

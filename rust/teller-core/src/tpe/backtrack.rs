@@ -22,6 +22,11 @@ use super::encode::BucketScratch;
 use super::ranks::U64Map;
 use super::{Tpe, NONE};
 
+/// The trie holds the expansions of all tokens: when their total length exceeds this (huge
+/// tokens, e.g. whole repeated steps), the tables would cost more memory than they save time, and
+/// the bucket encoder is used instead (~10 bytes per trie node).
+pub(crate) const MAX_TRIE_EVENTS: u64 = 1 << 24;
+
 #[derive(Debug, Clone)]
 pub(crate) struct Backtrack {
     /// Trie nodes are numbered in depth-first order, largest subtree first, so the most likely
@@ -44,6 +49,15 @@ pub(crate) struct Backtrack {
 }
 
 impl Backtrack {
+    /// Builds the tables, or `None` when the model has no merges or the trie would be too large.
+    pub(crate) fn build_if_useful(tpe: &Tpe) -> Option<Backtrack> {
+        let total: u64 = tpe.token_len[tpe.base_size as usize..].iter().map(|&l| l as u64).sum();
+        if tpe.merges.is_empty() || total > MAX_TRIE_EVENTS {
+            return None;
+        }
+        Some(Backtrack::build(tpe))
+    }
+
     pub(crate) fn build(tpe: &Tpe) -> Backtrack {
         let base = tpe.base_size;
         let vocab = tpe.vocab_size() as usize;

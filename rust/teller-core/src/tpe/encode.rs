@@ -107,9 +107,31 @@ impl BucketScratch {
 }
 
 impl Tpe {
+    pub(crate) fn backtrack_tables(&self) -> Option<&Backtrack> {
+        self.backtrack.get_or_init(|| Backtrack::build_if_useful(self)).as_ref()
+    }
+
     /// Encodes one segment of base ids: `(tokens, offsets)` with `offsets.len() == tokens.len() + 1`
     /// relative to the segment start (token `k` covers `offsets[k]..offsets[k+1]`).
     pub fn encode_segment(&self, ids: &[u32]) -> Result<(Vec<u32>, Vec<usize>)> {
+        check_ids(ids, self.base_size)?;
+        let mut toks = Vec::new();
+        let mut offs = Vec::new();
+        let done = match self.backtrack_tables() {
+            Some(bt) => self.encode_backtrack(bt, ids, &mut Vec::new(), &mut toks, &mut offs),
+            None => false,
+        };
+        if !done {
+            self.encode_into(ids, &mut Scratch::default(), &mut toks, &mut offs);
+        }
+        let mut offsets: Vec<usize> = offs.into_iter().map(|x| x as usize).collect();
+        offsets.push(ids.len());
+        Ok((toks, offsets))
+    }
+
+    /// [`Tpe::encode_segment`] with the heap encoder (for tests and benchmarks).
+    #[doc(hidden)]
+    pub fn encode_segment_heap(&self, ids: &[u32]) -> Result<(Vec<u32>, Vec<usize>)> {
         check_ids(ids, self.base_size)?;
         let mut sc = Scratch::default();
         let mut toks = Vec::new();
@@ -148,7 +170,7 @@ impl Tpe {
         algo: Algo,
     ) -> Encoding {
         let bt = match algo {
-            Algo::Backtrack if !self.merges.is_empty() => Some(self.backtrack.get_or_init(|| Backtrack::build(self))),
+            Algo::Backtrack => self.backtrack_tables(),
             _ => None,
         };
         // Encode every distinct segment once, in parallel tasks of consecutive segments.

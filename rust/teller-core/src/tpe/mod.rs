@@ -181,8 +181,9 @@ pub struct Tpe {
     ranks: ranks::RankTable,
     /// Number of base events covered by every token id (`len == vocab_size`).
     token_len: Vec<u32>,
-    /// Tables of the backtracking encoder, built on first use (so loading stays cheap).
-    backtrack: std::sync::OnceLock<backtrack::Backtrack>,
+    /// Tables of the backtracking encoder, built on first use (so loading stays cheap); `None`
+    /// when the trie would be too large (see [`backtrack::MAX_TRIE_EVENTS`]).
+    backtrack: std::sync::OnceLock<Option<backtrack::Backtrack>>,
 }
 
 impl Tpe {

@@ -37,6 +37,7 @@ fn check_all(segs: &[Vec<u32>], base_size: u32, c: &TrainConfig) {
         let (t, o) = tpe.encode_segment(s).unwrap();
         let (nt, no) = naive::encode(s, tpe.merges(), base_size);
         assert_eq!((&t, &o), (&nt, &no), "segment {s:?} merges {:?}", tpe.merges());
+        assert_eq!(tpe.encode_segment_heap(s).unwrap(), (nt, no));
         assert_eq!(&tpe.decode(&t).unwrap(), s);
         for k in 0..t.len() {
             assert_eq!(tpe.token_lens()[t[k] as usize] as usize, o[k + 1] - o[k]);
@@ -321,6 +322,7 @@ proptest! {
         for s in &segs {
             let (t, o) = tpe.encode_segment(s).unwrap();
             prop_assert_eq!((t.clone(), o), naive::encode(s, tpe.merges(), base));
+            prop_assert_eq!(tpe.encode_segment_heap(s).unwrap(), naive::encode(s, tpe.merges(), base));
             prop_assert_eq!(&tpe.decode(&t).unwrap(), s);
         }
         let (ids, starts) = flat(&segs);
@@ -394,4 +396,18 @@ proptest! {
         prop_assert_eq!(&enc.tokens, &t);
         prop_assert_eq!(&enc.token_offsets, &o);
     }
+}
+
+#[test]
+fn huge_tokens_fall_back_to_the_bucket_encoder() {
+    // Doubling tokens: lengths 2, 4, ..., 2^26: the trie would be too large.
+    let merges: Vec<(u32, u32)> = (0..26u32).map(|r| (r, r)).collect();
+    let tpe = Tpe::new(1, merges).unwrap();
+    assert!(tpe.backtrack_tables().is_none());
+    let seg = vec![0u32; 1000];
+    let (t, o) = tpe.encode_segment(&seg).unwrap();
+    assert_eq!((t.clone(), o), naive::encode(&seg, tpe.merges(), 1));
+    assert_eq!(tpe.decode(&t).unwrap(), seg);
+    let enc = tpe.encode(&seg, &[0, 500]).unwrap();
+    assert_eq!(enc, tpe.encode_opts(&seg, &[0, 500], false, Algo::Bucket).unwrap());
 }
