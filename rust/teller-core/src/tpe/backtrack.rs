@@ -14,18 +14,16 @@
 //! depth-first (largest subtree first) so that walking a long token is mostly a sequential scan
 //! (`first_sym`); without that, every trie step was a cache miss and this encoder was 2x *slower*
 //! than the bucket encoder. Measured ~1.7x faster than the bucket encoder (docs/tpe-notes.md).
-//! Tables: built on first use from the merges (valid tokens are found by encoding every token's
-//! expansion with the bucket encoder). If it ever cannot find a tokenization (which the fact
+//! Tables: built on first use from the merges in `O(merges * depth + trie nodes)`. If it ever cannot find a tokenization (which the fact
 //! above rules out), the caller falls back to the bucket encoder.
 
-use super::encode::BucketScratch;
-use super::ranks::U64Map;
+use super::ranks::{RankTable, U64Map};
 use super::{Tpe, NONE};
 
-/// The trie holds the expansions of all tokens: when their total length exceeds this (huge
-/// tokens, e.g. whole repeated steps), the tables would cost more memory than they save time, and
-/// the bucket encoder is used instead (~10 bytes per trie node).
-pub(crate) const MAX_TRIE_EVENTS: u64 = 1 << 24;
+/// Bound on trie nodes: when the tokens are so long that the trie could exceed this (e.g. tokens
+/// that are whole repeated steps), the tables would cost more memory (~25 bytes per node) than
+/// they save time, and the bucket encoder is used instead.
+pub(crate) const MAX_TRIE_EVENTS: u64 = 1 << 25;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Backtrack {
@@ -46,13 +44,68 @@ pub(crate) struct Backtrack {
     /// Per token id: its two parts (base symbols: itself).
     left: Vec<u32>,
     right: Vec<u32>,
+    /// Per token id: BPE encodes its expansion to itself (kept for the tests).
+    #[allow(dead_code)]
+    pub(crate) valid: Vec<bool>,
+}
+
+/// Can BPE produce the tokens `t1 t2` next to each other, counting only merges with an id below
+/// `limit` for the pair `(t1, t2)` itself? Undo the later-created token's last merge step by step;
+/// whenever the pair across the split would have been merged earlier (smaller id; for the right
+/// token also an equal id: leftmost wins ties), it is not compatible. `O(depth)` rank lookups.
+#[inline]
+fn compatible(ranks: &RankTable, base: u32, left: &[u32], right: &[u32], mut t1: u32, mut t2: u32, mut limit: u32) -> bool {
+    loop {
+        if let Some(r) = ranks.get(t1, t2) {
+            if base + r < limit {
+                return false;
+            }
+        }
+        if t1 > t2 {
+            limit = t1;
+            t1 = right[t1 as usize];
+            if t1 == limit {
+                limit = t2 + 1;
+                t2 = left[t2 as usize];
+                if t2 + 1 == limit {
+                    return true;
+                }
+            }
+        } else {
+            limit = t2 + 1;
+            t2 = left[t2 as usize];
+            if t2 + 1 == limit {
+                limit = t1;
+                t1 = right[t1 as usize];
+                if t1 == limit {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// Validity of every token id by brute force: encode its expansion (tests only).
+#[cfg(test)]
+pub(crate) fn validity_by_encoding(tpe: &Tpe) -> Vec<bool> {
+    let base = tpe.base_size;
+    let mut valid = vec![true; tpe.vocab_size() as usize];
+    let mut stack = Vec::new();
+    for t in base..tpe.vocab_size() {
+        let mut exp = Vec::new();
+        tpe.expand_into(t, &mut exp, &mut stack);
+        let (toks, _) = tpe.encode_segment_heap(&exp).unwrap();
+        valid[t as usize] = toks == [t];
+    }
+    valid
 }
 
 impl Backtrack {
     /// Builds the tables, or `None` when the model has no merges or the trie would be too large.
     pub(crate) fn build_if_useful(tpe: &Tpe) -> Option<Backtrack> {
-        let total: u64 = tpe.token_len[tpe.base_size as usize..].iter().map(|&l| l as u64).sum();
-        if tpe.merges.is_empty() || total > MAX_TRIE_EVENTS {
+        // Inserting token `t = (a, b)` adds at most `len(b)` trie nodes below the node of `a`.
+        let bound: u64 = tpe.merges.iter().map(|&(_, b)| tpe.token_len[b as usize] as u64).sum();
+        if tpe.merges.is_empty() || bound > MAX_TRIE_EVENTS {
             return None;
         }
         Some(Backtrack::build(tpe))
@@ -67,29 +120,18 @@ impl Backtrack {
             left.push(a);
             right.push(b);
         }
-        // Expansions of all merged tokens in one arena; validity by encoding them all at once.
-        let mut arena: Vec<u32> = Vec::new();
-        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(tpe.merges.len());
-        let mut stack = Vec::new();
-        for t in base..vocab as u32 {
-            let s = arena.len();
-            tpe.expand_into(t, &mut arena, &mut stack);
-            ranges.push((s, arena.len()));
-        }
+        // A token is valid (BPE encodes its expansion to itself) iff both parts are valid and
+        // compatible with each other counting only earlier merges (the construction of GitHub's
+        // `bpe` crate; cross-checked against brute-force encoding in the tests).
         let mut valid = vec![true; vocab];
-        if !ranges.is_empty() {
-            let (mut toks, mut offs, mut ends) = (Vec::new(), Vec::new(), Vec::new());
-            tpe.encode_task(&arena, &ranges, &mut BucketScratch::default(), &mut toks, &mut offs, &mut ends);
-            let mut prev = 0usize;
-            for (k, &e) in ends.iter().enumerate() {
-                let e = e as usize;
-                let t = base + k as u32;
-                valid[t as usize] = e - prev == 1 && toks[prev] == t;
-                prev = e;
-            }
+        for (r, &(a, b)) in tpe.merges.iter().enumerate() {
+            let t = base + r as u32;
+            valid[t as usize] =
+                valid[a as usize] && valid[b as usize] && compatible(&tpe.ranks, base, &left, &right, a, b, t);
         }
-        // Trie over the expansions of valid tokens.
-        let mut children = U64Map::with_capacity(base as usize + arena.len() / 4);
+        // Trie over the expansions of valid tokens: the node of `t = (a, b)` is reached from the
+        // node of `a` (valid, created earlier) by walking the expansion of `b`.
+        let mut children = U64Map::with_capacity(base as usize + tpe.merges.len() * 4);
         let mut node_token: Vec<u32> = vec![NONE];
         let mut end_node: Vec<u32> = vec![NONE; vocab];
         for s in 0..base {
@@ -98,13 +140,17 @@ impl Backtrack {
             node_token.push(s);
             end_node[s as usize] = node;
         }
-        for (k, &(s, e)) in ranges.iter().enumerate() {
-            let t = base as usize + k;
+        let mut exp = Vec::new();
+        let mut stack = Vec::new();
+        for (r, &(a, b)) in tpe.merges.iter().enumerate() {
+            let t = base as usize + r;
             if !valid[t] {
                 continue;
             }
-            let mut node = 0u32;
-            for &x in &arena[s..e] {
+            exp.clear();
+            tpe.expand_into(b, &mut exp, &mut stack);
+            let mut node = end_node[a as usize];
+            for &x in &exp {
                 let key = ((node as u64) << 32) | x as u64;
                 node = match children.get(key) {
                     Some(c) => c,
@@ -116,29 +162,14 @@ impl Backtrack {
                     }
                 };
             }
+            debug_assert_eq!(node_token[node as usize], NONE, "two valid tokens with one expansion");
             node_token[node as usize] = t as u32;
             end_node[t] = node;
         }
-        // Longest valid proper prefix of every valid token.
-        let mut prefix = vec![NONE; vocab];
-        for (k, &(s, e)) in ranges.iter().enumerate() {
-            let t = base as usize + k;
-            if !valid[t] {
-                continue;
-            }
-            let mut node = 0u32;
-            let mut best = NONE;
-            for &x in &arena[s..e - 1] {
-                node = children.get(((node as u64) << 32) | x as u64).expect("prefix path exists");
-                if node_token[node as usize] != NONE {
-                    best = node_token[node as usize];
-                }
-            }
-            prefix[t] = best;
-        }
         drop(end_node);
 
-        // Renumber the trie in depth-first order (largest subtree first).
+        // Renumber the trie in depth-first order (largest subtree first), and find every valid
+        // token's longest valid proper prefix (the nearest token above it on its path).
         let n_nodes = node_token.len();
         let mut edges: Vec<(u32, u32, u32)> =
             children.iter().map(|(k, c)| ((k >> 32) as u32, k as u32, c)).collect();
@@ -162,18 +193,29 @@ impl Backtrack {
             edge_start[i + 1] += edge_start[i];
         }
         let mut new_id = vec![NONE; n_nodes];
+        let mut near = vec![NONE; n_nodes]; // nearest token at or above each (old) node
+        let mut prefix = vec![NONE; vocab];
         let mut order: Vec<u32> = Vec::with_capacity(n_nodes);
         let mut stack: Vec<u32> = vec![0];
         let mut kids: Vec<(u32, u32)> = Vec::new();
         while let Some(old) = stack.pop() {
             new_id[old as usize] = order.len() as u32;
             order.push(old);
+            let up = if old == 0 { NONE } else { near[parent[old as usize] as usize] };
+            let t = node_token[old as usize];
+            if t != NONE {
+                prefix[t as usize] = up;
+                near[old as usize] = t;
+            } else {
+                near[old as usize] = up;
+            }
             kids.clear();
             kids.extend(edges[edge_start[old as usize]..edge_start[old as usize + 1]].iter().map(|&(_, _, c)| (size[c as usize], c)));
             // Smallest first on the stack so that the largest subtree is visited next.
             kids.sort_unstable();
             stack.extend(kids.iter().map(|&(_, c)| c));
         }
+        drop(near);
         let mut first_sym = vec![NONE; n_nodes];
         let mut children = U64Map::with_capacity(edges.len() / 8 + 16);
         let mut root = vec![NONE; base as usize];
@@ -190,7 +232,7 @@ impl Backtrack {
             }
         }
         let node_token = order.iter().map(|&old| node_token[old as usize]).collect();
-        Backtrack { first_sym, children, has_other, root, node_token, prefix, left, right }
+        Backtrack { first_sym, children, has_other, root, node_token, prefix, left, right, valid }
     }
 
     /// Longest valid token matching `ids[pos..]` (every base symbol is one, so never `NONE` for a
@@ -223,41 +265,9 @@ impl Backtrack {
 }
 
 impl Tpe {
-    /// Can BPE produce `t1 t2` next to each other? Undo the later-created token's last merge
-    /// step by step; whenever the pair across the split would have been merged earlier (smaller
-    /// id; for the right token also an equal id: leftmost wins ties), it is not compatible.
     #[inline]
-    fn valid_pair(&self, bt: &Backtrack, mut t1: u32, mut t2: u32) -> bool {
-        let base = self.base_size;
-        let mut limit = u32::MAX;
-        loop {
-            if let Some(r) = self.ranks.get(t1, t2) {
-                if base + r < limit {
-                    return false;
-                }
-            }
-            if t1 > t2 {
-                limit = t1;
-                t1 = bt.right[t1 as usize];
-                if t1 == limit {
-                    limit = t2 + 1;
-                    t2 = bt.left[t2 as usize];
-                    if t2 + 1 == limit {
-                        return true;
-                    }
-                }
-            } else {
-                limit = t2 + 1;
-                t2 = bt.left[t2 as usize];
-                if t2 + 1 == limit {
-                    limit = t1;
-                    t1 = bt.right[t1 as usize];
-                    if t1 == limit {
-                        return true;
-                    }
-                }
-            }
-        }
+    fn valid_pair(&self, bt: &Backtrack, t1: u32, t2: u32) -> bool {
+        compatible(&self.ranks, self.base_size, &bt.left, &bt.right, t1, t2, u32::MAX)
     }
 
     /// Backtracking encoding of one segment (validated ids), appending tokens and their starts

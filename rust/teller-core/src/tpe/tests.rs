@@ -411,3 +411,25 @@ fn huge_tokens_fall_back_to_the_bucket_encoder() {
     let enc = tpe.encode(&seg, &[0, 500]).unwrap();
     assert_eq!(enc, tpe.encode_opts(&seg, &[0, 500], false, Algo::Bucket).unwrap());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The fast token-validity rule equals brute force (encode the token's expansion).
+    #[test]
+    fn prop_token_validity(base in 1u32..5, raw in prop::collection::vec((0u32..10_000, 0u32..10_000), 1..50)) {
+        let mut merges = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (a, b) in raw {
+            let lim = base + merges.len() as u32;
+            let pick = |x: u32| if x % 2 < 1 { x % lim } else { lim - 1 - (x % lim.min(3)) };
+            let p = (pick(a), pick(b));
+            if seen.insert(p) {
+                merges.push(p);
+            }
+        }
+        let tpe = Tpe::new(base, merges).unwrap();
+        let bt = backtrack::Backtrack::build(&tpe);
+        prop_assert_eq!(&bt.valid, &backtrack::validity_by_encoding(&tpe));
+    }
+}
