@@ -25,7 +25,7 @@ use std::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use rayon::prelude::*;
 
-use super::backtrack::Backtrack;
+use super::backtrack::{Backtrack, BtScratch};
 use super::{check_ids, segment_bounds, Result, Tpe, NONE};
 
 
@@ -80,8 +80,8 @@ pub(crate) struct BucketScratch {
     item_next: Vec<u32>,
     free: u32,
     list: Vec<u32>,
-    /// Reachable positions of the backtracking encoder.
-    pub(crate) reach: Vec<bool>,
+    /// Scratch of the backtracking encoder.
+    pub(crate) bt: BtScratch,
     /// Bit `r` set when bucket `r` is non-empty: the sweep jumps over empty ranks 64 at a time.
     nonempty: Vec<u64>,
 }
@@ -118,7 +118,7 @@ impl Tpe {
         let mut toks = Vec::new();
         let mut offs = Vec::new();
         let done = match self.backtrack_tables() {
-            Some(bt) => self.encode_backtrack(bt, ids, &mut Vec::new(), &mut toks, &mut offs),
+            Some(bt) => self.encode_backtrack(bt, ids, &mut BtScratch::default(), &mut toks, &mut offs),
             None => false,
         };
         if !done {
@@ -196,7 +196,7 @@ impl Tpe {
                 match bt {
                     Some(bt) => {
                         for &(s, e) in &distinct[lo..hi] {
-                            if !self.encode_backtrack(bt, &ids[s..e], &mut sc.reach, &mut toks, &mut offs) {
+                            if !self.encode_backtrack(bt, &ids[s..e], &mut sc.bt, &mut toks, &mut offs) {
                                 debug_assert!(false, "backtracking encoder got stuck");
                                 let mut e2 = Vec::new();
                                 self.encode_task(ids, &[(s, e)], sc, &mut toks, &mut offs, &mut e2);
