@@ -173,7 +173,7 @@ pub fn map_rare_symbols(ids: &[u32], base_size: u32, min_symbol_count: u64, unk_
 
 /// A trained TPE model: the base vocabulary size and the merges in rank order, plus tables
 /// derived from them (built by [`Tpe::new`], which is also the constructor used when loading).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Tpe {
     base_size: u32,
     merges: Vec<(u32, u32)>,
@@ -184,6 +184,17 @@ pub struct Tpe {
     /// Tables of the backtracking encoder, built on first use (so loading stays cheap); `None`
     /// when the trie would be too large (see [`backtrack::MAX_TRIE_EVENTS`]).
     backtrack: std::sync::OnceLock<Option<backtrack::Backtrack>>,
+}
+
+impl std::fmt::Debug for Tpe {
+    // The derived tables are large; show the model's identity only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tpe")
+            .field("base_size", &self.base_size)
+            .field("num_merges", &self.merges.len())
+            .field("backtrack_tables_built", &self.backtrack.get().is_some())
+            .finish()
+    }
 }
 
 impl Tpe {
