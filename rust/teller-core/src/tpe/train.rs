@@ -474,7 +474,8 @@ impl Trainer {
             if x != NONE {
                 self.dec(sx, a, w);
             }
-            self.dec(a, b, w);
+            // The merged pair's own index is known: no lookup.
+            self.pairs[idx as usize].count -= w;
             if y != NONE {
                 self.dec(b, sy, w);
             }
