@@ -125,12 +125,14 @@ fn prefetch<T>(v: &[T], i: usize) {
     let _ = (v, i);
 }
 
+/// 16 bytes per pair ever seen (there are ~10x more pairs created during training than initial
+/// ones, so this matters for the peak memory).
 struct Pair {
-    key: u64,
     count: u64,
-    /// Positions of pairs created during training (initial pairs use the CSR arrays).
-    pos: Vec<u32>,
-    /// `step + 1` of the last merge step that put this pair on the `touched` list.
+    /// Index into `Trainer::lists` of the positions of a pair created during training (`NONE`
+    /// when it has none; initial pairs use the CSR arrays).
+    list: u32,
+    /// `step` of the last merge step that put this pair on the `touched` list.
     touched: u32,
 }
 
@@ -149,7 +151,12 @@ struct Trainer {
     max_tok: u32,
     min_freq: u64,
     heap: BinaryHeap<(u64, Reverse<u64>)>,
-    touched: Vec<u32>,
+    /// Pairs created in the current step: (index, key).
+    touched: Vec<(u32, u64)>,
+    /// Position lists of pairs created during training, recycled through `free_lists`: only pairs
+    /// that can still be merged hold one.
+    lists: Vec<Vec<u32>>,
+    free_lists: Vec<u32>,
     step: u32,
     n_segments: usize,
 }
@@ -195,15 +202,15 @@ fn train_impl(
         t.apply(idx, a, b, c);
         debug_assert_eq!(t.pairs[idx as usize].count, 0);
         let touched = std::mem::take(&mut t.touched);
-        for &i in &touched {
+        for &(i, key) in &touched {
             let cnt = t.pairs[i as usize].count;
             // Pairs touched this step were created this step: only the final count matters.
             if cnt >= min_freq {
-                t.heap.push((cnt, Reverse(t.key_of(i))));
+                t.heap.push((cnt, Reverse(key)));
             } else {
                 // Counts only go down from here: this pair can never be merged, free its positions
                 // (most new pairs are rare, so this keeps the position lists small).
-                t.pairs[i as usize].pos = Vec::new();
+                t.release_list(i);
             }
         }
         t.touched = touched;
@@ -342,7 +349,7 @@ impl Trainer {
         for (k, (w, o)) in counted {
             let i = pairs.len() as u32;
             pair_map.insert(k, i);
-            pairs.push(Pair { key: k, count: w, pos: Vec::new(), touched: 0 });
+            pairs.push(Pair { count: w, list: NONE, touched: 0 });
             csr_start.push(total);
             // Base-symbol pairs cover 2 events; with max_token_events < 2 nothing is allowed.
             if max_tok >= 2 {
@@ -383,26 +390,33 @@ impl Trainer {
             min_freq,
             heap: BinaryHeap::from(heap_items),
             touched: Vec::new(),
+            lists: Vec::new(),
+            free_lists: Vec::new(),
             step: 0,
             n_segments: bounds.iter().filter(|&&(s, e)| e - s >= 2).count(),
         })
     }
 
+    /// Frees the position list of pair `i` (if any) for reuse.
     #[inline]
-    fn key_of(&self, i: u32) -> u64 {
-        self.pairs[i as usize].key
+    fn release_list(&mut self, i: u32) {
+        let l = self.pairs[i as usize].list;
+        if l != NONE {
+            self.lists[l as usize] = Vec::new();
+            self.free_lists.push(l);
+            self.pairs[i as usize].list = NONE;
+        }
     }
 
     #[inline]
     fn dec(&mut self, x: u32, y: u32, w: u64) {
         let i = self.pair_map[&pair_key(x, y)];
-        let min_freq = self.min_freq;
         let pr = &mut self.pairs[i as usize];
         debug_assert!(pr.count >= w);
         pr.count -= w;
-        if pr.count < min_freq && pr.touched != self.step && pr.pos.capacity() > 0 {
+        if pr.count < self.min_freq && pr.touched != self.step && pr.list != NONE {
             // Can never be merged any more (see the touched loop in `train_impl`).
-            pr.pos = Vec::new();
+            self.release_list(i);
         }
     }
 
@@ -414,7 +428,7 @@ impl Trainer {
             Entry::Vacant(v) => {
                 let i = self.pairs.len() as u32;
                 v.insert(i);
-                self.pairs.push(Pair { key, count: 0, pos: Vec::new(), touched: 0 });
+                self.pairs.push(Pair { count: 0, list: NONE, touched: 0 });
                 i
             }
         };
@@ -423,30 +437,48 @@ impl Trainer {
         let pr = &mut self.pairs[i as usize];
         pr.count += w;
         if allowed {
-            pr.pos.push(pos);
+            if pr.list == NONE {
+                pr.list = match self.free_lists.pop() {
+                    Some(l) => l,
+                    None => {
+                        self.lists.push(Vec::new());
+                        self.lists.len() as u32 - 1
+                    }
+                };
+            }
+            self.lists[pr.list as usize].push(pos);
             if pr.touched != step {
                 pr.touched = step;
-                self.touched.push(i);
+                self.touched.push((i, key));
             }
         }
     }
 
     /// Applies merge `(a, b) -> c` at every (still valid) occurrence, left to right.
     fn apply(&mut self, idx: u32, a: u32, b: u32, c: u32) {
-        let positions: Vec<u32> = if (idx as usize) < self.n_initial {
+        // Initial pairs read their positions in place from the CSR array (no copy: the list of the
+        // most frequent pair can be a large part of the corpus); later pairs own a sorted `Vec`.
+        let from_csr = (idx as usize) < self.n_initial;
+        let (csr_lo, n_pos, owned): (usize, usize, Vec<u32>) = if from_csr {
             let (lo, hi) = (self.csr_start[idx as usize] as usize, self.csr_start[idx as usize + 1] as usize);
-            // Copy out (bounded by this pair's occurrences) so `self` can be mutated below.
-            self.csr_pos[lo..hi].to_vec()
+            (lo, hi - lo, Vec::new())
         } else {
-            let mut v = std::mem::take(&mut self.pairs[idx as usize].pos);
+            let l = self.pairs[idx as usize].list;
+            let mut v = if l == NONE { Vec::new() } else { std::mem::take(&mut self.lists[l as usize]) };
+            self.release_list(idx);
             v.sort_unstable();
-            v
+            (0, v.len(), v)
         };
         // Cache of the current segment (positions are ascending).
         let (mut seg_lo, mut seg_hi, mut w) = (1u32, 0u32, 0u64);
-        for (k, &p) in positions.iter().enumerate() {
+        for k in 0..n_pos {
+            let (p, ahead) = if from_csr {
+                (self.csr_pos[csr_lo + k], self.csr_pos.get(csr_lo + k + PREFETCH).filter(|_| k + PREFETCH < n_pos))
+            } else {
+                (owned[k], owned.get(k + PREFETCH))
+            };
             // The positions are sorted but sparse: prefetch a few ahead (memory latency bound).
-            if let Some(&ahead) = positions.get(k + PREFETCH) {
+            if let Some(&ahead) = ahead {
                 prefetch(&self.nodes, ahead as usize);
             }
             let np = self.nodes[p as usize];
@@ -515,10 +547,11 @@ impl Trainer {
             }
             assert!(n_seen >= 1);
         }
-        for pr in &self.pairs {
-            let b = brute.get(&pr.key).copied().unwrap_or(0);
-            assert_eq!(pr.count, b, "incremental count of pair {:?} differs from recount", unpair(pr.key));
+        for (&k, &i) in &self.pair_map {
+            let b = brute.get(&k).copied().unwrap_or(0);
+            assert_eq!(self.pairs[i as usize].count, b, "incremental count of pair {:?} differs from recount", unpair(k));
         }
+        assert_eq!(self.pair_map.len(), self.pairs.len());
         for (&k, &v) in &brute {
             let i = self.pair_map.get(&k).unwrap_or_else(|| panic!("pair {:?} missing", unpair(k)));
             assert_eq!(self.pairs[*i as usize].count, v);
