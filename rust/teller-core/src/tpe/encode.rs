@@ -1,17 +1,18 @@
-//! The TPE encoder.
+//! The TPE encoders. Three algorithms, identical output (cross-checked by the tests):
 //!
-//! Per segment: a linked list over the segment's symbols and a min-heap of `(rank, position)`
-//! (packed into one `u64`), lazily validated on pop. Popping the lowest rank, leftmost first, and
-//! merging is exactly "apply merges in rank order, each left to right" (a merge of rank `r` only
-//! creates pairs containing the new id, whose ranks are all `> r`). Cost: `O(n log n)` per segment
-//! of `n` events (one hash lookup per initial pair and two per merge), instead of the naive
-//! `O(n * merges)` or `O(n^2)`.
+//! * **Backtracking** (`backtrack.rs`, the default for [`Tpe::encode`] and
+//!   [`Tpe::encode_segment`]): longest valid match in a trie + a compatibility check with the
+//!   previous token; ~1.6 sequential trie steps and a few cached rank lookups per event. Tables are
+//!   built lazily on the first call.
+//! * **Bucket queue** (`encode_task`, the fallback when the backtracking tables would be too
+//!   large): replays the merges with a linked list and one bucket per rank instead of a heap,
+//!   `O(n + merges)` per task of ~16k events.
+//! * **Heap** (`encode_into`, [`Tpe::encode_segment_heap`]): a linked list and a min-heap of
+//!   `(rank, position)` packed in a `u64`, lazily validated on pop; `O(n log n)` per segment.
 //!
-//! The batch encoder ([`Tpe::encode`]) uses the backtracking encoder (`backtrack.rs`: longest
-//! valid match in a trie + a compatibility check with the previous token, ~1.4 trie steps and
-//! ~0.8 rank lookups per event), built lazily on the first call. The merge-replaying bucket encoder
-//! (`encode_task`: a bucket queue indexed by rank instead of a heap, `O(n + merges)` per task of
-//! ~16k events) is the fallback and the cross-check; both give identical output.
+//! Why replaying by rank is BPE: popping the lowest rank, leftmost first, and merging is exactly
+//! "apply merges in rank order, each left to right", because a merge of rank `r` only creates pairs
+//! containing the new id, whose ranks are all `> r` (the naive reference is `O(n * merges)`).
 //!
 //! Batch encoding first dedupes identical segments (hash of the id slice, confirmed by comparing
 //! the slices), encodes each distinct segment once (in parallel), then copies the tokens into place
@@ -27,7 +28,6 @@ use rayon::prelude::*;
 
 use super::backtrack::{Backtrack, BtScratch};
 use super::{check_ids, segment_bounds, Result, Tpe, NONE};
-
 
 /// Which batch encoder to use (all give identical results; see the module docs).
 #[doc(hidden)]
