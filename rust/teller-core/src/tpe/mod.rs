@@ -18,8 +18,10 @@
 //!
 //! * [`train`]: the trainer (deduplicated segments, linked lists, incremental pair counts,
 //!   lazily-corrected max-heap).
-//! * [`Tpe`]: a trained model (merges in rank order + derived tables), [`Tpe::encode`],
-//!   [`Tpe::decode`].
+//! * [`Tpe`]: a trained model (merges in rank order + derived tables), [`Tpe::encode`] (batch,
+//!   deduplicated, parallel), [`Tpe::encode_segment`], [`Tpe::decode`]; see `encode.rs` and
+//!   `backtrack.rs` for the three encoders.
+//! * [`map_rare_symbols`]: UNK preprocessing before training; [`starts_from_i64`].
 //! * [`features`]: per-token timing features and [`SymbolStats`].
 //! * [`synth`]: a deterministic synthetic, LLM-inference-shaped corpus generator.
 //! * [`naive`]: slow, obviously-correct reference implementations (for tests).

@@ -5,16 +5,19 @@
 //!   keep each distinct segment once with a multiplicity (BPE's "word count" trick), so the work
 //!   and memory scale with the *distinct* events, and every count update is weighted.
 //! * **Flat doubly-linked symbol lists**: one array of `Node { sym, prev, next }` over all distinct
-//!   segments (12 bytes per distinct event; one struct so that a visit touches one cache line). A merge keeps the left node (which takes the new id) and unlinks
-//!   the right one, so node indices stay ordered left-to-right inside a segment and the first node
-//!   of a segment never dies.
+//!   segments (12 bytes per distinct event; one struct so that a visit touches one cache line). A
+//!   merge keeps the left node (which takes the new id) and unlinks the right one, so node indices
+//!   stay ordered left-to-right inside a segment and the first node of a segment never dies.
 //! * **Position index per pair** (node index of the pair's left symbol), not per segment: applying
 //!   a merge visits only the occurrences of that pair, never whole segments, so 100k-event steps
 //!   cost no more per merge than short ones. Entries go stale when a neighbour merges; they are
 //!   validated when used (stale entries never become valid again because every merge produces a
-//!   fresh id). The initial lists are one exact-size CSR array (no `Vec` growth slack); lists of
-//!   pairs created later are small `Vec`s sorted before use (left-to-right order is what makes
-//!   overlapping pairs like `a a a` merge greedily from the left, exactly like the reference).
+//!   fresh id). The initial lists are one exact-size CSR array (no `Vec` growth slack), read in
+//!   place; lists of pairs created later are small recycled `Vec`s sorted before use
+//!   (left-to-right order is what makes overlapping pairs like `a a a` merge greedily from the
+//!   left, exactly like the reference), freed as soon as the pair can no longer reach
+//!   `min_frequency` (counts only decrease after a pair's creation step). Visits prefetch a few
+//!   positions ahead (the loop is memory-latency bound).
 //! * **Counts are updated incrementally** (`u64`, weighted): merging `(a,b)` at `p` with
 //!   neighbours `x`, `y` removes `(x,a)`, `(a,b)`, `(b,y)` and adds `(x,c)`, `(c,y)`.
 //! * **Lazily corrected max-heap** of `(count, Reverse(pair))`: after the step that creates a pair
