@@ -82,6 +82,14 @@ fn overlapping_runs() {
 }
 
 #[test]
+fn unlimited_merges() {
+    let out = train(&[0, 1, 0, 1, 2, 2, 2], &[0], 3, &cfg(usize::MAX, 1, None), None).unwrap();
+    let naive = naive::train(&[vec![0, 1, 0, 1, 2, 2, 2]], 3, &cfg(100, 1, None));
+    assert_eq!(out.tpe.merges(), &naive[..]);
+    assert!(matches!(train(&[], &[], u32::MAX, &cfg(1, 1, None), None), Err(TpeError::VocabTooLarge(_))));
+}
+
+#[test]
 fn tie_breaking_and_min_frequency() {
     // (0,1) and (2,3) both twice: the smaller pair wins first.
     let segs = vec![vec![2, 3, 0, 1], vec![2, 3, 0, 1]];

@@ -40,7 +40,8 @@ use super::{check_ids, pair_key, segment_bounds, unpair, Result, Tpe, TpeError, 
 /// Training parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrainConfig {
-    /// Number of merges to learn at most (`vocab_size - base_size`).
+    /// Number of merges to learn at most (`vocab_size - base_size`); clamped to what fits in `u32`
+    /// ids, so `usize::MAX` means "until no pair reaches `min_frequency`".
     pub num_merges: usize,
     /// A pair is merged only if it occurs at least this often (weighted count). Values below 1
     /// act as 1 (a pair that does not occur is never merged).
@@ -174,18 +175,20 @@ fn train_impl(
 ) -> Result<TrainOutput> {
     let bounds = segment_bounds(ids.len(), starts)?;
     check_ids(ids, base_size)?;
-    let vocab = base_size as u64 + cfg.num_merges as u64;
-    if vocab > MAX_VOCAB {
-        return Err(TpeError::VocabTooLarge(vocab));
+    if base_size as u64 > MAX_VOCAB {
+        return Err(TpeError::VocabTooLarge(base_size as u64));
     }
+    // More merges than ids can name are never possible: clamp (so `usize::MAX` means "until no
+    // pair reaches min_frequency").
+    let num_merges = cfg.num_merges.min((MAX_VOCAB - base_size as u64) as usize);
     let mut t = Trainer::build(ids, &bounds, base_size, cfg)?;
     let min_freq = t.min_freq;
-    let mut merges: Vec<(u32, u32)> = Vec::with_capacity(cfg.num_merges.min(1 << 20));
+    let mut merges: Vec<(u32, u32)> = Vec::with_capacity(num_merges.min(1 << 20));
     let mut merge_counts = Vec::with_capacity(merges.capacity());
     if check {
         t.check_counts();
     }
-    while merges.len() < cfg.num_merges {
+    while merges.len() < num_merges {
         let Some((cnt, Reverse(key))) = t.heap.pop() else { break };
         let idx = t.pair_map[&key];
         let cur = t.pairs[idx as usize].count;
@@ -222,7 +225,7 @@ fn train_impl(
             t.check_counts();
         }
         if let Some(cb) = progress.as_deref_mut() {
-            if !cb(merges.len(), cfg.num_merges) {
+            if !cb(merges.len(), num_merges) {
                 return Err(TpeError::Cancelled(merges.len()));
             }
         }
