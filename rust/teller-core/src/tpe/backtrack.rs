@@ -319,11 +319,13 @@ impl Tpe {
             let last = if toks.len() > t0 { Some(toks[toks.len() - 1]) } else { None };
             loop {
                 let end = pos + len[token as usize] as usize;
-                let compatible = match last {
-                    None => true,
-                    Some(l) => self.valid_pair(bt, pair_cache, l, token),
-                };
-                if reach[end] && compatible {
+                // (The pair check only runs when the end is still reachable.)
+                if reach[end]
+                    && match last {
+                        None => true,
+                        Some(l) => self.valid_pair(bt, pair_cache, l, token),
+                    }
+                {
                     toks.push(token);
                     offs.push(pos as u32);
                     pos = end;
