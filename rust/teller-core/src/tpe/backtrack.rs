@@ -20,17 +20,12 @@
 use super::ranks::{RankTable, U64Map};
 use super::{Tpe, NONE};
 
-/// Per-worker scratch of the backtracking encoder.
+/// Per-worker scratch of the backtracking encoder. (A direct-mapped cache of pair checks was
+/// tried and removed: on the noisy corpus only ~5% of the checks repeat within a worker.)
 #[derive(Default)]
 pub(crate) struct BtScratch {
     reach: Vec<bool>,
-    /// Direct-mapped cache of `valid_pair` results, keyed by the packed pair (`u64::MAX` = empty).
-    /// Trace encodings check the same few token pairs over and over (deep merge trees make a check
-    /// cost several rank lookups), so this removes most of that work.
-    pair_cache: Vec<(u64, bool)>,
 }
-
-const PAIR_CACHE_BITS: u32 = 11;
 
 /// Bound on trie nodes: when the tokens are so long that the trie could exceed this (e.g. tokens
 /// that are whole repeated steps), the tables would cost more memory (~25 bytes per node) than
@@ -278,16 +273,8 @@ impl Backtrack {
 
 impl Tpe {
     #[inline]
-    fn valid_pair(&self, bt: &Backtrack, cache: &mut [(u64, bool)], t1: u32, t2: u32) -> bool {
-        let key = ((t1 as u64) << 32) | t2 as u64;
-        let slot = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PAIR_CACHE_BITS)) as usize;
-        let (k, v) = cache[slot];
-        if k == key {
-            return v;
-        }
-        let v = compatible(&self.ranks, self.base_size, &bt.left, &bt.right, t1, t2, u32::MAX);
-        cache[slot] = (key, v);
-        v
+    fn valid_pair(&self, bt: &Backtrack, t1: u32, t2: u32) -> bool {
+        compatible(&self.ranks, self.base_size, &bt.left, &bt.right, t1, t2, u32::MAX)
     }
 
     /// Backtracking encoding of one segment (validated ids), appending tokens and their starts
@@ -305,12 +292,9 @@ impl Tpe {
         if n == 0 {
             return true;
         }
-        let BtScratch { reach, pair_cache } = sc;
+        let reach = &mut sc.reach;
         reach.clear();
         reach.resize(n + 1, true);
-        if pair_cache.is_empty() {
-            pair_cache.resize(1 << PAIR_CACHE_BITS, (u64::MAX, false));
-        }
         let len = &self.token_len;
         let mut pos = 0usize;
         let mut next = bt.longest_match(ids, 0);
@@ -323,7 +307,7 @@ impl Tpe {
                 if reach[end]
                     && match last {
                         None => true,
-                        Some(l) => self.valid_pair(bt, pair_cache, l, token),
+                        Some(l) => self.valid_pair(bt, l, token),
                     }
                 {
                     toks.push(token);
