@@ -2,7 +2,7 @@
 //!
 //! * **Backtracking** (`backtrack.rs`, the default for [`Tpe::encode`] and
 //!   [`Tpe::encode_segment`]): longest valid match in a trie + a compatibility check with the
-//!   previous token; ~1.6 sequential trie steps and a few cached rank lookups per event. Tables are
+//!   previous token; ~1.6 sequential trie steps and ~0.7 rank lookups per event. Tables are
 //!   built lazily on the first call.
 //! * **Bucket queue** (`encode_task`, the fallback when the backtracking tables would be too
 //!   large): replays the merges with a linked list and one bucket per rank instead of a heap,
