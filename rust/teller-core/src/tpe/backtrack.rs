@@ -49,11 +49,48 @@ pub(crate) struct Backtrack {
     /// Per token id: the longest valid token that is a proper prefix of it, or `NONE`.
     prefix: Vec<u32>,
     /// Per token id: its two parts (base symbols: itself).
-    left: Vec<u32>,
-    right: Vec<u32>,
+    split: Split,
     /// Per token id: BPE encodes its expansion to itself (kept for the tests).
     #[allow(dead_code)]
     pub(crate) valid: Vec<bool>,
+}
+
+/// The two parts of every token id (base symbols: itself), and which ids occur as a left / right
+/// part of some merge.
+#[derive(Debug, Clone)]
+pub(crate) struct Split {
+    left: Vec<u32>,
+    right: Vec<u32>,
+    left_bits: Vec<u64>,
+    right_bits: Vec<u64>,
+}
+
+impl Split {
+    fn new(tpe: &Tpe) -> Split {
+        let base = tpe.base_size;
+        let vocab = tpe.vocab_size() as usize;
+        let mut left: Vec<u32> = (0..base).collect();
+        let mut right: Vec<u32> = (0..base).collect();
+        let mut left_bits = vec![0u64; vocab.div_ceil(64)];
+        let mut right_bits = vec![0u64; vocab.div_ceil(64)];
+        for &(a, b) in &tpe.merges {
+            left.push(a);
+            right.push(b);
+            left_bits[a as usize >> 6] |= 1 << (a & 63);
+            right_bits[b as usize >> 6] |= 1 << (b & 63);
+        }
+        Split { left, right, left_bits, right_bits }
+    }
+
+    #[inline(always)]
+    fn is_left(&self, t: u32) -> bool {
+        self.left_bits[t as usize >> 6] >> (t & 63) & 1 != 0
+    }
+
+    #[inline(always)]
+    fn is_right(&self, t: u32) -> bool {
+        self.right_bits[t as usize >> 6] >> (t & 63) & 1 != 0
+    }
 }
 
 /// Can BPE produce the tokens `t1 t2` next to each other, counting only merges with an id below
@@ -61,11 +98,16 @@ pub(crate) struct Backtrack {
 /// whenever the pair across the split would have been merged earlier (smaller id; for the right
 /// token also an equal id: leftmost wins ties), it is not compatible. `O(depth)` rank lookups.
 #[inline]
-fn compatible(ranks: &RankTable, base: u32, left: &[u32], right: &[u32], mut t1: u32, mut t2: u32, mut limit: u32) -> bool {
+fn compatible(ranks: &RankTable, base: u32, split: &Split, mut t1: u32, mut t2: u32, mut limit: u32) -> bool {
+    let (left, right) = (&split.left, &split.right);
     loop {
-        if let Some(r) = ranks.get(t1, t2) {
-            if base + r < limit {
-                return false;
+        // Most cross pairs are not merges: skip the table when `t1` is never a left part or `t2`
+        // never a right part of any merge (two bit tests on small, hot bitsets).
+        if split.is_left(t1) && split.is_right(t2) {
+            if let Some(r) = ranks.get(t1, t2) {
+                if base + r < limit {
+                    return false;
+                }
             }
         }
         if t1 > t2 {
@@ -121,12 +163,7 @@ impl Backtrack {
     pub(crate) fn build(tpe: &Tpe) -> Backtrack {
         let base = tpe.base_size;
         let vocab = tpe.vocab_size() as usize;
-        let mut left: Vec<u32> = (0..base).collect();
-        let mut right: Vec<u32> = (0..base).collect();
-        for &(a, b) in &tpe.merges {
-            left.push(a);
-            right.push(b);
-        }
+        let split = Split::new(tpe);
         // A token is valid (BPE encodes its expansion to itself) iff both parts are valid and
         // compatible with each other counting only earlier merges (the construction of GitHub's
         // `bpe` crate; cross-checked against brute-force encoding in the tests).
@@ -134,7 +171,7 @@ impl Backtrack {
         for (r, &(a, b)) in tpe.merges.iter().enumerate() {
             let t = base + r as u32;
             valid[t as usize] =
-                valid[a as usize] && valid[b as usize] && compatible(&tpe.ranks, base, &left, &right, a, b, t);
+                valid[a as usize] && valid[b as usize] && compatible(&tpe.ranks, base, &split, a, b, t);
         }
         // Trie over the expansions of valid tokens: the node of `t = (a, b)` is reached from the
         // node of `a` (valid, created earlier) by walking the expansion of `b`.
@@ -239,7 +276,7 @@ impl Backtrack {
             }
         }
         let node_token = order.iter().map(|&old| node_token[old as usize]).collect();
-        Backtrack { first_sym, children, has_other, root, node_token, prefix, left, right, valid }
+        Backtrack { first_sym, children, has_other, root, node_token, prefix, split, valid }
     }
 
     /// Longest valid token matching `ids[pos..]` (every base symbol is one, so never `NONE` for a
@@ -274,7 +311,7 @@ impl Backtrack {
 impl Tpe {
     #[inline]
     fn valid_pair(&self, bt: &Backtrack, t1: u32, t2: u32) -> bool {
-        compatible(&self.ranks, self.base_size, &bt.left, &bt.right, t1, t2, u32::MAX)
+        compatible(&self.ranks, self.base_size, &bt.split, t1, t2, u32::MAX)
     }
 
     /// Backtracking encoding of one segment (validated ids), appending tokens and their starts
