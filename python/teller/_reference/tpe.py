@@ -91,7 +91,10 @@ def train(
 
 
 def encode(segment: Sequence[int], merges: Sequence[tuple[int, int]], base_size: int) -> tuple[list[int], list[int]]:
-    """Encodes one segment: ``(tokens, offsets)`` with ``len(offsets) == len(tokens) + 1``."""
+    """Encodes one segment: ``(tokens, offsets)`` with ``len(offsets) == len(tokens) + 1``.
+
+    ``base_size`` is needed to name merged tokens (``base_size + rank``).
+    """
     ranks = {tuple(p): r for r, p in enumerate(merges)}
     toks = list(segment)
     lens = [1] * len(toks)
@@ -137,7 +140,10 @@ def log_dur(dur_ns: int) -> float:
 def symbol_stats(
     ids: Sequence[int], dur_ns: Sequence[int], base_size: int
 ) -> tuple[list[int], list[float], list[float]]:
-    """Per-base-symbol ``(count, mean, std)`` of :func:`log_dur` (population std, two passes)."""
+    """Per-base-symbol ``(count, mean, std)`` of :func:`log_dur` (population std, two passes).
+
+    The Rust core uses one pass of sums and sums of squares in fixed chunks; both agree to ~1e-12.
+    """
     count = [0] * base_size
     total = [0.0] * base_size
     for s, d in zip(ids, dur_ns, strict=True):

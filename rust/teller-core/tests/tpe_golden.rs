@@ -78,7 +78,7 @@ fn rust_matches_python_reference() {
                 .collect();
             for k in 0..base as usize {
                 assert!((stats.mean[k] - exp_mean[k]).abs() < 1e-9, "case {name}: mean[{k}]");
-                assert!((stats.std[k] - exp_std[k]).abs() < 1e-9, "case {name}: std[{k}]");
+                assert!((stats.std[k] - exp_std[k]).abs() < 1e-7, "case {name}: std[{k}]");
             }
             let enc = out.tpe.encode(&ids, &starts).unwrap();
             let f = token_features(&ids, &dur, &st, &enc.token_offsets, &enc.segment_starts, &stats).unwrap();

@@ -18,12 +18,15 @@
 //!
 //! * [`train`]: the trainer (deduplicated segments, linked lists, incremental pair counts,
 //!   lazily-corrected max-heap).
-//! * [`Tpe`]: a trained model (merges in rank order + derived tables), [`Tpe::encode`],
-//!   [`Tpe::decode`].
+//! * [`Tpe`]: a trained model (merges in rank order + derived tables), [`Tpe::encode`] (batch,
+//!   deduplicated, parallel), [`Tpe::encode_segment`], [`Tpe::decode`]; see `encode.rs` and
+//!   `backtrack.rs` for the three encoders.
+//! * [`map_rare_symbols`]: UNK preprocessing before training; [`starts_from_i64`].
 //! * [`features`]: per-token timing features and [`SymbolStats`].
 //! * [`synth`]: a deterministic synthetic, LLM-inference-shaped corpus generator.
 //! * [`naive`]: slow, obviously-correct reference implementations (for tests).
 
+mod backtrack;
 mod encode;
 pub mod features;
 pub mod naive;
@@ -34,9 +37,9 @@ mod train;
 #[cfg(test)]
 mod tests;
 
-pub use encode::Encoding;
+pub use encode::{Algo, Encoding};
 pub use features::{token_features, SymbolStats, N_FEATURES};
-pub use train::{train, train_checked, Progress, TrainConfig, TrainOutput};
+pub use train::{train, train_checked, Progress, TrainConfig, TrainOutput, TrainStats};
 
 use hashbrown::HashMap;
 
@@ -120,6 +123,21 @@ pub fn segment_bounds(n: usize, starts: &[usize]) -> Result<Vec<(usize, usize)>>
     Ok(out)
 }
 
+/// Converts `int64` segment start offsets (what the Python fast path passes) to `usize`,
+/// rejecting negative values. Validation against the corpus happens in the callee.
+pub fn starts_from_i64(starts: &[i64]) -> Result<Vec<usize>> {
+    starts
+        .iter()
+        .enumerate()
+        .map(|(index, &s)| {
+            usize::try_from(s).map_err(|_| TpeError::BadOffsets {
+                index,
+                detail: format!("negative start offset {s}"),
+            })
+        })
+        .collect()
+}
+
 /// Checks that every id is `< base_size`.
 pub(crate) fn check_ids(ids: &[u32], base_size: u32) -> Result<()> {
     // Fast path: one vectorizable max; locate the culprit only on failure.
@@ -187,7 +205,7 @@ pub fn map_rare_symbols(ids: &[u32], base_size: u32, min_symbol_count: u64, unk_
 
 /// A trained TPE model: the base vocabulary size and the merges in rank order, plus tables
 /// derived from them (built by [`Tpe::new`], which is also the constructor used when loading).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Tpe {
     base_size: u32,
     merges: Vec<(u32, u32)>,
@@ -195,6 +213,20 @@ pub struct Tpe {
     ranks: ranks::RankTable,
     /// Number of base events covered by every token id (`len == vocab_size`).
     token_len: Vec<u32>,
+    /// Tables of the backtracking encoder, built on first use (so loading stays cheap); `None`
+    /// when the trie would be too large (see [`backtrack::MAX_TRIE_EVENTS`]).
+    backtrack: std::sync::OnceLock<Option<backtrack::Backtrack>>,
+}
+
+impl std::fmt::Debug for Tpe {
+    // The derived tables are large; show the model's identity only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tpe")
+            .field("base_size", &self.base_size)
+            .field("num_merges", &self.merges.len())
+            .field("backtrack_tables_built", &self.backtrack.get().is_some())
+            .finish()
+    }
 }
 
 impl Tpe {
@@ -225,12 +257,13 @@ impl Tpe {
             }
             token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
         }
-        let ranks = ranks::RankTable::new(&merges);
+        let ranks = ranks::RankTable::new(&merges, vocab as u32);
         Ok(Tpe {
             base_size,
             merges,
             ranks,
             token_len,
+            backtrack: std::sync::OnceLock::new(),
         })
     }
 
@@ -260,7 +293,7 @@ impl Tpe {
     }
 
     /// Appends the base-symbol expansion of `token` to `out` (iterative, no recursion).
-    fn expand_into(&self, token: u32, out: &mut Vec<u32>, stack: &mut Vec<u32>) {
+    pub(crate) fn expand_into(&self, token: u32, out: &mut Vec<u32>, stack: &mut Vec<u32>) {
         stack.clear();
         stack.push(token);
         while let Some(t) = stack.pop() {
