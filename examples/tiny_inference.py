@@ -29,7 +29,11 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = GPT2Config(n_layer=args.layers, n_head=4, n_embd=128, vocab_size=1024, n_positions=128)
     model = GPT2LMHeadModel(cfg).eval()
-    log.info("model ready: %d layers, %.1fM parameters", args.layers, sum(p.numel() for p in model.parameters()) / 1e6)
+    log.info(
+        "model ready: %d layers, %.1fM parameters",
+        args.layers,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+    )
     for r in range(args.requests):
         prompt = torch.randint(0, cfg.vocab_size, (1, 16))
         t0 = time.perf_counter()

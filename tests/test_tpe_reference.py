@@ -85,7 +85,9 @@ def test_train_encode_properties(corpus, num_merges, min_frequency, max_tok):
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(-10, 10**7), st.integers(0, 10**6)), min_size=1, max_size=30),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(-10, 10**7), st.integers(0, 10**6)), min_size=1, max_size=30
+    ),
     st.data(),
 )
 def test_features_invariants(events, data):

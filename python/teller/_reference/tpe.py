@@ -59,7 +59,7 @@ def train_with_counts(
     while len(merges) < num_merges:
         counts: Counter[tuple[int, int]] = Counter()
         for s in segs:
-            for pair in zip(s, s[1:]):
+            for pair in zip(s, s[1:], strict=False):
                 counts[pair] += 1
         candidates = [
             (c, p)
@@ -90,7 +90,9 @@ def train(
     return train_with_counts(segments, base_size, num_merges, min_frequency, max_token_events)[0]
 
 
-def encode(segment: Sequence[int], merges: Sequence[tuple[int, int]], base_size: int) -> tuple[list[int], list[int]]:
+def encode(
+    segment: Sequence[int], merges: Sequence[tuple[int, int]], base_size: int
+) -> tuple[list[int], list[int]]:
     """Encodes one segment: ``(tokens, offsets)`` with ``len(offsets) == len(tokens) + 1``.
 
     ``base_size`` is needed to name merged tokens (``base_size + rank``).
@@ -188,11 +190,13 @@ def features(
         else:
             max_end = max(start_ns[j] + max(dur_ns[j], 0) for j in range(0, s))
             gap = math.log1p(max(0, start_ns[s] - max_end) / 1000.0)
-        rows.append([
-            float(e - s),
-            total,
-            max(xs),
-            max(z(segment[j], x) for j, x in zip(range(s, e), xs)),
-            gap,
-        ])
+        rows.append(
+            [
+                float(e - s),
+                total,
+                max(xs),
+                max(z(segment[j], x) for j, x in zip(range(s, e), xs, strict=True)),
+                gap,
+            ]
+        )
     return rows

@@ -13,20 +13,30 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_ref_tpe", HERE.parents[2] / "python/teller/_reference/tpe.py")
+_spec = importlib.util.spec_from_file_location(
+    "_ref_tpe", HERE.parents[2] / "python/teller/_reference/tpe.py"
+)
 ref = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ref)
 
 
-def trace_like(seed: int, n_steps: int, base: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+def trace_like(
+    seed: int, n_steps: int, base: int
+) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """A tiny inference-shaped corpus: repeated per-layer motifs with occasional edits, plus timings."""
     rng = random.Random(seed)
-    motifs = [[rng.randrange(0, 4) if i % 2 == 0 else rng.randrange(0, base) for i in range(rng.randrange(4, 12))]
-              for _ in range(5)]
+    motifs = [
+        [rng.randrange(0, 4) if i % 2 == 0 else rng.randrange(0, base) for i in range(rng.randrange(4, 12))]
+        for _ in range(5)
+    ]
     templates = []
     for _ in range(3):
         block = [x for _ in range(rng.randrange(2, 4)) for x in rng.choice(motifs)]
-        templates.append([rng.randrange(0, base) for _ in range(3)] + block * rng.randrange(2, 5) + [rng.randrange(0, base)])
+        templates.append(
+            [rng.randrange(0, base) for _ in range(3)]
+            + block * rng.randrange(2, 5)
+            + [rng.randrange(0, base)]
+        )
     segs, durs, starts = [], [], []
     t = 1_000_000
     for _ in range(n_steps):
@@ -70,7 +80,7 @@ def case(name, segs, base, num_merges, min_frequency=2, max_token_events=None, e
         flat_dur = [x for s in durs for x in s]
         stats = ref.symbol_stats(flat_ids, flat_dur, base)
         feats = []
-        for s, d, st_ in zip(segs, durs, starts):
+        for s, d, st_ in zip(segs, durs, starts, strict=True):
             _, offs = ref.encode(s, merges, base)
             feats.extend(ref.features(s, d, st_, offs, stats))
         out["dur_ns"] = durs
@@ -86,15 +96,39 @@ def main() -> None:
         case("runs", [[0] * 7, [0] * 4, [1, 0, 0, 0, 1]], 2, 10, min_frequency=1, extra=[[0] * 9, [1, 1, 0]]),
         case("alternating", [[0, 1] * 6 + [0], [1, 0, 1]], 2, 8, min_frequency=1),
         case("ties", [[2, 3, 0, 1], [2, 3, 0, 1], [4, 4, 4]], 5, 10, min_frequency=2),
-        case("random_small", [[rng.randrange(4) for _ in range(rng.randrange(0, 30))] for _ in range(12)], 4, 20,
-             min_frequency=2, extra=[[rng.randrange(4) for _ in range(40)]]),
-        case("max_token_events", [[rng.randrange(3) for _ in range(50)] for _ in range(5)], 3, 30,
-             min_frequency=1, max_token_events=4),
+        case(
+            "random_small",
+            [[rng.randrange(4) for _ in range(rng.randrange(0, 30))] for _ in range(12)],
+            4,
+            20,
+            min_frequency=2,
+            extra=[[rng.randrange(4) for _ in range(40)]],
+        ),
+        case(
+            "max_token_events",
+            [[rng.randrange(3) for _ in range(50)] for _ in range(5)],
+            3,
+            30,
+            min_frequency=1,
+            max_token_events=4,
+        ),
     ]
     segs, durs, starts = trace_like(11, 40, 24)
-    cases.append(case("trace_like", segs, 24, 60, min_frequency=2, max_token_events=32,
-                      extra=trace_like(12, 3, 24)[0], timing=(durs, starts)))
-    (HERE / "golden.json").write_text(json.dumps({"version": 1, "cases": cases}, separators=(",", ":")) + "\n")
+    cases.append(
+        case(
+            "trace_like",
+            segs,
+            24,
+            60,
+            min_frequency=2,
+            max_token_events=32,
+            extra=trace_like(12, 3, 24)[0],
+            timing=(durs, starts),
+        )
+    )
+    (HERE / "golden.json").write_text(
+        json.dumps({"version": 1, "cases": cases}, separators=(",", ":")) + "\n"
+    )
 
 
 if __name__ == "__main__":
