@@ -29,11 +29,12 @@ help:
 # --- environment -------------------------------------------------------------------------------
 # torch is installed first and alone from requirements/torch.txt (the one place it is pinned);
 # everything after that gets the same file as a constraint, so no resolver can pull a second copy.
-$(VENV)/.deps: requirements/torch.txt requirements/dev.txt
+$(VENV)/.deps: requirements/torch.txt requirements/dev.txt requirements/nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements/torch.txt
 	$(PIP) install -q -c requirements/torch.txt -r requirements/dev.txt
+	$(PIP) install -q --no-deps -r requirements/nodeps.txt
 	touch $@
 
 venv: $(VENV)/.deps
