@@ -643,6 +643,43 @@ def dataset_validate(
     err_console.print("[green]ok[/]: the dataset is valid", highlight=False)
 
 
+@dataset_app.command("collect-cpu")
+def dataset_collect_cpu(
+    output_dir: Annotated[
+        str, typer.Option("--output-dir", help="The dataset directory to create or resume.")
+    ],
+    num_samples: Annotated[int, typer.Option("--num-samples", help="Runs to make (kinds cycle).")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the plan (kinds, severities, onsets).")] = 0,
+    requests: Annotated[int, typer.Option(help="Requests per run of the tiny GPT-2 workload.")] = 40,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 8,
+    keep_raw: Annotated[bool, typer.Option(help="Keep each run's raw .tmsgpack files.")] = False,
+) -> None:
+    """Real fault runs on this CPU: the tiny GPT-2 inference under `teller collect` while busy processes,
+    a memory hog, a disk flood, thread oversubscription or a slowed module hit it. Same sample format."""
+    from teller.data.cpu_runs import collect_cpu
+
+    t0 = time.perf_counter()
+    try:
+        with _progress_bar("collecting") as prog:
+            task = prog.add_task("runs", total=num_samples)
+            man = collect_cpu(
+                output_dir,
+                num_samples,
+                seed=seed,
+                requests=requests,
+                new_tokens=new_tokens,
+                keep_raw=keep_raw,
+                progress=lambda done, total: prog.update(task, completed=done, total=total),
+            )
+    except TellerError as e:
+        raise _fail(e) from None
+    counts = ", ".join(f"{k} {v}" for k, v in man["counts"]["test"].items() if v)
+    err_console.print(
+        f"{man['num_samples']} real runs ({counts}) in {time.perf_counter() - t0:.0f} s", highlight=False
+    )
+    print(output_dir)
+
+
 @app.command("tokenize")
 def tokenize_cmd(
     data_dir: Annotated[str, typer.Option("--data-dir", help="A dataset directory (manifest.json).")],

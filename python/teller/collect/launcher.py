@@ -194,7 +194,7 @@ def child_env(
         set_["CUDA_INJECTION64_PATH"] = str(so)
     if cupti_path:
         set_["TELLER_CUPTI_PATH"] = cupti_path
-    if nvtx_json is not None or torch_nvtx:
+    if nvtx_json is not None or torch_nvtx or "TELLER_FAULT_DELAY" in base:
         pp = env.get("PYTHONPATH", "")
         set_["PYTHONPATH"] = str(HOOK_DIR) + (os.pathsep + pp if pp else "")
         set_["TELLER_HOOK_DIR"] = str(HOOK_DIR)

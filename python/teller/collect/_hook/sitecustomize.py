@@ -226,8 +226,48 @@ def _enable_torch_nvtx() -> None:
     _after_import("torch", on_torch)
 
 
+def _install_fault_delays() -> None:
+    """TELLER_FAULT_DELAY (fault-injection runs only): a JSON list of
+    ``{"module", "function", "delay_ms", "start_s", "end_s", "start_call", "end_call"}``; calls number
+    ``start_call..end_call`` of that function sleep ``delay_ms`` while the process is between
+    ``start_s`` and ``end_s`` seconds old (each bound optional)."""
+    spec = os.environ.get("TELLER_FAULT_DELAY")
+    if not spec:
+        return
+    import time
+
+    t0 = time.monotonic()
+    try:
+        items = json.loads(spec)
+    except ValueError as e:
+        _warn(f"TELLER_FAULT_DELAY is not JSON: {e}")
+        return
+
+    def patch(module, item) -> None:
+        owner, _, attr = item["function"].rpartition(".")
+        target = getattr(module, owner) if owner else module
+        fn = getattr(target, attr)
+        delay, start, end = item["delay_ms"] / 1000.0, item.get("start_s", 0.0), item.get("end_s", 1e18)
+        first, last = item.get("start_call", 0), item.get("end_call", 1 << 62)
+        calls = [0]
+
+        @functools.wraps(fn)
+        def slowed(*args, **kwargs):
+            k = calls[0]
+            calls[0] = k + 1
+            if first <= k < last and start <= time.monotonic() - t0 < end:
+                time.sleep(delay)
+            return fn(*args, **kwargs)
+
+        setattr(target, attr, slowed)
+
+    for item in items:
+        _after_import(item["module"], functools.partial(patch, item=item))
+
+
 def _install() -> None:
     global _EMIT
+    _install_fault_delays()
     path = os.environ.get("TELLER_NVTX_JSON")
     if os.environ.get("TELLER_TORCH_NVTX") == "1":
         _enable_torch_nvtx()

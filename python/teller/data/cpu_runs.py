@@ -1,0 +1,437 @@
+"""Real CPU fault runs: ``teller dataset collect-cpu``.
+
+Each sample is a real run of the tiny GPT-2 inference (``teller.workloads.tiny_gpt2``) under
+``teller collect --nvtx-json transformers``, with a real fault injected on this machine while it runs:
+
+| kind | mechanism | annotated as |
+|---|---|---|
+| ``cpu_contention`` | busy-looping processes competing for the cores | ``cpu_contention`` |
+| ``thread_oversubscription`` | far more intra-op threads than cores | ``cpu_contention`` |
+| ``host_memory_pressure`` | a process streaming through GBs of memory | ``host_memory_pressure`` |
+| ``io_stall`` | log lines fsynced while a neighbour floods the disk | ``io_stall`` |
+| ``slow_operator`` | a module's ``forward`` sleeps per call for a while (delay hook) | ``slow_operator`` |
+| ``normal`` | nothing | no fault |
+
+Onsets and windows are on the trace clock (realtime ns), measured when the injector actually started
+and stopped. Timing-dependent, hence not byte-deterministic like the simulator: the seed fixes the
+plan (kinds, severities, onsets), the machine does the rest. The samples have the dataset format of
+``docs/dataset.md`` and all land in the ``test`` split: a small, real, second test set.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from teller import __version__
+from teller.errors import ConfigError
+
+KINDS = (
+    "normal",
+    "cpu_contention",
+    "thread_oversubscription",
+    "host_memory_pressure",
+    "io_stall",
+    "slow_operator",
+)
+LABEL_OF = {
+    "normal": "normal",
+    "cpu_contention": "cpu_contention",
+    "thread_oversubscription": "cpu_contention",
+    "host_memory_pressure": "host_memory_pressure",
+    "io_stall": "io_stall",
+    "slow_operator": "slow_operator",
+}
+GENERATOR = "teller-cpu-runs"
+GENERATOR_VERSION = 1
+SLOW_MODULE = "transformers.models.gpt2.modeling_gpt2"
+SLOW_FUNCTION = "GPT2MLP.forward"
+LAYERS = 4  # of the workload's model (teller.workloads.tiny_gpt2 default)
+
+
+# -- injectors (separate processes, so the workload really competes for the machine) ----------------
+
+
+def _spin(stop_at: float) -> None:
+    x = 0
+    while time.time() < stop_at:
+        for i in range(10000):
+            x ^= i
+    _ = x
+
+
+def _memory_hog(stop_at: float, nbytes: int) -> None:
+    buf = bytearray(nbytes)  # zero pages; touching them faults them in
+    step = 4096
+    while time.time() < stop_at:
+        for off in range(0, nbytes, step * 16):
+            buf[off] = (buf[off] + 1) & 0xFF
+        mv = memoryview(buf)
+        for off in range(0, nbytes, 1 << 22):  # stream through it: memory bandwidth and cache pressure
+            bytes(mv[off : off + (1 << 22)])
+            if time.time() >= stop_at:
+                break
+
+
+def _disk_flood(stop_at: float, directory: str, block: int) -> None:
+    path = os.path.join(directory, f"teller-io-flood-{os.getpid()}.bin")
+    data = os.urandom(block)
+    try:
+        with open(path, "wb") as f:
+            while time.time() < stop_at:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                if f.tell() > 256 << 20:
+                    f.seek(0)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+class _Injector:
+    """Starts the fault's processes at ``start()``, stops them at ``stop()``; records realtime ns."""
+
+    def __init__(self, kind: str, severity: float, workdir: Path) -> None:
+        self.kind, self.severity, self.workdir = kind, severity, workdir
+        self.procs: list[Any] = []
+        self.start_ns = self.end_ns = 0
+        self.params: dict[str, Any] = {}
+
+    def start(self, duration_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        stop_at = time.time() + duration_s
+        self.start_ns = time.time_ns()
+        if self.kind == "cpu_contention":
+            n = 1 if self.severity < 0.6 else 2
+            self.params = {"busy_processes": n}
+            self.procs = [ctx.Process(target=_spin, args=(stop_at,), daemon=True) for _ in range(n)]
+        elif self.kind == "host_memory_pressure":
+            nbytes = int((0.5 + 2.5 * self.severity) * (1 << 30))
+            self.params = {"hog_bytes": nbytes}
+            self.procs = [ctx.Process(target=_memory_hog, args=(stop_at, nbytes), daemon=True)]
+        elif self.kind == "io_stall":
+            block = int((1 + 7 * self.severity) * (1 << 20))
+            self.params = {"flood_block_bytes": block}
+            self.procs = [
+                ctx.Process(target=_disk_flood, args=(stop_at, str(self.workdir), block), daemon=True)
+            ]
+        for p in self.procs:
+            p.start()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.join(timeout=2.0)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        self.end_ns = time.time_ns()
+
+
+# -- one sample ---------------------------------------------------------------------------------------
+
+
+def _plan(seed: int, num_samples: int, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    plans = []
+    for i in range(num_samples):
+        kind = kinds[i % len(kinds)]
+        plans.append(
+            {
+                "sample_id": f"cpu{i:04d}",
+                "kind": kind,
+                "severity": round(rng.uniform(0.35, 1.0), 3),
+                "onset_frac": round(rng.uniform(0.1, 0.35), 3),
+                "dur_frac": round(rng.uniform(0.4, 0.7), 3),
+            }
+        )
+    return plans
+
+
+def _workload_cmd(requests: int, new_tokens: int, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "teller.workloads.tiny_gpt2",
+        "--requests",
+        str(requests),
+        "--new-tokens",
+        str(new_tokens),
+        *extra,
+    ]
+
+
+def _generation_window_ns(log_txt: Path) -> tuple[int, int] | None:
+    """(ns of the 'model ready' line, ns of the last request line) from a collect run's log.txt."""
+    ready = last = None
+    for line in log_txt.read_text(errors="replace").splitlines():
+        ts, _, rest = line.partition(" ")
+        if not ts.isdigit():
+            continue
+        if "model ready" in rest:
+            ready = int(ts)
+        elif "generated in" in rest:
+            last = int(ts)
+    return (ready, last) if ready is not None and last is not None else None
+
+
+def _wait_for_ready(trace_dir: Path, th: threading.Thread, timeout_s: float = 300.0) -> None:
+    deadline = time.time() + timeout_s
+    while th.is_alive() and time.time() < deadline:
+        for log in trace_dir.glob("run-*/log.txt"):
+            try:
+                if "model ready" in log.read_text(errors="replace"):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def _run_one(
+    plan: dict[str, Any], out: Path, timing: dict[str, float], requests: int, new_tokens: int, keep_raw: bool
+) -> dict[str, Any]:
+    from teller.collect import collect
+    from teller.trace import load
+
+    kind, sev = plan["kind"], float(plan["severity"])
+    work = Path(tempfile.mkdtemp(prefix=f"teller-cpu-{plan['sample_id']}-"))
+    extra: list[str] = []
+    env_delay: str | None = None
+    gen_s = timing["gen_s"]
+    dur_s = max(0.3, plan["dur_frac"] * gen_s)
+    params: dict[str, Any] = {}
+    if kind == "thread_oversubscription":
+        threads = 8 if sev < 0.7 else 16
+        extra += ["--threads", str(threads)]
+        params = {"mechanism": "thread_oversubscription", "torch_threads": threads, "cores": os.cpu_count()}
+    elif kind == "io_stall":
+        extra += ["--log-file", str(work / "engine.log")]
+    elif kind == "slow_operator":
+        delay = round(0.5 + 4.5 * sev, 2)
+        calls = requests * new_tokens * LAYERS  # GPT2MLP.forward calls in the run
+        first = int(plan["onset_frac"] * calls)
+        last = first + max(8, int(plan["dur_frac"] * calls))
+        params = {"delay_ms": delay, "function": f"{SLOW_MODULE}.{SLOW_FUNCTION}", "calls": [first, last]}
+        env_delay = json.dumps(
+            [
+                {
+                    "module": SLOW_MODULE,
+                    "function": SLOW_FUNCTION,
+                    "delay_ms": delay,
+                    "start_call": first,
+                    "end_call": last,
+                }
+            ]
+        )
+    injector = _Injector(kind, sev, work)
+    result: dict[str, Any] = {}
+    old_env = os.environ.get("TELLER_FAULT_DELAY")
+    if env_delay:
+        os.environ["TELLER_FAULT_DELAY"] = env_delay
+    try:
+        sink_out, sink_err = io.BytesIO(), io.BytesIO()
+
+        def target() -> None:
+            result["res"] = collect(
+                _workload_cmd(requests, new_tokens, extra),
+                trace_dir=work / "traces",
+                nvtx_json="transformers",
+                stdout=sink_out,
+                stderr=sink_err,
+            )
+
+        th = threading.Thread(target=target, name="teller-collect-cpu")
+        th.start()
+        if kind in ("cpu_contention", "host_memory_pressure", "io_stall"):
+            # onset: a fraction of the generation phase after the workload says it is ready
+            _wait_for_ready(work / "traces", th)
+            time.sleep(plan["onset_frac"] * gen_s)
+            injector.start(dur_s)
+            time.sleep(dur_s)
+            injector.stop()
+            params = {**params, **injector.params}
+        th.join()
+    finally:
+        if env_delay:
+            if old_env is None:
+                os.environ.pop("TELLER_FAULT_DELAY", None)
+            else:
+                os.environ["TELLER_FAULT_DELAY"] = old_env
+    res = result["res"]
+    run_dir: Path = res.run_dir
+    if res.trace_json is None:
+        raise ConfigError(f"{plan['sample_id']}: the run recorded no trace ({'; '.join(res.warnings)})")
+    tr = load(run_dir, warn=False)
+    t_start, t_end = int(tr.ts.min()), int(tr.end.max())
+    sample = out / plan["sample_id"]
+    tmp = out / f".{plan['sample_id']}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copy(run_dir / "trace.json", tmp / "trace.json")
+    shutil.copy(run_dir / "log.txt", tmp / "log.txt")
+    shutil.copy(run_dir / "run.json", tmp / "run.json")
+    if keep_raw:
+        shutil.copytree(run_dir / "raw", tmp / "raw")
+    faults: list[dict[str, Any]] = []
+    label = LABEL_OF[kind]
+    pid = int(tr.pid[tr.layer_mask("annotation")][0]) if tr.layer_mask("annotation").any() else 0
+    if kind != "normal":
+        if kind in ("cpu_contention", "host_memory_pressure", "io_stall"):
+            start_ns, end_ns = injector.start_ns, injector.end_ns
+        elif kind == "slow_operator":
+            # the slowed calls are the GPT2MLP ranges number first..last, in call order
+            mlp = [
+                i for i in range(len(tr)) if tr.layer_name(i) == "annotation" and tr.name_of(i) == "GPT2MLP"
+            ]
+            first, last = params["calls"]
+            hit = mlp[first : min(last, len(mlp))]
+            if not hit:
+                raise ConfigError(f"{plan['sample_id']}: the slowed calls are not in the trace")
+            start_ns, end_ns = int(tr.ts[hit[0]]), int(tr.end[hit[-1]]) + 1
+        else:  # thread_oversubscription: the whole run
+            start_ns, end_ns = t_start, t_end + 1
+        target = (
+            {"kind": "operator", "name": "GPT2MLP", "rank": 0, "pid": pid}
+            if kind == "slow_operator"
+            else {"kind": "process", "name": "workload", "rank": 0, "pid": pid}
+        )
+        faults.append(
+            {
+                "type": label,
+                "layer": "host_op",
+                "target": target,
+                "start_ns": int(start_ns),
+                "end_ns": int(end_ns),
+                "severity": sev,
+                "params": {"kind": kind, **params},
+            }
+        )
+    ann = {
+        "format": "teller-sample",
+        "version": 1,
+        "sample_id": plan["sample_id"],
+        "label": label,
+        "split": "test",
+        "ood": True,
+        "workload": {
+            "model": "gpt2-tiny",
+            "model_name": "GPT-2 (4 layers, 128 wide, from a config)",
+            "model_layers": 4,
+            "gpu": "cpu",
+            "tp": 1,
+            "arrival": "closed_loop",
+            "cuda_graphs": False,
+            "processes": [{"rank": 0, "pid": pid, "device": -1}],
+        },
+        "faults": faults,
+        "trace": {"start_ns": t_start, "end_ns": t_end, "events": len(tr), "steps": len(tr.steps())},
+    }
+    (tmp / "annotation.json").write_text(json.dumps(ann, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(sample, ignore_errors=True)
+    os.replace(tmp, sample)
+    shutil.rmtree(work, ignore_errors=True)
+    return ann
+
+
+def _calibrate(requests: int, new_tokens: int) -> dict[str, float]:
+    """One plain run: how long start-up and generation take on this machine."""
+    from teller.collect import collect
+
+    work = Path(tempfile.mkdtemp(prefix="teller-cpu-calib-"))
+    try:
+        t0 = time.time_ns()
+        res = collect(
+            _workload_cmd(requests, new_tokens, []),
+            trace_dir=work,
+            nvtx_json="transformers",
+            convert=False,
+            stdout=io.BytesIO(),
+            stderr=io.BytesIO(),
+        )
+        win = _generation_window_ns(res.run_dir / "log.txt")
+        if win is None:
+            raise ConfigError("calibration run failed: the workload logged no requests")
+        return {"ready_s": (win[0] - t0) / 1e9, "gen_s": max(0.2, (win[1] - win[0]) / 1e9)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def collect_cpu(
+    output_dir: str | os.PathLike[str],
+    num_samples: int,
+    *,
+    seed: int = 0,
+    requests: int = 6,
+    new_tokens: int = 8,
+    keep_raw: bool = False,
+    kinds: Sequence[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``num_samples`` real fault runs into ``output_dir`` (resumable) and write its manifest.
+    ``kinds`` (default: all of KINDS) are cycled through."""
+    if num_samples < 1:
+        raise ConfigError("num_samples must be >= 1")
+    kinds = tuple(kinds or KINDS)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plans = _plan(seed, num_samples, kinds)
+    timing = _calibrate(requests, new_tokens)
+    anns = []
+    for k, plan in enumerate(plans):
+        ann_path = out / plan["sample_id"] / "annotation.json"
+        if ann_path.exists():
+            anns.append(json.loads(ann_path.read_text()))
+        else:
+            anns.append(_run_one(plan, out, timing, requests, new_tokens, keep_raw))
+        if progress:
+            progress(k + 1, len(plans))
+    labels = ["normal", "cpu_contention", "host_memory_pressure", "io_stall", "slow_operator"]
+    splits = {"train": [], "val": [], "test": [a["sample_id"] for a in anns], "test_ood": []}
+    counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in splits}
+    for a in anns:
+        counts["test"][a["label"]] += 1
+    events = [int(a["trace"]["events"]) for a in anns]
+    manifest = {
+        "format": "teller-dataset",
+        "version": 1,
+        "generator": {"name": GENERATOR, "version": GENERATOR_VERSION, "teller_version": __version__},
+        "seed": int(seed),
+        "preset": None,
+        "config": {
+            "kinds": list(KINDS),
+            "requests": requests,
+            "new_tokens": new_tokens,
+            "timing": timing,
+            "cores": os.cpu_count(),
+            "plans": plans,
+        },
+        "num_samples": len(anns),
+        "labels": labels,
+        "splits": splits,
+        "counts": counts,
+        "events": {
+            "total": sum(events),
+            "mean": round(sum(events) / len(events), 1),
+            "min": min(events),
+            "max": max(events),
+        },
+        "samples": {a["sample_id"]: {"label": a["label"], "split": "test"} for a in anns},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest

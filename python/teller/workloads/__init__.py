@@ -1,0 +1,1 @@
+"""Small, real workloads that teller collects on a CPU (demos, real fault runs, benchmarks)."""
