@@ -25,6 +25,11 @@ class NativeTrace:
     def id_labels(self) -> list[tuple[int, str]]: ...
     def num_flows(self) -> int: ...
     def num_counters(self) -> int: ...
+    def sequences(
+        self, close_layers: list[str] | None = None, skip_instants: bool = False
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per-step symbol sequences in call-chain order: (names, ids u32, segment starts i64, steps u32,
+        event i64 (-1 for <close>), start_ns i64, dur_ns i64)."""
     def to_chrome(self, path: str, highlight: list[int] | None = None) -> None: ...
     def summary(self, top: int = 10) -> dict[str, Any]: ...
 
@@ -34,3 +39,43 @@ def load(
     """Load and align traces; raises teller.errors.TellerError subclasses. Releases the GIL."""
 
 def symbol(layer: str, name: str, normalize: dict[str, Any] | None = None) -> str: ...
+
+class NativeTpe:
+    def __init__(self, base_size: int, merges: list[tuple[int, int]]) -> None: ...
+    @property
+    def base_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def merges(self) -> list[tuple[int, int]]: ...
+    def token_lens(self) -> np.ndarray: ...
+    def encode_ids(self, ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens u32, token_offsets i64 [n+1], segment_starts i64); parallel, GIL released."""
+    def decode(self, tokens: np.ndarray) -> np.ndarray: ...
+    def features(
+        self,
+        ids: np.ndarray,
+        dur_ns: np.ndarray,
+        start_ns: np.ndarray,
+        token_offsets: np.ndarray,
+        segment_starts: np.ndarray,
+        count: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+    ) -> np.ndarray:
+        """n_tokens x 5 float32 timing features."""
+
+def tpe_train(
+    ids: np.ndarray,
+    starts: np.ndarray,
+    base_size: int,
+    num_merges: int,
+    min_frequency: int = 2,
+    max_token_events: int | None = None,
+    progress: Any | None = None,
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Learn merges (ties: smallest pair). progress(done, total) may raise to cancel. GIL released."""
+
+def tpe_symbol_stats(ids: np.ndarray, dur_ns: np.ndarray, base_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def tpe_synth_corpus(
+    n_events: int, seed: int = 42, n_symbols: int = 1500, step_events: int = 2000
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
