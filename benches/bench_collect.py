@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.metadata
 import json
 import os
 import platform
@@ -172,8 +173,8 @@ def machine() -> dict[str, Any]:
     }
     for mod in ("torch", "transformers", "nvtx"):
         try:
-            info[mod] = __import__(mod).__version__
-        except ImportError:
+            info[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
             info[mod] = None
     return info
 

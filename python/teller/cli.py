@@ -7,6 +7,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -35,6 +37,25 @@ app.add_typer(shim_app, name="shim")
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (hidden when stderr is not a terminal); yields a
+    ``callback(done, total)`` for the long-running APIs."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as prog:
+        task = prog.add_task(label, total=None)
+        yield lambda done, total: prog.update(task, completed=done, total=total)
 
 
 def _version_cb(value: bool) -> None:
@@ -411,27 +432,13 @@ def tpe_train(
     step_name: StepOpt = None,
 ) -> None:
     """Train a tokenizer on every trace under DATA_DIR; prints the tokenizer directory."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from teller import tpe
 
     if vocab_size is None and num_merges is None:
         vocab_size = 8192
     t0 = time.perf_counter()
     try:
-        with Progress(
-            TextColumn("[bold]training TPE"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as prog:
-            task = prog.add_task("merges", total=None)
-
-            def cb(done: int, total: int) -> None:
-                prog.update(task, completed=done, total=total)
-
+        with _progress("training TPE") as cb:
             tok = tpe.train(
                 data_dir,
                 vocab_size=vocab_size,
@@ -555,20 +562,6 @@ dataset_app = typer.Typer(
 app.add_typer(dataset_app, name="dataset")
 
 
-def _progress_bar(label: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,
-    )
-
-
 @dataset_app.command("generate")
 def dataset_generate(
     output_dir: Annotated[str, typer.Option("--output-dir", help="The dataset directory to create.")],
@@ -590,12 +583,7 @@ def dataset_generate(
 
     t0 = time.perf_counter()
     try:
-        with _progress_bar("generating") as prog:
-            task = prog.add_task("samples", total=None)
-
-            def cb(done: int, total: int) -> None:
-                prog.update(task, completed=done, total=total)
-
+        with _progress("generating") as cb:
             man = generate(
                 output_dir,
                 num_samples=num_samples,
@@ -660,8 +648,7 @@ def dataset_collect_cpu(
 
     t0 = time.perf_counter()
     try:
-        with _progress_bar("collecting") as prog:
-            task = prog.add_task("runs", total=num_samples)
+        with _progress("collecting") as cb:
             man = collect_cpu(
                 output_dir,
                 num_samples,
@@ -669,7 +656,7 @@ def dataset_collect_cpu(
                 requests=requests,
                 new_tokens=new_tokens,
                 keep_raw=keep_raw,
-                progress=lambda done, total: prog.update(task, completed=done, total=total),
+                progress=cb,
             )
     except TellerError as e:
         raise _fail(e) from None
@@ -701,12 +688,7 @@ def tokenize_cmd(
 
     t0 = time.perf_counter()
     try:
-        with _progress_bar("tokenizing") as prog:
-            task = prog.add_task("shards", total=None)
-
-            def cb(done: int, total: int) -> None:
-                prog.update(task, completed=done, total=total)
-
+        with _progress("tokenizing") as cb:
             out = tokenize_dataset(
                 data_dir,
                 tokenizer_dir,
