@@ -257,37 +257,45 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     }
     // Flows: launch -> GPU work arrows (fresh ids, one pair per linked activity), then the original
     // non-correlation flows (fwdbwd and the like) as they were.
-    let mut flow_id: u64 = 1;
-    if !t.link.is_empty() {
-        for i in 0..n {
-            let j = t.link[i];
-            if j < 0 {
-                continue;
-            }
-            let j = j as usize;
-            sep(&mut out);
-            out.push_str("{\"ph\": \"s\", \"cat\": \"ac2g\", \"name\": \"ac2g\", \"id\": ");
-            push_i64(&mut out, flow_id as i64);
-            out.push_str(", \"pid\": ");
-            push_id(&mut out, t, t.pid[j]);
-            out.push_str(", \"tid\": ");
-            push_id(&mut out, t, t.tid[j]);
-            out.push_str(", \"ts\": ");
-            push_us(&mut out, t.ts[j] - base);
-            out.push_str("},\n{\"ph\": \"f\", \"bp\": \"e\", \"cat\": \"ac2g\", \"name\": \"ac2g\", \"id\": ");
-            push_i64(&mut out, flow_id as i64);
-            out.push_str(", \"pid\": ");
-            push_id(&mut out, t, t.pid[i]);
-            out.push_str(", \"tid\": ");
-            push_id(&mut out, t, t.tid[i]);
-            out.push_str(", \"ts\": ");
-            push_us(&mut out, t.ts[i] - base);
-            out.push('}');
-            flow_id += 1;
-            if out.len() > (1 << 20) {
-                w.write_all(out.as_bytes())?;
-                out.clear();
-            }
+    let flow = |out: &mut String, ph: char, cat: &str, name: &str, id: i64, pid: i64, tid: i64, ts: i64, bp_e: bool| {
+        out.push_str("{\"ph\": \"");
+        out.push(ph);
+        out.push_str("\", \"cat\": ");
+        push_json_str(out, cat);
+        out.push_str(", \"name\": ");
+        push_json_str(out, name);
+        out.push_str(", \"id\": ");
+        push_i64(out, id);
+        out.push_str(", \"pid\": ");
+        push_id(out, t, pid);
+        out.push_str(", \"tid\": ");
+        push_id(out, t, tid);
+        out.push_str(", \"ts\": ");
+        push_us(out, ts - base);
+        if bp_e {
+            out.push_str(", \"bp\": \"e\"");
+        }
+        out.push('}');
+    };
+    let mut flow_id: i64 = 1;
+    for i in 0..t.link.len() {
+        let j = t.link[i];
+        if j < 0 {
+            continue;
+        }
+        let j = j as usize;
+        sep(&mut out);
+        flow(
+            &mut out, 's', "ac2g", "ac2g", flow_id, t.pid[j], t.tid[j], t.ts[j], false,
+        );
+        out.push_str(",\n");
+        flow(
+            &mut out, 'f', "ac2g", "ac2g", flow_id, t.pid[i], t.tid[i], t.ts[i], true,
+        );
+        flow_id += 1;
+        if out.len() > (1 << 20) {
+            w.write_all(out.as_bytes())?;
+            out.clear();
         }
     }
     for f in &t.flows {
@@ -296,24 +304,18 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
             continue;
         }
         sep(&mut out);
-        out.push_str("{\"ph\": \"");
-        out.push(f.phase as char);
-        out.push_str("\", \"cat\": ");
-        push_json_str(&mut out, cat);
-        out.push_str(", \"name\": ");
-        push_json_str(&mut out, t.strings.get(f.name));
-        out.push_str(", \"id\": ");
-        push_i64(&mut out, (f.id & !(1 << 63)) as i64 + (1i64 << 40));
-        out.push_str(", \"pid\": ");
-        push_id(&mut out, t, f.pid);
-        out.push_str(", \"tid\": ");
-        push_id(&mut out, t, f.tid);
-        out.push_str(", \"ts\": ");
-        push_us(&mut out, f.ts - base);
-        if f.binding_enclosing {
-            out.push_str(", \"bp\": \"e\"");
-        }
-        out.push('}');
+        let id = (f.id & !(1 << 63)) as i64 + (1i64 << 40);
+        flow(
+            &mut out,
+            f.phase as char,
+            cat,
+            t.strings.get(f.name),
+            id,
+            f.pid,
+            f.tid,
+            f.ts,
+            f.binding_enclosing,
+        );
     }
     for c in &t.counters {
         sep(&mut out);
