@@ -18,18 +18,7 @@ fn tpe_err(e: TpeError) -> PyErr {
 }
 
 fn starts_vec(starts: &PyReadonlyArray1<'_, i64>) -> PyResult<Vec<usize>> {
-    let s = starts.as_slice()?;
-    s.iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            usize::try_from(x).map_err(|_| {
-                tpe_err(TpeError::BadOffsets {
-                    index: i,
-                    detail: format!("negative segment start {x}"),
-                })
-            })
-        })
-        .collect()
+    teller_core::tpe::starts_from_i64(starts.as_slice()?).map_err(tpe_err)
 }
 
 /// Learns merges. `progress(done, total)` is called from the training thread with the GIL held, at
