@@ -170,8 +170,9 @@ def features(
 
     Per token covering events ``s:e``, with ``x = log_dur(dur)``:
     ``[count, sum x, max x, max z, log_gap]`` where ``z = (x - mean[sym]) / max(std[sym], STD_FLOOR)``
-    (0 for a symbol with count 0) and ``log_gap = log1p(max(0, start[s] - max(start[j] + max(dur[j], 0)
-    for j < s)) / 1000)`` (0 for the first token).
+    (0 for a symbol with count 0) and ``log_gap = log1p(max(0, start[s] - anchor) / 1000)`` where
+    ``anchor`` is the end of the previous event ``s - 1`` if it ended by ``start[s]``, else its start
+    (it encloses the token); 0 for the first token.
     """
     count, mean, std = stats
 
@@ -188,8 +189,10 @@ def features(
         if k == 0:
             gap = 0.0
         else:
-            max_end = max(start_ns[j] + max(dur_ns[j], 0) for j in range(0, s))
-            gap = math.log1p(max(0, start_ns[s] - max_end) / 1000.0)
+            p = s - 1
+            prev_end = start_ns[p] + max(dur_ns[p], 0)
+            anchor = prev_end if prev_end <= start_ns[s] else start_ns[p]
+            gap = math.log1p(max(0, start_ns[s] - anchor) / 1000.0)
         rows.append(
             [
                 float(e - s),

@@ -8,8 +8,11 @@
 //! 2. `max_log_dur`: max of `x`;
 //! 3. `max_z`: max over the events of `(x - mean[sym]) / max(std[sym], STD_FLOOR)` with the
 //!    per-base-symbol statistics of [`SymbolStats`] (0 for a symbol with no statistics);
-//! 4. `log_gap`: idle gap before the token: `ln(1 + max(0, start_ns(s) - max_{j in seg_start..s}
-//!    (start_ns(j) + max(dur_ns(j), 0))) / 1000)`; 0 for the first token of a segment.
+//! 4. `log_gap`: idle gap before the token: `ln(1 + max(0, start_ns(s) - anchor) / 1000)` where
+//!    `p = s - 1` is the previous event and `anchor` is its end if it ended by then, else its start
+//!    (it encloses the token: the gap is the parent's time before this child); 0 for the first token
+//!    of a segment. (Not "since the latest end of all earlier events": in call-chain order the step's
+//!    own range encloses everything, which made that definition 0 everywhere.)
 //!
 //! Sums are accumulated in `f64` in event order and converted to `f32` at the end.
 
@@ -137,6 +140,15 @@ impl SymbolStats {
     }
 }
 
+/// Feature 4 of a token starting at event `s > 0` of its segment (see the module docs).
+#[inline]
+pub fn log_gap(start_ns: &[i64], dur_ns: &[i64], s: usize) -> f64 {
+    let p = s - 1;
+    let prev_end = start_ns[p].saturating_add(dur_ns[p].max(0));
+    let anchor = if prev_end <= start_ns[s] { prev_end } else { start_ns[p] };
+    (start_ns[s].saturating_sub(anchor).max(0) as f64 / 1000.0).ln_1p()
+}
+
 /// Computes the `n_tokens x N_FEATURES` features (row-major `f32`) of an encoded corpus.
 ///
 /// `token_offsets` (`len == n_tokens + 1`, last `== ids.len()`) and `segment_starts` (token index
@@ -196,22 +208,15 @@ pub fn token_features(
         .map(|group| {
             let mut out = Vec::new();
             for &(t0, t1) in group {
-                let mut max_end = i64::MIN;
                 for k in t0..t1 {
                     let (s, e) = (token_offsets[k], token_offsets[k + 1]);
-                    let gap = if k == t0 {
-                        0.0
-                    } else {
-                        let g = start_ns[s].saturating_sub(max_end).max(0);
-                        (g as f64 / 1000.0).ln_1p()
-                    };
+                    let gap = if k == t0 { 0.0 } else { log_gap(start_ns, dur_ns, s) };
                     let (mut sum, mut mx, mut mz) = (0f64, f64::NEG_INFINITY, f64::NEG_INFINITY);
                     for j in s..e {
                         let x = log_dur(dur_ns[j]);
                         sum += x;
                         mx = mx.max(x);
                         mz = mz.max(stats.z(ids[j], x));
-                        max_end = max_end.max(start_ns[j].saturating_add(dur_ns[j].max(0)));
                     }
                     out.extend_from_slice(&[(e - s) as f32, sum as f32, mx as f32, mz as f32, gap as f32]);
                 }

@@ -318,8 +318,12 @@ fn naive_features(
         let gap = if first {
             0.0
         } else {
-            let me = (seg_ev_start..s).map(|j| start[j] + dur[j].max(0)).max().unwrap();
-            ((start[s] - me).max(0) as f64 / 1000.0).ln_1p()
+            // the previous event's end if it ended before this token, else its start (it encloses it)
+            let p = s - 1;
+            assert!(p >= seg_ev_start);
+            let pe = start[p] + dur[p].max(0);
+            let anchor = if pe <= start[s] { pe } else { start[p] };
+            ((start[s] - anchor).max(0) as f64 / 1000.0).ln_1p()
         };
         out.extend_from_slice(&[
             (e - s) as f32,
@@ -353,7 +357,7 @@ fn features_hand_computed() {
     // symbol 1: x = ln4, 0 -> mean ln2, std ln2; z(ln4) = 1.
     assert!((f[3] as f64 - 1.0).abs() < 1e-6);
     assert_eq!(f[4], 0.0);
-    // gap: 10_000 - max(1000, 4000) = 6000 ns = 6 µs.
+    // gap: the previous event ended at 4000: 10_000 - 4000 = 6000 ns = 6 µs.
     assert!((f[9] as f64 - 7f64.ln()).abs() < 1e-6);
     assert_eq!(f[14], 0.0); // first token of the second segment
     let offs = [0, 2, 4, 5];
