@@ -87,7 +87,9 @@ def per_class(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> list[dict
         prec = tp / m[:, c].sum() if m[:, c].sum() else 0.0
         rec = tp / m[c].sum() if m[c].sum() else 0.0
         f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-        out.append({"precision": float(prec), "recall": float(rec), "f1": float(f1), "support": int(m[c].sum())})
+        out.append(
+            {"precision": float(prec), "recall": float(rec), "f1": float(f1), "support": int(m[c].sum())}
+        )
     return out
 
 

@@ -109,8 +109,9 @@ def shards_run_dir(data_dir: str | Path) -> Path:
     raise ConfigError(f"{p}: several tokenized runs; pass one of {', '.join(str(s.parent) for s in subs)}")
 
 
-def loss_fn(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loc_weight: float,
-            normal_index: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+def loss_fn(
+    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loc_weight: float, normal_index: int = 0
+) -> tuple[torch.Tensor, dict[str, float]]:
     """CE(category) + loc_weight * BCE(localization over real trace tokens of faulty samples)."""
     dev = out["logits"].device
     y = batch["labels"].to(dev)
@@ -182,7 +183,9 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
     weights = p / "model.safetensors" if p.is_dir() else p
     cfg_path = run / "config.json"
     if not weights.is_file() or not cfg_path.is_file():
-        raise TellerFileNotFoundError(f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run))
+        raise TellerFileNotFoundError(
+            f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run)
+        )
     cfg = json.loads(cfg_path.read_text())
     mc = dict(cfg["model"])
     mc["log_backbone"] = None  # the weights already hold it
@@ -226,7 +229,11 @@ def train(
     train_s, _ = load_split(run_dir, "train", mc.max_trace_tokens, mc.max_log_tokens)
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
-    val_s, _ = load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens) if "val" in man["splits"] else ([], [])
+    val_s, _ = (
+        load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens)
+        if "val" in man["splits"]
+        else ([], [])
+    )
 
     seed_everything(tc.seed)
     model = build_model({**mc.to_dict(), "log_backbone": None})
@@ -282,8 +289,11 @@ def train(
             n += len(bs)
             if progress:
                 progress("train", epoch * steps_per_epoch + k + 1, total, {"loss": tot / n})
-        rec: dict[str, float] = {"epoch": epoch + 1, "train_loss": tot / max(1, n),
-                                 "elapsed_s": time.perf_counter() - t_start}
+        rec: dict[str, float] = {
+            "epoch": epoch + 1,
+            "train_loss": tot / max(1, n),
+            "elapsed_s": time.perf_counter() - t_start,
+        }
         if val_s:
             preds, _ = predict(model, val_s, device=dev)
             m = compute_metrics(preds, label_names)
@@ -302,8 +312,15 @@ def train(
             bad_epochs += 1
         save_checkpoint(model, out / "last.safetensors")
         torch.save(
-            {"opt": opt.state_dict(), "sched": sched.state_dict(), "epoch": epoch + 1, "best": best,
-             "bad_epochs": bad_epochs, "history": history, "torch_rng": torch.get_rng_state()},
+            {
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "epoch": epoch + 1,
+                "best": best,
+                "bad_epochs": bad_epochs,
+                "history": history,
+                "torch_rng": torch.get_rng_state(),
+            },
             out / "state.pt",
         )
         (out / "history.json").write_text(json.dumps(history, indent=1))
