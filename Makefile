@@ -76,11 +76,27 @@ demo: build
 	rm -rf $(DEMO)/tpe && cp -r "$$(cat $(DEMO)/tpe-path)" $(DEMO)/tpe
 	$(VENV)/bin/teller tpe inspect $(DEMO)/tpe --top 8
 	$(VENV)/bin/teller tokenize --data-dir $(DEMO)/dataset --tokenizer-dir $(DEMO)/tpe --output-dir $(DEMO)/tokens --workers 2
+	@echo "== 5. RCA models at demo size: MoT, single-stream, baselines; evaluate; results table"
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot --epochs 20
+	$(VENV)/bin/teller train single --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/single --epochs 20
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-trace --epochs 20 --modalities trace
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-log --epochs 20 --modalities log
+	$(VENV)/bin/teller train baselines --data-dir $(DEMO)/tokens --output-dir $(DEMO)/checkpoints/baselines
+	for m in mot single mot-trace mot-log baselines; do \
+		$(VENV)/bin/teller evaluate --checkpoint $(DEMO)/checkpoints/$$m --split test > /dev/null; done
+	$(VENV)/bin/teller results summarize $(DEMO)/checkpoints/* -o output
+	@echo "== 6. diagnose a fresh faulty sample and the real collected CPU run"
+	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/fresh --num-samples 13 --seed 101 --preset tiny > /dev/null
+	$(VENV)/bin/teller diagnose "$$(grep -l '"label": "gpu_throttle"' $(DEMO)/fresh/s*/annotation.json | head -1 | xargs dirname)" \
+		--checkpoint $(DEMO)/checkpoints/mot --perfetto $(DEMO)/diagnosis-fresh.json.gz
+	$(VENV)/bin/teller diagnose "$$(ls -d $(DEMO)/collect/run-* | head -1)" --checkpoint $(DEMO)/checkpoints/mot \
+		--perfetto $(DEMO)/diagnosis-collected.json.gz
 	@echo
 	@echo "Perfetto-ready traces (open at https://ui.perfetto.dev):"
 	@echo "  $(abspath $(DEMO))/a100.trace.json.gz"
 	@ls -d $(abspath $(DEMO))/collect/run-*/trace.json | sed 's/^/  /'
 	@echo "tokenizer: $(abspath $(DEMO))/tpe   dataset: $(abspath $(DEMO))/dataset   shards: $(abspath $(DEMO))/tokens"
+	@echo "checkpoints: $(abspath $(DEMO))/checkpoints/{mot,single}   results: $(abspath output)/results.md"
 
 # --- tests ---------------------------------------------------------------------------------------
 test: build test-rust test-shim test-py
