@@ -101,9 +101,10 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"{m['model']} on {m['split']} (n={m['n']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
     for k in MAIN_KEYS:
-        t.add_column(k)
-    t.add_row(*[_fmt(m.get(k)) for k in MAIN_KEYS])
+        t.add_row(k, _fmt(m.get(k)))
     console.print(t)
     pc = Table(title="per fault type")
     for c in ("class", "support", "precision", "recall", "f1"):
