@@ -218,6 +218,8 @@ class Baselines:
         Xt, yt = self.X(train), np.array([s.label for s in train])
         Xv, yv = self.X(val), np.array([s.label for s in val])
         best = (-1.0, None, None)
+        if len(train) < 300:  # no internal early stopping on small data: fewer rounds
+            max_iter = min(max_iter, 100)
         for lr, leaves in grid:
             t0 = time.perf_counter()
             m = HistGradientBoostingClassifier(
