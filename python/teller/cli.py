@@ -715,8 +715,9 @@ def _train_model(kind: str, config: str | None, data_dir: str, tpe_dir: str | No
                     shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "epoch")
                     err_console.print(f"epoch {done}/{total}: {shown}", highlight=False)
 
-            run = train(cfg, data_dir, out, tpe_dir=tpe_dir, resume=resume, progress=cb,
-                        overrides={k: v for k, v in overrides.items() if v is not None})
+            ov = {k: v for k, v in overrides.items() if v is not None}
+            ov["arch"] = kind  # `train single --config X` trains the single-stream variant of X
+            run = train(cfg, data_dir, out, tpe_dir=tpe_dir, resume=resume, progress=cb, overrides=ov)
     except TellerError as e:
         raise _fail(e) from None
     err_console.print(f"trained {kind} in {time.perf_counter() - t0:.1f} s", highlight=False)
