@@ -45,6 +45,7 @@ class ModelConfig:
     max_trace_tokens: int = 384
     max_log_tokens: int = 256
     n_classes: int = 13
+    log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
 
@@ -155,6 +156,8 @@ class RCAModel(nn.Module):
             self.log_emb = nn.Embedding(cfg.log_vocab, d)
             self.log_feat = nn.Linear(cfg.n_log_features, d)
             self.log_pos = nn.Embedding(maxpos, d)
+            if cfg.log_value_buckets:
+                self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
         self.emb_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
         self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
         self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
@@ -185,8 +188,14 @@ class RCAModel(nn.Module):
         else:
             emb, feat, posemb, vocab = self.log_emb, self.log_feat, self.log_pos, self.cfg.log_vocab
         pos = torch.arange(1, n + 1, device=ids.device).clamp(max=posemb.num_embeddings - 1)
+        raw = feats
         feats = torch.sign(feats) * torch.log1p(feats.abs())  # counts and sums span 4 orders of magnitude
         e = emb(ids.clamp(max=vocab - 1)) + feat(feats) + posemb(pos)
+        if mod == LOG and self.cfg.log_value_buckets:
+            # raw[..., 1] is already sign(v) log1p|v| of the number: 4 buckets per unit, offset for negatives
+            nb = self.cfg.log_value_buckets
+            bucket = (torch.round(raw[..., 1] * 4) + nb // 8).clamp(0, nb - 1).long()
+            e = e + self.log_value_emb(bucket)
         c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
         return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
 
