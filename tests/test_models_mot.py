@@ -302,3 +302,30 @@ def test_minilm_init_fills_only_the_log_side() -> None:
             assert torch.equal(v, trace_before[k]), k
     with pytest.raises(Exception, match="norm_first"):
         init_log_side_from_bert(build_model({**cfg, "norm_first": True}), "minilm")
+
+
+@pytest.mark.slow
+def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
+    """Train the demo configuration on a few hundred tiny samples, then diagnose fresh samples of the
+    faults with a clear signature: each must be in the top 3."""
+    from teller.models.diagnose import diagnose
+    from teller.models.train import load_config
+
+    data = tmp_path / "ds"
+    generate(data, num_samples=260, seed=0, preset="tiny")
+    tok = tpe.train(data, vocab_size=512)
+    tok.save(tmp_path / "tpe")
+    out = tokenize_dataset(data, tmp_path / "tpe", tmp_path / "tok", shard_size=128, workers=1)
+    run = train(load_config("demo", "demo"), out, tmp_path / "mot", tpe_dir=tmp_path / "tpe")
+    fresh = tmp_path / "fresh"
+    generate(fresh, num_samples=26, seed=99, preset="tiny")
+    wanted = {"eager_mode_misconfig", "oom_error", "launch_storm"}
+    checked = 0
+    for sd in sorted(fresh.glob("s0*")):
+        label = json.loads((sd / "annotation.json").read_text())["label"]
+        if label not in wanted:
+            continue
+        d = diagnose(sd, run, top=3)
+        assert label in [c["cause"] for c in d["root_causes"]], (sd.name, label, d["root_causes"])
+        checked += 1
+    assert checked >= 3
