@@ -329,3 +329,16 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
         assert label in [c["cause"] for c in d["root_causes"]], (sd.name, label, d["root_causes"])
         checked += 1
     assert checked >= 3
+
+
+def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
+    root, _data, tdir, out = shards
+    cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3}}
+    full = train(cfg, out, root / "full", tpe_dir=tdir)
+    cut = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 0.0}}
+    part = train(cut, out, root / "part", tpe_dir=tdir)  # stops after the first epoch
+    assert len(json.loads((part / "history.json").read_text())) == 1
+    train(cfg, out, root / "part", tpe_dir=tdir, resume=True)
+    a, b = _state(full), _state(part)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
