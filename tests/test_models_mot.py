@@ -254,7 +254,7 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         capture_output=True,
         text=True,
     )
-    assert "| mot | test |" in (tmp_path / "out" / "results.md").read_text()
+    assert "| mot | mot | test |" in (tmp_path / "out" / "results.md").read_text()
     faulty = next(
         p
         for p in sorted(data.glob("s0*"))

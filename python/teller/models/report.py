@@ -121,13 +121,14 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
         files = sorted(Path(r).glob("eval-*.json")) if Path(r).is_dir() else [Path(r)]
         for f in files:
             m = json.loads(f.read_text())
-            rows.append({"run": str(r), **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)}})
+            rows.append({"run": Path(r).name, **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)}})
     if not rows:
         raise TellerFileNotFoundError("no eval-*.json in the given runs (run teller evaluate first)")
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     cols = (
+        "run",
         "model",
         "split",
         "ac@1",
