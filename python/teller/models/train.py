@@ -58,11 +58,10 @@ class TrainConfig:
 
 
 def builtin_config(name: str) -> Path:
-    """Path of a shipped configuration: ``mot``, ``single``, ``mot_minilm`` or ``baselines``."""
-    base = resources.files("teller.models") / "configs"
-    p = Path(str(base / name / "train.yaml")) if name != "baselines" else Path(str(base / "baselines.yaml"))
+    """Path of a shipped configuration: ``mot``, ``single``, ``mot_minilm`` or ``demo``."""
+    p = Path(str(resources.files("teller.models") / "configs" / name / "train.yaml"))
     if not p.is_file():
-        raise ConfigError(f"no shipped configuration {name!r}")
+        raise ConfigError(f"no shipped configuration {name!r} (shipped: mot, single, mot_minilm, demo)")
     return p
 
 
