@@ -70,17 +70,33 @@ demo: build
 		$(PY) examples/tiny_inference.py --requests 3 --new-tokens 6
 	$(VENV)/bin/teller trace summary $(DEMO)/collect/run-* --top 5
 	@echo "== 4. simulate a labelled fault dataset, train TPE on its train split, tokenize it"
-	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/dataset --num-samples 60 --seed 0 --preset tiny --workers 2
+	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/dataset --num-samples 520 --seed 0 --preset tiny --workers 2
 	$(VENV)/bin/teller dataset validate $(DEMO)/dataset
 	$(VENV)/bin/teller tpe train --data-dir $(DEMO)/dataset --output-dir $(DEMO)/tpe-runs --vocab-size 1024 > $(DEMO)/tpe-path
 	rm -rf $(DEMO)/tpe && cp -r "$$(cat $(DEMO)/tpe-path)" $(DEMO)/tpe
 	$(VENV)/bin/teller tpe inspect $(DEMO)/tpe --top 8
 	$(VENV)/bin/teller tokenize --data-dir $(DEMO)/dataset --tokenizer-dir $(DEMO)/tpe --output-dir $(DEMO)/tokens --workers 2
+	@echo "== 5. RCA models at demo size: MoT, single-stream, baselines; evaluate; results table"
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot --config demo
+	$(VENV)/bin/teller train single --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/single --config demo
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-trace --config demo --modalities trace
+	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-log --config demo --modalities log
+	$(VENV)/bin/teller train baselines --data-dir $(DEMO)/tokens --output-dir $(DEMO)/checkpoints/baselines
+	for m in mot single mot-trace mot-log baselines; do \
+		for s in test test_ood; do $(VENV)/bin/teller evaluate --checkpoint $(DEMO)/checkpoints/$$m --split $$s > /dev/null; done; done
+	$(VENV)/bin/teller results summarize $(DEMO)/checkpoints/* -o output
+	@echo "== 6. diagnose a fresh faulty sample and the real collected CPU run"
+	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/fresh --num-samples 13 --seed 101 --preset tiny > /dev/null
+	$(VENV)/bin/teller diagnose "$$(grep -l '"label": "gpu_throttle"' $(DEMO)/fresh/s*/annotation.json | head -1 | xargs dirname)" \
+		--checkpoint $(DEMO)/checkpoints/mot --perfetto $(DEMO)/diagnosis-fresh.json.gz
+	$(VENV)/bin/teller diagnose "$$(ls -d $(DEMO)/collect/run-* | head -1)" --checkpoint $(DEMO)/checkpoints/mot \
+		--perfetto $(DEMO)/diagnosis-collected.json.gz
 	@echo
 	@echo "Perfetto-ready traces (open at https://ui.perfetto.dev):"
 	@echo "  $(abspath $(DEMO))/a100.trace.json.gz"
 	@ls -d $(abspath $(DEMO))/collect/run-*/trace.json | sed 's/^/  /'
 	@echo "tokenizer: $(abspath $(DEMO))/tpe   dataset: $(abspath $(DEMO))/dataset   shards: $(abspath $(DEMO))/tokens"
+	@echo "checkpoints: $(abspath $(DEMO))/checkpoints/{mot,single}   results: $(abspath output)/results.md"
 
 # --- tests ---------------------------------------------------------------------------------------
 test: build test-rust test-shim test-py

@@ -705,6 +705,176 @@ def tokenize_cmd(
     print(out)
 
 
+# ---------------------------------------------------------------------------------------------------
+# RCA models: train, evaluate, results, diagnose
+
+train_app = typer.Typer(
+    help="Train the RCA models (MoT, single-stream) and the baselines.", no_args_is_help=True
+)
+app.add_typer(train_app, name="train")
+results_app = typer.Typer(help="Aggregate evaluation results into tables and plots.", no_args_is_help=True)
+app.add_typer(results_app, name="results")
+
+
+def _train_model(kind: str, config: str | None, data_dir: str, tpe_dir: str | None, output_dir: str | None,
+                 resume: bool, overrides: dict[str, object]) -> None:
+    from teller.models.train import load_config, train
+
+    t0 = time.perf_counter()
+    out = output_dir or f"output/checkpoints/{kind}"
+    try:
+        cfg = load_config(config, kind)
+        with _progress_bar(f"training {kind}") as prog:
+            task = prog.add_task("steps", total=None)
+
+            def cb(what: str, done: int, total: int, rec: dict[str, float]) -> None:
+                if what == "train":
+                    prog.update(task, completed=done, total=total)
+                else:
+                    shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "epoch")
+                    err_console.print(f"epoch {done}/{total}: {shown}", highlight=False)
+
+            ov = {k: v for k, v in overrides.items() if v is not None}
+            ov["arch"] = kind  # `train single --config X` trains the single-stream variant of X
+            run = train(cfg, data_dir, out, tpe_dir=tpe_dir, resume=resume, progress=cb, overrides=ov)
+    except TellerError as e:
+        raise _fail(e) from None
+    err_console.print(f"trained {kind} in {time.perf_counter() - t0:.1f} s", highlight=False)
+    print(run)
+
+
+_ConfigOpt = Annotated[
+    str | None, typer.Option("--config", help="YAML configuration (default: the shipped one for the model).")
+]
+_DataOpt = Annotated[str, typer.Option("--data-dir", help="Tokenized shards (teller tokenize output).")]
+_TpeOpt = Annotated[
+    str | None, typer.Option("--tpe-dir", help="The TPE tokenizer the shards were made with.")
+]
+_OutOpt = Annotated[
+    str | None, typer.Option("--output-dir", help="Run directory (checkpoints, config.json).")
+]
+
+
+@train_app.command("mot")
+def train_mot_cmd(
+    data_dir: _DataOpt,
+    config: _ConfigOpt = None,
+    tpe_dir: _TpeOpt = None,
+    output_dir: _OutOpt = None,
+    resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
+    epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    modalities: Annotated[str | None, typer.Option(help="both, trace or log (ablations).")] = None,
+) -> None:
+    """Train the Mixture-of-Transformers model (configs/mot/train.yaml by default)."""
+    _train_model("mot", config, data_dir, tpe_dir, output_dir, resume,
+                 {"epochs": epochs, "seed": seed, "device": device, "modalities": modalities})
+
+
+@train_app.command("single")
+def train_single_cmd(
+    data_dir: _DataOpt,
+    config: _ConfigOpt = None,
+    tpe_dir: _TpeOpt = None,
+    output_dir: _OutOpt = None,
+    resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
+    epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+) -> None:
+    """Train the single-stream (shared weights) model (configs/single/train.yaml by default)."""
+    _train_model("single", config, data_dir, tpe_dir, output_dir, resume,
+                 {"epochs": epochs, "seed": seed, "device": device})
+
+
+@train_app.command("baselines")
+def train_baselines_cmd(data_dir: _DataOpt, output_dir: _OutOpt = None, tpe_dir: _TpeOpt = None) -> None:
+    """Fit the GBDT and z-score baselines (hyper-parameters and thresholds chosen on val)."""
+    from teller.models.baselines import train_baselines
+
+    t0 = time.perf_counter()
+    try:
+        out = train_baselines(data_dir, output_dir or "output/checkpoints/baselines",
+                              log=lambda m: err_console.print(m, highlight=False))
+    except TellerError as e:
+        raise _fail(e) from None
+    err_console.print(f"fitted the baselines in {time.perf_counter() - t0:.1f} s", highlight=False)
+    print(out)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="A run directory of teller train.")],
+    data_dir: Annotated[
+        str | None, typer.Option("--data-dir", help="Tokenized shards (default: training).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="test, test_ood, val or train.")] = "test",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Directory for metrics (default: the checkpoint's).")
+    ] = None,
+) -> None:
+    """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault table,
+    confusion matrix (CSV + PNG), latency. Writes eval-<split>[-<model>].json next to the checkpoint."""
+    from teller.models.report import evaluate_any, print_metrics, write_metrics
+
+    try:
+        results = evaluate_any(checkpoint, data_dir, split)
+    except TellerError as e:
+        raise _fail(e) from None
+    out = Path(output) if output else Path(checkpoint)
+    for m in results:
+        write_metrics(m, out)
+    if as_json:
+        keep = [{k: v for k, v in m.items() if k != "confusion"} for m in results]
+        print(json.dumps(keep[0] if len(keep) == 1 else keep, indent=1))
+    else:
+        for m in results:
+            print_metrics(m, console)
+
+
+@results_app.command("summarize")
+def results_summarize_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Run directories holding eval-*.json files.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
+) -> None:
+    """One table comparing every model on every evaluated split: OUTPUT/results.md and results.json."""
+    from teller.models.report import summarize
+
+    try:
+        md = summarize(runs, output)
+    except TellerError as e:
+        raise _fail(e) from None
+    print(md)
+
+
+@app.command("diagnose")
+def diagnose_cmd(
+    path: Annotated[
+        str, typer.Argument(help="A sample directory (trace.json + log.txt) or a collected run.")
+    ],
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="A MoT/single run directory.")],
+    top: Annotated[int, typer.Option(help="Root causes and operators to show.")] = 3,
+    perfetto: Annotated[
+        str | None, typer.Option("--perfetto", help="Output trace with the culprits highlighted.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Ranked root causes with confidence, layer, culprit operators with their evidence, and a
+    Perfetto trace with the culprit events highlighted."""
+    from teller.models.diagnose import diagnose, render
+
+    try:
+        d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
+    except TellerError as e:
+        raise _fail(e) from None
+    if as_json:
+        print(json.dumps(d, indent=1))
+    else:
+        render(d, console)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,348 @@
+"""Baselines, evaluated on the same splits as the deep models (``teller train baselines``).
+
+* ``gbdt``: scikit-learn ``HistGradientBoostingClassifier`` on aggregated features: per-symbol timing
+  (for the most frequent TPE tokens of train: count, mean/max duration z-score, mean log duration,
+  events), global timing statistics, the log's word counts and, per word, the mean/max of the number
+  that follows it (throughput, KV usage, ...). Hyper-parameters are chosen on val.
+* ``zscore``: a per-symbol anomaly scorer fitted on the *normal* train samples (mean/std of each
+  token's log-scaled timing features); a sample is faulty when its largest |z| passes a threshold
+  chosen on val, and the cause comes from rules on the most anomalous token's symbols and the log.
+
+Both localize with the per-token anomaly score (the GBDT has no per-token output).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.data.tokenize import ShardedSplit
+from teller.models.metrics import Prediction, compute_metrics
+
+NUM_ID = 5  # "<num>" in the log vocabulary: LOG_SPECIALS (5) then the placeholders, <num> first
+
+
+@dataclass
+class RawSample:
+    label: int
+    trace_ids: np.ndarray
+    trace_features: np.ndarray
+    culprit: np.ndarray
+    log_ids: np.ndarray
+    log_values: np.ndarray
+
+
+def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str]]:
+    ss = ShardedSplit(run_dir, split)
+    out = []
+    for i in range(len(ss)):
+        d = ss[i]
+        out.append(
+            RawSample(
+                int(d["label"]),
+                np.asarray(d["trace_ids"], np.int64),
+                np.asarray(d["trace_features"], np.float64),
+                np.asarray(d["trace_culprit"], bool),
+                np.asarray(d["log_ids"], np.int64),
+                np.asarray(d["log_features"][:, 1], np.float64),
+            )
+        )
+    return out, ss.label_names
+
+
+def _slog(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+class ZScoreScorer:
+    """Per-token-type anomaly scores against the normal samples of train."""
+
+    def __init__(self, trace_vocab: int) -> None:
+        self.v = trace_vocab
+        self.mean = np.zeros((trace_vocab, 5))
+        self.std = np.ones((trace_vocab, 5))
+        self.gmean = np.zeros(5)
+        self.gstd = np.ones(5)
+
+    def fit(self, normals: Sequence[RawSample]) -> ZScoreScorer:
+        ids = np.concatenate([s.trace_ids for s in normals])
+        f = _slog(np.concatenate([s.trace_features for s in normals]))
+        self.gmean, self.gstd = f.mean(0), f.std(0) + 1e-3
+        cnt = np.bincount(ids, minlength=self.v).astype(float)
+        s1 = np.zeros((self.v, 5))
+        s2 = np.zeros((self.v, 5))
+        np.add.at(s1, ids, f)
+        np.add.at(s2, ids, f * f)
+        seen = cnt >= 3
+        self.mean[seen] = s1[seen] / cnt[seen, None]
+        var = s2[seen] / cnt[seen, None] - self.mean[seen] ** 2
+        self.std[seen] = np.sqrt(np.maximum(var, 0)) + 0.25 * self.gstd
+        self.mean[~seen] = self.gmean
+        self.std[~seen] = self.gstd
+        self.seen = seen
+        return self
+
+    def token_scores(self, s: RawSample) -> np.ndarray:
+        """|z| per token: the largest over the slow-down-oriented features (durations, idle gaps)."""
+        f = _slog(s.trace_features)
+        z = (f - self.mean[s.trace_ids]) / self.std[s.trace_ids]
+        sc = np.max(np.abs(z[:, 1:]), axis=1)
+        return sc + 2.0 * (~self.seen[s.trace_ids])
+
+
+RULES: list[tuple[tuple[str, ...], str]] = [
+    (("cross_device_reduce", "ncclDevKernel", "all_reduce"), "nvlink_degradation"),
+    (("Memcpy", "cudaMemcpyAsync"), "pcie_degradation"),
+    (("gemm", "FlashAttnFwd", "flash_fwd_kernel"), "gpu_throttle"),
+    (("elementwise", "aten::add_"), "launch_storm"),
+    (
+        ("rms_norm", "rotary", "reshape_and_cache", "act_and_mul", "splitkv", "indexSelect", "SoftMax"),
+        "hbm_contention",
+    ),
+    (("annotation:schedule",), "kv_cache_exhaustion"),
+    (("cudaLaunchKernel",), "eager_mode_misconfig"),
+    (("annotation:engine_step",), "network_delay"),
+    (("host_op:", "runtime:", "annotation:"), "cpu_contention"),
+]
+LOG_RULES: list[tuple[tuple[str, ...], str]] = [
+    (("outofmemoryerror", "oom"), "oom_error"),
+    (("preempted", "preemption"), "kv_cache_exhaustion"),
+]
+
+
+def _features(s: RawSample, top: np.ndarray, log_vocab: int) -> np.ndarray:
+    f = _slog(s.trace_features)
+    pos = {int(t): k for k, t in enumerate(top)}
+    per = np.zeros((len(top), 5))
+    cnt = np.zeros(len(top))
+    for t, row, raw in zip(s.trace_ids.tolist(), f, s.trace_features, strict=True):
+        k = pos.get(t)
+        if k is None:
+            continue
+        cnt[k] += 1
+        per[k, 0] += raw[0]
+        per[k, 1] = max(per[k, 1], row[3]) if cnt[k] > 1 else row[3]
+        per[k, 2] += row[3]
+        per[k, 3] += row[2]
+        per[k, 4] += row[4]
+    nz = np.maximum(cnt, 1)
+    per[:, 2:] /= nz[:, None]
+    glob = (
+        np.concatenate([[len(s.trace_ids)], f.mean(0), f.max(0), f.std(0), f.sum(0)])
+        if len(f)
+        else np.zeros(21)
+    )
+    lc = np.log1p(np.bincount(s.log_ids, minlength=log_vocab)[:log_vocab])
+    # numbers: value of each <num> attributed to the word before it
+    vm = np.zeros(log_vocab)
+    vx = np.zeros(log_vocab)
+    vn = np.zeros(log_vocab)
+    idx = np.flatnonzero(s.log_ids == NUM_ID)
+    idx = idx[idx > 0]
+    prev = s.log_ids[idx - 1]
+    vals = s.log_values[idx]
+    np.add.at(vm, prev, vals)
+    np.add.at(vn, prev, 1)
+    np.maximum.at(vx, prev, vals)
+    vm /= np.maximum(vn, 1)
+    return np.concatenate([glob, np.log1p(cnt), per.ravel(), lc, vm, vx])
+
+
+class Baselines:
+    def __init__(
+        self,
+        label_names: list[str],
+        trace_vocab: int,
+        log_vocab: list[str],
+        tpe_path: str | None,
+        top_tokens: int = 96,
+        seed: int = 0,
+    ) -> None:
+        self.label_names = label_names
+        self.trace_vocab = trace_vocab
+        self.log_vocab = log_vocab
+        self.tpe_path = tpe_path
+        self.top_tokens = top_tokens
+        self.seed = seed
+        self.top = np.zeros(0, np.int64)
+        self.gbdt: Any = None
+        self.zs = ZScoreScorer(trace_vocab)
+        self.threshold = 0.0
+        self.token_cause: dict[int, str] = {}
+        self.info: dict[str, Any] = {}
+
+    # --- features --------------------------------------------------------------------------------
+    def X(self, samples: Sequence[RawSample]) -> np.ndarray:
+        return np.stack([_features(s, self.top, len(self.log_vocab)) for s in samples])
+
+    def _cause_of_token(self, t: int) -> str:
+        c = self.token_cause.get(t)
+        if c is not None:
+            return c
+        c = "cpu_contention"
+        if self.tpe_path:
+            from teller import tpe
+
+            if not hasattr(self, "_tok"):
+                self._tok = tpe.load(self.tpe_path)
+            s = self._tok.token_str(t)
+            for keys, cause in RULES:
+                if any(k in s for k in keys):
+                    c = cause
+                    break
+        self.token_cause[t] = c
+        return c
+
+    # --- fitting ---------------------------------------------------------------------------------
+    def fit(
+        self,
+        train: Sequence[RawSample],
+        val: Sequence[RawSample],
+        log: Any = print,
+        grid: Sequence[tuple[float, int]] = ((0.05, 15), (0.05, 31), (0.1, 15), (0.1, 31)),
+        max_iter: int = 300,
+    ) -> None:
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        ids = np.concatenate([s.trace_ids for s in train])
+        cnt = np.bincount(ids, minlength=self.trace_vocab)
+        self.top = np.argsort(-cnt, kind="stable")[: self.top_tokens]
+        self.top = self.top[cnt[self.top] > 0]
+        Xt, yt = self.X(train), np.array([s.label for s in train])
+        Xv, yv = self.X(val), np.array([s.label for s in val])
+        best = (-1.0, None, None)
+        if len(train) < 300:  # no internal early stopping on small data: fewer rounds
+            max_iter = min(max_iter, 100)
+        for lr, leaves in grid:
+            t0 = time.perf_counter()
+            m = HistGradientBoostingClassifier(
+                learning_rate=lr,
+                max_leaf_nodes=leaves,
+                max_iter=max_iter,
+                l2_regularization=1.0,
+                early_stopping=len(train) >= 300,
+                validation_fraction=0.15,
+                n_iter_no_change=20,
+                random_state=self.seed,
+            )
+            m.fit(Xt, yt)
+            acc = float((m.predict(Xv) == yv).mean())
+            log(f"gbdt lr={lr} leaves={leaves}: val acc {acc:.3f} ({time.perf_counter() - t0:.0f} s)")
+            if acc > best[0]:
+                best = (acc, m, {"learning_rate": lr, "max_leaf_nodes": leaves})
+        self.gbdt = best[1]
+        self.info["gbdt"] = {"val_accuracy": best[0], "params": best[2]}
+        normal = self.label_names.index("normal")
+        self.zs.fit([s for s in train if s.label == normal])
+        # threshold on val: maximize the balanced detection accuracy (normal vs faulty)
+        mx = np.array([self.zs.token_scores(s).max() if len(s.trace_ids) else 0.0 for s in val])
+        faulty = np.array([s.label != normal for s in val])
+        cands = np.unique(mx)
+        # balanced accuracy: ~92 % of the samples are faulty, plain accuracy would flag everything
+        accs = [
+            0.5 * (float((mx[faulty] > c).mean()) if faulty.any() else 0.0)
+            + 0.5 * (float((mx[~faulty] <= c).mean()) if (~faulty).any() else 0.0)
+            for c in cands
+        ]
+        self.threshold = float(cands[int(np.argmax(accs))]) if len(cands) else 0.0
+        self.info["zscore"] = {
+            "threshold": self.threshold,
+            "val_balanced_detection_accuracy": float(max(accs, default=0)),
+        }
+        acc = self.info["zscore"]["val_balanced_detection_accuracy"]
+        log(f"zscore threshold {self.threshold:.2f}: val balanced detection accuracy {acc:.3f}")
+
+    # --- prediction ------------------------------------------------------------------------------
+    def predict(self, samples: Sequence[RawSample], which: str) -> tuple[list[Prediction], float]:
+        n = len(self.label_names)
+        normal = self.label_names.index("normal")
+        t0 = time.perf_counter()
+        out = []
+        probs_all = self.gbdt.predict_proba(self.X(samples)) if which == "gbdt" else None
+        for i, s in enumerate(samples):
+            sc = self.zs.token_scores(s) if len(s.trace_ids) else np.zeros(0)
+            if which == "gbdt":
+                p = np.zeros(n)
+                p[self.gbdt.classes_] = probs_all[i]
+            else:
+                p = self._rule_probs(s, sc, normal)
+            out.append(Prediction(s.label, p, s.trace_ids, sc, s.culprit))
+        return out, (time.perf_counter() - t0) / max(1, len(samples))
+
+    def _rule_probs(self, s: RawSample, sc: np.ndarray, normal: int) -> np.ndarray:
+        n = len(self.label_names)
+        p = np.full(n, 0.01)
+        words = {self.log_vocab[i] for i in np.unique(s.log_ids) if i < len(self.log_vocab)}
+        for keys, cause in LOG_RULES:
+            if any(k in words for k in keys) and cause in self.label_names:
+                p[self.label_names.index(cause)] += 2.0
+        if len(sc) == 0 or sc.max() <= self.threshold:
+            p[normal] += 1.0
+        else:
+            order = np.argsort(-sc, kind="stable")[:3]
+            for r, k in enumerate(order):
+                c = self._cause_of_token(int(s.trace_ids[k]))
+                if c in self.label_names:
+                    p[self.label_names.index(c)] += 1.0 / (r + 1)
+        return p / p.sum()
+
+    def save(self, path: Path) -> None:
+        path.write_bytes(pickle.dumps(self))
+
+
+def train_baselines(data_dir: str | Path, output_dir: str | Path, log: Any = print, **fit_kw: Any) -> Path:
+    from teller.models.train import shards_run_dir
+
+    run_dir = shards_run_dir(data_dir)
+    man = json.loads((run_dir / "manifest.json").read_text())
+    log_vocab = json.loads((run_dir / "log_tokenizer.json").read_text())["vocab"]
+    train, names = load_raw(run_dir, "train")
+    val, _ = load_raw(run_dir, "val")
+    b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, man["tokenizer"].get("path"))
+    t0 = time.perf_counter()
+    b.fit(train, val, log, **fit_kw)
+    b.info["fit_seconds"] = time.perf_counter() - t0
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    b.save(out / "baselines.pkl")
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "format": "teller-baselines",
+                "version": 1,
+                "data_dir": str(run_dir.resolve()),
+                "label_names": names,
+                "info": b.info,
+            },
+            indent=1,
+        )
+    )
+    return out
+
+
+def evaluate_baselines(
+    checkpoint: str | Path, data_dir: str | Path | None, split: str
+) -> dict[str, dict[str, Any]]:
+    from teller.models.train import shards_run_dir
+
+    p = Path(checkpoint)
+    p = p / "baselines.pkl" if p.is_dir() else p
+    b: Baselines = pickle.loads(p.read_bytes())
+    cfg = json.loads((p.parent / "config.json").read_text())
+    samples, names = load_raw(shards_run_dir(data_dir or cfg["data_dir"]), split)
+    res = {}
+    for which in ("gbdt", "zscore"):
+        preds, lat = b.predict(samples, which)
+        m = compute_metrics(preds, names)
+        m["latency_ms_per_sample"] = 1000 * lat
+        m["split"] = split
+        m["model"] = which
+        res[which] = m
+    return res

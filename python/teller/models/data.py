@@ -1,0 +1,159 @@
+"""Model inputs from tokenized shards (``teller tokenize``): per-sample tensors, log compaction, batching.
+
+Logs are long (median ~2 400 template tokens per sample on ``default``) and mostly repeated request
+lines, so before truncation each sample's log is *compacted*: identical line templates (the same
+token ids, placeholders included) are kept once, in order of first occurrence, with three features
+per token: ``t_rel`` of the first occurrence (signed log1p of ms), the mean over occurrences of the
+numeric value the token stood for, and ``log1p(count)`` of the line. This brings the median to ~510
+tokens with every distinct message kept; what remains over ``max_log_tokens`` is cut keeping the
+head (start-up configuration) and the tail (the latest messages) halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from teller.data.tokenize import ShardedSplit
+
+BOL_ID = 2  # LOG_SPECIALS index of [BOL]
+N_LOG_FEATURES = 3
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    label: int
+    trace_ids: np.ndarray  # int64 [T]
+    trace_features: np.ndarray  # float32 [T, 5]
+    culprit: np.ndarray  # bool [T]
+    log_ids: np.ndarray  # int64 [L]
+    log_features: np.ndarray  # float32 [L, 3]
+    token_event_pos: np.ndarray | None = None
+    base_events: np.ndarray | None = None
+
+
+def _slog(x: np.ndarray) -> np.ndarray:
+    return (np.sign(x) * np.log1p(np.abs(x))).astype(np.float32)
+
+
+def compact_log(ids: np.ndarray, feats: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``."""
+    ids = np.asarray(ids, dtype=np.int64)
+    feats = np.asarray(feats, dtype=np.float32)
+    if len(ids) == 0:
+        return ids, np.zeros((0, N_LOG_FEATURES), np.float32)
+    starts = np.flatnonzero(ids == BOL_ID)
+    if len(starts) == 0 or starts[0] != 0:
+        starts = np.concatenate([[0], starts])
+    ends = np.append(starts[1:], len(ids))
+    order: list[tuple[int, ...]] = []
+    agg: dict[tuple[int, ...], list[Any]] = {}
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        key = tuple(ids[s:e].tolist())
+        a = agg.get(key)
+        if a is None:
+            agg[key] = [feats[s, 0], feats[s:e, 1].astype(np.float64), 1]
+            order.append(key)
+        else:
+            a[1] = a[1] + feats[s:e, 1]
+            a[2] += 1
+    out_ids: list[int] = []
+    out_f: list[np.ndarray] = []
+    for key in order:
+        t0, vsum, n = agg[key]
+        f = np.empty((len(key), N_LOG_FEATURES), np.float32)
+        f[:, 0] = _slog(np.array([t0]))[0]
+        f[:, 1] = vsum / n
+        f[:, 2] = np.log1p(n)
+        out_ids.extend(key)
+        out_f.append(f)
+    oi = np.asarray(out_ids, dtype=np.int64)
+    of = np.concatenate(out_f)
+    if len(oi) > max_tokens:
+        h = max_tokens // 2
+        t = max_tokens - h
+        oi = np.concatenate([oi[:h], oi[len(oi) - t :]])
+        of = np.concatenate([of[:h], of[len(of) - t :]])
+    return oi, of
+
+
+def load_split(
+    run_dir: str | Path, split: str, max_trace_tokens: int, max_log_tokens: int, keep_positions: bool = False
+) -> tuple[list[Sample], list[str]]:
+    """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``)."""
+    ss = ShardedSplit(run_dir, split)
+    out: list[Sample] = []
+    for i in range(len(ss)):
+        d = ss[i]
+        n = min(len(d["trace_ids"]), max_trace_tokens)
+        li, lf = compact_log(d["log_ids"], d["log_features"], max_log_tokens)
+        out.append(
+            Sample(
+                sample_id=d["sample_id"],
+                label=int(d["label"]),
+                trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
+                trace_features=np.array(d["trace_features"][:n], dtype=np.float32),
+                culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),
+                log_ids=li,
+                log_features=lf,
+                token_event_pos=np.asarray(d["token_event_pos"]) if keep_positions else None,
+                base_events=np.asarray(d["base_events"]) if keep_positions else None,
+            )
+        )
+    return out, ss.label_names
+
+
+def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+    """Pad a list of samples to the longest trace/log in the batch (pad id 0, masks True = real)."""
+    b = len(samples)
+    lt = max(1, max(len(s.trace_ids) for s in samples))
+    ll = max(1, max(len(s.log_ids) for s in samples))
+    nf = samples[0].trace_features.shape[1] if samples[0].trace_features.ndim == 2 else 5
+    out = {
+        "trace_ids": torch.zeros(b, lt, dtype=torch.long),
+        "trace_features": torch.zeros(b, lt, nf),
+        "trace_mask": torch.zeros(b, lt, dtype=torch.bool),
+        "culprit": torch.zeros(b, lt),
+        "log_ids": torch.zeros(b, ll, dtype=torch.long),
+        "log_features": torch.zeros(b, ll, N_LOG_FEATURES),
+        "log_mask": torch.zeros(b, ll, dtype=torch.bool),
+        "labels": torch.tensor([s.label for s in samples], dtype=torch.long),
+    }
+    for i, s in enumerate(samples):
+        n, m = len(s.trace_ids), len(s.log_ids)
+        out["trace_ids"][i, :n] = torch.from_numpy(s.trace_ids)
+        out["trace_features"][i, :n] = torch.from_numpy(s.trace_features)
+        out["trace_mask"][i, :n] = True
+        out["culprit"][i, :n] = torch.from_numpy(s.culprit.astype(np.float32))
+        out["log_ids"][i, :m] = torch.from_numpy(s.log_ids)
+        out["log_features"][i, :m] = torch.from_numpy(s.log_features)
+        out["log_mask"][i, :m] = True
+    return out
+
+
+def batches(
+    samples: Sequence[Sample], batch_size: int, *, shuffle: bool, seed: int = 0, bucket: int = 32
+) -> Iterator[list[Sample]]:
+    """Length-bucketed batches: shuffle (seeded), sort chunks of ``bucket`` batches by length, shuffle
+    the batches. Without ``shuffle``: the split order, in plain consecutive batches."""
+    idx = np.arange(len(samples))
+    if not shuffle:
+        for k in range(0, len(idx), batch_size):
+            yield [samples[j] for j in idx[k : k + batch_size]]
+        return
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(samples))
+    chunk = batch_size * bucket
+    groups: list[np.ndarray] = []
+    for k in range(0, len(idx), chunk):
+        c = idx[k : k + chunk]
+        c = c[np.argsort([len(samples[j].trace_ids) + len(samples[j].log_ids) for j in c], kind="stable")]
+        groups.extend(c[m : m + batch_size] for m in range(0, len(c), batch_size))
+    for g in rng.permutation(len(groups)):
+        yield [samples[j] for j in groups[g]]

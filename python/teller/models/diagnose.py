@@ -1,0 +1,183 @@
+"""``teller diagnose``: one sample directory or collected run -> ranked root causes with evidence.
+
+The input is encoded exactly as ``teller tokenize`` does (the checkpoint's TPE tokenizer and log
+tokenizer), run through the model; the localization scores of the trace tokens are mapped back to
+their events, which are aggregated by symbol (operator / kernel), kernel family and rank (device, or
+process for CPU events). Evidence per culprit operator: the events, their duration against the
+tokenizer's per-symbol statistics (z-score of log duration on normal-ish training data), and the log
+lines that mention warnings or errors.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from teller.errors import TellerFileNotFoundError
+from teller.models.data import Sample, collate, compact_log
+
+NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
+
+
+def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
+    if (path / "trace.json").is_file():
+        return path / "trace.json", (path / "log.txt") if (path / "log.txt").is_file() else None
+    from teller import tpe
+
+    traces = tpe.discover_traces(path)
+    if not traces:
+        raise TellerFileNotFoundError(f"{path}: no trace (trace.json or raw files)", path=str(path))
+    log = path / "log.txt"
+    return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
+
+
+def diagnose(
+    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
+) -> dict[str, Any]:
+    from teller import tpe
+    from teller import trace as _trace
+    from teller.data.dataset import kernel_family
+    from teller.data.faults import FAULT_INFO
+    from teller.data.tokenize import LogTokenizer, parse_log
+    from teller.models.train import load_checkpoint
+
+    t_load = time.perf_counter()
+    p = Path(path)
+    model, cfg = load_checkpoint(checkpoint)
+    mc = cfg["model"]
+    tok = tpe.load(cfg["tpe_dir"])
+    logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
+    trace_in, log_path = _find_inputs(p)
+    tr = _trace.load(
+        trace_in,
+        step_names=tok.settings.get("step_names"),
+        normalize=tok.settings.get("normalize"),
+        warn=False,
+    )
+    t0 = time.perf_counter()
+    enc = tok.encode(tr)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    feats = np.asarray(enc.features, dtype=np.float32).reshape(-1, 5)
+    offs = np.asarray(enc.offsets, dtype=np.int64)
+    ev = np.asarray(enc.events if enc.events is not None else np.full(int(offs[-1]), -1), dtype=np.int64)
+    lines = parse_log(log_path) if log_path else []
+    start_ns = int(tr.ts.min()) if len(tr) else 0
+    lids, lfeat = logtok.encode_lines(lines, start_ns)
+    li, lf = compact_log(np.asarray(lids, np.int64), lfeat, int(mc["max_log_tokens"]))
+    n = min(len(ids), int(mc["max_trace_tokens"]))
+    s = Sample(p.name, 0, ids[:n], feats[:n], np.zeros(n, bool), li, lf)
+    with torch.no_grad():
+        out = model(collate([s]))
+    probs = torch.softmax(out["logits"][0].float(), -1).numpy()
+    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
+    infer_ms = 1000 * (time.perf_counter() - t0)
+    names = cfg["label_names"]
+    order = np.argsort(-probs, kind="stable")
+    causes = [
+        {
+            "cause": names[c],
+            "confidence": float(probs[c]),
+            "layer": FAULT_INFO[names[c]][0] if names[c] in FAULT_INFO else None,
+        }
+        for c in order[: max(top, 1)]
+    ]
+    # localization: token scores -> events -> symbols / families / ranks
+    sig = 1 / (1 + np.exp(-loc))
+    ev_score: dict[int, float] = {}
+    for k in range(n):
+        for e in ev[offs[k] : offs[k + 1]]:
+            if e >= 0:
+                ev_score[int(e)] = max(ev_score.get(int(e), 0.0), float(sig[k]))
+    syms = tr.symbols
+    sym_col = tr.symbol
+    dev = tr.device
+    pid = tr.pid
+    dur = tr.dur
+    by_sym: dict[str, list[int]] = defaultdict(list)
+    for e, sc in ev_score.items():
+        if sc >= 0.5:
+            by_sym[syms[int(sym_col[e])]].append(e)
+    # symbol statistics (base vocabulary) for "how far from normal"
+    stats = tok.stats
+    operators = []
+    for sym, evs in by_sym.items():
+        d = np.log(np.maximum(dur[evs].astype(np.float64), 1.0))
+        sid = tok.symbol_id(sym)
+        mu, sd = float(stats["mean"][sid]), float(stats["std"][sid])
+        z = float((d.mean() - mu) / sd) if sd > 0 else 0.0
+        name = sym.split(":", 1)[-1]
+        ranks = sorted({int(dev[e]) if int(dev[e]) >= 0 else int(pid[e]) for e in evs})
+        operators.append(
+            {
+                "symbol": sym,
+                "kernel_family": kernel_family(name) if sym.startswith("kernel:") else None,
+                "score": float(np.mean([ev_score[e] for e in evs])),
+                "events": len(evs),
+                "example_events": [int(e) for e in sorted(evs, key=lambda e: -ev_score[e])[:5]],
+                "mean_dur_us": float(dur[evs].mean() / 1000),
+                "dur_z": z,
+                "ranks_or_pids": ranks[:8],
+            }
+        )
+    operators.sort(key=lambda o: (-o["score"] * np.log1p(o["events"]), o["symbol"]))
+    fam: dict[str, float] = defaultdict(float)
+    for o in operators:
+        if o["kernel_family"]:
+            fam[o["kernel_family"]] += o["score"] * o["events"]
+    evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
+    culprit_events = sorted(e for e, sc in ev_score.items() if sc >= 0.5)
+    if perfetto:
+        tr.to_chrome(perfetto, highlight=culprit_events)
+    return {
+        "path": str(p),
+        "root_causes": causes,
+        "operators": operators[: max(top, 1) * 2],
+        "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],
+        "log_evidence": evidence_lines,
+        "culprit_events": len(culprit_events),
+        "trace_tokens": int(len(ids)),
+        "log_tokens": int(len(li)),
+        "inference_ms": infer_ms,
+        "total_ms": 1000 * (time.perf_counter() - t_load),
+        "perfetto": str(perfetto) if perfetto else None,
+    }
+
+
+def render(d: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"root causes: {d['path']}")
+    for c in ("#", "cause", "confidence", "layer"):
+        t.add_column(c)
+    for i, c in enumerate(d["root_causes"], 1):
+        t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"]))
+    console.print(t)
+    o = Table(title="culprit operators (localization head)")
+    for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):
+        o.add_column(c)
+    for r in d["operators"]:
+        o.add_row(
+            r["symbol"][:70],
+            str(r["kernel_family"] or "-"),
+            f"{r['score']:.2f}",
+            str(r["events"]),
+            f"{r['mean_dur_us']:.1f}",
+            f"{r['dur_z']:+.1f}",
+            ",".join(map(str, r["ranks_or_pids"])),
+        )
+    console.print(o)
+    if d["log_evidence"]:
+        console.print("log evidence:")
+        for line in d["log_evidence"]:
+            console.print("  " + line[:160], highlight=False, markup=False)
+    console.print(
+        f"inference {d['inference_ms']:.1f} ms (total with loading {d['total_ms']:.0f} ms)"
+        + (f"; Perfetto trace: {d['perfetto']}" if d["perfetto"] else ""),
+        highlight=False,
+    )

