@@ -724,12 +724,11 @@ def _train_model(kind: str, config: str | None, data_dir: str, tpe_dir: str | No
     out = output_dir or f"output/checkpoints/{kind}"
     try:
         cfg = load_config(config, kind)
-        with _progress_bar(f"training {kind}") as prog:
-            task = prog.add_task("steps", total=None)
+        with _progress(f"training {kind}") as update:
 
             def cb(what: str, done: int, total: int, rec: dict[str, float]) -> None:
                 if what == "train":
-                    prog.update(task, completed=done, total=total)
+                    update(done, total)
                 else:
                     shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "epoch")
                     err_console.print(f"epoch {done}/{total}: {shown}", highlight=False)
