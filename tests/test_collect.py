@@ -212,6 +212,7 @@ def test_killed_processes_leave_readable_traces(tmp_path, how):
             with nvtx.annotate(f"worker-done", domain="w"):
                 pass
             nvtx.push_range("worker-open", domain="w")
+            open(f"ready-{{i}}", "w").close()
             time.sleep(60)
 
         for i in range(5):
@@ -226,7 +227,9 @@ def test_killed_processes_leave_readable_traces(tmp_path, how):
         else:
             pool = mp.get_context("fork").Pool(2)
             pool.map_async(worker, range(2))
-            time.sleep(1.5)
+            deadline = time.monotonic() + 60  # wait for both workers to be inside their open range
+            while not all(os.path.exists(f"ready-{{i}}") for i in range(2)) and time.monotonic() < deadline:
+                time.sleep(0.01)
             pool.terminate()
             pool.join()
     """,

@@ -140,7 +140,6 @@ class _LogTee:
             chunk = os.read(self.src.fileno(), 65536)
             if not chunk:
                 break
-            ts = time.monotonic_ns() + self.offset_ns
             try:
                 self.dst.write(chunk)
                 self.dst.flush()
@@ -151,6 +150,11 @@ class _LogTee:
             *lines, partial = data.split(b"\n")
             if lines:
                 with self.lock:
+                    # The stamp is taken under the lock shared by both tees so log.txt is in time order
+                    # even when one reader thread is scheduled late. It is the time teller read the line;
+                    # the order of stdout vs stderr lines written within a few microseconds is best effort
+                    # (two pipes carry no common sequence).
+                    ts = time.monotonic_ns() + self.offset_ns
                     for line in lines:
                         self.log.write(
                             f"{ts} {self.name} {line.decode('utf-8', 'replace').rstrip(chr(13))}\n"
