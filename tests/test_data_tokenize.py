@@ -13,6 +13,7 @@ import pytest
 import teller
 from teller import tpe
 from teller.data import culprit_mask, generate
+from teller.data.summary import symbol_summary
 from teller.data.tokenize import ARRAYS, LogTokenizer, load_shard, parse_log, split_log_line, tokenize_dataset
 
 
@@ -70,6 +71,11 @@ def test_manifest_and_shards_consistent(setup):
                     e = ev[pos[k] : pos[k + 1]]
                     assert bool(a["trace_culprit"][o0 + k]) == bool(m[e[e >= 0]].any())
                 assert bool(a["trace_culprit"][o0:o1].any()) == bool(m.any() and m[ev[ev >= 0]].any())
+                u0, u1 = a["summary_offsets"][i], a["summary_offsets"][i + 1]
+                su_ids, su_f = symbol_summary(tr, tok)
+                np.testing.assert_array_equal(a["summary_ids"][u0:u1], su_ids)
+                np.testing.assert_array_equal(a["summary_features"][u0:u1], su_f)
+                assert u1 > u0
         assert rows == len(sp["samples"])
 
 

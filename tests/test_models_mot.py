@@ -175,6 +175,8 @@ CFG = {
         "d_ff": 32,
         "max_trace_tokens": 64,
         "max_log_tokens": 64,
+        "summary_tokens": True,
+        "max_summary_tokens": 32,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }
@@ -247,6 +249,20 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
         assert k in m
     assert (run / "eval-test-mot-confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a fresh, untokenized dataset: encoded with the checkpoint's tokenizers and evaluated whole
+    fresh = tmp_path / "fresh"
+    generate(fresh, num_samples=6, seed=11, preset="tiny")
+    r = subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run), "--split", str(fresh), "--json"],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    m = json.loads(r.stdout)
+    assert m["n"] == 6 and m["split"] == "fresh" and (run / "eval-fresh-mot.json").is_file()
+    (ev,) = (run / "eval-data").glob("tok-*")
+    assert (ev / "log_tokenizer.json").read_bytes() == (out / "log_tokenizer.json").read_bytes()
     r = subprocess.run(
         [*cli, "results", "summarize", str(run), "-o", str(tmp_path / "out")],
         check=True,

@@ -716,8 +716,15 @@ results_app = typer.Typer(help="Aggregate evaluation results into tables and plo
 app.add_typer(results_app, name="results")
 
 
-def _train_model(kind: str, config: str | None, data_dir: str, tpe_dir: str | None, output_dir: str | None,
-                 resume: bool, overrides: dict[str, object]) -> None:
+def _train_model(
+    kind: str,
+    config: str | None,
+    data_dir: str,
+    tpe_dir: str | None,
+    output_dir: str | None,
+    resume: bool,
+    overrides: dict[str, object],
+) -> None:
     from teller.models.train import load_config, train
 
     t0 = time.perf_counter()
@@ -767,8 +774,15 @@ def train_mot_cmd(
     modalities: Annotated[str | None, typer.Option(help="both, trace or log (ablations).")] = None,
 ) -> None:
     """Train the Mixture-of-Transformers model (configs/mot/train.yaml by default)."""
-    _train_model("mot", config, data_dir, tpe_dir, output_dir, resume,
-                 {"epochs": epochs, "seed": seed, "device": device, "modalities": modalities})
+    _train_model(
+        "mot",
+        config,
+        data_dir,
+        tpe_dir,
+        output_dir,
+        resume,
+        {"epochs": epochs, "seed": seed, "device": device, "modalities": modalities},
+    )
 
 
 @train_app.command("single")
@@ -783,8 +797,15 @@ def train_single_cmd(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
 ) -> None:
     """Train the single-stream (shared weights) model (configs/single/train.yaml by default)."""
-    _train_model("single", config, data_dir, tpe_dir, output_dir, resume,
-                 {"epochs": epochs, "seed": seed, "device": device})
+    _train_model(
+        "single",
+        config,
+        data_dir,
+        tpe_dir,
+        output_dir,
+        resume,
+        {"epochs": epochs, "seed": seed, "device": device},
+    )
 
 
 @train_app.command("baselines")
@@ -794,8 +815,11 @@ def train_baselines_cmd(data_dir: _DataOpt, output_dir: _OutOpt = None, tpe_dir:
 
     t0 = time.perf_counter()
     try:
-        out = train_baselines(data_dir, output_dir or "output/checkpoints/baselines",
-                              log=lambda m: err_console.print(m, highlight=False))
+        out = train_baselines(
+            data_dir,
+            output_dir or "output/checkpoints/baselines",
+            log=lambda m: err_console.print(m, highlight=False),
+        )
     except TellerError as e:
         raise _fail(e) from None
     err_console.print(f"fitted the baselines in {time.perf_counter() - t0:.1f} s", highlight=False)
@@ -808,7 +832,14 @@ def evaluate_cmd(
     data_dir: Annotated[
         str | None, typer.Option("--data-dir", help="Tokenized shards (default: training).")
     ] = None,
-    split: Annotated[str, typer.Option(help="test, test_ood, val or train.")] = "test",
+    split: Annotated[
+        str,
+        typer.Option(
+            help="test, test_ood, val, train, all, or a dataset directory (teller dataset generate / "
+            "collect-cpu): encoded with the checkpoint's tokenizers (cached in CHECKPOINT/eval-data) and "
+            "evaluated whole."
+        ),
+    ] = "test",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     output: Annotated[
         str | None, typer.Option("--output", "-o", help="Directory for metrics (default: the checkpoint's).")

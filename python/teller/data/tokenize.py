@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
 from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 
 SHARDS_FORMAT = "teller-shards"
-SHARDS_VERSION = 1
+SHARDS_VERSION = 2  # 2: per-symbol summaries (teller.data.summary)
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -167,13 +168,19 @@ ARRAYS = {
     "log_ids": "uint32 [log tokens]: log tokenizer ids, samples concatenated",
     "log_features": "float32 [log tokens, 2]: log feature_names",
     "log_offsets": "int64 [samples + 1]: sample i's log tokens are log_ids[l[i]:l[i+1]]",
+    "summary_ids": "uint32 [rows]: TPE base id of each per-symbol summary row (teller.data.summary)",
+    "summary_features": "float32 [rows, 8]: summary feature_names",
+    "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
 }
+# Arrays a version-1 run lacks; readers get them empty.
+OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets")
 
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
     from teller import trace as _trace
     from teller.data.dataset import culprit_mask
+    from teller.data.summary import symbol_summary  # noqa: PLC0415
 
     out = Path(job["out"])
     final = out / "shards" / job["name"]
@@ -187,7 +194,13 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
     labels = job["labels"]
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS if not k.endswith("offsets") and k != "labels"}
-    offs = {"trace_offsets": [0], "base_offsets": [0], "segment_offsets": [0], "log_offsets": [0]}
+    offs = {
+        "trace_offsets": [0],
+        "base_offsets": [0],
+        "segment_offsets": [0],
+        "log_offsets": [0],
+        "summary_offsets": [0],
+    }
     lab = []
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
@@ -215,6 +228,10 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["token_event_pos"].append(o[:-1])
         cols["base_events"].append(ev)
         cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
+        sids, sfeat = symbol_summary(tr, tok)
+        cols["summary_ids"].append(sids)
+        cols["summary_features"].append(sfeat)
+        offs["summary_offsets"].append(offs["summary_offsets"][-1] + len(sids))
         t0 = int(ann["trace"]["start_ns"])
         lids, lfeat = logtok.encode_lines(parse_log(sd / "log.txt"), t0)
         cols["log_ids"].append(lids)
@@ -233,9 +250,11 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "segment_starts": np.int64,
         "log_ids": np.uint32,
         "log_features": np.float32,
+        "summary_ids": np.uint32,
+        "summary_features": np.float32,
     }
     for k, parts in cols.items():
-        width = 5 if k == "trace_features" else (2 if k == "log_features" else 0)
+        width = {"trace_features": 5, "log_features": 2, "summary_features": N_SUMMARY_FEATURES}.get(k, 0)
         empty = np.zeros((0, width) if width else 0, dtype=dtypes[k])
         arr = np.concatenate(parts).astype(dtypes[k], copy=False) if parts else empty
         np.save(tmp / f"{k}.npy", arr)
@@ -265,10 +284,14 @@ def tokenize_dataset(
     shard_size: int = 256,
     workers: int = 1,
     log_vocab_size: int = 4096,
+    log_tokenizer: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
 ) -> Path:
     """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
-    hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes."""
+    hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes.
+
+    The log tokenizer is built from the dataset's train split, or taken from ``log_tokenizer`` (a
+    ``log_tokenizer.json``): how new data is encoded for a model trained on other shards."""
     from teller import tpe
 
     data = Path(data_dir)
@@ -288,14 +311,28 @@ def tokenize_dataset(
     labels: list[str] = list(man["labels"])
     t_hash = _sha256(tfile)
     d_hash = _sha256(man_path)
-    settings = {"shard_size": shard_size, "log_vocab_size": log_vocab_size}
+    settings: dict[str, Any] = {"shard_size": shard_size, "log_vocab_size": log_vocab_size}
+    if log_tokenizer is not None:
+        lt_src = Path(log_tokenizer)
+        if not lt_src.is_file():
+            raise TellerFileNotFoundError(f"{lt_src}: no log tokenizer", path=str(lt_src))
+        try:  # fail early on a bad one
+            LogTokenizer.from_dict(json.loads(lt_src.read_text()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise TokenizerError(f"{lt_src}: not a teller log tokenizer ({e})") from None
+        settings["log_tokenizer_sha256"] = _sha256(lt_src)
     if run_id is None:
-        h = hashlib.sha256(json.dumps([d_hash, t_hash, settings], sort_keys=True).encode()).hexdigest()
+        key = [d_hash, t_hash, settings, SHARDS_VERSION]
+        h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         run_id = f"tok-{h[:12]}"
     out = Path(output_dir) / run_id
     (out / "shards").mkdir(parents=True, exist_ok=True)
     lt_path = out / "log_tokenizer.json"
-    if not lt_path.is_file():
+    if not lt_path.is_file() and log_tokenizer is not None:
+        tmp = out / ".log_tokenizer.json.tmp"
+        shutil.copyfile(log_tokenizer, tmp)
+        os.replace(tmp, lt_path)
+    elif not lt_path.is_file():
         train_logs = [data / sid / "log.txt" for sid in man["splits"].get("train", [])]
         lt = LogTokenizer.train(train_logs, vocab_size=log_vocab_size)
         tmp = out / ".log_tokenizer.json.tmp"
@@ -362,6 +399,7 @@ def tokenize_dataset(
             "vocab_size": lt_vocab,
             "feature_names": list(LOG_FEATURE_NAMES),
         },
+        "summary": {"feature_names": list(SUMMARY_FEATURE_NAMES), "baseline_frac": 0.1},
         "label_names": labels,
         "settings": settings,
         "arrays": ARRAYS,
@@ -378,7 +416,29 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
     d = Path(run_dir) / "shards" / name
     if not (d / "done.json").is_file():
         raise TellerFileNotFoundError(f"{d}: no such complete shard", path=str(d))
-    return {k: np.load(d / f"{k}.npy", mmap_mode="r" if mmap else None) for k in ARRAYS}
+    out = {}
+    for k in ARRAYS:
+        f = d / f"{k}.npy"
+        if k in OPTIONAL_ARRAYS and not f.is_file():  # a version-1 shard: no summaries
+            n = len(np.load(d / "labels.npy", mmap_mode="r"))
+            out[k] = (
+                np.zeros(n + 1, np.int64)
+                if k.endswith("offsets")
+                else np.zeros((0, N_SUMMARY_FEATURES) if k == "summary_features" else 0, np.float32)
+            )
+            continue
+        out[k] = np.load(f, mmap_mode="r" if mmap else None)
+    return out
+
+
+def split_names(run_dir: str | os.PathLike[str], split: str) -> list[str]:
+    """``[split]``, or every split of the run for ``"all"`` (how a whole unseen dataset is evaluated)."""
+    if split != "all":
+        return [split]
+    mp_ = Path(run_dir) / "manifest.json"
+    if not mp_.is_file():
+        raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
+    return list(json.loads(mp_.read_text())["splits"])
 
 
 class ShardedSplit:
@@ -422,6 +482,7 @@ class ShardedSplit:
         b0, b1 = int(a["base_offsets"][r]), int(a["base_offsets"][r + 1])
         s0, s1 = int(a["segment_offsets"][r]), int(a["segment_offsets"][r + 1])
         l0, l1 = int(a["log_offsets"][r]), int(a["log_offsets"][r + 1])
+        u0, u1 = int(a["summary_offsets"][r]), int(a["summary_offsets"][r + 1])
         return {
             "sample_id": self.sample_ids[i],
             "label": int(a["labels"][r]),
@@ -433,4 +494,6 @@ class ShardedSplit:
             "segment_starts": a["segment_starts"][s0:s1],
             "log_ids": a["log_ids"][l0:l1],
             "log_features": a["log_features"][l0:l1],
+            "summary_ids": a["summary_ids"][u0:u1],
+            "summary_features": a["summary_features"][u0:u1],
         }

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from teller.data.tokenize import ShardedSplit
+from teller.data.summary import N_SUMMARY_FEATURES
+from teller.data.tokenize import ShardedSplit, split_names
 from teller.models.metrics import Prediction, compute_metrics
 
 NUM_ID = 5  # "<num>" in the log vocabulary: LOG_SPECIALS (5) then the placeholders, <num> first
@@ -37,24 +38,31 @@ class RawSample:
     culprit: np.ndarray
     log_ids: np.ndarray
     log_values: np.ndarray
+    summary_ids: np.ndarray | None = None
+    summary_features: np.ndarray | None = None
 
 
 def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str]]:
-    ss = ShardedSplit(run_dir, split)
     out = []
-    for i in range(len(ss)):
-        d = ss[i]
-        out.append(
-            RawSample(
-                int(d["label"]),
-                np.asarray(d["trace_ids"], np.int64),
-                np.asarray(d["trace_features"], np.float64),
-                np.asarray(d["trace_culprit"], bool),
-                np.asarray(d["log_ids"], np.int64),
-                np.asarray(d["log_features"][:, 1], np.float64),
-            )
-        )
-    return out, ss.label_names
+    names: list[str] = []
+    for sp in split_names(run_dir, split):
+        ss = ShardedSplit(run_dir, sp)
+        names = ss.label_names
+        out.extend(_raw(ss[i]) for i in range(len(ss)))
+    return out, names
+
+
+def _raw(d: dict[str, Any]) -> RawSample:
+    return RawSample(
+        int(d["label"]),
+        np.asarray(d["trace_ids"], np.int64),
+        np.asarray(d["trace_features"], np.float64),
+        np.asarray(d["trace_culprit"], bool),
+        np.asarray(d["log_ids"], np.int64),
+        np.asarray(d["log_features"][:, 1], np.float64),
+        np.asarray(d["summary_ids"], np.int64),
+        np.asarray(d["summary_features"], np.float64),
+    )
 
 
 def _slog(x: np.ndarray) -> np.ndarray:
@@ -115,6 +123,19 @@ LOG_RULES: list[tuple[tuple[str, ...], str]] = [
     (("outofmemoryerror", "oom"), "oom_error"),
     (("preempted", "preemption"), "kv_cache_exhaustion"),
 ]
+
+
+def _summary_block(s: RawSample, top_sym: np.ndarray) -> np.ndarray:
+    """The per-symbol summary rows (teller.data.summary) of the ``top_sym`` base symbols, flattened;
+    zeros for a symbol absent from the sample."""
+    out = np.zeros((len(top_sym), N_SUMMARY_FEATURES))
+    if s.summary_ids is not None and s.summary_features is not None:
+        pos = {int(t): k for k, t in enumerate(top_sym)}
+        for t, row in zip(s.summary_ids.tolist(), s.summary_features, strict=True):
+            k = pos.get(t)
+            if k is not None:
+                out[k] = row
+    return out.ravel()
 
 
 def _features(s: RawSample, top: np.ndarray, log_vocab: int) -> np.ndarray:
@@ -180,7 +201,13 @@ class Baselines:
 
     # --- features --------------------------------------------------------------------------------
     def X(self, samples: Sequence[RawSample]) -> np.ndarray:
-        return np.stack([_features(s, self.top, len(self.log_vocab)) for s in samples])
+        top_sym = getattr(self, "top_sym", np.zeros(0, np.int64))
+        return np.stack(
+            [
+                np.concatenate([_features(s, self.top, len(self.log_vocab)), _summary_block(s, top_sym)])
+                for s in samples
+            ]
+        )
 
     def _cause_of_token(self, t: int) -> str:
         c = self.token_cause.get(t)
@@ -215,6 +242,14 @@ class Baselines:
         cnt = np.bincount(ids, minlength=self.trace_vocab)
         self.top = np.argsort(-cnt, kind="stable")[: self.top_tokens]
         self.top = self.top[cnt[self.top] > 0]
+        # the same per-symbol summaries the deep models get: the 64 symbols most often present in train
+        sids = [s.summary_ids for s in train if s.summary_ids is not None and len(s.summary_ids)]
+        if sids:
+            sc = np.bincount(np.concatenate(sids), minlength=self.trace_vocab)
+            self.top_sym = np.argsort(-sc, kind="stable")[:64]
+            self.top_sym = self.top_sym[sc[self.top_sym] > 0]
+        else:
+            self.top_sym = np.zeros(0, np.int64)
         Xt, yt = self.X(train), np.array([s.label for s in train])
         Xv, yv = self.X(val), np.array([s.label for s in val])
         best = (-1.0, None, None)

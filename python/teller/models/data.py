@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from teller.data.tokenize import ShardedSplit
+from teller.data.summary import N_SUMMARY_FEATURES
+from teller.data.tokenize import ShardedSplit, split_names
 
 BOL_ID = 2  # LOG_SPECIALS index of [BOL]
 N_LOG_FEATURES = 3
@@ -36,6 +37,8 @@ class Sample:
     log_features: np.ndarray  # float32 [L, 3]
     token_event_pos: np.ndarray | None = None
     base_events: np.ndarray | None = None
+    summary_ids: np.ndarray | None = None  # int64 [S]: per-symbol summary rows (teller.data.summary)
+    summary_features: np.ndarray | None = None  # float32 [S, 8]
 
 
 def _slog(x: np.ndarray) -> np.ndarray:
@@ -84,11 +87,32 @@ def compact_log(ids: np.ndarray, feats: np.ndarray, max_tokens: int) -> tuple[np
 
 
 def load_split(
-    run_dir: str | Path, split: str, max_trace_tokens: int, max_log_tokens: int, keep_positions: bool = False
+    run_dir: str | Path,
+    split: str,
+    max_trace_tokens: int,
+    max_log_tokens: int,
+    keep_positions: bool = False,
+    max_summary_tokens: int = 0,
 ) -> tuple[list[Sample], list[str]]:
-    """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``)."""
-    ss = ShardedSplit(run_dir, split)
+    """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
+    first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
+    vocabulary, which is ordered by frequency)."""
     out: list[Sample] = []
+    label_names: list[str] = []
+    for ss in (ShardedSplit(run_dir, sp) for sp in split_names(run_dir, split)):
+        label_names = ss.label_names
+        _load_into(out, ss, max_trace_tokens, max_log_tokens, keep_positions, max_summary_tokens)
+    return out, label_names
+
+
+def _load_into(
+    out: list[Sample],
+    ss: ShardedSplit,
+    max_trace_tokens: int,
+    max_log_tokens: int,
+    keep_positions: bool,
+    max_summary_tokens: int,
+) -> None:
     for i in range(len(ss)):
         d = ss[i]
         n = min(len(d["trace_ids"]), max_trace_tokens)
@@ -104,9 +128,10 @@ def load_split(
                 log_features=lf,
                 token_event_pos=np.asarray(d["token_event_pos"]) if keep_positions else None,
                 base_events=np.asarray(d["base_events"]) if keep_positions else None,
+                summary_ids=np.asarray(d["summary_ids"][:max_summary_tokens], dtype=np.int64),
+                summary_features=np.array(d["summary_features"][:max_summary_tokens], dtype=np.float32),
             )
         )
-    return out, ss.label_names
 
 
 def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
@@ -125,6 +150,16 @@ def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         "log_mask": torch.zeros(b, ll, dtype=torch.bool),
         "labels": torch.tensor([s.label for s in samples], dtype=torch.long),
     }
+    ls = max(1, max(len(s.summary_ids) if s.summary_ids is not None else 0 for s in samples))
+    out["summary_ids"] = torch.zeros(b, ls, dtype=torch.long)
+    out["summary_features"] = torch.zeros(b, ls, N_SUMMARY_FEATURES)
+    out["summary_mask"] = torch.zeros(b, ls, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        if s.summary_ids is not None and len(s.summary_ids):
+            k = len(s.summary_ids)
+            out["summary_ids"][i, :k] = torch.from_numpy(np.asarray(s.summary_ids, np.int64))
+            out["summary_features"][i, :k] = torch.from_numpy(np.asarray(s.summary_features, np.float32))
+            out["summary_mask"][i, :k] = True
     for i, s in enumerate(samples):
         n, m = len(s.trace_ids), len(s.log_ids)
         out["trace_ids"][i, :n] = torch.from_numpy(s.trace_ids)

@@ -72,6 +72,12 @@ def diagnose(
     li, lf = compact_log(np.asarray(lids, np.int64), lfeat, int(mc["max_log_tokens"]))
     n = min(len(ids), int(mc["max_trace_tokens"]))
     s = Sample(p.name, 0, ids[:n], feats[:n], np.zeros(n, bool), li, lf)
+    if mc.get("summary_tokens"):
+        from teller.data.summary import symbol_summary
+
+        k = int(mc.get("max_summary_tokens", 128))
+        su_ids, su_f = symbol_summary(tr, tok)
+        s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k]
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float(), -1).numpy()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,6 +46,9 @@ class ModelConfig:
     max_trace_tokens: int = 384
     max_log_tokens: int = 256
     n_classes: int = 13
+    summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
+    n_summary_features: int = 8
+    max_summary_tokens: int = 128
     log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
@@ -152,6 +156,18 @@ class RCAModel(nn.Module):
             self.trace_emb = nn.Embedding(cfg.trace_vocab, d)
             self.trace_feat = nn.Sequential(nn.Linear(cfg.n_trace_features, d), nn.GELU(), nn.Linear(d, d))
             self.trace_pos = nn.Embedding(maxpos, d)
+            if cfg.summary_tokens:
+                # A summary row is a trace-modality token: the symbol's base TPE embedding (shared with
+                # the trace tokens) + an MLP of its 8 features + a learned "summary" type vector.
+                self.summary_feat = nn.Sequential(
+                    nn.Linear(cfg.n_summary_features, d), nn.GELU(), nn.Linear(d, d)
+                )
+                self.summary_type = nn.Parameter(torch.zeros(d))
+                # Per-symbol standardization of the (signed-log) summary features, fitted on the train
+                # split (fit_summary_norm): "how unusual is this for *this* kernel/operator" is what
+                # separates faults, and raw values differ by orders of magnitude between symbols.
+                self.register_buffer("summary_mu", torch.zeros(cfg.trace_vocab, cfg.n_summary_features))
+                self.register_buffer("summary_sd", torch.ones(cfg.trace_vocab, cfg.n_summary_features))
         if self.use_log:
             self.log_emb = nn.Embedding(cfg.log_vocab, d)
             self.log_feat = nn.Linear(cfg.n_log_features, d)
@@ -161,7 +177,8 @@ class RCAModel(nn.Module):
         self.emb_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
         self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
         self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
-        n_pool = 2 * (int(self.use_trace) + int(self.use_log))
+        self.use_summary = self.use_trace and cfg.summary_tokens
+        n_pool = 2 * (int(self.use_trace) + int(self.use_log) + int(self.use_summary))
         self.cls_head = nn.Sequential(
             nn.Linear(n_pool * d, d), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(d, cfg.n_classes)
         )
@@ -199,14 +216,53 @@ class RCAModel(nn.Module):
         c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
         return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
 
+    def _embed_summary(self, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        ids = ids.clamp(max=self.cfg.trace_vocab - 1)
+        feats = torch.sign(feats) * torch.log1p(feats.abs())
+        feats = ((feats - self.summary_mu[ids]) / self.summary_sd[ids]).clamp(-20, 20)
+        e = self.trace_emb(ids) + self.summary_feat(feats)
+        return e + self.summary_type + self.modality_emb.weight[TRACE]
+
+    @torch.no_grad()
+    def fit_summary_norm(self, ids: np.ndarray, feats: np.ndarray, min_count: int = 8) -> None:
+        """Per-symbol mean/std of the signed-log summary features (symbols seen < ``min_count``
+        times use the pooled statistics)."""
+        if not self.cfg.summary_tokens or len(ids) == 0:
+            return
+        f = np.sign(feats) * np.log1p(np.abs(feats))
+        v = self.cfg.trace_vocab
+        ids = np.minimum(np.asarray(ids, np.int64), v - 1)
+        cnt = np.bincount(ids, minlength=v).astype(np.float64)
+        s1 = np.zeros((v, f.shape[1]))
+        s2 = np.zeros((v, f.shape[1]))
+        np.add.at(s1, ids, f)
+        np.add.at(s2, ids, f * f)
+        g_mu, g_sd = f.mean(0), f.std(0) + 1e-3
+        c = np.maximum(cnt, 1)[:, None]
+        mu = s1 / c
+        sd = np.sqrt(np.maximum(s2 / c - mu * mu, 0.0))
+        rare = cnt < min_count
+        mu[rare], sd[rare] = g_mu, g_sd
+        sd = np.maximum(sd, 0.05)
+        self.summary_mu.copy_(torch.from_numpy(mu).float())
+        self.summary_sd.copy_(torch.from_numpy(sd).float())
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parts: list[torch.Tensor] = []
+        n_sum = 0
+        summary_pools: list[torch.Tensor] = []
         masks: list[torch.Tensor] = []
         mods: list[torch.Tensor] = []
         dev = self.cls.device
         if self.use_trace:
             t = self._embed(batch["trace_ids"].to(dev), batch["trace_features"].to(dev), TRACE)
             tm = torch.cat([torch.ones_like(batch["trace_mask"][:, :1]), batch["trace_mask"]], 1).to(dev)
+            n_sum = 0
+            if self.use_summary:
+                su = self._embed_summary(batch["summary_ids"].to(dev), batch["summary_features"].to(dev))
+                n_sum = su.shape[1]
+                t = torch.cat([t, su], 1)
+                tm = torch.cat([tm, batch["summary_mask"].to(dev)], 1)
             parts.append(t)
             masks.append(tm)
             mods.append(torch.zeros(tm.shape, dtype=torch.long, device=dev))
@@ -233,15 +289,27 @@ class RCAModel(nn.Module):
         for m, pm in zip(mods, masks, strict=True):
             n = pm.shape[1]
             h = x[:, off : off + n]
+            if int(m[0, 0]) == TRACE and n_sum:
+                # the summary rows get their own mean and max pools
+                hs, ws = h[:, n - n_sum :], pm[:, n - n_sum :]
+                h, pm = h[:, : n - n_sum], pm[:, : n - n_sum]
+                wsf = ws.float().unsqueeze(-1)
+                s_mean = (hs * wsf).sum(1) / wsf.sum(1).clamp(min=1.0)
+                s_max = hs.masked_fill(~ws.unsqueeze(-1), float("-inf")).amax(1)
+                s_max = torch.where(ws.any(1, keepdim=True), s_max, torch.zeros_like(s_max))
+                summary_pools = [s_mean, s_max]
             w = pm[:, 1:].float().unsqueeze(-1)
             mean = (h[:, 1:] * w).sum(1) / w.sum(1).clamp(min=1.0)
             pools += [h[:, 0], mean]
             if int(m[0, 0]) == TRACE:
                 trace_h = h
             off += n
+        if self.use_summary:
+            pools += summary_pools if n_sum else [torch.zeros_like(pools[0])] * 2
         pooled = torch.cat(pools, -1)
         out = {"logits": self.cls_head(pooled), "modality": modality, "hidden": x}
         if self.loc_head is not None and trace_h is not None:
+            # localization scores the trace tokens only, not the summary rows appended after them
             tok = trace_h[:, 1:]
             ctx = trace_h[:, :1].expand_as(tok)
             out["loc_logits"] = self.loc_head(torch.cat([tok, ctx], -1)).squeeze(-1)

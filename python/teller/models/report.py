@@ -30,13 +30,46 @@ MAIN_KEYS = (
 )
 
 
-def evaluate_any(checkpoint: str | Path, data_dir: str | Path | None, split: str) -> list[dict[str, Any]]:
-    """Metrics of a MoT/single run or of a baselines run (one entry per baseline)."""
+def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int) -> Path:
+    """Shards of ``dataset`` encoded with the TPE and log tokenizers a checkpoint was trained with,
+    cached under ``CHECKPOINT/eval-data/`` (a rerun reuses them)."""
+    from teller.data.tokenize import tokenize_dataset
+    from teller.models.train import shards_run_dir
+
+    if cfg.get("format") == "teller-baselines":
+        run_dir = shards_run_dir(cfg["data_dir"])
+        tpe_path = json.loads((run_dir / "manifest.json").read_text())["tokenizer"]["path"]
+        log_tok = run_dir / "log_tokenizer.json"
+    else:
+        tpe_path, log_tok = cfg["tpe_dir"], cfg["log_tokenizer"]
+    for what, q in (("TPE tokenizer", tpe_path), ("log tokenizer", log_tok)):
+        if not q or not Path(q).exists():
+            raise TellerFileNotFoundError(f"{ck_dir}: the checkpoint's {what} {q} is gone", path=str(q))
+    return tokenize_dataset(dataset, tpe_path, ck_dir / "eval-data", log_tokenizer=log_tok, workers=workers)
+
+
+def evaluate_any(
+    checkpoint: str | Path, data_dir: str | Path | None, split: str, *, workers: int = 1
+) -> list[dict[str, Any]]:
+    """Metrics of a MoT/single run or of a baselines run (one entry per baseline). ``split`` is a
+    split name of the shards (``all``: every split), or a dataset directory (``teller dataset
+    generate``), which is tokenized with the checkpoint's tokenizers and evaluated whole."""
     p = Path(checkpoint)
     cfgp = (p if p.is_dir() else p.parent) / "config.json"
     if not cfgp.is_file():
         raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))
-    fmt = json.loads(cfgp.read_text()).get("format")
+    cfg = json.loads(cfgp.read_text())
+    fmt = cfg.get("format")
+    sp = Path(split)
+    if split not in ("train", "val", "test", "test_ood", "all") and (sp / "manifest.json").is_file():
+        # a dataset directory: encode it with the checkpoint's own tokenizers, then evaluate all of it
+        data_dir = _tokenize_for(cfgp.parent, cfg, sp, workers)
+        split = "all"
+        res = evaluate_any(checkpoint, data_dir, split, workers=workers)
+        for m in res:
+            m["split"] = sp.name
+            m["dataset"] = str(sp.resolve())
+        return res
     if fmt == "teller-baselines":
         from teller.models.baselines import evaluate_baselines
 

@@ -224,18 +224,29 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(tc.device)
 
+    ms = mc.max_summary_tokens if mc.summary_tokens else 0
+    if ms and int(man.get("version", 1)) < 2:
+        raise ConfigError(
+            f"{run_dir}: these shards (version {man.get('version', 1)}) have no per-symbol summaries, which "
+            "model.summary_tokens needs; re-run `teller tokenize` (or set model.summary_tokens: false)"
+        )
     seed_everything(tc.seed)
-    train_s, _ = load_split(run_dir, "train", mc.max_trace_tokens, mc.max_log_tokens)
+    train_s, _ = load_split(run_dir, "train", mc.max_trace_tokens, mc.max_log_tokens, max_summary_tokens=ms)
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
     val_s, _ = (
-        load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens)
+        load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens, max_summary_tokens=ms)
         if "val" in man["splits"]
         else ([], [])
     )
 
     seed_everything(tc.seed)
     model = build_model({**mc.to_dict(), "log_backbone": None})
+    if ms:
+        model.fit_summary_norm(
+            np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
+            np.concatenate([s.summary_features for s in train_s if s.summary_features is not None]),
+        )
     if mc.log_backbone:
         init_log_side_from_bert(model, mc.log_backbone, log_vocab)
     model.to(dev)
@@ -339,7 +350,13 @@ def evaluate(
     model, cfg = load_checkpoint(checkpoint, device)
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
-    samples, names = load_split(run_dir, split, mc["max_trace_tokens"], mc["max_log_tokens"])
+    samples, names = load_split(
+        run_dir,
+        split,
+        mc["max_trace_tokens"],
+        mc["max_log_tokens"],
+        max_summary_tokens=mc.get("max_summary_tokens", 0) if mc.get("summary_tokens") else 0,
+    )
     if list(names) != list(cfg["label_names"]):
         raise ConfigError("the shards' label names differ from the checkpoint's")
     preds, _ = predict(model, samples)

@@ -1,0 +1,97 @@
+"""Per-symbol summaries (teller.data.summary) against hand-computed values on a small built trace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import teller
+from teller import tpe
+from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES, symbol_summary
+
+
+def _x(us: float) -> float:
+    return math.log1p(us)
+
+
+@pytest.fixture()
+def trace_and_tok(tmp_path):
+    # Two GPU "ranks" (pids 1 and 2) run kernel "gemm" every 100 us over 1000 us. The opening window
+    # (first 10 % = 100 us) holds the first launch of each rank (10 us). After it, rank 1's gemm takes
+    # 40 us, rank 2's stays 10 us. Kernel "norm" runs on rank 1 only, 5 us, every 100 us until 500 us,
+    # then every 200 us (its inter-arrival doubles).
+    ev = []
+    for pid in (1, 2):
+        for k in range(10):
+            dur = 10 if (k == 0 or pid == 2) else 40
+            ev.append(
+                {"ph": "X", "cat": "kernel", "name": "gemm", "pid": pid, "tid": 7, "ts": 100 * k, "dur": dur}
+            )
+    norm_ts = [0, 100, 200, 300, 400, 500, 700, 900]
+    for t in norm_ts:
+        ev.append({"ph": "X", "cat": "kernel", "name": "norm", "pid": 1, "tid": 7, "ts": t + 50, "dur": 5})
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    tok = tpe.train(tpe.corpus_from_symbols([["kernel:gemm", "kernel:norm"]]), vocab_size=0)
+    return tr, tok
+
+
+def test_hand_computed(trace_and_tok):
+    tr, tok = trace_and_tok
+    ids, f = symbol_summary(tr, tok)
+    assert f.shape == (len(ids), N_SUMMARY_FEATURES) == (2, len(SUMMARY_FEATURE_NAMES))
+    names = [tok.token_str(int(i)) for i in ids]
+    g = f[names.index("kernel:gemm")]
+    n = f[names.index("kernel:norm")]
+    # gemm: 20 events; baseline = median of the two opening events = x(10)
+    assert g[0] == 20
+    assert g[1] == pytest.approx(np.median([_x(10)] * 11 + [_x(40)] * 9), rel=1e-6)
+    assert g[2] == pytest.approx(_x(40) - _x(10), rel=1e-6)
+    assert g[3] == pytest.approx(_x(40) - _x(10), rel=1e-6)
+    assert g[4] == pytest.approx(_x(40) - _x(10), rel=1e-6)  # rank 1 after the window
+    assert g[5] == pytest.approx(_x(40) - _x(10), rel=1e-6)  # rank 1 vs rank 2
+    # 2 opening events, 18 after: ln((18+1)/0.9) - ln((2+1)/0.1)
+    assert g[6] == pytest.approx(math.log(19 / 0.9) - math.log(3 / 0.1), rel=1e-6)
+    assert g[7] == pytest.approx(0.0, abs=1e-6)  # inter-arrival unchanged (100 us)
+    # norm: unchanged duration; inter-arrival 100 us five times, then 200 us twice
+    assert n[0] == 8
+    assert n[2] == pytest.approx(0.0, abs=1e-6) and n[5] == pytest.approx(0.0, abs=1e-6)
+    assert n[7] == pytest.approx(_x(200) - _x(100), rel=1e-6)
+
+
+def test_empty_and_unknown_symbols(tmp_path, trace_and_tok):
+    _, tok = trace_and_tok
+    p = tmp_path / "e.json"
+    p.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "never_seen_a",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 0,
+                        "dur": 3,
+                    },
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "never_seen_b",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 10,
+                        "dur": 3,
+                    },
+                ]
+            }
+        )
+    )
+    tr = teller.trace.load(p, warn=False)
+    ids, f = symbol_summary(tr, tok)
+    # both unknown kernels pool into one [UNK] row
+    assert len(ids) == 1 and f[0, 0] == 2
