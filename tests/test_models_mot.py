@@ -144,6 +144,19 @@ def test_compact_log_dedups_templates() -> None:
     assert of[0, 2] == pytest.approx(np.log1p(2))  # two occurrences
     oi, _ = compact_log(ids, feats, 4)
     assert oi.tolist() == [bol, 9, bol, 7]  # head + tail
+    # rich: + max, min, last value at each position, time of the last occurrence, longest interval
+    ids = np.array([bol, 9, 5, bol, 9, 5, bol, 7, bol, 9, 5])
+    feats = np.array(
+        [[1, 0], [1, 0], [1, 2.0], [3, 0], [3, 0], [3, 7.0], [5, 0], [5, 0], [10, 0], [10, 0], [10, 3.0]],
+        np.float32,
+    )
+    oi, of = compact_log(ids, feats, 100, rich=True)
+    assert oi.tolist() == [bol, 9, 5, bol, 7] and of.shape == (5, 8)
+    np.testing.assert_allclose(of[2, [1, 3, 4, 5]], [4.0, 7.0, 2.0, 3.0])
+    assert of[2, 2] == pytest.approx(np.log1p(3))
+    assert of[2, 6] == pytest.approx(np.log1p(10))  # last seen at 10 ms
+    assert of[2, 7] == pytest.approx(np.log1p(7))  # longest interval 3 -> 10 ms
+    assert of[4, 7] == 0 and of[4, 6] == pytest.approx(np.log1p(5))  # a single occurrence
 
 
 def test_config_errors() -> None:
@@ -177,6 +190,8 @@ CFG = {
         "max_log_tokens": 64,
         "summary_tokens": True,
         "max_summary_tokens": 32,
+        "relative_features": True,
+        "rich_log_features": True,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }
@@ -358,3 +373,53 @@ def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
     a, b = _state(full), _state(part)
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_relative_token_features_hand_computed() -> None:
+    from teller.models.data import relative_token_features
+
+    # 10 segments of one token each; token 7 in every segment, token 9 only in the last two.
+    # Features: count, sum_log_dur, max_log_dur, max_z, log_gap.
+    ids = np.array([7] * 8 + [9, 9])
+    f = np.zeros((10, 5), np.float32)
+    f[:, 0] = 2
+    f[:8, 1] = [2.0, 2.0, 2.0, 6.0, 2.0, 2.0, 2.0, 2.0]  # mean per event 1.0, token 3 is 3.0
+    f[:8, 2] = 1.5
+    f[8:, 1] = [4.0, 8.0]
+    f[8:, 2] = [2.0, 4.0]
+    f[:, 4] = np.arange(10) / 10
+    seg = np.arange(10)
+    r = relative_token_features(ids, f, seg)
+    assert r.shape == (10, 4) and r.dtype == np.float32
+    # token 7: the opening window (first 10 % of 10 segments) is segment 0 alone
+    np.testing.assert_allclose(r[:8, 0], [0, 0, 0, 2.0, 0, 0, 0, 0])
+    np.testing.assert_allclose(r[:8, 1], 0)
+    np.testing.assert_allclose(r[:8, 2], np.arange(8) / 10, atol=1e-6)
+    # token 9 never appears in the window: baseline = its median over the sample (mean/event 2 and 4)
+    np.testing.assert_allclose(r[8:, 0], [-1.0, 1.0])
+    np.testing.assert_allclose(r[8:, 1], [-1.0, 1.0])
+    np.testing.assert_allclose(r[:, 3], np.arange(10) / 10, atol=1e-6)
+    assert relative_token_features(np.zeros(0, np.int64), np.zeros((0, 5)), np.zeros(0)).shape == (0, 4)
+
+
+def test_listwise_localization_loss_hand_computed() -> None:
+    from teller.models.train import loss_fn
+
+    # one faulty sample (label 1), two real tokens + one pad; token 1 is the culprit
+    out = {
+        "logits": torch.zeros(1, 3),
+        "loc_logits": torch.tensor([[0.0, float(np.log(3.0)), 5.0]]),
+    }
+    batch = {
+        "labels": torch.tensor([1]),
+        "trace_mask": torch.tensor([[True, True, False]]),
+        "culprit": torch.tensor([[0.0, 1.0, 0.0]]),
+    }
+    loss, parts = loss_fn(out, batch, loc_weight=0.0, listwise=1.0)
+    # softmax over the real tokens puts 3/4 on the culprit; the pad is ignored
+    assert parts["listwise"] == pytest.approx(-np.log(0.75), rel=1e-5)
+    assert float(loss) == pytest.approx(np.log(3) - np.log(0.75), rel=1e-5)  # + CE of uniform logits
+    # a normal sample contributes no localization loss
+    batch["labels"] = torch.tensor([0])
+    _, parts = loss_fn(out, batch, loc_weight=1.0, listwise=1.0)
+    assert "listwise" not in parts and "bce" not in parts

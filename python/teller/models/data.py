@@ -24,6 +24,7 @@ from teller.data.tokenize import ShardedSplit, split_names
 
 BOL_ID = 2  # LOG_SPECIALS index of [BOL]
 N_LOG_FEATURES = 3
+N_RICH_LOG_FEATURES = 8
 
 
 @dataclass
@@ -45,12 +46,54 @@ def _slog(x: np.ndarray) -> np.ndarray:
     return (np.sign(x) * np.log1p(np.abs(x))).astype(np.float32)
 
 
-def compact_log(ids: np.ndarray, feats: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``."""
+N_RELATIVE_FEATURES = 4
+
+
+def relative_token_features(
+    ids: np.ndarray, feats: np.ndarray, segment_starts: np.ndarray, baseline_frac: float = 0.1
+) -> np.ndarray:
+    """Per-token timing relative to the same token type in the sample's opening steps (the first
+    ``baseline_frac`` of its segments; all of them for a type absent there): mean log duration per
+    event, max log duration and idle gap minus that baseline, and the token's position in time
+    (segment index / segments). ``float32 [T, 4]``: appended to the 5 TPE features when
+    ``model.relative_features`` is on (what the localization head needs to point at the tokens
+    that changed, not the ones that are long for this workload)."""
+    t = len(ids)
+    out = np.zeros((t, N_RELATIVE_FEATURES), np.float32)
+    if t == 0:
+        return out
+    f = np.asarray(feats, np.float64)
+    seg = np.searchsorted(np.asarray(segment_starts), np.arange(t), side="right") - 1
+    nseg = max(len(segment_starts), 1)
+    frac = np.clip(seg, 0, None) / nseg
+    cols = np.stack([f[:, 1] / np.maximum(f[:, 0], 1), f[:, 2], f[:, 4]], 1)
+    early = frac < baseline_frac
+    order = np.argsort(ids, kind="stable")
+    bounds = np.flatnonzero(np.diff(np.asarray(ids)[order])) + 1
+    for grp in np.split(order, bounds):
+        e = grp[early[grp]]
+        base = np.median(cols[e if len(e) else grp], axis=0)
+        out[grp, :3] = cols[grp] - base
+    out[:, 3] = frac
+    return out
+
+
+def compact_log(
+    ids: np.ndarray, feats: np.ndarray, max_tokens: int, rich: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``.
+
+    Features per kept token (``N_LOG_FEATURES``): time of the template's first occurrence (signed
+    log1p of ms), the mean of the number at that position over the occurrences, log1p(count). With
+    ``rich`` (``N_RICH_LOG_FEATURES``) also: the max, min and last value at that position, the time of
+    the last occurrence and the longest interval between two occurrences (signed log1p of ms): a
+    KV-cache usage that peaks at 99 % or request lines that stop for a second are invisible in a
+    mean."""
     ids = np.asarray(ids, dtype=np.int64)
     feats = np.asarray(feats, dtype=np.float32)
+    nf = N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES
     if len(ids) == 0:
-        return ids, np.zeros((0, N_LOG_FEATURES), np.float32)
+        return ids, np.zeros((0, nf), np.float32)
     starts = np.flatnonzero(ids == BOL_ID)
     if len(starts) == 0 or starts[0] != 0:
         starts = np.concatenate([[0], starts])
@@ -59,21 +102,36 @@ def compact_log(ids: np.ndarray, feats: np.ndarray, max_tokens: int) -> tuple[np
     agg: dict[tuple[int, ...], list[Any]] = {}
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         key = tuple(ids[s:e].tolist())
+        v = feats[s:e, 1].astype(np.float64)
+        t = float(feats[s, 0])
         a = agg.get(key)
         if a is None:
-            agg[key] = [feats[s, 0], feats[s:e, 1].astype(np.float64), 1]
+            # t_first, value sum, count, value max, value min, last value, t_last, max interval
+            agg[key] = [t, v.copy(), 1, v.copy(), v.copy(), v, t, 0.0]
             order.append(key)
         else:
-            a[1] = a[1] + feats[s:e, 1]
+            a[1] = a[1] + v
             a[2] += 1
+            if rich:
+                np.maximum(a[3], v, out=a[3])
+                np.minimum(a[4], v, out=a[4])
+                a[5] = v
+                a[7] = max(a[7], t - a[6])
+                a[6] = t
     out_ids: list[int] = []
     out_f: list[np.ndarray] = []
     for key in order:
-        t0, vsum, n = agg[key]
-        f = np.empty((len(key), N_LOG_FEATURES), np.float32)
+        t0, vsum, n, vmax, vmin, vlast, t1, gap = agg[key]
+        f = np.empty((len(key), nf), np.float32)
         f[:, 0] = _slog(np.array([t0]))[0]
         f[:, 1] = vsum / n
         f[:, 2] = np.log1p(n)
+        if rich:
+            f[:, 3] = vmax
+            f[:, 4] = vmin
+            f[:, 5] = vlast
+            f[:, 6] = _slog(np.array([t1]))[0]
+            f[:, 7] = _slog(np.array([gap]))[0]
         out_ids.extend(key)
         out_f.append(f)
     oi = np.asarray(out_ids, dtype=np.int64)
@@ -93,6 +151,8 @@ def load_split(
     max_log_tokens: int,
     keep_positions: bool = False,
     max_summary_tokens: int = 0,
+    relative_features: bool = False,
+    rich_log_features: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -101,7 +161,16 @@ def load_split(
     label_names: list[str] = []
     for ss in (ShardedSplit(run_dir, sp) for sp in split_names(run_dir, split)):
         label_names = ss.label_names
-        _load_into(out, ss, max_trace_tokens, max_log_tokens, keep_positions, max_summary_tokens)
+        _load_into(
+            out,
+            ss,
+            max_trace_tokens,
+            max_log_tokens,
+            keep_positions,
+            max_summary_tokens,
+            relative_features,
+            rich_log_features,
+        )
     return out, label_names
 
 
@@ -112,17 +181,19 @@ def _load_into(
     max_log_tokens: int,
     keep_positions: bool,
     max_summary_tokens: int,
+    relative_features: bool,
+    rich_log_features: bool,
 ) -> None:
     for i in range(len(ss)):
         d = ss[i]
         n = min(len(d["trace_ids"]), max_trace_tokens)
-        li, lf = compact_log(d["log_ids"], d["log_features"], max_log_tokens)
+        li, lf = compact_log(d["log_ids"], d["log_features"], max_log_tokens, rich=rich_log_features)
         out.append(
             Sample(
                 sample_id=d["sample_id"],
                 label=int(d["label"]),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
-                trace_features=np.array(d["trace_features"][:n], dtype=np.float32),
+                trace_features=_trace_features(d, n, relative_features),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),
                 log_ids=li,
                 log_features=lf,
@@ -132,6 +203,15 @@ def _load_into(
                 summary_features=np.array(d["summary_features"][:max_summary_tokens], dtype=np.float32),
             )
         )
+
+
+def _trace_features(d: dict[str, Any], n: int, relative: bool) -> np.ndarray:
+    f = np.array(d["trace_features"][:n], dtype=np.float32)
+    if not relative:
+        return f
+    ids = np.asarray(d["trace_ids"], np.int64)
+    rel = relative_token_features(ids, d["trace_features"], d["segment_starts"])  # whole sample, then cut
+    return np.concatenate([f, rel[:n]], 1)
 
 
 def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
@@ -146,7 +226,7 @@ def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         "trace_mask": torch.zeros(b, lt, dtype=torch.bool),
         "culprit": torch.zeros(b, lt),
         "log_ids": torch.zeros(b, ll, dtype=torch.long),
-        "log_features": torch.zeros(b, ll, N_LOG_FEATURES),
+        "log_features": torch.zeros(b, ll, samples[0].log_features.shape[1]),
         "log_mask": torch.zeros(b, ll, dtype=torch.bool),
         "labels": torch.tensor([s.label for s in samples], dtype=torch.long),
     }

@@ -69,9 +69,17 @@ def diagnose(
     lines = parse_log(log_path) if log_path else []
     start_ns = int(tr.ts.min()) if len(tr) else 0
     lids, lfeat = logtok.encode_lines(lines, start_ns)
-    li, lf = compact_log(np.asarray(lids, np.int64), lfeat, int(mc["max_log_tokens"]))
+    li, lf = compact_log(
+        np.asarray(lids, np.int64), lfeat, int(mc["max_log_tokens"]), rich=bool(mc.get("rich_log_features"))
+    )
     n = min(len(ids), int(mc["max_trace_tokens"]))
-    s = Sample(p.name, 0, ids[:n], feats[:n], np.zeros(n, bool), li, lf)
+    tf = feats[:n]
+    if mc.get("relative_features"):
+        from teller.models.data import relative_token_features
+
+        rel = relative_token_features(ids, feats, np.asarray(enc.segment_starts, np.int64))
+        tf = np.concatenate([tf, rel[:n]], 1)
+    s = Sample(p.name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("summary_tokens"):
         from teller.data.summary import symbol_summary
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from teller.errors import ConfigError
+from teller.models.data import N_RELATIVE_FEATURES, N_RICH_LOG_FEATURES
 
 TRACE, LOG = 0, 1
 
@@ -46,6 +47,8 @@ class ModelConfig:
     max_trace_tokens: int = 384
     max_log_tokens: int = 256
     n_classes: int = 13
+    rich_log_features: bool = False  # 8 per-template log features instead of 3 (models.data.compact_log)
+    relative_features: bool = False  # + 4 per-token features vs the sample's opening steps (models.data)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
     n_summary_features: int = 8
     max_summary_tokens: int = 128
@@ -154,7 +157,8 @@ class RCAModel(nn.Module):
         self.modality_emb = nn.Embedding(2, d)
         if self.use_trace:
             self.trace_emb = nn.Embedding(cfg.trace_vocab, d)
-            self.trace_feat = nn.Sequential(nn.Linear(cfg.n_trace_features, d), nn.GELU(), nn.Linear(d, d))
+            nf = cfg.n_trace_features + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
+            self.trace_feat = nn.Sequential(nn.Linear(nf, d), nn.GELU(), nn.Linear(d, d))
             self.trace_pos = nn.Embedding(maxpos, d)
             if cfg.summary_tokens:
                 # A summary row is a trace-modality token: the symbol's base TPE embedding (shared with
@@ -170,7 +174,7 @@ class RCAModel(nn.Module):
                 self.register_buffer("summary_sd", torch.ones(cfg.trace_vocab, cfg.n_summary_features))
         if self.use_log:
             self.log_emb = nn.Embedding(cfg.log_vocab, d)
-            self.log_feat = nn.Linear(cfg.n_log_features, d)
+            self.log_feat = nn.Linear(N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features, d)
             self.log_pos = nn.Embedding(maxpos, d)
             if cfg.log_value_buckets:
                 self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)

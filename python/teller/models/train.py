@@ -41,6 +41,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_frac: float = 0.05
     loc_weight: float = 1.0
+    loc_listwise: float = 0.0  # weight of the listwise localization term (loss_fn)
     patience: int = 4
     max_minutes: float = 14.0
     grad_clip: float = 1.0
@@ -109,22 +110,39 @@ def shards_run_dir(data_dir: str | Path) -> Path:
 
 
 def loss_fn(
-    out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], loc_weight: float, normal_index: int = 0
+    out: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    loc_weight: float,
+    normal_index: int = 0,
+    listwise: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """CE(category) + loc_weight * BCE(localization over real trace tokens of faulty samples)."""
+    """CE(category) + loc_weight * BCE(localization over real trace tokens of faulty samples)
+    + listwise * -log(softmax mass of the culprit tokens)."""
     dev = out["logits"].device
     y = batch["labels"].to(dev)
     ce = F.cross_entropy(out["logits"].float(), y)
     loss = ce
     parts = {"ce": float(ce.detach())}
-    if "loc_logits" in out and loc_weight > 0:
+    if "loc_logits" in out and (loc_weight > 0 or listwise > 0):
         m = batch["trace_mask"].to(dev) & (y != normal_index)[:, None]
-        if m.any():
+        if m.any() and loc_weight > 0:
             bce = F.binary_cross_entropy_with_logits(
                 out["loc_logits"].float()[m], batch["culprit"].to(dev)[m]
             )
             loss = loss + loc_weight * bce
             parts["bce"] = float(bce.detach())
+        if listwise > 0:
+            # -log of the softmax mass on the culprit tokens, per faulty sample with culprits: what
+            # localization top-k measures (the BCE alone spreads its effort over every token)
+            cul = batch["culprit"].to(dev) > 0
+            has = (cul & m).any(1)
+            if has.any():
+                lg = out["loc_logits"].float().masked_fill(~batch["trace_mask"].to(dev), float("-inf"))
+                lse_all = torch.logsumexp(lg[has], 1)
+                lse_cul = torch.logsumexp(lg[has].masked_fill(~cul[has], float("-inf")), 1)
+                lw = (lse_all - lse_cul).mean()
+                loss = loss + listwise * lw
+                parts["listwise"] = float(lw.detach())
     return loss, parts
 
 
@@ -231,11 +249,27 @@ def train(
             "model.summary_tokens needs; re-run `teller tokenize` (or set model.summary_tokens: false)"
         )
     seed_everything(tc.seed)
-    train_s, _ = load_split(run_dir, "train", mc.max_trace_tokens, mc.max_log_tokens, max_summary_tokens=ms)
+    train_s, _ = load_split(
+        run_dir,
+        "train",
+        mc.max_trace_tokens,
+        mc.max_log_tokens,
+        max_summary_tokens=ms,
+        relative_features=mc.relative_features,
+        rich_log_features=mc.rich_log_features,
+    )
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
     val_s, _ = (
-        load_split(run_dir, "val", mc.max_trace_tokens, mc.max_log_tokens, max_summary_tokens=ms)
+        load_split(
+            run_dir,
+            "val",
+            mc.max_trace_tokens,
+            mc.max_log_tokens,
+            max_summary_tokens=ms,
+            relative_features=mc.relative_features,
+            rich_log_features=mc.rich_log_features,
+        )
         if "val" in man["splits"]
         else ([], [])
     )
@@ -288,7 +322,7 @@ def train(
             b = {kk: v.to(dev) for kk, v in collate(bs).items()}
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                 o = model(b)
-            loss, _ = loss_fn(o, b, tc.loc_weight, normal)
+            loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if tc.grad_clip:
@@ -356,6 +390,8 @@ def evaluate(
         mc["max_trace_tokens"],
         mc["max_log_tokens"],
         max_summary_tokens=mc.get("max_summary_tokens", 0) if mc.get("summary_tokens") else 0,
+        relative_features=bool(mc.get("relative_features")),
+        rich_log_features=bool(mc.get("rich_log_features")),
     )
     if list(names) != list(cfg["label_names"]):
         raise ConfigError("the shards' label names differ from the checkpoint's")
