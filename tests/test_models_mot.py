@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -49,22 +50,29 @@ def _samples(n: int, seed: int = 0) -> list[Sample]:
                 rng.random(t) < 0.3,
                 rng.integers(5, 30, lg),
                 rng.random((lg, 3)).astype(np.float32),
+                summary_ids=rng.choice(np.arange(1, 50), int(rng.integers(1, 6)), replace=False),
             )
         )
+        out[-1].summary_features = rng.random((len(out[-1].summary_ids), 8)).astype(np.float32)
     return out
 
 
 def test_shapes_all_variants() -> None:
     b = collate(_samples(4))
-    for arch in ("mot", "single"):
-        for mods in ("both", "trace", "log"):
-            m = build_model({**TINY, "arch": arch, "modalities": mods})
-            o = m(b)
-            assert o["logits"].shape == (4, 3)
-            if mods != "log":
-                assert o["loc_logits"].shape == b["trace_ids"].shape
-            else:
-                assert "loc_logits" not in o
+    s = _samples(4)
+    for arch, mods, summary in itertools.product(("mot", "single"), ("both", "trace", "log"), (False, True)):
+        m = build_model({**TINY, "arch": arch, "modalities": mods, "summary_tokens": summary})
+        m.fit_summary_norm(
+            np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
+        )
+        o = m(b)
+        # summary rows: own pools in the category head, never scored by the localization head
+        assert hasattr(m, "summary_mu") == (summary and mods != "log")
+        assert o["logits"].shape == (4, 3)
+        if mods != "log":
+            assert o["loc_logits"].shape == b["trace_ids"].shape
+        else:
+            assert "loc_logits" not in o
 
 
 def test_log_weights_never_touch_trace_tokens() -> None:
@@ -347,7 +355,9 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
     tok = tpe.train(data, vocab_size=512)
     tok.save(tmp_path / "tpe")
     out = tokenize_dataset(data, tmp_path / "tpe", tmp_path / "tok", shard_size=128, workers=1)
-    run = train(load_config("demo", "demo"), out, tmp_path / "mot", tpe_dir=tmp_path / "tpe")
+    cfg = load_config("demo", "demo")
+    cfg["train"]["max_minutes"] = 60  # the epoch budget, not the machine's load, ends training here
+    run = train(cfg, out, tmp_path / "mot", tpe_dir=tmp_path / "tpe")
     fresh = tmp_path / "fresh"
     generate(fresh, num_samples=26, seed=99, preset="tiny")
     wanted = {"eager_mode_misconfig", "oom_error", "launch_storm"}

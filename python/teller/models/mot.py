@@ -231,7 +231,7 @@ class RCAModel(nn.Module):
     def fit_summary_norm(self, ids: np.ndarray, feats: np.ndarray, min_count: int = 8) -> None:
         """Per-symbol mean/std of the signed-log summary features (symbols seen < ``min_count``
         times use the pooled statistics)."""
-        if not self.cfg.summary_tokens or len(ids) == 0:
+        if not self.use_summary or len(ids) == 0:  # (a log-only ablation has no trace stream)
             return
         f = np.sign(feats) * np.log1p(np.abs(feats))
         v = self.cfg.trace_vocab

@@ -242,7 +242,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(tc.device)
 
-    ms = mc.max_summary_tokens if mc.summary_tokens else 0
+    ms = mc.max_summary_tokens if mc.summary_tokens and mc.modalities != "log" else 0
     if ms and int(man.get("version", 1)) < 2:
         raise ConfigError(
             f"{run_dir}: these shards (version {man.get('version', 1)}) have no per-symbol summaries, which "
