@@ -200,6 +200,7 @@ CFG = {
         "max_summary_tokens": 32,
         "relative_features": True,
         "rich_log_features": True,
+        "feature_norm": True,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }
@@ -433,3 +434,24 @@ def test_listwise_localization_loss_hand_computed() -> None:
     batch["labels"] = torch.tensor([0])
     _, parts = loss_fn(out, batch, loc_weight=1.0, listwise=1.0)
     assert "listwise" not in parts and "bce" not in parts
+
+
+def test_per_id_feature_standardization() -> None:
+    from teller.models.mot import _fit_per_id
+
+    mu, sd = torch.zeros(4, 1), torch.ones(4, 1)
+    # id 1: values e^1-1 and e^3-1 (signed log 1 and 3): mean 2, std 1; id 2: seen once (rare)
+    ids = np.array([1, 1, 2])
+    feats = np.array([[np.e - 1], [np.e**3 - 1], [np.e**2 - 1]])
+    _fit_per_id(mu, sd, ids, feats, min_count=2)
+    assert mu[1, 0].item() == pytest.approx(2.0, rel=1e-5) and sd[1, 0].item() == pytest.approx(1.0, rel=1e-5)
+    pooled_sd = np.std([1.0, 3.0, 2.0]) + 1e-3
+    assert mu[2, 0].item() == pytest.approx(2.0, rel=1e-5) and sd[2, 0].item() == pytest.approx(
+        pooled_sd, rel=1e-4
+    )
+    # a model with feature_norm: the buffers are fitted from the samples and used in the forward
+    m = build_model({**TINY, "feature_norm": True})
+    s = _samples(6)
+    m.fit_feature_norm(s)
+    assert not torch.equal(m.log_mu, torch.zeros_like(m.log_mu)) and m.trace_sd.min() >= 0.05
+    assert m(collate(s))["logits"].shape == (6, 3)
