@@ -174,6 +174,22 @@ def load_split(
     return out, label_names
 
 
+def load_model_split(
+    run_dir: str | Path, split: str, model_cfg: dict[str, Any]
+) -> tuple[list[Sample], list[str]]:
+    """``load_split`` with the inputs a model configuration (``ModelConfig.to_dict()``) asks for."""
+    summary = bool(model_cfg.get("summary_tokens")) and model_cfg.get("modalities", "both") != "log"
+    return load_split(
+        run_dir,
+        split,
+        int(model_cfg["max_trace_tokens"]),
+        int(model_cfg["max_log_tokens"]),
+        max_summary_tokens=int(model_cfg.get("max_summary_tokens", 0)) if summary else 0,
+        relative_features=bool(model_cfg.get("relative_features")),
+        rich_log_features=bool(model_cfg.get("rich_log_features")),
+    )
+
+
 def _load_into(
     out: list[Sample],
     ss: ShardedSplit,

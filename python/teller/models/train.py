@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import yaml
 
 from teller.errors import ConfigError, TellerFileNotFoundError
-from teller.models.data import Sample, batches, collate, load_split
+from teller.models.data import Sample, batches, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
 
@@ -249,30 +249,10 @@ def train(
             "model.summary_tokens needs; re-run `teller tokenize` (or set model.summary_tokens: false)"
         )
     seed_everything(tc.seed)
-    train_s, _ = load_split(
-        run_dir,
-        "train",
-        mc.max_trace_tokens,
-        mc.max_log_tokens,
-        max_summary_tokens=ms,
-        relative_features=mc.relative_features,
-        rich_log_features=mc.rich_log_features,
-    )
+    train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
-    val_s, _ = (
-        load_split(
-            run_dir,
-            "val",
-            mc.max_trace_tokens,
-            mc.max_log_tokens,
-            max_summary_tokens=ms,
-            relative_features=mc.relative_features,
-            rich_log_features=mc.rich_log_features,
-        )
-        if "val" in man["splits"]
-        else ([], [])
-    )
+    val_s, _ = load_model_split(run_dir, "val", mc.to_dict()) if "val" in man["splits"] else ([], [])
 
     seed_everything(tc.seed)
     model = build_model({**mc.to_dict(), "log_backbone": None})
@@ -385,15 +365,7 @@ def evaluate(
     model, cfg = load_checkpoint(checkpoint, device)
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
-    samples, names = load_split(
-        run_dir,
-        split,
-        mc["max_trace_tokens"],
-        mc["max_log_tokens"],
-        max_summary_tokens=mc.get("max_summary_tokens", 0) if mc.get("summary_tokens") else 0,
-        relative_features=bool(mc.get("relative_features")),
-        rich_log_features=bool(mc.get("rich_log_features")),
-    )
+    samples, names = load_model_split(run_dir, split, mc)
     if list(names) != list(cfg["label_names"]):
         raise ConfigError("the shards' label names differ from the checkpoint's")
     preds, _ = predict(model, samples)
