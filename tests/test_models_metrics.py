@@ -69,3 +69,24 @@ def test_compute_metrics_keys() -> None:
     for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
         assert k in m
     assert m["ac@1"] == 1.0 and m["category_accuracy"] == 1.0 and m["loc_top1"] == 1.0 and m["n"] == 2
+
+
+def test_metrics_across_label_sets() -> None:
+    from teller.models.metrics import metrics_across_label_sets
+
+    model = ["normal", "cpu_contention", "gpu_throttle"]
+    data = ["normal", "cpu_contention", "io_stall", "slow_operator"]
+
+    def pred(label: int, top: int) -> Prediction:
+        probs = np.full(3, 0.1)
+        probs[top] = 0.8
+        return Prediction(label, probs, np.array([1, 2]), np.array([0.0, 1.0]), np.array([False, True]))
+
+    preds = [pred(0, 0), pred(1, 1), pred(1, 0), pred(2, 1), pred(2, 0), pred(3, 2)]
+    m = metrics_across_label_sets(preds, data, model)
+    assert m["n"] == 3 and m["n_total"] == 6
+    assert m["category_accuracy"] == pytest.approx(2 / 3)
+    assert m["unknown_cause"] == {
+        "io_stall": {"n": 2, "flagged_faulty": 1, "predicted": {"cpu_contention": 1, "normal": 1}},
+        "slow_operator": {"n": 1, "flagged_faulty": 1, "predicted": {"gpu_throttle": 1}},
+    }

@@ -25,7 +25,7 @@ import numpy as np
 
 from teller.data.summary import N_SUMMARY_FEATURES
 from teller.data.tokenize import ShardedSplit, split_names
-from teller.models.metrics import Prediction, compute_metrics
+from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
 
 NUM_ID = 5  # "<num>" in the log vocabulary: LOG_SPECIALS (5) then the placeholders, <num> first
 
@@ -375,7 +375,11 @@ def evaluate_baselines(
     res = {}
     for which in ("gbdt", "zscore"):
         preds, lat = b.predict(samples, which)
-        m = compute_metrics(preds, names)
+        m = (
+            compute_metrics(preds, names)
+            if list(names) == list(b.label_names)
+            else metrics_across_label_sets(preds, names, b.label_names)
+        )
         m["latency_ms_per_sample"] = 1000 * lat
         m["split"] = split
         m["model"] = which

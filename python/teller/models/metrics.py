@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -148,4 +149,36 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
     }
+    return out
+
+
+def metrics_across_label_sets(
+    preds: Sequence[Prediction], data_names: Sequence[str], model_names: Sequence[str]
+) -> dict[str, Any]:
+    """``compute_metrics`` for data labelled with other names than the model's classes (the real CPU
+    fault runs have ``io_stall`` and ``slow_operator``, which the simulator never produces).
+
+    Samples whose label the model knows are scored as usual (their labels renamed to the model's
+    indices). The others have a cause the model cannot name; for them only detection is scored:
+    ``unknown_cause`` gives their count per label, the share flagged as faulty (not ``normal``) and
+    what the model predicted instead."""
+    model_names = list(model_names)
+    normal = model_names.index("normal") if "normal" in model_names else 0
+    known: list[Prediction] = []
+    unknown: dict[str, dict[str, Any]] = {}
+    for p in preds:
+        name = data_names[p.label]
+        if name in model_names:
+            known.append(Prediction(model_names.index(name), p.probs, p.token_ids, p.loc_scores, p.culprit))
+            continue
+        u = unknown.setdefault(name, {"n": 0, "flagged_faulty": 0, "predicted": {}})
+        top = int(np.argmax(p.probs))
+        u["n"] += 1
+        u["flagged_faulty"] += int(top != normal)
+        u["predicted"][model_names[top]] = u["predicted"].get(model_names[top], 0) + 1
+    out: dict[str, Any] = (
+        dict(compute_metrics(known, model_names)) if known else {"n": 0, "label_names": model_names}
+    )
+    out["unknown_cause"] = unknown
+    out["n_total"] = len(preds)
     return out

@@ -112,6 +112,8 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"eval-{Path(str(m['split'])).name}-{m['model']}"
     (out / f"{stem}.json").write_text(json.dumps(m, indent=1))
+    if "confusion" not in m:  # no sample with a cause the model knows
+        return out / f"{stem}.json"
     names = m["label_names"]
     conf = np.asarray(m["confusion"])
     lines = ["true\\pred," + ",".join(names)] + [
@@ -142,9 +144,17 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
     pc = Table(title="per fault type")
     for c in ("class", "support", "precision", "recall", "f1"):
         pc.add_column(c)
-    for name, r in m["per_class"].items():
+    for name, r in m.get("per_class", {}).items():
         pc.add_row(name, str(r["support"]), _fmt(r["precision"]), _fmt(r["recall"]), _fmt(r["f1"]))
     console.print(pc)
+    if m.get("unknown_cause"):
+        uc = Table(title="causes outside the model's classes (detection only)")
+        for c in ("label", "n", "flagged faulty", "predicted as"):
+            uc.add_column(c)
+        for name, u in m["unknown_cause"].items():
+            pred = ", ".join(f"{k} {v}" for k, v in sorted(u["predicted"].items(), key=lambda kv: -kv[1]))
+            uc.add_row(name, str(u["n"]), str(u["flagged_faulty"]), pred)
+        console.print(uc)
 
 
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
