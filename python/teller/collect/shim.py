@@ -27,7 +27,9 @@ class ShimBuildError(TellerError, RuntimeError):
 
 
 def source_dir() -> Path:
-    """The shim sources: ``$TELLER_SHIM_SRC``, else ``cupti_shim/`` of the source tree teller runs from."""
+    """The shim sources: ``$TELLER_SHIM_SRC``, else the nearest ``cupti_shim/`` above this file: the
+    checkout's in a source tree, the copy a wheel installs next to ``teller/`` in site-packages
+    (pyproject.toml, ``tool.maturin.include``)."""
     env = os.environ.get("TELLER_SHIM_SRC")
     if env:
         return Path(env)
