@@ -61,13 +61,16 @@ def test_shapes_all_variants() -> None:
     b = collate(_samples(4))
     s = _samples(4)
     for arch, mods, summary in itertools.product(("mot", "single"), ("both", "trace", "log"), (False, True)):
-        m = build_model({**TINY, "arch": arch, "modalities": mods, "summary_tokens": summary})
+        m = build_model(
+            {**TINY, "arch": arch, "modalities": mods, "summary_tokens": summary, "log_summary_tokens": summary}
+        )
         m.fit_summary_norm(
             np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
         )
         o = m(b)
         # summary rows: own pools in the category head, never scored by the localization head
         assert hasattr(m, "summary_mu") == (summary and mods != "log")
+        assert hasattr(m, "log_summary_mu") == (summary and mods != "trace")
         assert o["logits"].shape == (4, 3)
         if mods != "log":
             assert o["loc_logits"].shape == b["trace_ids"].shape
@@ -201,6 +204,7 @@ CFG = {
         "relative_features": True,
         "rich_log_features": True,
         "feature_norm": True,
+        "log_summary_tokens": True,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }
@@ -455,3 +459,37 @@ def test_per_id_feature_standardization() -> None:
     m.fit_feature_norm(s)
     assert not torch.equal(m.log_mu, torch.zeros_like(m.log_mu)) and m.trace_sd.min() >= 0.05
     assert m(collate(s))["logits"].shape == (6, 3)
+
+
+def test_log_word_summary_hand_computed() -> None:
+    from teller.models.data import log_word_summary, num_context, word_mask
+
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[BOL]",
+        "<stdout>",
+        "<stderr>",
+        "<num>",
+        "<hex>",
+        ":",
+        "usage",
+        "gpu",
+        "%",
+        "x1",
+    ]
+    words = word_mask(vocab)
+    assert words.nonzero()[0].tolist() == [8, 9, 11]  # words only: no specials, placeholders, punctuation
+    bol, num, colon, usage, gpu = 2, 5, 7, 8, 9
+    # three lines: "gpu usage: <num>%" twice, then a line starting with a number (no word before it)
+    ids = np.array([bol, 3, gpu, usage, colon, num, 10, bol, 3, gpu, usage, colon, num, 10, bol, 3, num])
+    assert num_context(ids, words).tolist() == [0] * 5 + [usage] + [0] * 6 + [usage] + [0] * 4
+    feats = np.zeros((len(ids), 2), np.float32)
+    feats[:7, 0], feats[7:14, 0], feats[14:, 0] = 10.0, 30.0, 40.0  # line times (ms)
+    feats[5, 1], feats[12, 1] = 3.0, 4.5  # the two usage numbers (signed log1p already)
+    k, f = log_word_summary(ids, feats, words)
+    assert k.tolist() == [usage] and f.shape == (1, 8)
+    np.testing.assert_allclose(f[0, :5], [2, 3.75, 4.5, 3.0, 4.5])  # count, mean, max, min, last
+    np.testing.assert_allclose(f[0, 5:], np.log1p([10.0, 30.0, 20.0]), rtol=1e-6)  # first, last, longest gap
+    k, f = log_word_summary(ids[:5], feats[:5], words)
+    assert len(k) == 0 and f.shape == (0, 8)

@@ -80,6 +80,12 @@ def diagnose(
         rel = relative_token_features(ids, feats, np.asarray(enc.segment_starts, np.int64))
         tf = np.concatenate([tf, rel[:n]], 1)
     s = Sample(p.name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
+    if mc.get("log_summary_tokens"):
+        from teller.models.data import log_word_summary, word_mask
+
+        s.log_summary_ids, s.log_summary_features = log_word_summary(
+            np.asarray(lids, np.int64), np.asarray(lfeat), word_mask(logtok.vocab)
+        )
     if mc.get("summary_tokens"):
         from teller.data.summary import symbol_summary
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from teller.errors import ConfigError
-from teller.models.data import N_RELATIVE_FEATURES, N_RICH_LOG_FEATURES
+from teller.models.data import N_LOG_SUMMARY_FEATURES, N_RELATIVE_FEATURES, N_RICH_LOG_FEATURES
 
 TRACE, LOG = 0, 1
 
@@ -51,6 +51,9 @@ class ModelConfig:
     relative_features: bool = False  # + 4 per-token features vs the sample's opening steps (models.data)
     feature_norm: bool = False  # standardize token features per token id (fitted on train, fit_feature_norm)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
+    log_summary_tokens: bool = (
+        False  # append per-word number summaries (models.data.log_word_summary) to the log
+    )
     n_summary_features: int = 8
     max_summary_tokens: int = 128
     log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
@@ -179,6 +182,15 @@ class RCAModel(nn.Module):
             self.log_pos = nn.Embedding(maxpos, d)
             if cfg.log_value_buckets:
                 self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
+            if cfg.log_summary_tokens:
+                # one row per word that precedes numbers in the log (``usage`` -> its values): the word's
+                # embedding + an MLP of the standardized statistics + a type vector, like summary_feat
+                self.log_summary_feat = nn.Sequential(
+                    nn.Linear(N_LOG_SUMMARY_FEATURES, d), nn.GELU(), nn.Linear(d, d)
+                )
+                self.log_summary_type = nn.Parameter(torch.zeros(d))
+                self.register_buffer("log_summary_mu", torch.zeros(cfg.log_vocab, N_LOG_SUMMARY_FEATURES))
+                self.register_buffer("log_summary_sd", torch.ones(cfg.log_vocab, N_LOG_SUMMARY_FEATURES))
         if cfg.feature_norm:
             # Per-id mean/std of the signed-log token features: a KV-cache usage of 97 % vs 60 % is
             # 0.46 apart after log1p, noise next to a duration; per id it is several standard deviations.
@@ -193,7 +205,10 @@ class RCAModel(nn.Module):
         self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
         self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
         self.use_summary = self.use_trace and cfg.summary_tokens
-        n_pool = 2 * (int(self.use_trace) + int(self.use_log) + int(self.use_summary))
+        self.use_log_summary = self.use_log and cfg.log_summary_tokens
+        n_pool = 2 * (
+            int(self.use_trace) + int(self.use_log) + int(self.use_summary) + int(self.use_log_summary)
+        )
         self.cls_head = nn.Sequential(
             nn.Linear(n_pool * d, d), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(d, cfg.n_classes)
         )
@@ -235,12 +250,22 @@ class RCAModel(nn.Module):
         c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
         return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
 
-    def _embed_summary(self, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        ids = ids.clamp(max=self.cfg.trace_vocab - 1)
+    def _embed_summary(self, ids: torch.Tensor, feats: torch.Tensor, mod: int = TRACE) -> torch.Tensor:
+        if mod == TRACE:
+            emb, mlp, typ, mu, sd = (
+                self.trace_emb,
+                self.summary_feat,
+                self.summary_type,
+                self.summary_mu,
+                self.summary_sd,
+            )
+        else:
+            emb, mlp, typ = self.log_emb, self.log_summary_feat, self.log_summary_type
+            mu, sd = self.log_summary_mu, self.log_summary_sd
+        ids = ids.clamp(max=emb.num_embeddings - 1)
         feats = torch.sign(feats) * torch.log1p(feats.abs())
-        feats = ((feats - self.summary_mu[ids]) / self.summary_sd[ids]).clamp(-20, 20)
-        e = self.trace_emb(ids) + self.summary_feat(feats)
-        return e + self.summary_type + self.modality_emb.weight[TRACE]
+        feats = ((feats - mu[ids]) / sd[ids]).clamp(-20, 20)
+        return emb(ids) + mlp(feats) + typ + self.modality_emb.weight[mod]
 
     @torch.no_grad()
     def fit_summary_norm(self, ids: np.ndarray, feats: np.ndarray, min_count: int = 8) -> None:
@@ -249,6 +274,16 @@ class RCAModel(nn.Module):
         if not self.use_summary or len(ids) == 0:  # (a log-only ablation has no trace stream)
             return
         _fit_per_id(self.summary_mu, self.summary_sd, ids, feats, min_count)
+
+    @torch.no_grad()
+    def fit_log_summary_norm(self, samples: Any, min_count: int = 8) -> None:
+        """Per-word mean/std of the signed-log log-summary features of ``samples`` (train)."""
+        rows = [s for s in samples if s.log_summary_ids is not None and len(s.log_summary_ids)]
+        if not self.use_log_summary or not rows:
+            return
+        ids = np.concatenate([s.log_summary_ids for s in rows])
+        feats = np.concatenate([s.log_summary_features for s in rows])
+        _fit_per_id(self.log_summary_mu, self.log_summary_sd, ids, feats, min_count)
 
     @torch.no_grad()
     def fit_feature_norm(self, samples: Any, min_count: int = 8) -> None:
@@ -268,8 +303,7 @@ class RCAModel(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parts: list[torch.Tensor] = []
-        n_sum = 0
-        summary_pools: list[torch.Tensor] = []
+        sums: list[int] = []  # summary rows appended to each part
         masks: list[torch.Tensor] = []
         mods: list[torch.Tensor] = []
         dev = self.cls.device
@@ -282,12 +316,22 @@ class RCAModel(nn.Module):
                 n_sum = su.shape[1]
                 t = torch.cat([t, su], 1)
                 tm = torch.cat([tm, batch["summary_mask"].to(dev)], 1)
+            sums.append(n_sum)
             parts.append(t)
             masks.append(tm)
             mods.append(torch.zeros(tm.shape, dtype=torch.long, device=dev))
         if self.use_log:
             lg = self._embed(batch["log_ids"].to(dev), batch["log_features"].to(dev), LOG)
             lm = torch.cat([torch.ones_like(batch["log_mask"][:, :1]), batch["log_mask"]], 1).to(dev)
+            n_lsum = 0
+            if self.use_log_summary:
+                ls = self._embed_summary(
+                    batch["log_summary_ids"].to(dev), batch["log_summary_features"].to(dev), LOG
+                )
+                n_lsum = ls.shape[1]
+                lg = torch.cat([lg, ls], 1)
+                lm = torch.cat([lm, batch["log_summary_mask"].to(dev)], 1)
+            sums.append(n_lsum)
             parts.append(lg)
             masks.append(lm)
             mods.append(torch.ones(lm.shape, dtype=torch.long, device=dev))
@@ -305,10 +349,11 @@ class RCAModel(nn.Module):
         pools: list[torch.Tensor] = []
         off = 0
         trace_h = None
-        for m, pm in zip(mods, masks, strict=True):
+        summary_pools: list[torch.Tensor] = []
+        for m, pm, n_sum in zip(mods, masks, sums, strict=True):
             n = pm.shape[1]
             h = x[:, off : off + n]
-            if int(m[0, 0]) == TRACE and n_sum:
+            if n_sum:
                 # the summary rows get their own mean and max pools
                 hs, ws = h[:, n - n_sum :], pm[:, n - n_sum :]
                 h, pm = h[:, : n - n_sum], pm[:, : n - n_sum]
@@ -316,16 +361,14 @@ class RCAModel(nn.Module):
                 s_mean = (hs * wsf).sum(1) / wsf.sum(1).clamp(min=1.0)
                 s_max = hs.masked_fill(~ws.unsqueeze(-1), float("-inf")).amax(1)
                 s_max = torch.where(ws.any(1, keepdim=True), s_max, torch.zeros_like(s_max))
-                summary_pools = [s_mean, s_max]
+                summary_pools += [s_mean, s_max]
             w = pm[:, 1:].float().unsqueeze(-1)
             mean = (h[:, 1:] * w).sum(1) / w.sum(1).clamp(min=1.0)
             pools += [h[:, 0], mean]
             if int(m[0, 0]) == TRACE:
                 trace_h = h
             off += n
-        if self.use_summary:
-            pools += summary_pools if n_sum else [torch.zeros_like(pools[0])] * 2
-        pooled = torch.cat(pools, -1)
+        pooled = torch.cat(pools + summary_pools, -1)
         out = {"logits": self.cls_head(pooled), "modality": modality, "hidden": x}
         if self.loc_head is not None and trace_h is not None:
             # localization scores the trace tokens only, not the summary rows appended after them

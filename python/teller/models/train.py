@@ -257,6 +257,7 @@ def train(
     seed_everything(tc.seed)
     model = build_model({**mc.to_dict(), "log_backbone": None})
     model.fit_feature_norm(train_s)
+    model.fit_log_summary_norm(train_s)
     if ms:
         model.fit_summary_norm(
             np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
