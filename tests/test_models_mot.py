@@ -61,9 +61,8 @@ def test_shapes_all_variants() -> None:
     b = collate(_samples(4))
     s = _samples(4)
     for arch, mods, summary in itertools.product(("mot", "single"), ("both", "trace", "log"), (False, True)):
-        m = build_model(
-            {**TINY, "arch": arch, "modalities": mods, "summary_tokens": summary, "log_summary_tokens": summary}
-        )
+        cfg = {**TINY, "arch": arch, "modalities": mods}
+        m = build_model({**cfg, "summary_tokens": summary, "log_summary_tokens": summary})
         m.fit_summary_norm(
             np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
         )
