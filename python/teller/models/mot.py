@@ -307,34 +307,25 @@ class RCAModel(nn.Module):
         masks: list[torch.Tensor] = []
         mods: list[torch.Tensor] = []
         dev = self.cls.device
-        if self.use_trace:
-            t = self._embed(batch["trace_ids"].to(dev), batch["trace_features"].to(dev), TRACE)
-            tm = torch.cat([torch.ones_like(batch["trace_mask"][:, :1]), batch["trace_mask"]], 1).to(dev)
+        streams = (
+            (self.use_trace, "trace", TRACE, self.use_summary, "summary"),
+            (self.use_log, "log", LOG, self.use_log_summary, "log_summary"),
+        )
+        for used, key, mod, with_summary, skey in streams:
+            if not used:
+                continue
+            e = self._embed(batch[f"{key}_ids"].to(dev), batch[f"{key}_features"].to(dev), mod)
+            em = torch.cat([torch.ones_like(batch[f"{key}_mask"][:, :1]), batch[f"{key}_mask"]], 1).to(dev)
             n_sum = 0
-            if self.use_summary:
-                su = self._embed_summary(batch["summary_ids"].to(dev), batch["summary_features"].to(dev))
+            if with_summary:  # summary rows go after the stream's tokens, in its modality
+                su = self._embed_summary(batch[f"{skey}_ids"].to(dev), batch[f"{skey}_features"].to(dev), mod)
                 n_sum = su.shape[1]
-                t = torch.cat([t, su], 1)
-                tm = torch.cat([tm, batch["summary_mask"].to(dev)], 1)
+                e = torch.cat([e, su], 1)
+                em = torch.cat([em, batch[f"{skey}_mask"].to(dev)], 1)
             sums.append(n_sum)
-            parts.append(t)
-            masks.append(tm)
-            mods.append(torch.zeros(tm.shape, dtype=torch.long, device=dev))
-        if self.use_log:
-            lg = self._embed(batch["log_ids"].to(dev), batch["log_features"].to(dev), LOG)
-            lm = torch.cat([torch.ones_like(batch["log_mask"][:, :1]), batch["log_mask"]], 1).to(dev)
-            n_lsum = 0
-            if self.use_log_summary:
-                ls = self._embed_summary(
-                    batch["log_summary_ids"].to(dev), batch["log_summary_features"].to(dev), LOG
-                )
-                n_lsum = ls.shape[1]
-                lg = torch.cat([lg, ls], 1)
-                lm = torch.cat([lm, batch["log_summary_mask"].to(dev)], 1)
-            sums.append(n_lsum)
-            parts.append(lg)
-            masks.append(lm)
-            mods.append(torch.ones(lm.shape, dtype=torch.long, device=dev))
+            parts.append(e)
+            masks.append(em)
+            mods.append(torch.full(em.shape, mod, dtype=torch.long, device=dev))
         x = torch.cat(parts, 1)
         mask = torch.cat(masks, 1)
         modality = torch.cat(mods, 1)
