@@ -25,9 +25,8 @@ import numpy as np
 
 from teller.data.summary import N_SUMMARY_FEATURES
 from teller.data.tokenize import ShardedSplit, split_names
+from teller.models.data import NUM_ID
 from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
-
-NUM_ID = 5  # "<num>" in the log vocabulary: LOG_SPECIALS (5) then the placeholders, <num> first
 
 
 @dataclass

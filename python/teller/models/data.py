@@ -11,6 +11,7 @@ head (start-up configuration) and the tail (the latest messages) halves.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,8 @@ def compact_log(
         a = agg.get(key)
         if a is None:
             # t_first, value sum, count, value max, value min, last value, t_last, max interval
-            agg[key] = [t, v.copy(), 1, v.copy(), v.copy(), v, t, 0.0]
+            mx, mn = (v.copy(), v.copy()) if rich else (v, v)  # updated in place only when rich
+            agg[key] = [t, v, 1, mx, mn, v, t, 0.0]
             order.append(key)
         else:
             a[1] = a[1] + v
@@ -214,8 +216,6 @@ def load_split(
     label_names: list[str] = []
     words = None
     if log_summary:
-        import json
-
         words = word_mask(json.loads((Path(run_dir) / "log_tokenizer.json").read_text())["vocab"])
     for ss in (ShardedSplit(run_dir, sp) for sp in split_names(run_dir, split)):
         label_names = ss.label_names
