@@ -95,3 +95,84 @@ def test_empty_and_unknown_symbols(tmp_path, trace_and_tok):
     ids, f = symbol_summary(tr, tok)
     # both unknown kernels pool into one [UNK] row
     assert len(ids) == 1 and f[0, 0] == 2
+
+
+def test_window_scan_hand_computed():
+    from teller.data.summary import window_scan
+
+    # a change in bins 3-4: inside 5, outside 0
+    assert window_scan(np.array([0, 0, 0, 5, 5, 0, 0, 0.0])) == (5.0, 3, 5)
+    # a change that lasts to the end
+    assert window_scan(np.array([0, 0, 0, 0, 2, 2, 2, 2.0])) == (2.0, 4, 8)
+    # windows never hold the first bin: a different opening shows as the rest being lower
+    d, i, j = window_scan(np.array([3, 3, 0, 0, 0, 0, 0, 0.0]))
+    assert (d, i, j) == (-3.0, 2, 8)
+    assert window_scan(np.array([1.0, 2.0, 3.0])) == (0.0, 0, 0)  # too few bins
+
+
+def _engine_trace(tmp_path, fault_pid=None, fault_steps=range(8, 12), factor=2.0):
+    """Two processes, 16 engine steps of 1 000 us each, alternating 100 / 1 000 scheduled tokens; a
+    ``gemm`` op takes 0.5 us per token, ``factor`` times longer on ``fault_pid`` in ``fault_steps``."""
+    ev = []
+    for pid in (1, 2):
+        for k in range(16):
+            tokens = 100 if k % 2 == 0 else 1000
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"engine_step#{k}",
+                    "pid": pid,
+                    "tid": pid,
+                    "ts": 1000 * k,
+                    "dur": 999,
+                    "args": {"num_tokens": tokens, "num_seqs": 8},
+                }
+            )
+            dur = 0.5 * tokens * (factor if pid == fault_pid and k in fault_steps else 1.0)
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "gemm",
+                    "pid": pid,
+                    "tid": pid,
+                    "ts": 1000 * k + 10,
+                    "dur": dur,
+                }
+            )
+    p = tmp_path / "engine.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    tok = tpe.train(tpe.corpus_from_symbols([["host_op:gemm"]]), vocab_size=0)
+    ids, f = symbol_summary(tr, tok)
+    return f[[tok.token_str(int(i)) for i in ids].index("host_op:gemm")]
+
+
+def test_work_normalized_columns(tmp_path):
+    from teller.data.summary import step_work
+
+    names = list(SUMMARY_FEATURE_NAMES)
+    # no fault: the durations follow the load exactly. The opening-window columns see a slower gemm
+    # (a 1 000-token step against the opening's median of one 100- and one 1 000-token step), the
+    # work-normalized ones see nothing.
+    g = _engine_trace(tmp_path)
+    assert g[names.index("max_dev")] == pytest.approx((_x(500) - _x(50)) / 2, rel=1e-5)
+    slope = (_x(500) - _x(50)) / (math.log1p(1000) - math.log1p(100))
+    assert g[names.index("work_slope")] == pytest.approx(slope, rel=1e-5)
+    assert abs(g[names.index("shift")]) < 1e-5
+    assert abs(g[names.index("shift_pid_spread")]) < 1e-5
+    # the load alternates evenly: no window has a different mean load... except by the parity of
+    # its bins, which the scan may pick (at most half the 100/1000 difference)
+    assert abs(g[names.index("work_shift")]) <= 0.5 * (math.log1p(1000) - math.log1p(100)) + 1e-6
+    assert g[names.index("rate_shift")] == pytest.approx(0.0, abs=1e-6)  # two events in every bin
+    # process 1 twice as slow in steps 8-11: a positive shift, one process against the other
+    f = _engine_trace(tmp_path, fault_pid=1)
+    assert f[names.index("shift")] > 0.25
+    assert f[names.index("shift_z")] > 1.0
+    assert f[names.index("shift_pid_spread")] > 0.4
+    assert f[names.index("max_dev")] == pytest.approx(g[names.index("max_dev")] + math.log(2), abs=0.01)
+    # the step's work is attached to every event of the step
+    tr = teller.trace.load(tmp_path / "engine.json", warn=False)
+    w = step_work(tr)
+    assert sorted(set(np.round(w, 6))) == [round(math.log1p(100), 6), round(math.log1p(1000), 6)]

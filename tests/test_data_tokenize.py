@@ -71,6 +71,17 @@ def test_manifest_and_shards_consistent(setup):
                     e = ev[pos[k] : pos[k + 1]]
                     assert bool(a["trace_culprit"][o0 + k]) == bool(m[e[e >= 0]].any())
                 assert bool(a["trace_culprit"][o0:o1].any()) == bool(m.any() and m[ev[ev >= 0]].any())
+                # token_work: ln(1 + num_tokens) of the step of the token's first event
+                tw = a["token_work"][o0:o1]
+                steps = {s.index: s for s in tr.steps()}
+                for k in range(0, o1 - o0, max(1, (o1 - o0) // 7)):
+                    e = ev[pos[k]]
+                    if e < 0:
+                        continue
+                    st = steps.get(int(tr.step[e]))
+                    args = tr.args(st.event) if st is not None and st.event >= 0 else {}
+                    assert tw[k] == pytest.approx(np.log1p(args.get("num_tokens", 0)), rel=1e-6)
+                assert (tw > 0).any()
                 u0, u1 = a["summary_offsets"][i], a["summary_offsets"][i + 1]
                 su_ids, su_f = symbol_summary(tr, tok)
                 np.testing.assert_array_equal(a["summary_ids"][u0:u1], su_ids)

@@ -30,7 +30,9 @@ from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
 from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 
 SHARDS_FORMAT = "teller-shards"
-SHARDS_VERSION = 2  # 2: per-symbol summaries (teller.data.summary)
+SHARDS_VERSION = (
+    3  # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work
+)
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -161,6 +163,8 @@ ARRAYS = {
     "trace_offsets": "int64 [samples + 1]: sample i's tokens are trace_ids[o[i]:o[i+1]]",
     "trace_culprit": "bool [tokens]: the token covers a culprit event (teller.data.culprit_mask)",
     "token_event_pos": "int64 [tokens]: first base position of each token within its sample",
+    "token_work": "float32 [tokens]: ln(1 + num_tokens) of the step of each token's first event "
+    "(teller.data.summary.token_work)",
     "base_events": "int64 [base positions]: trace event index of each base position (-1: <close>)",
     "base_offsets": "int64 [samples + 1]: sample i's base positions are base_events[b[i]:b[i+1]]",
     "segment_starts": "int64 [segments]: first token (within its sample) of each step",
@@ -169,18 +173,19 @@ ARRAYS = {
     "log_features": "float32 [log tokens, 2]: log feature_names",
     "log_offsets": "int64 [samples + 1]: sample i's log tokens are log_ids[l[i]:l[i+1]]",
     "summary_ids": "uint32 [rows]: TPE base id of each per-symbol summary row (teller.data.summary)",
-    "summary_features": "float32 [rows, 8]: summary feature_names",
+    "summary_features": "float32 [rows, 14]: summary feature_names",
     "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
 }
-# Arrays a version-1 run lacks; readers get them empty.
-OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets")
+# Arrays a version-1 run lacks (token_work: before version 3); readers get them empty (token_work:
+# zeros, "no load information").
+OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets", "token_work")
 
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
     from teller import trace as _trace
     from teller.data.dataset import culprit_mask
-    from teller.data.summary import symbol_summary  # noqa: PLC0415
+    from teller.data.summary import symbol_summary, token_work  # noqa: PLC0415
 
     out = Path(job["out"])
     final = out / "shards" / job["name"]
@@ -226,6 +231,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["trace_features"].append(np.asarray(enc.features, dtype=np.float32).reshape(-1, 5))
         cols["trace_culprit"].append(tok_c)
         cols["token_event_pos"].append(o[:-1])
+        cols["token_work"].append(token_work(tr, ev, o))
         cols["base_events"].append(ev)
         cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
         sids, sfeat = symbol_summary(tr, tok)
@@ -246,6 +252,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "trace_features": np.float32,
         "trace_culprit": np.bool_,
         "token_event_pos": np.int64,
+        "token_work": np.float32,
         "base_events": np.int64,
         "segment_starts": np.int64,
         "log_ids": np.uint32,
@@ -419,8 +426,11 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
     out = {}
     for k in ARRAYS:
         f = d / f"{k}.npy"
-        if k in OPTIONAL_ARRAYS and not f.is_file():  # a version-1 shard: no summaries
+        if k in OPTIONAL_ARRAYS and not f.is_file():  # an older shard: no summaries / token work
             n = len(np.load(d / "labels.npy", mmap_mode="r"))
+            if k == "token_work":
+                out[k] = np.zeros(len(np.load(d / "trace_ids.npy", mmap_mode="r")), np.float32)
+                continue
             out[k] = (
                 np.zeros(n + 1, np.int64)
                 if k.endswith("offsets")
@@ -490,6 +500,7 @@ class ShardedSplit:
             "trace_features": a["trace_features"][o0:o1],
             "trace_culprit": a["trace_culprit"][o0:o1],
             "token_event_pos": a["token_event_pos"][o0:o1],
+            "token_work": a["token_work"][o0:o1],
             "base_events": a["base_events"][b0:b1],
             "segment_starts": a["segment_starts"][s0:s1],
             "log_ids": a["log_ids"][l0:l1],
