@@ -90,3 +90,18 @@ def test_metrics_across_label_sets() -> None:
         "io_stall": {"n": 2, "flagged_faulty": 1, "predicted": {"cpu_contention": 1, "normal": 1}},
         "slow_operator": {"n": 1, "flagged_faulty": 1, "predicted": {"gpu_throttle": 1}},
     }
+
+
+def test_candidate_rank_per_class_localization():
+    # locations: token types 5 and 6 (the culprit); classes normal, A, B; label A
+    probs = np.array([0.1, 0.5, 0.4])
+    ids = np.array([5, 6])
+    culprit = np.array([False, True])
+    by = np.array([[0.0, 0.0, 3.0], [0.0, 2.0, 0.0]])  # [T, C]: A points at 6, B at 5
+    p = Prediction(label=1, probs=probs, token_ids=ids, loc_scores=by[:, 1], culprit=culprit, loc_by_class=by)
+    # (A, 6) = 0.5 * e^2 / (1 + e^2) = 0.440 beats (B, 5) = 0.4 * e^3 / (1 + e^3) = 0.381 and normal 0.1
+    assert candidate_rank(p) == 1
+    # one shared score (B's column) for every cause: (A, 6) = 0.5 * 1 / (1 + e^3) = 0.024 comes after
+    # (A, 5) = 0.476, (B, 5) = 0.381 and normal 0.1
+    shared = Prediction(label=1, probs=probs, token_ids=ids, loc_scores=by[:, 2], culprit=culprit)
+    assert candidate_rank(shared) == 4

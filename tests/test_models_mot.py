@@ -16,6 +16,7 @@ torch.set_num_threads(1)
 
 from teller import tpe  # noqa: E402
 from teller.data import generate  # noqa: E402
+from teller.data.summary import N_SUMMARY_FEATURES  # noqa: E402
 from teller.data.tokenize import tokenize_dataset  # noqa: E402
 from teller.models.data import Sample, collate, compact_log  # noqa: E402
 from teller.models.mot import LOG, TRACE, ModelConfig, build_model  # noqa: E402
@@ -53,7 +54,9 @@ def _samples(n: int, seed: int = 0) -> list[Sample]:
                 summary_ids=rng.choice(np.arange(1, 50), int(rng.integers(1, 6)), replace=False),
             )
         )
-        out[-1].summary_features = rng.random((len(out[-1].summary_ids), 8)).astype(np.float32)
+        out[-1].summary_features = rng.random((len(out[-1].summary_ids), N_SUMMARY_FEATURES)).astype(
+            np.float32
+        )
     return out
 
 
@@ -61,7 +64,7 @@ def test_shapes_all_variants() -> None:
     b = collate(_samples(4))
     s = _samples(4)
     for arch, mods, summary in itertools.product(("mot", "single"), ("both", "trace", "log"), (False, True)):
-        cfg = {**TINY, "arch": arch, "modalities": mods}
+        cfg = {**TINY, "arch": arch, "modalities": mods, "loc_per_class": summary}
         m = build_model({**cfg, "summary_tokens": summary, "log_summary_tokens": summary})
         m.fit_summary_norm(
             np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
@@ -73,6 +76,12 @@ def test_shapes_all_variants() -> None:
         assert o["logits"].shape == (4, 3)
         if mods != "log":
             assert o["loc_logits"].shape == b["trace_ids"].shape
+            if summary:  # per-cause localization: [B, T, C], loc_logits = the predicted cause's column
+                by = o["loc_logits_by_class"]
+                assert by.shape == (*b["trace_ids"].shape, 3)
+                pred = o["logits"].argmax(-1)
+                for i in range(4):
+                    torch.testing.assert_close(o["loc_logits"][i], by[i, :, pred[i]])
         else:
             assert "loc_logits" not in o
 
@@ -167,6 +176,16 @@ def test_compact_log_dedups_templates() -> None:
     assert of[2, 6] == pytest.approx(np.log1p(10))  # last seen at 10 ms
     assert of[2, 7] == pytest.approx(np.log1p(7))  # longest interval 3 -> 10 ms
     assert of[4, 7] == 0 and of[4, 6] == pytest.approx(np.log1p(5))  # a single occurrence
+    # gaps: + the mean and max lag after the previous line. Lines at 1, 3, 5, 10 ms: the lags are
+    # 0, 2 (template 9 5), 2 (template 7), 5 (template 9 5)
+    oi, of = compact_log(ids, feats, 100, rich=True, gaps=True)
+    assert of.shape == (5, 10)
+    np.testing.assert_allclose(of[:, :8], compact_log(ids, feats, 100, rich=True)[1])
+    np.testing.assert_allclose(of[0, 8:], np.log1p([7 / 3, 5]), rtol=1e-6)
+    np.testing.assert_allclose(of[4, 8:], np.log1p([2, 2]), rtol=1e-6)
+    _, of = compact_log(ids, feats, 100, gaps=True)
+    assert of.shape == (5, 5)
+    np.testing.assert_allclose(of[2, 3:], np.log1p([7 / 3, 5]), rtol=1e-6)
 
 
 def test_config_errors() -> None:
@@ -492,3 +511,44 @@ def test_log_word_summary_hand_computed() -> None:
     np.testing.assert_allclose(f[0, 5:], np.log1p([10.0, 30.0, 20.0]), rtol=1e-6)  # first, last, longest gap
     k, f = log_word_summary(ids[:5], feats[:5], words)
     assert len(k) == 0 and f.shape == (0, 8)
+
+
+def test_work_token_features_hand_computed() -> None:
+    from teller.models.data import work_token_features
+
+    # type 1 in steps of load 1, 2, 1, 2 with mean log durations 1, 2, 1, 3 (the last one slow);
+    # type 2 twice at load 1. One token per segment: the opening window (10 % of 6) is segment 0.
+    ids = np.array([1, 1, 1, 1, 2, 2])
+    x = np.array([1.0, 2.0, 1.0, 3.0, 5.0, 5.0])
+    feats = np.zeros((6, 5), np.float32)
+    feats[:, 0] = 1  # one event per token
+    feats[:, 1] = x  # total log duration
+    work = np.array([1.0, 2.0, 1.0, 2.0, 1.0, 1.0])
+    out = work_token_features(ids, feats, work, np.arange(6))
+    # slope cov/var = 0.375/0.25 = 1.5, clipped to 1.2; residuals -0.2, -0.4, -0.2, 0.6; baseline -0.2
+    np.testing.assert_allclose(out[:4, 0], [0.0, -0.2, 0.0, 0.8], atol=1e-6)
+    np.testing.assert_allclose(out[4:, 0], [0.0, 0.0], atol=1e-6)  # no load variation, no change
+    np.testing.assert_allclose(out[:, 1], [0, 1, 0, 1, 0, 0])  # load minus the median load
+    assert work_token_features(ids[:0], feats[:0], work[:0], np.zeros(0, np.int64)).shape == (0, 2)
+
+
+def test_gbdt_log_lag_features_hand_computed() -> None:
+    from teller.models.baselines import RawSample, _features
+
+    bol = 2
+    # three lines at 0, 5 and 12 ms: word 9 on the first two, word 7 on the third
+    s = RawSample(
+        label=0,
+        trace_ids=np.zeros(0, np.int64),
+        trace_features=np.zeros((0, 5)),
+        culprit=np.zeros(0, bool),
+        log_ids=np.array([bol, 9, bol, 9, bol, 7]),
+        log_values=np.zeros(6),
+        log_times=np.array([0, 0, 5, 5, 12, 12.0]),
+    )
+    v = 16
+    lag = _features(s, np.zeros(0, np.int64), v)[-v:]
+    assert lag[9] == pytest.approx(np.log1p(5))  # the longest lag before a line holding word 9
+    assert lag[7] == pytest.approx(np.log1p(7))
+    assert lag[bol] == pytest.approx(np.log1p(7))
+    assert lag[3] == 0

@@ -25,7 +25,7 @@ import numpy as np
 
 from teller.data.summary import N_SUMMARY_FEATURES
 from teller.data.tokenize import ShardedSplit, split_names
-from teller.models.data import NUM_ID
+from teller.models.data import BOL_ID, NUM_ID
 from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
 
 
@@ -37,6 +37,7 @@ class RawSample:
     culprit: np.ndarray
     log_ids: np.ndarray
     log_values: np.ndarray
+    log_times: np.ndarray | None = None  # ms, per log token (its line's time)
     summary_ids: np.ndarray | None = None
     summary_features: np.ndarray | None = None
 
@@ -59,6 +60,7 @@ def _raw(d: dict[str, Any]) -> RawSample:
         np.asarray(d["trace_culprit"], bool),
         np.asarray(d["log_ids"], np.int64),
         np.asarray(d["log_features"][:, 1], np.float64),
+        np.asarray(d["log_features"][:, 0], np.float64),
         np.asarray(d["summary_ids"], np.int64),
         np.asarray(d["summary_features"], np.float64),
     )
@@ -133,7 +135,7 @@ def _summary_block(s: RawSample, top_sym: np.ndarray) -> np.ndarray:
         for t, row in zip(s.summary_ids.tolist(), s.summary_features, strict=True):
             k = pos.get(t)
             if k is not None:
-                out[k] = row
+                out[k, : len(row)] = row  # (shards v2 have the first 8 columns only)
     return out.ravel()
 
 
@@ -172,7 +174,15 @@ def _features(s: RawSample, top: np.ndarray, log_vocab: int) -> np.ndarray:
     np.add.at(vn, prev, 1)
     np.maximum.at(vx, prev, vals)
     vm /= np.maximum(vn, 1)
-    return np.concatenate([glob, np.log1p(cnt), per.ravel(), lc, vm, vx])
+    # per word, the longest lag between a line holding it and the line before (the MoT's gap features)
+    lag = np.zeros(log_vocab)
+    if s.log_times is not None and len(s.log_ids):
+        line = np.cumsum(s.log_ids == BOL_ID)
+        first = np.r_[0, np.flatnonzero(np.diff(line)) + 1]
+        t_line = s.log_times[first]
+        lag_line = np.maximum(np.diff(t_line, prepend=t_line[0]), 0.0)
+        np.maximum.at(lag, np.minimum(s.log_ids, log_vocab - 1), _slog(lag_line[line - line[0]]))
+    return np.concatenate([glob, np.log1p(cnt), per.ravel(), lc, vm, vx, lag])
 
 
 class Baselines:

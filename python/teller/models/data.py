@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from teller.data.summary import N_SUMMARY_FEATURES
+from teller.data.summary import N_SUMMARY_FEATURES, load_slope
 from teller.data.tokenize import ShardedSplit, split_names
+from teller.errors import ConfigError
 
 BOL_ID = 2  # LOG_SPECIALS index of [BOL]
 N_LOG_FEATURES = 3
 N_RICH_LOG_FEATURES = 8
+N_GAP_LOG_FEATURES = 2  # compact_log(gaps=True): mean and max lag after the previous log line
 
 
 @dataclass
@@ -50,6 +52,7 @@ def _slog(x: np.ndarray) -> np.ndarray:
 
 
 N_RELATIVE_FEATURES = 4
+N_WORK_FEATURES = 2  # model.work_features: work_token_features
 
 
 def relative_token_features(
@@ -78,6 +81,39 @@ def relative_token_features(
         base = np.median(cols[e if len(e) else grp], axis=0)
         out[grp, :3] = cols[grp] - base
     out[:, 3] = frac
+    return out
+
+
+def work_token_features(
+    ids: np.ndarray,
+    feats: np.ndarray,
+    work: np.ndarray,
+    segment_starts: np.ndarray,
+    baseline_frac: float = 0.1,
+) -> np.ndarray:
+    """Per-token timing normalized by the load of the token's step (``work``: ln(1 + num_tokens),
+    the shards' ``token_work``): per token type, the slope b of the mean log duration per event on
+    the work over the sample (clipped to [0, 1.2]), and the residual ``x - b w`` minus the type's
+    median residual in the opening steps (all steps for a type absent there); and the token's work
+    minus the sample's median work. ``float32 [T, 2]``. The opening-window features of
+    :func:`relative_token_features` call a 6 656-token prefill GEMM slow next to a 35-token decode
+    GEMM; these do not."""
+    t = len(ids)
+    out = np.zeros((t, N_WORK_FEATURES), np.float32)
+    if t == 0:
+        return out
+    f = np.asarray(feats, np.float64)
+    w = np.asarray(work, np.float64)
+    x = f[:, 1] / np.maximum(f[:, 0], 1)
+    seg = np.searchsorted(np.asarray(segment_starts), np.arange(t), side="right") - 1
+    early = np.clip(seg, 0, None) / max(len(segment_starts), 1) < baseline_frac
+    order = np.argsort(ids, kind="stable")
+    for grp in np.split(order, np.flatnonzero(np.diff(np.asarray(ids)[order])) + 1):
+        xs, ws = x[grp], w[grp]
+        r = xs - load_slope(xs, ws) * ws
+        e = early[grp]
+        out[grp, 0] = r - np.median(r[e] if e.any() else r)
+    out[:, 1] = w - np.median(w)
     return out
 
 
@@ -132,7 +168,7 @@ def log_word_summary(ids: np.ndarray, feats: np.ndarray, words: np.ndarray) -> t
 
 
 def compact_log(
-    ids: np.ndarray, feats: np.ndarray, max_tokens: int, rich: bool = False
+    ids: np.ndarray, feats: np.ndarray, max_tokens: int, rich: bool = False, gaps: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``.
 
@@ -141,10 +177,13 @@ def compact_log(
     ``rich`` (``N_RICH_LOG_FEATURES``) also: the max, min and last value at that position, the time of
     the last occurrence and the longest interval between two occurrences (signed log1p of ms): a
     KV-cache usage that peaks at 99 % or request lines that stop for a second are invisible in a
-    mean."""
+    mean. With ``gaps`` (``N_GAP_LOG_FEATURES`` more, after those): the mean and the max over the
+    occurrences of the lag between the previous log line and this one (signed log1p of ms): an HTTP
+    ``200 OK`` that normally follows its ``Finished request`` line within microseconds and now comes
+    hundreds of milliseconds later is a slow network or client, visible in no count or number."""
     ids = np.asarray(ids, dtype=np.int64)
     feats = np.asarray(feats, dtype=np.float32)
-    nf = N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES
+    nf = (N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES) + (N_GAP_LOG_FEATURES if gaps else 0)
     if len(ids) == 0:
         return ids, np.zeros((0, nf), np.float32)
     starts = np.flatnonzero(ids == BOL_ID)
@@ -153,17 +192,22 @@ def compact_log(
     ends = np.append(starts[1:], len(ids))
     order: list[tuple[int, ...]] = []
     agg: dict[tuple[int, ...], list[Any]] = {}
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+    line_t = feats[starts, 0].astype(np.float64)
+    lag = np.maximum(np.diff(line_t, prepend=line_t[0]), 0.0)  # ms since the previous line
+    for li, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
         key = tuple(ids[s:e].tolist())
         v = feats[s:e, 1].astype(np.float64)
         t = float(feats[s, 0])
         a = agg.get(key)
         if a is None:
-            # t_first, value sum, count, value max, value min, last value, t_last, max interval
+            # t_first, value sum, count, value max, value min, last value, t_last, max interval,
+            # lag sum, lag max
             mx, mn = (v.copy(), v.copy()) if rich else (v, v)  # updated in place only when rich
-            agg[key] = [t, v, 1, mx, mn, v, t, 0.0]
+            agg[key] = [t, v, 1, mx, mn, v, t, 0.0, lag[li], lag[li]]
             order.append(key)
         else:
+            a[8] += lag[li]
+            a[9] = max(a[9], lag[li])
             a[1] = a[1] + v
             a[2] += 1
             if rich:
@@ -175,7 +219,7 @@ def compact_log(
     out_ids: list[int] = []
     out_f: list[np.ndarray] = []
     for key in order:
-        t0, vsum, n, vmax, vmin, vlast, t1, gap = agg[key]
+        t0, vsum, n, vmax, vmin, vlast, t1, gap, lag_sum, lag_max = agg[key]
         f = np.empty((len(key), nf), np.float32)
         f[:, 0] = _slog(np.array([t0]))[0]
         f[:, 1] = vsum / n
@@ -186,6 +230,8 @@ def compact_log(
             f[:, 5] = vlast
             f[:, 6] = _slog(np.array([t1]))[0]
             f[:, 7] = _slog(np.array([gap]))[0]
+        if gaps:
+            f[:, nf - 2 :] = _slog(np.array([lag_sum / n, lag_max]))
         out_ids.extend(key)
         out_f.append(f)
     oi = np.asarray(out_ids, dtype=np.int64)
@@ -208,10 +254,13 @@ def load_split(
     relative_features: bool = False,
     rich_log_features: bool = False,
     log_summary: bool = False,
+    n_summary_features: int = N_SUMMARY_FEATURES,
+    log_gaps: bool = False,
+    work_features: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
-    vocabulary, which is ordered by frequency)."""
+    vocabulary, which is ordered by frequency, with their first ``n_summary_features`` columns)."""
     out: list[Sample] = []
     label_names: list[str] = []
     words = None
@@ -229,6 +278,9 @@ def load_split(
             relative_features,
             rich_log_features,
             words,
+            n_summary_features,
+            log_gaps,
+            work_features,
         )
     return out, label_names
 
@@ -248,6 +300,9 @@ def load_model_split(
         rich_log_features=bool(model_cfg.get("rich_log_features")),
         log_summary=bool(model_cfg.get("log_summary_tokens"))
         and model_cfg.get("modalities", "both") != "trace",
+        n_summary_features=int(model_cfg.get("n_summary_features", N_SUMMARY_FEATURES)),
+        log_gaps=bool(model_cfg.get("log_gap_features")),
+        work_features=bool(model_cfg.get("work_features")),
     )
 
 
@@ -261,24 +316,39 @@ def _load_into(
     relative_features: bool,
     rich_log_features: bool,
     words: np.ndarray | None,
+    n_summary_features: int = N_SUMMARY_FEATURES,
+    log_gaps: bool = False,
+    work_features: bool = False,
 ) -> None:
+    if max_summary_tokens and len(ss):
+        width = ss[0]["summary_features"].shape[1]
+        if width < n_summary_features:
+            raise ConfigError(
+                f"{ss.run_dir}: its per-symbol summaries have {width} columns, the model needs "
+                f"{n_summary_features} (shards version {ss.manifest.get('version', 1)}); "
+                "re-run `teller tokenize`"
+            )
     for i in range(len(ss)):
         d = ss[i]
         n = min(len(d["trace_ids"]), max_trace_tokens)
-        li, lf = compact_log(d["log_ids"], d["log_features"], max_log_tokens, rich=rich_log_features)
+        li, lf = compact_log(
+            d["log_ids"], d["log_features"], max_log_tokens, rich=rich_log_features, gaps=log_gaps
+        )
         out.append(
             Sample(
                 sample_id=d["sample_id"],
                 label=int(d["label"]),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
-                trace_features=_trace_features(d, n, relative_features),
+                trace_features=_trace_features(d, n, relative_features, work_features),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),
                 log_ids=li,
                 log_features=lf,
                 token_event_pos=np.asarray(d["token_event_pos"]) if keep_positions else None,
                 base_events=np.asarray(d["base_events"]) if keep_positions else None,
                 summary_ids=np.asarray(d["summary_ids"][:max_summary_tokens], dtype=np.int64),
-                summary_features=np.array(d["summary_features"][:max_summary_tokens], dtype=np.float32),
+                summary_features=np.array(
+                    d["summary_features"][:max_summary_tokens, :n_summary_features], dtype=np.float32
+                ),
             )
         )
         if words is not None:
@@ -287,13 +357,17 @@ def _load_into(
             )
 
 
-def _trace_features(d: dict[str, Any], n: int, relative: bool) -> np.ndarray:
+def _trace_features(d: dict[str, Any], n: int, relative: bool, work: bool = False) -> np.ndarray:
     f = np.array(d["trace_features"][:n], dtype=np.float32)
-    if not relative:
-        return f
+    parts = [f]
     ids = np.asarray(d["trace_ids"], np.int64)
-    rel = relative_token_features(ids, d["trace_features"], d["segment_starts"])  # whole sample, then cut
-    return np.concatenate([f, rel[:n]], 1)
+    if relative:  # whole sample, then cut
+        parts.append(relative_token_features(ids, d["trace_features"], d["segment_starts"])[:n])
+    if work:
+        tw = d.get("token_work")
+        tw = np.zeros(len(ids), np.float32) if tw is None else np.asarray(tw)
+        parts.append(work_token_features(ids, d["trace_features"], tw, d["segment_starts"])[:n])
+    return np.concatenate(parts, 1) if len(parts) > 1 else f
 
 
 def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
@@ -318,7 +392,11 @@ def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         [(s.log_summary_ids, s.log_summary_features) for s in samples],
         N_LOG_SUMMARY_FEATURES,
     )
-    _pad_rows(out, "summary", [(s.summary_ids, s.summary_features) for s in samples], N_SUMMARY_FEATURES)
+    nsf = next(
+        (s.summary_features.shape[1] for s in samples if s.summary_features is not None),
+        N_SUMMARY_FEATURES,
+    )
+    _pad_rows(out, "summary", [(s.summary_ids, s.summary_features) for s in samples], nsf)
     for i, s in enumerate(samples):
         n, m = len(s.trace_ids), len(s.log_ids)
         out["trace_ids"][i, :n] = torch.from_numpy(s.trace_ids)

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from teller.data.summary import token_work
 from teller.errors import TellerFileNotFoundError
-from teller.models.data import Sample, collate, compact_log
+from teller.models.data import Sample, _trace_features, collate, compact_log
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
 
@@ -70,15 +71,20 @@ def diagnose(
     start_ns = int(tr.ts.min()) if len(tr) else 0
     lids, lfeat = logtok.encode_lines(lines, start_ns)
     li, lf = compact_log(
-        np.asarray(lids, np.int64), lfeat, int(mc["max_log_tokens"]), rich=bool(mc.get("rich_log_features"))
+        np.asarray(lids, np.int64),
+        lfeat,
+        int(mc["max_log_tokens"]),
+        rich=bool(mc.get("rich_log_features")),
+        gaps=bool(mc.get("log_gap_features")),
     )
     n = min(len(ids), int(mc["max_trace_tokens"]))
-    tf = feats[:n]
-    if mc.get("relative_features"):
-        from teller.models.data import relative_token_features
-
-        rel = relative_token_features(ids, feats, np.asarray(enc.segment_starts, np.int64))
-        tf = np.concatenate([tf, rel[:n]], 1)
+    d = {
+        "trace_ids": ids,
+        "trace_features": feats,
+        "segment_starts": np.asarray(enc.segment_starts, np.int64),
+        "token_work": token_work(tr, ev, offs) if mc.get("work_features") else None,
+    }
+    tf = _trace_features(d, n, bool(mc.get("relative_features")), bool(mc.get("work_features")))
     s = Sample(p.name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("log_summary_tokens"):
         from teller.models.data import log_word_summary, word_mask
@@ -91,7 +97,8 @@ def diagnose(
 
         k = int(mc.get("max_summary_tokens", 128))
         su_ids, su_f = symbol_summary(tr, tok)
-        s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k]
+        nsf = int(mc.get("n_summary_features", su_f.shape[1]))
+        s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k, :nsf]
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float(), -1).numpy()

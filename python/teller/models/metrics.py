@@ -27,23 +27,32 @@ class Prediction:
     token_ids: np.ndarray  # [T] trace token ids
     loc_scores: np.ndarray  # [T] localization scores (any monotone scale; higher = more likely culprit)
     culprit: np.ndarray  # [T] bool ground truth
+    # [T, C] per-cause localization scores (model.loc_per_class): candidate (c, l) scores
+    # p(c) * q(l | c); ``loc_scores`` is then the predicted cause's column
+    loc_by_class: np.ndarray | None = None
+
+
+def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.ndarray) -> np.ndarray:
+    """q over a sample's locations: softmax of each location's highest token score."""
+    best = np.full(n_locs, -np.inf)
+    np.maximum.at(best, inv, np.asarray(scores, dtype=np.float64))
+    q = np.exp(best - best.max())
+    return q / q.sum()
 
 
 def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
     """1-based rank of the first correct (category, location) candidate (large if none is correct)."""
     probs = np.asarray(p.probs, dtype=np.float64)
     ids = np.asarray(p.token_ids)
+    by = p.loc_by_class
     if len(ids):
-        s = np.asarray(p.loc_scores, dtype=np.float64)
         locs, inv = np.unique(ids, return_inverse=True)
-        best = np.full(len(locs), -np.inf)
-        np.maximum.at(best, inv, s)
-        q = np.exp(best - best.max())
-        q /= q.sum()
+        q_shared = _location_dist(ids, inv, len(locs), p.loc_scores) if by is None else None
         good = np.zeros(len(locs), bool)
         np.logical_or.at(good, inv, np.asarray(p.culprit, bool))
     else:
-        q = np.zeros(0)
+        locs = inv = np.zeros(0, np.int64)
+        q_shared = np.zeros(0)
         good = np.zeros(0, bool)
     if p.label != normal_index and not good.any():
         good[:] = True  # no culprit token in the window: any location counts, only the category matters
@@ -54,6 +63,10 @@ def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
             scores.append(pc)
             correct.append(p.label == normal_index)
         else:
+            if q_shared is not None:
+                q = q_shared
+            else:
+                q = _location_dist(ids, inv, len(locs), by[:, c]) if len(ids) else np.zeros(0)
             scores.extend((pc * q).tolist())
             correct.extend((good & (c == p.label)).tolist())
     sc = np.asarray(scores)

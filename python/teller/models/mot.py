@@ -9,7 +9,8 @@ global over the whole sequence (with a padding mask). The single-stream model is
 one set of weights for all tokens. ``modalities: trace | log`` gives the ablations.
 
 Heads: (1) category (normal + every fault type) from the two [CLS] states and mean pools;
-(2) localization, a score per trace token (trained against the tokens that overlap culprit events).
+(2) localization, a score per trace token (trained against the tokens that overlap culprit events),
+or with ``loc_per_class`` a score per trace token and cause (the true cause's column is trained).
 """
 
 from __future__ import annotations
@@ -23,8 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from teller.data.summary import N_SUMMARY_FEATURES
 from teller.errors import ConfigError
-from teller.models.data import N_LOG_SUMMARY_FEATURES, N_RELATIVE_FEATURES, N_RICH_LOG_FEATURES
+from teller.models.data import (
+    N_GAP_LOG_FEATURES,
+    N_LOG_SUMMARY_FEATURES,
+    N_RELATIVE_FEATURES,
+    N_RICH_LOG_FEATURES,
+    N_WORK_FEATURES,
+)
 
 TRACE, LOG = 0, 1
 
@@ -48,13 +56,16 @@ class ModelConfig:
     max_log_tokens: int = 256
     n_classes: int = 13
     rich_log_features: bool = False  # 8 per-template log features instead of 3 (models.data.compact_log)
+    log_gap_features: bool = False  # + 2 per-template log features: the lag after the previous line
     relative_features: bool = False  # + 4 per-token features vs the sample's opening steps (models.data)
+    loc_per_class: bool = False  # a localization score per token and cause, q(location | cause)
+    work_features: bool = False  # + 2 per-token features normalized by the step's load (work_token_features)
     feature_norm: bool = False  # standardize token features per token id (fitted on train, fit_feature_norm)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
     log_summary_tokens: bool = (
         False  # append per-word number summaries (models.data.log_word_summary) to the log
     )
-    n_summary_features: int = 8
+    n_summary_features: int = N_SUMMARY_FEATURES  # the first N columns of teller.data.summary (8: shards v2)
     max_summary_tokens: int = 128
     log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
@@ -156,17 +167,24 @@ class RCAModel(nn.Module):
         n_exp = 2 if cfg.arch == "mot" else 1
         self.use_trace = cfg.modalities in ("both", "trace")
         self.use_log = cfg.modalities in ("both", "log")
+        self.n_log_feat = (N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features) + (
+            N_GAP_LOG_FEATURES if cfg.log_gap_features else 0
+        )
         maxpos = max(cfg.max_trace_tokens, cfg.max_log_tokens) + 1
         self.cls = nn.Parameter(torch.zeros(2, d))
         self.modality_emb = nn.Embedding(2, d)
         if self.use_trace:
             self.trace_emb = nn.Embedding(cfg.trace_vocab, d)
-            nf = cfg.n_trace_features + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
+            nf = (
+                cfg.n_trace_features
+                + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
+                + (N_WORK_FEATURES if cfg.work_features else 0)
+            )
             self.trace_feat = nn.Sequential(nn.Linear(nf, d), nn.GELU(), nn.Linear(d, d))
             self.trace_pos = nn.Embedding(maxpos, d)
             if cfg.summary_tokens:
                 # A summary row is a trace-modality token: the symbol's base TPE embedding (shared with
-                # the trace tokens) + an MLP of its 8 features + a learned "summary" type vector.
+                # the trace tokens) + an MLP of its features + a learned "summary" type vector.
                 self.summary_feat = nn.Sequential(
                     nn.Linear(cfg.n_summary_features, d), nn.GELU(), nn.Linear(d, d)
                 )
@@ -178,7 +196,7 @@ class RCAModel(nn.Module):
                 self.register_buffer("summary_sd", torch.ones(cfg.trace_vocab, cfg.n_summary_features))
         if self.use_log:
             self.log_emb = nn.Embedding(cfg.log_vocab, d)
-            self.log_feat = nn.Linear(N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features, d)
+            self.log_feat = nn.Linear(self.n_log_feat, d)
             self.log_pos = nn.Embedding(maxpos, d)
             if cfg.log_value_buckets:
                 self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
@@ -198,9 +216,8 @@ class RCAModel(nn.Module):
                 self.register_buffer("trace_mu", torch.zeros(cfg.trace_vocab, nf))
                 self.register_buffer("trace_sd", torch.ones(cfg.trace_vocab, nf))
             if self.use_log:
-                nl = N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features
-                self.register_buffer("log_mu", torch.zeros(cfg.log_vocab, nl))
-                self.register_buffer("log_sd", torch.ones(cfg.log_vocab, nl))
+                self.register_buffer("log_mu", torch.zeros(cfg.log_vocab, self.n_log_feat))
+                self.register_buffer("log_sd", torch.ones(cfg.log_vocab, self.n_log_feat))
         self.emb_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
         self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
         self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
@@ -212,8 +229,14 @@ class RCAModel(nn.Module):
         self.cls_head = nn.Sequential(
             nn.Linear(n_pool * d, d), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(d, cfg.n_classes)
         )
+        # model.loc_per_class: one localization score per token *and cause* (a KV-cache exhaustion's
+        # culprits are scheduler ranges, an NVLink degradation's all-reduce kernels): candidates are
+        # scored p(cause) * q(location | cause)
+        self.loc_classes = cfg.n_classes if cfg.loc_per_class else 1
         self.loc_head = (
-            nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, 1)) if self.use_trace else None
+            nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, self.loc_classes))
+            if self.use_trace
+            else None
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
@@ -365,7 +388,14 @@ class RCAModel(nn.Module):
             # localization scores the trace tokens only, not the summary rows appended after them
             tok = trace_h[:, 1:]
             ctx = trace_h[:, :1].expand_as(tok)
-            out["loc_logits"] = self.loc_head(torch.cat([tok, ctx], -1)).squeeze(-1)
+            lg = self.loc_head(torch.cat([tok, ctx], -1))
+            if self.loc_classes == 1:
+                out["loc_logits"] = lg.squeeze(-1)
+            else:
+                # [B, T, C]; ``loc_logits`` is the column of the predicted cause (what diagnose shows)
+                out["loc_logits_by_class"] = lg
+                pred = out["logits"].argmax(-1)
+                out["loc_logits"] = lg.gather(2, pred[:, None, None].expand(-1, lg.shape[1], 1)).squeeze(-1)
         return out
 
 

@@ -123,6 +123,10 @@ def loss_fn(
     ce = F.cross_entropy(out["logits"].float(), y)
     loss = ce
     parts = {"ce": float(ce.detach())}
+    if "loc_logits_by_class" in out:
+        # per-cause localization: train the true cause's column
+        by = out["loc_logits_by_class"]
+        out = {**out, "loc_logits": by.gather(2, y[:, None, None].expand(-1, by.shape[1], 1)).squeeze(-1)}
     if "loc_logits" in out and (loc_weight > 0 or listwise > 0):
         m = batch["trace_mask"].to(dev) & (y != normal_index)[:, None]
         if m.any() and loc_weight > 0:
@@ -170,6 +174,7 @@ def predict(
         out = model({k: v.to(dev) for k, v in b.items()})
         probs = torch.softmax(out["logits"].float(), -1).cpu().numpy()
         loc = out["loc_logits"].float().cpu().numpy() if "loc_logits" in out else None
+        by = out["loc_logits_by_class"].float().cpu().numpy() if "loc_logits_by_class" in out else None
         for i, s in enumerate(bs):
             n = len(s.trace_ids)
             preds.append(
@@ -178,6 +183,7 @@ def predict(
                     probs=probs[i],
                     token_ids=s.trace_ids,
                     loc_scores=loc[i, :n] if loc is not None else np.zeros(n),
+                    loc_by_class=by[i, :n] if by is not None else None,
                     culprit=s.culprit,
                 )
             )
