@@ -105,3 +105,27 @@ def test_candidate_rank_per_class_localization():
     # (A, 5) = 0.476, (B, 5) = 0.381 and normal 0.1
     shared = Prediction(label=1, probs=probs, token_ids=ids, loc_scores=by[:, 2], culprit=culprit)
     assert candidate_rank(shared) == 4
+
+
+def test_per_severity_hand_computed():
+    from teller.models.metrics import per_severity
+
+    def pred(label, guess, sev):
+        probs = np.full(3, 0.1)
+        probs[guess] = 0.8
+        return Prediction(label, probs, np.array([4]), np.zeros(1), np.array([True]), severity=sev)
+
+    preds = [
+        pred(1, 1, 0.1),  # mild, right
+        pred(1, 2, 0.2),  # mild, wrong
+        pred(2, 2, 0.7),  # severe, right
+        pred(0, 0, 0.0),  # normal: not counted
+        pred(2, 2, float("nan")),  # unknown severity: not counted
+    ]
+    ranks = [candidate_rank(p) for p in preds]
+    out = per_severity(preds, ranks)
+    assert out == {
+        "0.0-0.3": {"n": 2, "category_accuracy": 0.5, "ac@1": 0.5},
+        "0.6-1.0": {"n": 1, "category_accuracy": 1.0, "ac@1": 1.0},
+    }
+    assert compute_metrics(preds, ["normal", "a", "b"])["per_severity"] == out

@@ -158,6 +158,7 @@ def _sha256(path: Path) -> str:
 
 ARRAYS = {
     "labels": "int64 [samples]: index into label_names",
+    "severity": "float32 [samples]: the sample's largest fault severity (0 for normal; NaN if unknown)",
     "trace_ids": "uint32 [tokens]: TPE token ids, samples concatenated",
     "trace_features": "float32 [tokens, 5]: TPE timing features (feature_names)",
     "trace_offsets": "int64 [samples + 1]: sample i's tokens are trace_ids[o[i]:o[i+1]]",
@@ -178,7 +179,7 @@ ARRAYS = {
 }
 # Arrays a version-1 run lacks (token_work: before version 3); readers get them empty (token_work:
 # zeros, "no load information").
-OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets", "token_work")
+OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets", "token_work", "severity")
 
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +199,10 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     tok = tpe.load(job["tokenizer"])
     logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
     labels = job["labels"]
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ARRAYS if not k.endswith("offsets") and k != "labels"}
+    per_sample = ("labels", "severity")
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ARRAYS if not k.endswith("offsets") and k not in per_sample
+    }
     offs = {
         "trace_offsets": [0],
         "base_offsets": [0],
@@ -207,6 +211,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "summary_offsets": [0],
     }
     lab = []
+    sev = []
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
         ann = json.loads((sd / "annotation.json").read_text())
@@ -247,6 +252,9 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         offs["segment_offsets"].append(offs["segment_offsets"][-1] + len(enc.segment_starts))
         offs["log_offsets"].append(offs["log_offsets"][-1] + len(lids))
         lab.append(labels.index(ann["label"]))
+        fs = [f.get("severity") for f in ann.get("faults") or []]
+        fs = [float(x) for x in fs if isinstance(x, (int, float))]
+        sev.append(max(fs) if fs else (0.0 if not ann.get("faults") else float("nan")))
     dtypes = {
         "trace_ids": np.uint32,
         "trace_features": np.float32,
@@ -268,6 +276,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     for k, v in offs.items():
         np.save(tmp / f"{k}.npy", np.asarray(v, dtype=np.int64))
     np.save(tmp / "labels.npy", np.asarray(lab, dtype=np.int64))
+    np.save(tmp / "severity.npy", np.asarray(sev, dtype=np.float32))
     info = {
         "name": job["name"],
         "samples": len(job["samples"]),
@@ -431,6 +440,9 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
             if k == "token_work":
                 out[k] = np.zeros(len(np.load(d / "trace_ids.npy", mmap_mode="r")), np.float32)
                 continue
+            if k == "severity":
+                out[k] = np.full(n, np.nan, np.float32)
+                continue
             out[k] = (
                 np.zeros(n + 1, np.int64)
                 if k.endswith("offsets")
@@ -496,6 +508,7 @@ class ShardedSplit:
         return {
             "sample_id": self.sample_ids[i],
             "label": int(a["labels"][r]),
+            "severity": float(a["severity"][r]),
             "trace_ids": a["trace_ids"][o0:o1],
             "trace_features": a["trace_features"][o0:o1],
             "trace_culprit": a["trace_culprit"][o0:o1],

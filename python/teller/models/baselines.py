@@ -38,6 +38,7 @@ class RawSample:
     log_ids: np.ndarray
     log_values: np.ndarray
     log_times: np.ndarray | None = None  # ms, per log token (its line's time)
+    severity: float = float("nan")
     summary_ids: np.ndarray | None = None
     summary_features: np.ndarray | None = None
 
@@ -63,6 +64,7 @@ def _raw(d: dict[str, Any]) -> RawSample:
         np.asarray(d["log_features"][:, 0], np.float64),
         np.asarray(d["summary_ids"], np.int64),
         np.asarray(d["summary_features"], np.float64),
+        float(d.get("severity", np.nan)),
     )
 
 
@@ -317,7 +319,7 @@ class Baselines:
                 p[self.gbdt.classes_] = probs_all[i]
             else:
                 p = self._rule_probs(s, sc, normal)
-            out.append(Prediction(s.label, p, s.trace_ids, sc, s.culprit))
+            out.append(Prediction(s.label, p, s.trace_ids, sc, s.culprit, severity=s.severity))
         return out, (time.perf_counter() - t0) / max(1, len(samples))
 
     def _rule_probs(self, s: RawSample, sc: np.ndarray, normal: int) -> np.ndarray:

@@ -44,7 +44,8 @@ class Sample:
     log_summary_ids: np.ndarray | None = None  # int64 [K]: words that precede numbers (log_word_summary)
     log_summary_features: np.ndarray | None = None  # float32 [K, 8]
     summary_ids: np.ndarray | None = None  # int64 [S]: per-symbol summary rows (teller.data.summary)
-    summary_features: np.ndarray | None = None  # float32 [S, 8]
+    summary_features: np.ndarray | None = None  # float32 [S, n_summary_features]
+    severity: float = float("nan")  # the fault's severity (evaluation by severity; NaN if unknown)
 
 
 def _slog(x: np.ndarray) -> np.ndarray:
@@ -338,6 +339,7 @@ def _load_into(
             Sample(
                 sample_id=d["sample_id"],
                 label=int(d["label"]),
+                severity=float(d.get("severity", np.nan)),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
                 trace_features=_trace_features(d, n, relative_features, work_features),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),

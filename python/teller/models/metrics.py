@@ -30,6 +30,7 @@ class Prediction:
     # [T, C] per-cause localization scores (model.loc_per_class): candidate (c, l) scores
     # p(c) * q(l | c); ``loc_scores`` is then the predicted cause's column
     loc_by_class: np.ndarray | None = None
+    severity: float = float("nan")  # the injected fault's severity, when known (per_severity)
 
 
 def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.ndarray) -> np.ndarray:
@@ -134,6 +135,34 @@ def detection(y_true: Sequence[int], y_pred: Sequence[int], normal_index: int = 
     return {"detection_precision": float(prec), "detection_recall": float(rec)}
 
 
+SEVERITY_BINS = ((0.0, 0.3), (0.3, 0.6), (0.6, 1.01))
+
+
+def per_severity(
+    preds: Sequence[Prediction], ranks: Sequence[int], normal_index: int = 0
+) -> dict[str, dict[str, float]]:
+    """Faulty samples of known severity by severity range: ``n``, category accuracy, AC@1 (a
+    benchmark whose mild faults sit inside normal variance should be read range by range)."""
+    out: dict[str, dict[str, float]] = {}
+    for lo, hi in SEVERITY_BINS:
+        sel = [
+            i
+            for i, p in enumerate(preds)
+            if p.label != normal_index and np.isfinite(p.severity) and lo <= p.severity < hi
+        ]
+        if not sel:
+            continue
+        key = f"{lo:.1f}-{min(hi, 1.0):.1f}"
+        out[key] = {
+            "n": len(sel),
+            "category_accuracy": float(
+                np.mean([int(np.argmax(preds[i].probs)) == preds[i].label for i in sel])
+            ),
+            "ac@1": float(np.mean([ranks[i] == 1 for i in sel])),
+        }
+    return out
+
+
 def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
     """Every metric of ``teller evaluate`` over a list of predictions."""
     n = len(label_names)
@@ -159,6 +188,7 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "loc_n": len(l1v),
         **detection(y, yp, normal),
         "per_class": {label_names[c]: pc[c] for c in range(n)},
+        "per_severity": per_severity(preds, ranks, normal),
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
     }
@@ -182,7 +212,17 @@ def metrics_across_label_sets(
     for p in preds:
         name = data_names[p.label]
         if name in model_names:
-            known.append(Prediction(model_names.index(name), p.probs, p.token_ids, p.loc_scores, p.culprit))
+            known.append(
+                Prediction(
+                    model_names.index(name),
+                    p.probs,
+                    p.token_ids,
+                    p.loc_scores,
+                    p.culprit,
+                    loc_by_class=p.loc_by_class,
+                    severity=p.severity,
+                )
+            )
             continue
         u = unknown.setdefault(name, {"n": 0, "flagged_faulty": 0, "predicted": {}})
         top = int(np.argmax(p.probs))

@@ -147,6 +147,13 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
     for name, r in m.get("per_class", {}).items():
         pc.add_row(name, str(r["support"]), _fmt(r["precision"]), _fmt(r["recall"]), _fmt(r["f1"]))
     console.print(pc)
+    if m.get("per_severity"):
+        ps = Table(title="faulty samples by injected severity")
+        for c in ("severity", "n", "category accuracy", "AC@1"):
+            ps.add_column(c)
+        for rng, r in m["per_severity"].items():
+            ps.add_row(rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
+        console.print(ps)
     if m.get("unknown_cause"):
         uc = Table(title="causes outside the model's classes (detection only)")
         for c in ("label", "n", "flagged faulty", "predicted as"):
