@@ -228,6 +228,33 @@ CFG = {
 }
 
 
+def test_extra_train_data(shards) -> None:
+    from teller.errors import ConfigError
+    from teller.models.baselines import train_baselines
+
+    root, _data, tdir, out = shards
+    extra = root / "extra"
+    man = generate(extra, num_samples=13, seed=5, preset="tiny", train_only=True)
+    assert {k: len(v) for k, v in man["splits"].items() if v} == {"train": 13}
+    assert not any(
+        s["ood"]
+        for s in (json.loads((extra / sid / "annotation.json").read_text()) for sid in man["splits"]["train"])
+    )
+    # encoded with the benchmark's log tokenizer: trainable together
+    ex = tokenize_dataset(extra, tdir, root / "tok-extra", log_tokenizer=out / "log_tokenizer.json")
+    cfg = {**CFG, "train": {**CFG["train"], "epochs": 1}}
+    run = train(cfg, out, root / "r-extra", tpe_dir=tdir, extra_train=[ex])
+    n_train = len(json.loads((out / "manifest.json").read_text())["splits"]["train"]["samples"])
+    meta = json.loads((run / "config.json").read_text())
+    assert meta["train_samples"] == n_train + 13 and meta["extra_train"] == [str(ex.resolve())]
+    b = train_baselines(out, root / "b-extra", log=lambda _m: None, extra_train=[ex])
+    assert json.loads((b / "config.json").read_text())["train_samples"] == n_train + 13
+    # its own log tokenizer: refused, with the way out in the message
+    own = tokenize_dataset(extra, tdir, root / "tok-own")
+    with pytest.raises(ConfigError, match="log tokenizer"):
+        train(cfg, out, root / "r-bad", tpe_dir=tdir, extra_train=[own])
+
+
 def _state(run) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -576,6 +576,14 @@ def dataset_generate(
         str | None, typer.Option(help="A YAML file overlaid on the preset (its `base:` names the preset).")
     ] = None,
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+    train_only: Annotated[
+        bool,
+        typer.Option(
+            "--train-only",
+            help="Every sample in train, in-distribution workloads only: extra training data for a "
+            "benchmark made with another seed (teller train --extra-train).",
+        ),
+    ] = False,
 ) -> None:
     """Simulate a vLLM-like serving engine with injected faults: trace.json, log.txt, annotation.json
     per sample, manifest.json with splits (train/val/test/test_ood). Resumes an interrupted run."""
@@ -592,6 +600,7 @@ def dataset_generate(
                 config=config,
                 workers=workers,
                 progress=cb,
+                train_only=train_only,
             )
     except TellerError as e:
         raise _fail(e) from None
@@ -681,6 +690,13 @@ def tokenize_cmd(
     shard_size: Annotated[int, typer.Option(help="Samples per shard.")] = 256,
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
     log_vocab_size: Annotated[int, typer.Option(help="Log word vocabulary size (built on train).")] = 4096,
+    log_tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="Reuse this log_tokenizer.json (another run's) instead of building one: how extra "
+            "training data or new data is encoded for models trained on other shards."
+        ),
+    ] = None,
 ) -> None:
     """Encode every sample with TPE (ids, timing features, token->event offsets, culprit mask) and its
     log with the log tokenizer, into memory-mapped .npy shards plus manifest.json. Resumable."""
@@ -697,6 +713,7 @@ def tokenize_cmd(
                 shard_size=shard_size,
                 workers=workers,
                 log_vocab_size=log_vocab_size,
+                log_tokenizer=log_tokenizer,
                 progress=cb,
             )
     except TellerError as e:
@@ -724,6 +741,7 @@ def _train_model(
     output_dir: str | None,
     resume: bool,
     overrides: dict[str, object],
+    extra_train: list[str] | None = None,
 ) -> None:
     from teller.models.train import load_config, train
 
@@ -742,7 +760,16 @@ def _train_model(
 
             ov = {k: v for k, v in overrides.items() if v is not None}
             ov["arch"] = kind  # `train single --config X` trains the single-stream variant of X
-            run = train(cfg, data_dir, out, tpe_dir=tpe_dir, resume=resume, progress=cb, overrides=ov)
+            run = train(
+                cfg,
+                data_dir,
+                out,
+                tpe_dir=tpe_dir,
+                resume=resume,
+                progress=cb,
+                overrides=ov,
+                extra_train=extra_train or (),
+            )
     except TellerError as e:
         raise _fail(e) from None
     err_console.print(f"trained {kind} in {time.perf_counter() - t0:.1f} s", highlight=False)
@@ -759,6 +786,14 @@ _TpeOpt = Annotated[
 _OutOpt = Annotated[
     str | None, typer.Option("--output-dir", help="Run directory (checkpoints, config.json).")
 ]
+_ExtraOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--extra-train",
+        help="More tokenized shards whose train split is added to training (same TPE and log "
+        "tokenizer; see docs/models.md). Repeatable.",
+    ),
+]
 
 
 @train_app.command("mot")
@@ -772,6 +807,7 @@ def train_mot_cmd(
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
     modalities: Annotated[str | None, typer.Option(help="both, trace or log (ablations).")] = None,
+    extra_train: _ExtraOpt = None,
 ) -> None:
     """Train the Mixture-of-Transformers model (configs/mot/train.yaml by default)."""
     _train_model(
@@ -782,6 +818,7 @@ def train_mot_cmd(
         output_dir,
         resume,
         {"epochs": epochs, "seed": seed, "device": device, "modalities": modalities},
+        extra_train,
     )
 
 
@@ -795,6 +832,7 @@ def train_single_cmd(
     epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    extra_train: _ExtraOpt = None,
 ) -> None:
     """Train the single-stream (shared weights) model (configs/single/train.yaml by default)."""
     _train_model(
@@ -805,11 +843,14 @@ def train_single_cmd(
         output_dir,
         resume,
         {"epochs": epochs, "seed": seed, "device": device},
+        extra_train,
     )
 
 
 @train_app.command("baselines")
-def train_baselines_cmd(data_dir: _DataOpt, output_dir: _OutOpt = None, tpe_dir: _TpeOpt = None) -> None:
+def train_baselines_cmd(
+    data_dir: _DataOpt, output_dir: _OutOpt = None, tpe_dir: _TpeOpt = None, extra_train: _ExtraOpt = None
+) -> None:
     """Fit the GBDT and z-score baselines (hyper-parameters and thresholds chosen on val)."""
     from teller.models.baselines import train_baselines
 
@@ -819,6 +860,7 @@ def train_baselines_cmd(data_dir: _DataOpt, output_dir: _OutOpt = None, tpe_dir:
             data_dir,
             output_dir or "output/checkpoints/baselines",
             log=lambda m: err_console.print(m, highlight=False),
+            extra_train=extra_train or (),
         )
     except TellerError as e:
         raise _fail(e) from None

@@ -388,11 +388,17 @@ def generate(
     workers: int = 1,
     progress: ProgressFn | None = None,
     resume: bool = True,
+    train_only: bool = False,
 ) -> dict[str, Any]:
     """Generate a dataset; returns the manifest. Same seed and configuration: identical bytes,
     whatever ``workers``. With ``resume``, complete sample directories already present (from an
-    interrupted run with the same seed and configuration) are kept."""
+    interrupted run with the same seed and configuration) are kept. ``train_only``: every sample in
+    the train split, from the in-distribution workloads only (no OOD samples): more training data
+    for a benchmark generated with another seed (``teller train --extra-train``)."""
     cfg = load_config(preset, config)
+    if train_only:
+        cfg = {**cfg, "ood_fraction": 0.0, "splits": {"train": 1.0, "val": 0.0, "test": 0.0}}
+        _check_config(cfg)
     n = int(num_samples if num_samples is not None else cfg["num_samples"])
     if n < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {n}")

@@ -38,9 +38,9 @@ class RawSample:
     log_ids: np.ndarray
     log_values: np.ndarray
     log_times: np.ndarray | None = None  # ms, per log token (its line's time)
-    severity: float = float("nan")
     summary_ids: np.ndarray | None = None
     summary_features: np.ndarray | None = None
+    severity: float = float("nan")
 
 
 def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str]]:
@@ -55,16 +55,16 @@ def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str
 
 def _raw(d: dict[str, Any]) -> RawSample:
     return RawSample(
-        int(d["label"]),
-        np.asarray(d["trace_ids"], np.int64),
-        np.asarray(d["trace_features"], np.float64),
-        np.asarray(d["trace_culprit"], bool),
-        np.asarray(d["log_ids"], np.int64),
-        np.asarray(d["log_features"][:, 1], np.float64),
-        np.asarray(d["log_features"][:, 0], np.float64),
-        np.asarray(d["summary_ids"], np.int64),
-        np.asarray(d["summary_features"], np.float64),
-        float(d.get("severity", np.nan)),
+        label=int(d["label"]),
+        trace_ids=np.asarray(d["trace_ids"], np.int64),
+        trace_features=np.asarray(d["trace_features"], np.float64),
+        culprit=np.asarray(d["trace_culprit"], bool),
+        log_ids=np.asarray(d["log_ids"], np.int64),
+        log_values=np.asarray(d["log_features"][:, 1], np.float64),
+        log_times=np.asarray(d["log_features"][:, 0], np.float64),
+        summary_ids=np.asarray(d["summary_ids"], np.int64),
+        summary_features=np.asarray(d["summary_features"], np.float64),
+        severity=float(d.get("severity", np.nan)),
     )
 
 
@@ -262,7 +262,10 @@ class Baselines:
         else:
             self.top_sym = np.zeros(0, np.int64)
         Xt, yt = self.X(train), np.array([s.label for s in train])
-        Xv, yv = self.X(val), np.array([s.label for s in val])
+        if not val:  # (tiny datasets) nothing to select on: the first setting
+            log("no val samples: the GBDT uses its first setting, the z-score threshold is 0")
+            grid = grid[:1]
+        Xv, yv = (self.X(val), np.array([s.label for s in val])) if val else (Xt[:0], yt[:0])
         best = (-1.0, None, None)
         if len(train) < 300:  # no internal early stopping on small data: fewer rounds
             max_iter = min(max_iter, 100)
@@ -279,7 +282,7 @@ class Baselines:
                 random_state=self.seed,
             )
             m.fit(Xt, yt)
-            acc = float((m.predict(Xv) == yv).mean())
+            acc = float((m.predict(Xv) == yv).mean()) if len(yv) else 0.0
             log(f"gbdt lr={lr} leaves={leaves}: val acc {acc:.3f} ({time.perf_counter() - t0:.0f} s)")
             if acc > best[0]:
                 best = (acc, m, {"learning_rate": lr, "max_leaf_nodes": leaves})
@@ -343,13 +346,24 @@ class Baselines:
         path.write_bytes(pickle.dumps(self))
 
 
-def train_baselines(data_dir: str | Path, output_dir: str | Path, log: Any = print, **fit_kw: Any) -> Path:
+def train_baselines(
+    data_dir: str | Path,
+    output_dir: str | Path,
+    log: Any = print,
+    extra_train: Sequence[str | Path] = (),
+    **fit_kw: Any,
+) -> Path:
+    from teller.models.data import check_extra_train
     from teller.models.train import shards_run_dir
 
     run_dir = shards_run_dir(data_dir)
     man = json.loads((run_dir / "manifest.json").read_text())
     log_vocab = json.loads((run_dir / "log_tokenizer.json").read_text())["vocab"]
     train, names = load_raw(run_dir, "train")
+    extra_dirs = [shards_run_dir(e) for e in extra_train]
+    for e in extra_dirs:
+        check_extra_train(run_dir, e)
+        train += load_raw(e, "train")[0]
     val, _ = load_raw(run_dir, "val")
     b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, man["tokenizer"].get("path"))
     t0 = time.perf_counter()
@@ -364,6 +378,8 @@ def train_baselines(data_dir: str | Path, output_dir: str | Path, log: Any = pri
                 "format": "teller-baselines",
                 "version": 1,
                 "data_dir": str(run_dir.resolve()),
+                "extra_train": [str(e.resolve()) for e in extra_dirs],
+                "train_samples": len(train),
                 "label_names": names,
                 "info": b.info,
             },

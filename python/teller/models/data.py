@@ -286,6 +286,31 @@ def load_split(
     return out, label_names
 
 
+def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
+    """``extra``'s train split can be trained on with ``run_dir``'s: the same TPE tokenizer, log
+    tokenizer, labels and shards version (else a :class:`ConfigError` naming what differs)."""
+    a = json.loads((Path(run_dir) / "manifest.json").read_text())
+    mp = Path(extra) / "manifest.json"
+    if not mp.is_file():
+        raise ConfigError(f"{extra}: not tokenized shards (no manifest.json)", path=str(extra))
+    b = json.loads(mp.read_text())
+    checks = {
+        "TPE tokenizer": (a["tokenizer"]["sha256"], b["tokenizer"]["sha256"]),
+        "log tokenizer": (a["log_tokenizer"]["sha256"], b["log_tokenizer"]["sha256"]),
+        "label names": (a["label_names"], b["label_names"]),
+        "shards version": (a.get("version"), b.get("version")),
+    }
+    for what, (x, y) in checks.items():
+        if x != y:
+            raise ConfigError(
+                f"{extra}: its {what} differs from {run_dir}'s; tokenize it with the same TPE tokenizer "
+                "and `teller tokenize --log-tokenizer RUN/log_tokenizer.json`",
+                path=str(extra),
+            )
+    if "train" not in b["splits"]:
+        raise ConfigError(f"{extra}: no train split", path=str(extra))
+
+
 def load_model_split(
     run_dir: str | Path, split: str, model_cfg: dict[str, Any]
 ) -> tuple[list[Sample], list[str]]:

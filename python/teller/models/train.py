@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import yaml
 
 from teller.errors import ConfigError, TellerFileNotFoundError
-from teller.models.data import Sample, batches, collate, load_model_split
+from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
 
@@ -229,8 +229,10 @@ def train(
     resume: bool = False,
     progress: ProgressFn | None = None,
     overrides: dict[str, Any] | None = None,
+    extra_train: Sequence[str | Path] = (),
 ) -> Path:
-    """Train a model; returns the run directory (``output_dir``)."""
+    """Train a model; returns the run directory (``output_dir``). ``extra_train``: more tokenized
+    shards (same tokenizers) whose train split is added to the training samples."""
     mcfg_d = dict(config.get("model") or {})
     tcfg_d = dict(config.get("train") or {})
     for k, v in (overrides or {}).items():
@@ -257,6 +259,10 @@ def train(
         )
     seed_everything(tc.seed)
     train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
+    extra_dirs = [shards_run_dir(e) for e in extra_train]
+    for e in extra_dirs:
+        check_extra_train(run_dir, e)
+        train_s += load_model_split(e, "train", mc.to_dict())[0]
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
     val_s, _ = load_model_split(run_dir, "val", mc.to_dict()) if "val" in man["splits"] else ([], [])
@@ -284,6 +290,8 @@ def train(
         "train": asdict(tc),
         "label_names": label_names,
         "data_dir": str(run_dir.resolve()),
+        "extra_train": [str(e.resolve()) for e in extra_dirs],
+        "train_samples": len(train_s),
         "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
         "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
     }
