@@ -65,6 +65,7 @@ def test_shapes_all_variants() -> None:
     s = _samples(4)
     for arch, mods, summary in itertools.product(("mot", "single"), ("both", "trace", "log"), (False, True)):
         cfg = {**TINY, "arch": arch, "modalities": mods, "loc_per_class": summary}
+        cfg["label_names"] = ["normal", "a", "b"]
         m = build_model({**cfg, "summary_tokens": summary, "log_summary_tokens": summary})
         m.fit_summary_norm(
             np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
@@ -76,10 +77,10 @@ def test_shapes_all_variants() -> None:
         assert o["logits"].shape == (4, 3)
         if mods != "log":
             assert o["loc_logits"].shape == b["trace_ids"].shape
-            if summary:  # per-cause localization: [B, T, C], loc_logits = the predicted cause's column
+            if summary:  # per-cause localization: [B, T, C], loc_logits = the likeliest fault's column
                 by = o["loc_logits_by_class"]
                 assert by.shape == (*b["trace_ids"].shape, 3)
-                pred = o["logits"].argmax(-1)
+                pred = o["logits"][:, 1:].argmax(-1) + 1  # never "normal" (index 0): it has no culprits
                 for i in range(4):
                     torch.testing.assert_close(o["loc_logits"][i], by[i, :, pred[i]])
         else:
@@ -183,6 +184,11 @@ def test_compact_log_dedups_templates() -> None:
     np.testing.assert_allclose(of[:, :8], compact_log(ids, feats, 100, rich=True)[1])
     np.testing.assert_allclose(of[0, 8:], np.log1p([7 / 3, 5]), rtol=1e-6)
     np.testing.assert_allclose(of[4, 8:], np.log1p([2, 2]), rtol=1e-6)
+    # a line without a timestamp (time 0) between lines at 5 and 7 ms: lags 0, 0, 2 (not 7)
+    t_ids = np.array([bol, 9, bol, 7, bol, 8])
+    t_feats = np.array([[5, 0], [5, 0], [0, 0], [0, 0], [7, 0], [7, 0]], np.float32)
+    _, tf = compact_log(t_ids, t_feats, 100, gaps=True)
+    np.testing.assert_allclose(tf[[0, 2, 4], 4], np.log1p([0, 0, 2]), rtol=1e-6)
     _, of = compact_log(ids, feats, 100, gaps=True)
     assert of.shape == (5, 5)
     np.testing.assert_allclose(of[2, 3:], np.log1p([7 / 3, 5]), rtol=1e-6)
@@ -230,7 +236,7 @@ CFG = {
 
 def test_extra_train_data(shards) -> None:
     from teller.errors import ConfigError
-    from teller.models.baselines import train_baselines
+    from teller.models.baselines import load_raw, train_baselines
 
     root, _data, tdir, out = shards
     extra = root / "extra"
@@ -249,10 +255,27 @@ def test_extra_train_data(shards) -> None:
     assert meta["train_samples"] == n_train + 13 and meta["extra_train"] == [str(ex.resolve())]
     b = train_baselines(out, root / "b-extra", log=lambda _m: None, extra_train=[ex])
     assert json.loads((b / "config.json").read_text())["train_samples"] == n_train + 13
+    # the fitted feature layout is kept: a model pickled before the 14-column summaries and the log
+    # lags (no such attributes) still gets the features it was fitted on
+    import pickle
+
+    bl = pickle.loads((b / "baselines.pkl").read_bytes())
+    smp = load_raw(out, "train")[0][:2]
+    wide = bl.X(smp).shape[1]
+    del bl.summary_width, bl.log_lags
+    assert wide - bl.X(smp).shape[1] == 6 * len(bl.top_sym) + len(bl.log_vocab)
     # its own log tokenizer: refused, with the way out in the message
     own = tokenize_dataset(extra, tdir, root / "tok-own")
     with pytest.raises(ConfigError, match="log tokenizer"):
         train(cfg, out, root / "r-bad", tpe_dir=tdir, extra_train=[own])
+    # the benchmark itself, or a dataset regenerated with its seed (it would repeat val and test)
+    with pytest.raises(ConfigError, match="same dataset"):
+        train(cfg, out, root / "r-bad", tpe_dir=tdir, extra_train=[out])
+    same_seed = root / "extra-seed3"
+    generate(same_seed, num_samples=13, seed=3, preset="tiny", train_only=True)
+    ss = tokenize_dataset(same_seed, tdir, root / "tok-seed3", log_tokenizer=out / "log_tokenizer.json")
+    with pytest.raises(ConfigError, match="seed"):
+        train(cfg, out, root / "r-bad", tpe_dir=tdir, extra_train=[ss])
 
 
 def _state(run) -> dict[str, torch.Tensor]:

@@ -68,8 +68,9 @@ N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
 
 
 def step_work(tr: Any) -> np.ndarray:
-    """Per event, ln(1 + ``num_tokens``) of its step's range (``num_seqs`` if it has no token count;
-    0 where the step has neither or the event has no step)."""
+    """Per event, ln(1 + ``num_tokens``) of its step's range (``num_seqs`` for a range that records
+    no token count, a coarser measure of the same load; 0 where the step has neither or the event
+    has no step)."""
     steps = tr.steps()
     w = np.zeros(len(steps) + 1)
     for s in steps:
@@ -126,7 +127,7 @@ def window_scan(v: np.ndarray) -> tuple[float, int, int]:
 def symbol_summary(tr: Any, tok: Any, baseline_frac: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, features)``: the TPE base id of each symbol present in ``tr`` (sorted by id; symbols
     unknown to ``tok`` are pooled into their layer's ``[UNK]`` row) and its summary row
-    (``float32 [S, 8]``)."""
+    (``float32 [S, N_SUMMARY_FEATURES]``)."""
     n = len(tr)
     if n == 0:
         return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)

@@ -158,7 +158,7 @@ def _sha256(path: Path) -> str:
 
 ARRAYS = {
     "labels": "int64 [samples]: index into label_names",
-    "severity": "float32 [samples]: the sample's largest fault severity (0 for normal; NaN if unknown)",
+    "severity": "float32 [samples]: the labelled fault's severity (0 for normal; NaN if unknown)",
     "trace_ids": "uint32 [tokens]: TPE token ids, samples concatenated",
     "trace_features": "float32 [tokens, 5]: TPE timing features (feature_names)",
     "trace_offsets": "int64 [samples + 1]: sample i's tokens are trace_ids[o[i]:o[i+1]]",
@@ -191,7 +191,9 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     out = Path(job["out"])
     final = out / "shards" / job["name"]
     if (final / "done.json").is_file():
-        return json.loads((final / "done.json").read_text())
+        done = json.loads((final / "done.json").read_text())
+        if done.get("version") == SHARDS_VERSION:  # (a shard of an older version is encoded again)
+            return done
     tmp = out / "shards" / f".tmp-{job['name']}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -252,9 +254,10 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         offs["segment_offsets"].append(offs["segment_offsets"][-1] + len(enc.segment_starts))
         offs["log_offsets"].append(offs["log_offsets"][-1] + len(lids))
         lab.append(labels.index(ann["label"]))
-        fs = [f.get("severity") for f in ann.get("faults") or []]
+        # the labelled (primary) fault's severity, not a milder secondary one's
+        fs = [f.get("severity") for f in ann.get("faults") or [] if f.get("type") == ann["label"]]
         fs = [float(x) for x in fs if isinstance(x, (int, float))]
-        sev.append(max(fs) if fs else (0.0 if not ann.get("faults") else float("nan")))
+        sev.append(fs[0] if fs else (0.0 if not ann.get("faults") else float("nan")))
     dtypes = {
         "trace_ids": np.uint32,
         "trace_features": np.float32,
@@ -283,6 +286,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "tokens": int(offs["trace_offsets"][-1]),
         "log_tokens": int(offs["log_offsets"][-1]),
         "culprit_tokens": int(sum(int(c.sum()) for c in cols["trace_culprit"])),
+        "version": SHARDS_VERSION,
     }
     (tmp / "done.json").write_text(json.dumps(info, sort_keys=True))
     if final.exists():

@@ -128,20 +128,21 @@ LOG_RULES: list[tuple[tuple[str, ...], str]] = [
 ]
 
 
-def _summary_block(s: RawSample, top_sym: np.ndarray) -> np.ndarray:
-    """The per-symbol summary rows (teller.data.summary) of the ``top_sym`` base symbols, flattened;
-    zeros for a symbol absent from the sample."""
-    out = np.zeros((len(top_sym), N_SUMMARY_FEATURES))
+def _summary_block(s: RawSample, top_sym: np.ndarray, width: int = N_SUMMARY_FEATURES) -> np.ndarray:
+    """The per-symbol summary rows (teller.data.summary) of the ``top_sym`` base symbols, their first
+    ``width`` columns, flattened; zeros for a symbol absent from the sample."""
+    out = np.zeros((len(top_sym), width))
     if s.summary_ids is not None and s.summary_features is not None:
         pos = {int(t): k for k, t in enumerate(top_sym)}
         for t, row in zip(s.summary_ids.tolist(), s.summary_features, strict=True):
             k = pos.get(t)
             if k is not None:
+                row = row[:width]
                 out[k, : len(row)] = row  # (shards v2 have the first 8 columns only)
     return out.ravel()
 
 
-def _features(s: RawSample, top: np.ndarray, log_vocab: int) -> np.ndarray:
+def _features(s: RawSample, top: np.ndarray, log_vocab: int, lags: bool = True) -> np.ndarray:
     f = _slog(s.trace_features)
     pos = {int(t): k for k, t in enumerate(top)}
     per = np.zeros((len(top), 5))
@@ -176,12 +177,14 @@ def _features(s: RawSample, top: np.ndarray, log_vocab: int) -> np.ndarray:
     np.add.at(vn, prev, 1)
     np.maximum.at(vx, prev, vals)
     vm /= np.maximum(vn, 1)
+    if not lags:  # (baselines fitted before the lag features)
+        return np.concatenate([glob, np.log1p(cnt), per.ravel(), lc, vm, vx])
     # per word, the longest lag between a line holding it and the line before (the MoT's gap features)
     lag = np.zeros(log_vocab)
     if s.log_times is not None and len(s.log_ids):
         line = np.cumsum(s.log_ids == BOL_ID)
         first = np.r_[0, np.flatnonzero(np.diff(line)) + 1]
-        t_line = s.log_times[first]
+        t_line = np.maximum.accumulate(s.log_times[first])  # (unstamped lines have time 0)
         lag_line = np.maximum(np.diff(t_line, prepend=t_line[0]), 0.0)
         np.maximum.at(lag, np.minimum(s.log_ids, log_vocab - 1), _slog(lag_line[line - line[0]]))
     return np.concatenate([glob, np.log1p(cnt), per.ravel(), lc, vm, vx, lag])
@@ -209,13 +212,20 @@ class Baselines:
         self.threshold = 0.0
         self.token_cause: dict[int, str] = {}
         self.info: dict[str, Any] = {}
+        self.summary_width = N_SUMMARY_FEATURES
+        self.log_lags = True
 
     # --- features --------------------------------------------------------------------------------
     def X(self, samples: Sequence[RawSample]) -> np.ndarray:
+        # the feature layout this model was fitted with (older pickles: 8 summary columns, no lags)
         top_sym = getattr(self, "top_sym", np.zeros(0, np.int64))
+        width = getattr(self, "summary_width", 8)
+        lags = getattr(self, "log_lags", False)
         return np.stack(
             [
-                np.concatenate([_features(s, self.top, len(self.log_vocab)), _summary_block(s, top_sym)])
+                np.concatenate(
+                    [_features(s, self.top, len(self.log_vocab), lags), _summary_block(s, top_sym, width)]
+                )
                 for s in samples
             ]
         )

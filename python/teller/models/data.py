@@ -193,8 +193,9 @@ def compact_log(
     ends = np.append(starts[1:], len(ids))
     order: list[tuple[int, ...]] = []
     agg: dict[tuple[int, ...], list[Any]] = {}
-    line_t = feats[starts, 0].astype(np.float64)
-    lag = np.maximum(np.diff(line_t, prepend=line_t[0]), 0.0)  # ms since the previous line
+    # ms since the previous line (a running max: lines without a timestamp prefix have time 0)
+    line_t = np.maximum.accumulate(feats[starts, 0].astype(np.float64))
+    lag = np.diff(line_t, prepend=line_t[0])
     for li, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
         key = tuple(ids[s:e].tolist())
         v = feats[s:e, 1].astype(np.float64)
@@ -309,6 +310,20 @@ def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
             )
     if "train" not in b["splits"]:
         raise ConfigError(f"{extra}: no train split", path=str(extra))
+    # the same samples twice, or a dataset regenerated with the benchmark's seed (sample i is a
+    # function of (seed, i) alone: it would hold the benchmark's val and test samples)
+    if a["dataset"].get("manifest_sha256") == b["dataset"].get("manifest_sha256"):
+        raise ConfigError(f"{extra}: encodes the same dataset as {run_dir}", path=str(extra))
+    seeds = []
+    for m in (a, b):
+        dm = Path(m["dataset"].get("path", "")) / "manifest.json"
+        seeds.append(json.loads(dm.read_text()).get("seed") if dm.is_file() else None)
+    if seeds[0] is not None and seeds[0] == seeds[1]:
+        raise ConfigError(
+            f"{extra}: its dataset was generated with the benchmark's seed ({seeds[0]}), so its samples "
+            "repeat the benchmark's (val and test included); generate it with another --seed",
+            path=str(extra),
+        )
 
 
 def load_model_split(

@@ -233,6 +233,8 @@ class RCAModel(nn.Module):
         # culprits are scheduler ranges, an NVLink degradation's all-reduce kernels): candidates are
         # scored p(cause) * q(location | cause)
         self.loc_classes = cfg.n_classes if cfg.loc_per_class else 1
+        names = list(cfg.label_names)
+        self.normal_index = names.index("normal") if "normal" in names and cfg.n_classes > 1 else None
         self.loc_head = (
             nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, self.loc_classes))
             if self.use_trace
@@ -392,9 +394,14 @@ class RCAModel(nn.Module):
             if self.loc_classes == 1:
                 out["loc_logits"] = lg.squeeze(-1)
             else:
-                # [B, T, C]; ``loc_logits`` is the column of the predicted cause (what diagnose shows)
+                # [B, T, C]; ``loc_logits`` is the column of the most likely *fault* (what diagnose
+                # shows; the normal column is never trained: a normal sample has no culprit)
                 out["loc_logits_by_class"] = lg
-                pred = out["logits"].argmax(-1)
+                lo = out["logits"].detach()
+                if self.normal_index is not None:
+                    lo = lo.clone()
+                    lo[:, self.normal_index] = float("-inf")
+                pred = lo.argmax(-1)
                 out["loc_logits"] = lg.gather(2, pred[:, None, None].expand(-1, lg.shape[1], 1)).squeeze(-1)
         return out
 
