@@ -256,14 +256,17 @@ def test_extra_train_data(shards) -> None:
     b = train_baselines(out, root / "b-extra", log=lambda _m: None, extra_train=[ex])
     assert json.loads((b / "config.json").read_text())["train_samples"] == n_train + 13
     # the fitted feature layout is kept: a model pickled before the 14-column summaries and the log
-    # lags (no such attributes) still gets the features it was fitted on
+    # lags (no such attributes) still gets the features it was fitted on, told by the GBDT's width
     import pickle
 
     bl = pickle.loads((b / "baselines.pkl").read_bytes())
     smp = load_raw(out, "train")[0][:2]
     wide = bl.X(smp).shape[1]
+    assert wide == bl.gbdt.n_features_in_
     del bl.summary_width, bl.log_lags
-    assert wide - bl.X(smp).shape[1] == 6 * len(bl.top_sym) + len(bl.log_vocab)
+    assert bl.X(smp).shape[1] == wide  # fitted on the new layout: still the new one
+    bl.gbdt.n_features_in_ = wide - 6 * len(bl.top_sym) - len(bl.log_vocab)  # as an old pickle
+    assert bl.X(smp).shape[1] == bl.gbdt.n_features_in_
     # its own log tokenizer: refused, with the way out in the message
     own = tokenize_dataset(extra, tdir, root / "tok-own")
     with pytest.raises(ConfigError, match="log tokenizer"):

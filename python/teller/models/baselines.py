@@ -216,11 +216,19 @@ class Baselines:
         self.log_lags = True
 
     # --- features --------------------------------------------------------------------------------
+    def _layout(self, n_sym: int) -> tuple[int, bool]:
+        """The feature layout this model was fitted with: summary columns per symbol, log lags.
+        Pickles older than the attributes are told apart by the width the GBDT was fitted on."""
+        if hasattr(self, "summary_width"):
+            return int(self.summary_width), bool(self.log_lags)
+        v = len(self.log_vocab)
+        old = 21 + 6 * len(self.top) + 3 * v + 8 * n_sym
+        fitted = getattr(self.gbdt, "n_features_in_", old)
+        return (N_SUMMARY_FEATURES, True) if fitted == old + 6 * n_sym + v else (8, False)
+
     def X(self, samples: Sequence[RawSample]) -> np.ndarray:
-        # the feature layout this model was fitted with (older pickles: 8 summary columns, no lags)
         top_sym = getattr(self, "top_sym", np.zeros(0, np.int64))
-        width = getattr(self, "summary_width", 8)
-        lags = getattr(self, "log_lags", False)
+        width, lags = self._layout(len(top_sym))
         return np.stack(
             [
                 np.concatenate(
