@@ -281,6 +281,33 @@ def test_extra_train_data(shards) -> None:
         train(cfg, out, root / "r-bad", tpe_dir=tdir, extra_train=[ss])
 
 
+def test_ensemble_mixes_gbdt_category_with_mot_localization(shards) -> None:
+    from teller.errors import ConfigError
+    from teller.models.baselines import evaluate_baselines, train_baselines
+    from teller.models.ensemble import WEIGHTS, evaluate_ensemble, fit_ensemble
+    from teller.models.train import evaluate
+
+    root, _data, tdir, out = shards
+    cfg = {**CFG, "model": {**CFG["model"], "loc_per_class": True}, "train": {**CFG["train"], "epochs": 1}}
+    mot = train(cfg, out, root / "ens-mot", tpe_dir=tdir)
+    base = train_baselines(out, root / "ens-b", log=lambda _m: None)
+    # (the tiny fixture has train samples only: the weight is chosen on train here)
+    ens = fit_ensemble(mot, base, root / "ens", log=lambda _m: None, split="train")
+    c = json.loads((ens / "config.json").read_text())
+    assert c["weight"] in WEIGHTS and set(c["val_ac@1"]) == {str(w) for w in WEIGHTS}
+    m_mot = evaluate(mot, None, "train")
+    m_gbdt = evaluate_baselines(base, None, "train")["gbdt"]
+    for w, ref in ((0.0, m_mot), (1.0, m_gbdt)):
+        c["weight"] = w
+        (ens / "config.json").write_text(json.dumps(c))
+        m = evaluate_ensemble(ens, None, "train")
+        assert m["category_accuracy"] == pytest.approx(ref["category_accuracy"])
+        if w == 0.0:  # the MoT's own candidates and localization
+            assert (m["ac@1"], m["loc_top1"]) == pytest.approx((m_mot["ac@1"], m_mot["loc_top1"]))
+    with pytest.raises(ConfigError, match="teller-rca-checkpoint"):
+        fit_ensemble(base, mot, root / "bad", log=lambda _m: None)
+
+
 def _state(run) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -868,6 +868,28 @@ def train_baselines_cmd(
     print(out)
 
 
+@train_app.command("ensemble")
+def train_ensemble_cmd(
+    mot: Annotated[str, typer.Option("--mot", help="A MoT (or single-stream) run directory.")],
+    baselines: Annotated[str, typer.Option("--baselines", help="A baselines run on the same shards.")],
+    output_dir: _OutOpt = None,
+) -> None:
+    """The GBDT's category with the MoT's per-cause localization: p(cause) mixes both models'
+    probabilities (the weight chosen on val), candidates keep the MoT's q(location | cause)."""
+    from teller.models.ensemble import fit_ensemble
+
+    try:
+        out = fit_ensemble(
+            mot,
+            baselines,
+            output_dir or "output/checkpoints/ensemble",
+            log=lambda m: err_console.print(m, highlight=False),
+        )
+    except TellerError as e:
+        raise _fail(e) from None
+    print(out)
+
+
 @app.command("evaluate")
 def evaluate_cmd(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="A run directory of teller train.")],

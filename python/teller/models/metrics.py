@@ -25,7 +25,9 @@ class Prediction:
     label: int
     probs: np.ndarray  # [C] category probabilities
     token_ids: np.ndarray  # [T] trace token ids
-    loc_scores: np.ndarray  # [T] localization scores (any monotone scale; higher = more likely culprit)
+    # [T] localization scores (any monotone scale; higher = more likely culprit); None for a model
+    # without localization (every location equally likely; no loc top-k)
+    loc_scores: np.ndarray | None
     culprit: np.ndarray  # [T] bool ground truth
     # [T, C] per-cause localization scores (model.loc_per_class): candidate (c, l) scores
     # p(c) * q(l | c); ``loc_scores`` is then the predicted cause's column
@@ -48,7 +50,8 @@ def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
     by = p.loc_by_class
     if len(ids):
         locs, inv = np.unique(ids, return_inverse=True)
-        q_shared = _location_dist(ids, inv, len(locs), p.loc_scores) if by is None else None
+        ls = np.zeros(len(ids)) if p.loc_scores is None else p.loc_scores
+        q_shared = _location_dist(ids, inv, len(locs), ls) if by is None else None
         good = np.zeros(len(locs), bool)
         np.logical_or.at(good, inv, np.asarray(p.culprit, bool))
     else:
@@ -116,10 +119,11 @@ def macro_f1(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> float:
     return float(np.mean(vals)) if vals else 0.0
 
 
-def loc_top_k(loc_scores: np.ndarray, culprit: np.ndarray, k: int) -> bool | None:
-    """One of the k highest-scoring tokens is a culprit; None when the sample has no culprit token."""
+def loc_top_k(loc_scores: np.ndarray | None, culprit: np.ndarray, k: int) -> bool | None:
+    """One of the k highest-scoring tokens is a culprit; None when the sample has no culprit token
+    or the model no localization."""
     c = np.asarray(culprit, bool)
-    if not c.any():
+    if loc_scores is None or not c.any():
         return None
     top = np.argsort(-np.asarray(loc_scores, dtype=np.float64), kind="stable")[:k]
     return bool(c[top].any())

@@ -51,7 +51,7 @@ def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int
 def evaluate_any(
     checkpoint: str | Path, data_dir: str | Path | None, split: str, *, workers: int = 1
 ) -> list[dict[str, Any]]:
-    """Metrics of a MoT/single run or of a baselines run (one entry per baseline). ``split`` is a
+    """Metrics of a MoT/single run, a baselines run (one entry per baseline) or an ensemble. ``split`` is a
     split name of the shards (``all``: every split), or a dataset directory (``teller dataset
     generate``), which is tokenized with the checkpoint's tokenizers and evaluated whole."""
     p = Path(checkpoint)
@@ -63,7 +63,11 @@ def evaluate_any(
     sp = Path(split)
     if split not in ("train", "val", "test", "test_ood", "all") and (sp / "manifest.json").is_file():
         # a dataset directory: encode it with the checkpoint's own tokenizers, then evaluate all of it
-        data_dir = _tokenize_for(cfgp.parent, cfg, sp, workers)
+        if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
+            mot = Path(cfg["mot"])
+            data_dir = _tokenize_for(mot, json.loads((mot / "config.json").read_text()), sp, workers)
+        else:
+            data_dir = _tokenize_for(cfgp.parent, cfg, sp, workers)
         split = "all"
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
         for m in res:
@@ -78,6 +82,10 @@ def evaluate_any(
         from teller.models.train import evaluate
 
         return [evaluate(p, data_dir, split)]
+    if fmt == "teller-ensemble":
+        from teller.models.ensemble import evaluate_ensemble
+
+        return [evaluate_ensemble(p, data_dir, split)]
     raise ConfigError(f"{cfgp}: unknown checkpoint format {fmt!r}")
 
 

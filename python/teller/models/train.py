@@ -182,7 +182,7 @@ def predict(
                     label=s.label,
                     probs=probs[i],
                     token_ids=s.trace_ids,
-                    loc_scores=loc[i, :n] if loc is not None else np.zeros(n),
+                    loc_scores=loc[i, :n] if loc is not None else None,  # (no localization head)
                     loc_by_class=by[i, :n] if by is not None else None,
                     severity=s.severity,
                     culprit=s.culprit,

@@ -1,0 +1,152 @@
+"""The GBDT's category with the MoT's localization: an evaluation-time ensemble.
+
+The two are strong at different halves of a root cause: the gradient-boosted trees threshold a few
+load-normalized numbers and get the category right more often, while the MoT's per-cause
+localization head points at the culprit tokens (the GBDT only has a per-token anomaly score). A
+candidate (cause c, location l) scores ``p(c) * q(l | c)`` as for the MoT alone, with
+
+    p(c)  proportional to  p_mot(c) ** (1 - w) * p_gbdt(c) ** w
+
+(a geometric mix; ``w`` is chosen on val among ``WEIGHTS`` for the best AC@1, ties going to the
+smaller weight, i.e. to the MoT) and ``q`` the MoT's localization. ``teller train ensemble`` writes
+a run directory (``config.json``, format ``teller-ensemble``) that ``teller evaluate`` and
+``teller results summarize`` take like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.models.metrics import Prediction, candidate_rank, compute_metrics, metrics_across_label_sets
+
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _read_cfg(run: Path, fmt: str) -> dict[str, Any]:
+    p = run / "config.json"
+    if not p.is_file():
+        raise TellerFileNotFoundError(f"{p}: no run configuration", path=str(p))
+    cfg = json.loads(p.read_text())
+    if cfg.get("format") != fmt:
+        raise ConfigError(f"{run}: a {cfg.get('format')!r} run, expected {fmt!r}", path=str(run))
+    return cfg
+
+
+def mix(p_mot: np.ndarray, p_gbdt: np.ndarray, w: float) -> np.ndarray:
+    """``p_mot ** (1 - w) * p_gbdt ** w``, normalized (rows are samples)."""
+    lg = (1.0 - w) * np.log(np.asarray(p_mot) + 1e-9) + w * np.log(np.asarray(p_gbdt) + 1e-9)
+    q = np.exp(lg - lg.max(-1, keepdims=True))
+    return q / q.sum(-1, keepdims=True)
+
+
+def _predictions(
+    mot_run: Path, baselines_run: Path, data_dir: str | Path | None, split: str
+) -> tuple[list[Prediction], np.ndarray, list[str], float]:
+    """The MoT's predictions, the GBDT's probabilities (aligned, in the MoT's label order), the
+    split's label names and the latency per sample of both models (seconds)."""
+    from teller.models.baselines import load_raw
+    from teller.models.data import load_model_split
+    from teller.models.train import load_checkpoint, predict, shards_run_dir
+
+    model, cfg = load_checkpoint(mot_run)
+    b = pickle.loads((baselines_run / "baselines.pkl").read_bytes())
+    run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    samples, names = load_model_split(run_dir, split, cfg["model"])
+    raw, _ = load_raw(run_dir, split)
+    t0 = time.perf_counter()
+    preds, _ = predict(model, samples)
+    t_mot = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    g = b.gbdt.predict_proba(b.X(raw)) if raw else np.zeros((0, len(b.gbdt.classes_)))
+    t_gbdt = time.perf_counter() - t0
+    pg = np.zeros((len(raw), len(cfg["label_names"])))
+    pg[:, [cfg["label_names"].index(b.label_names[c]) for c in b.gbdt.classes_]] = g
+    return preds, pg, names, (t_mot + t_gbdt) / max(1, len(samples))
+
+
+def fit_ensemble(
+    mot_run: str | Path,
+    baselines_run: str | Path,
+    output_dir: str | Path,
+    log: Any = print,
+    split: str = "val",
+) -> Path:
+    """Choose the mixing weight on ``split`` (val) and write the ensemble's run directory."""
+    mot, base = Path(mot_run), Path(baselines_run)
+    mc = _read_cfg(mot, "teller-rca-checkpoint")
+    bc = _read_cfg(base, "teller-baselines")
+    if list(mc["label_names"]) != list(bc["label_names"]):
+        raise ConfigError(f"{mot} and {base} have different label names")
+    from teller.models.train import shards_run_dir
+
+    shas = []
+    for c in (mc, bc):
+        man = json.loads((shards_run_dir(c["data_dir"]) / "manifest.json").read_text())
+        shas.append((man["tokenizer"]["sha256"], man["log_tokenizer"]["sha256"]))
+    if shas[0] != shas[1]:
+        raise ConfigError(f"{mot} and {base} were trained on shards of different tokenizers")
+    preds, pg, _, _ = _predictions(mot, base, None, split)
+    if not preds:
+        raise ConfigError(f"{mc['data_dir']}: no {split} samples to choose the mixing weight on")
+    scores = {}
+    for w in WEIGHTS:
+        q = mix(np.stack([p.probs for p in preds]), pg, w)
+        scores[w] = float(
+            np.mean([candidate_rank(replace(p, probs=qi)) == 1 for p, qi in zip(preds, q, strict=True)])
+        )
+        log(f"weight {w}: val AC@1 {scores[w]:.3f}")
+    best = max(WEIGHTS, key=lambda w: (scores[w], -w))
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "format": "teller-ensemble",
+        "version": 1,
+        "mot": str(mot.resolve()),
+        "baselines": str(base.resolve()),
+        "weight": best,
+        "chosen_on": split,
+        "val_ac@1": {str(w): s for w, s in scores.items()},
+        "data_dir": mc["data_dir"],
+        "label_names": mc["label_names"],
+        "model": f"{mc['model']['arch']}+gbdt",
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) -> dict[str, Any]:
+    """``teller evaluate`` of an ensemble run directory."""
+    r = Path(run)
+    cfg = _read_cfg(r, "teller-ensemble")
+    preds, pg, names, lat = _predictions(Path(cfg["mot"]), Path(cfg["baselines"]), data_dir, split)
+    q = mix(np.stack([p.probs for p in preds]), pg, float(cfg["weight"])) if preds else pg
+    normal = list(cfg["label_names"]).index("normal") if "normal" in cfg["label_names"] else -1
+    out = []
+    for p, qi in zip(preds, q, strict=True):
+        loc = p.loc_scores
+        if p.loc_by_class is not None:  # the localization of the ensemble's likeliest fault
+            f = qi.copy()
+            if normal >= 0:
+                f[normal] = -1.0
+            loc = p.loc_by_class[:, int(np.argmax(f))]
+        out.append(replace(p, probs=qi, loc_scores=loc))
+    preds = out
+    m = (
+        compute_metrics(preds, names)
+        if list(names) == list(cfg["label_names"])
+        else metrics_across_label_sets(preds, names, cfg["label_names"])
+    )
+    m["latency_ms_per_sample"] = 1000 * lat
+    m["split"] = split
+    m["checkpoint"] = str(run)
+    m["model"] = cfg["model"]
+    m["weight"] = cfg["weight"]
+    return m
