@@ -76,13 +76,15 @@ demo: build
 	rm -rf $(DEMO)/tpe && cp -r "$$(cat $(DEMO)/tpe-path)" $(DEMO)/tpe
 	$(VENV)/bin/teller tpe inspect $(DEMO)/tpe --top 8
 	$(VENV)/bin/teller tokenize --data-dir $(DEMO)/dataset --tokenizer-dir $(DEMO)/tpe --output-dir $(DEMO)/tokens --workers 2
-	@echo "== 5. RCA models at demo size: MoT, single-stream, baselines; evaluate; results table"
+	@echo "== 5. RCA models at demo size: MoT, single-stream, baselines, GBDT x MoT ensemble; evaluate; results table"
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot --config demo
 	$(VENV)/bin/teller train single --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/single --config demo
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-trace --config demo --modalities trace
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-log --config demo --modalities log
 	$(VENV)/bin/teller train baselines --data-dir $(DEMO)/tokens --output-dir $(DEMO)/checkpoints/baselines
-	for m in mot single mot-trace mot-log baselines; do \
+	$(VENV)/bin/teller train ensemble --mot $(DEMO)/checkpoints/mot --baselines $(DEMO)/checkpoints/baselines \
+		--output-dir $(DEMO)/checkpoints/ensemble
+	for m in mot single mot-trace mot-log baselines ensemble; do \
 		for s in test test_ood; do $(VENV)/bin/teller evaluate --checkpoint $(DEMO)/checkpoints/$$m --split $$s > /dev/null; done; done
 	$(VENV)/bin/teller results summarize $(DEMO)/checkpoints/* -o output
 	@echo "== 6. diagnose a fresh faulty sample and the real collected CPU run"
