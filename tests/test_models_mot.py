@@ -306,6 +306,21 @@ def test_ensemble_mixes_gbdt_category_with_mot_localization(shards) -> None:
             assert (m["ac@1"], m["loc_top1"]) == pytest.approx((m_mot["ac@1"], m_mot["loc_top1"]))
     with pytest.raises(ConfigError, match="teller-rca-checkpoint"):
         fit_ensemble(base, mot, root / "bad", log=lambda _m: None)
+    # teller diagnose with the ensemble (weight 1: the GBDT's category): the causes and their
+    # confidences are the GBDT's on the shards, so diagnose builds the GBDT's features as tokenize does
+    import pickle
+
+    from teller.models.baselines import load_raw
+    from teller.models.diagnose import diagnose
+
+    bl = pickle.loads((base / "baselines.pkl").read_bytes())
+    raw, names = load_raw(out, "train")
+    sid = json.loads((out / "manifest.json").read_text())["splits"]["train"]["samples"][0]
+    pg = dict(zip([names[c] for c in bl.gbdt.classes_], bl.gbdt.predict_proba(bl.X(raw[:1]))[0], strict=True))
+    d = diagnose(_data / sid, ens, top=3)
+    for c in d["root_causes"]:
+        assert c["confidence"] == pytest.approx(pg.get(c["cause"], 0.0), abs=1e-6)
+    assert d["root_causes"][0]["cause"] == max(pg, key=pg.get)
 
 
 def _state(run) -> dict[str, torch.Tensor]:

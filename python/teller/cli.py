@@ -948,7 +948,12 @@ def diagnose_cmd(
     path: Annotated[
         str, typer.Argument(help="A sample directory (trace.json + log.txt) or a collected run.")
     ],
-    checkpoint: Annotated[str, typer.Option("--checkpoint", help="A MoT/single run directory.")],
+    checkpoint: Annotated[
+        str,
+        typer.Option(
+            "--checkpoint", help="A MoT/single run directory, or an ensemble run (teller train ensemble)."
+        ),
+    ],
     top: Annotated[int, typer.Option(help="Root causes and operators to show.")] = 3,
     perfetto: Annotated[
         str | None, typer.Option("--perfetto", help="Output trace with the culprits highlighted.")

@@ -50,6 +50,13 @@ def diagnose(
 
     t_load = time.perf_counter()
     p = Path(path)
+    ck = Path(checkpoint)
+    ens = None  # an ensemble run (teller train ensemble): its MoT, plus the GBDT's category
+    ens_cfg = (ck if ck.is_dir() else ck.parent) / "config.json"
+    if ens_cfg.is_file():
+        c = json.loads(ens_cfg.read_text())
+        if c.get("format") == "teller-ensemble":
+            ens, checkpoint = c, c["mot"]
     model, cfg = load_checkpoint(checkpoint)
     mc = cfg["model"]
     tok = tpe.load(cfg["tpe_dir"])
@@ -103,8 +110,10 @@ def diagnose(
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float(), -1).numpy()
     loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
-    infer_ms = 1000 * (time.perf_counter() - t0)
     names = cfg["label_names"]
+    if ens is not None:
+        probs, loc = _ensemble(ens, names, probs, out, n, tr, tok, ids, feats, lids, lfeat)
+    infer_ms = 1000 * (time.perf_counter() - t0)
     order = np.argsort(-probs, kind="stable")
     causes = [
         {
@@ -174,6 +183,54 @@ def diagnose(
         "total_ms": 1000 * (time.perf_counter() - t_load),
         "perfetto": str(perfetto) if perfetto else None,
     }
+
+
+def _ensemble(
+    ens: dict[str, Any],
+    names: list[str],
+    probs: np.ndarray,
+    out: dict[str, torch.Tensor],
+    n: int,
+    tr: Any,
+    tok: Any,
+    ids: np.ndarray,
+    feats: np.ndarray,
+    lids: Any,
+    lfeat: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ensemble's cause probabilities (the MoT's mixed with the GBDT's, on the features the GBDT
+    was trained on, built as ``teller tokenize`` stores them) and the localization of its likeliest
+    fault."""
+    import pickle
+
+    from teller.data.summary import symbol_summary
+    from teller.models.baselines import RawSample
+    from teller.models.ensemble import mix
+
+    b = pickle.loads((Path(ens["baselines"]) / "baselines.pkl").read_bytes())
+    su_ids, su_f = symbol_summary(tr, tok)
+    lf = np.asarray(lfeat, np.float64).reshape(-1, 2)
+    rs = RawSample(
+        label=0,
+        trace_ids=np.asarray(ids, np.int64),
+        trace_features=np.asarray(feats, np.float64),
+        culprit=np.zeros(len(ids), bool),
+        log_ids=np.asarray(lids, np.int64),
+        log_values=lf[:, 1],
+        log_times=lf[:, 0],
+        summary_ids=su_ids.astype(np.int64),
+        summary_features=su_f.astype(np.float64),
+    )
+    pg = np.zeros(len(names))
+    pg[[names.index(b.label_names[c]) for c in b.gbdt.classes_]] = b.gbdt.predict_proba(b.X([rs]))[0]
+    q = mix(probs[None], pg[None], float(ens["weight"]))[0]
+    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
+    if "loc_logits_by_class" in out:
+        f = q.copy()
+        if "normal" in names:
+            f[names.index("normal")] = -1.0
+        loc = out["loc_logits_by_class"][0, :n, int(np.argmax(f))].float().numpy()
+    return q, loc
 
 
 def render(d: dict[str, Any], console: Any) -> None:
