@@ -26,7 +26,7 @@ import numpy as np
 from teller.data.summary import N_SUMMARY_FEATURES
 from teller.data.tokenize import ShardedSplit, split_names
 from teller.models.data import BOL_ID, NUM_ID
-from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
+from teller.models.metrics import Prediction, metrics_for
 
 
 @dataclass
@@ -420,11 +420,7 @@ def evaluate_baselines(
     res = {}
     for which in ("gbdt", "zscore"):
         preds, lat = b.predict(samples, which)
-        m = (
-            compute_metrics(preds, names)
-            if list(names) == list(b.label_names)
-            else metrics_across_label_sets(preds, names, b.label_names)
-        )
+        m = metrics_for(preds, names, b.label_names)
         m["latency_ms_per_sample"] = 1000 * lat
         m["split"] = split
         m["model"] = which

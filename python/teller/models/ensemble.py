@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from teller.errors import ConfigError, TellerFileNotFoundError
-from teller.models.metrics import Prediction, candidate_rank, compute_metrics, metrics_across_label_sets
+from teller.models.metrics import Prediction, candidate_rank, metrics_for
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -139,11 +139,7 @@ def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) 
             loc = p.loc_by_class[:, int(np.argmax(f))]
         out.append(replace(p, probs=qi, loc_scores=loc))
     preds = out
-    m = (
-        compute_metrics(preds, names)
-        if list(names) == list(cfg["label_names"])
-        else metrics_across_label_sets(preds, names, cfg["label_names"])
-    )
+    m = metrics_for(preds, names, cfg["label_names"])
     m["latency_ms_per_sample"] = 1000 * lat
     m["split"] = split
     m["checkpoint"] = str(run)

@@ -199,6 +199,16 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
     return out
 
 
+def metrics_for(
+    preds: Sequence[Prediction], data_names: Sequence[str], model_names: Sequence[str]
+) -> dict[str, Any]:
+    """``compute_metrics`` when the data's labels are the model's classes, else
+    :func:`metrics_across_label_sets`."""
+    if list(data_names) == list(model_names):
+        return compute_metrics(preds, data_names)
+    return metrics_across_label_sets(preds, data_names, model_names)
+
+
 def metrics_across_label_sets(
     preds: Sequence[Prediction], data_names: Sequence[str], model_names: Sequence[str]
 ) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import yaml
 
 from teller.errors import ConfigError, TellerFileNotFoundError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
-from teller.models.metrics import Prediction, compute_metrics, metrics_across_label_sets
+from teller.models.metrics import Prediction, compute_metrics, metrics_for
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
 
 ProgressFn = Callable[[str, int, int, dict[str, float]], Any]
@@ -388,11 +388,7 @@ def evaluate(
     for s in samples[: min(32, len(samples))]:
         predict(model, [s], batch_size=1)
     lat = (time.perf_counter() - t0) / max(1, min(32, len(samples)))
-    m = (
-        compute_metrics(preds, names)
-        if list(names) == list(cfg["label_names"])
-        else metrics_across_label_sets(preds, names, cfg["label_names"])
-    )
+    m = metrics_for(preds, names, cfg["label_names"])
     m["latency_ms_per_sample"] = 1000 * lat
     m["split"] = split
     m["checkpoint"] = str(checkpoint)
