@@ -140,6 +140,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
 def print_metrics(m: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -149,27 +160,43 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
     for k in MAIN_KEYS:
         t.add_row(k, _fmt(m.get(k)))
     console.print(t)
-    pc = Table(title="per fault type")
-    for c in ("class", "support", "precision", "recall", "f1"):
-        pc.add_column(c)
-    for name, r in m.get("per_class", {}).items():
-        pc.add_row(name, str(r["support"]), _fmt(r["precision"]), _fmt(r["recall"]), _fmt(r["f1"]))
-    console.print(pc)
+    console.print(
+        _table(
+            "per fault type",
+            ("class", "support", "precision", "recall", "f1"),
+            [
+                (name, str(r["support"]), _fmt(r["precision"]), _fmt(r["recall"]), _fmt(r["f1"]))
+                for name, r in m.get("per_class", {}).items()
+            ],
+        )
+    )
     if m.get("per_severity"):
-        ps = Table(title="faulty samples by injected severity")
-        for c in ("severity", "n", "category accuracy", "AC@1"):
-            ps.add_column(c)
-        for rng, r in m["per_severity"].items():
-            ps.add_row(rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
-        console.print(ps)
+        rows = [
+            (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
+            for rng, r in m["per_severity"].items()
+        ]
+        console.print(
+            _table(
+                "faulty samples by injected severity", ("severity", "n", "category accuracy", "AC@1"), rows
+            )
+        )
     if m.get("unknown_cause"):
-        uc = Table(title="causes outside the model's classes (detection only)")
-        for c in ("label", "n", "flagged faulty", "predicted as"):
-            uc.add_column(c)
-        for name, u in m["unknown_cause"].items():
-            pred = ", ".join(f"{k} {v}" for k, v in sorted(u["predicted"].items(), key=lambda kv: -kv[1]))
-            uc.add_row(name, str(u["n"]), str(u["flagged_faulty"]), pred)
-        console.print(uc)
+        rows = [
+            (
+                name,
+                str(u["n"]),
+                str(u["flagged_faulty"]),
+                ", ".join(f"{k} {v}" for k, v in sorted(u["predicted"].items(), key=lambda kv: -kv[1])),
+            )
+            for name, u in m["unknown_cause"].items()
+        ]
+        console.print(
+            _table(
+                "causes outside the model's classes (detection only)",
+                ("label", "n", "flagged faulty", "predicted as"),
+                rows,
+            )
+        )
 
 
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
