@@ -910,7 +910,8 @@ def evaluate_cmd(
     ] = None,
 ) -> None:
     """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault and
-    per-severity tables, confusion matrix (CSV + PNG), latency. Writes eval-<split>[-<model>].json next to the checkpoint."""
+    per-severity tables, confusion matrix (CSV + PNG), latency. Writes eval-<split>[-<model>].json next
+    to the checkpoint."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     try:
