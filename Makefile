@@ -29,12 +29,22 @@ help:
 # --- environment -------------------------------------------------------------------------------
 # torch is installed first and alone from requirements/torch.txt (the one place it is pinned);
 # everything after that gets the same file as a constraint, so no resolver can pull a second copy.
+# The CUDA wheels are large (cudnn alone is ~0.5 GB) and a dropped connection must not fail a fresh
+# set-up: pip resumes a partial download up to 50 times, and each install command is retried whole
+# (already-downloaded wheels come from pip's cache) before make gives up.
+PIP_NET := --retries 10 --timeout 60 --resume-retries 50
+define pip_retry
+for attempt in 1 2 3 4; do $(PIP) install -q $(PIP_NET) $(1) && break; \
+  if [ $$attempt = 4 ]; then echo "pip install $(1) failed 4 times" >&2; exit 1; fi; \
+  echo "pip install failed (attempt $$attempt), retrying in $$((attempt * 15)) s" >&2; sleep $$((attempt * 15)); done
+endef
+
 $(VENV)/.deps: requirements/torch.txt requirements/dev.txt requirements/nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements/torch.txt
-	$(PIP) install -q -c requirements/torch.txt -r requirements/dev.txt
-	$(PIP) install -q --no-deps -r requirements/nodeps.txt
+	for attempt in 1 2 3; do $(PIP) install -q --retries 10 --upgrade pip && break; sleep 10; done
+	$(call pip_retry,-r requirements/torch.txt)
+	$(call pip_retry,-c requirements/torch.txt -r requirements/dev.txt)
+	$(call pip_retry,--no-deps -r requirements/nodeps.txt)
 	touch $@
 
 venv: $(VENV)/.deps
