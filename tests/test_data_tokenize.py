@@ -89,6 +89,12 @@ def test_manifest_and_shards_consistent(setup):
                 np.testing.assert_array_equal(a["summary_ids"][u0:u1], su_ids)
                 np.testing.assert_array_equal(a["summary_features"][u0:u1], su_f)
                 assert u1 > u0
+                # summary_culprit: the row's symbol is that of some culprit event (one event at a time)
+                sym = np.asarray(tr.symbol)
+                cul_syms = {int(tok.symbol_ids([tr.symbols[int(sym[e])]])[0]) for e in np.flatnonzero(m)}
+                expect = [int(r) in cul_syms for r in su_ids]
+                np.testing.assert_array_equal(a["summary_culprit"][u0:u1], expect)
+                assert a["summary_culprit"][u0:u1].any() == (ann["label"] != "normal" and bool(m.any()))
         assert rows == len(sp["samples"])
 
 

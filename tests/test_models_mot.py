@@ -357,7 +357,8 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     cfg = tmp_path / "c.yaml"
     import yaml
 
-    cfg.write_text(yaml.safe_dump(CFG))
+    # with the summary-row culprit head and the piecewise-linear feature encoding
+    cfg.write_text(yaml.safe_dump({**CFG, "model": {**CFG["model"], "summary_loc": True, "summary_bins": 4}}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     run = tmp_path / "mot"
     cli = [sys.executable, "-m", "teller"]
@@ -435,6 +436,18 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     d = json.loads(r.stdout)
     assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+    # the summary-row head ranks symbols present in the trace, with their evidence
+    syms = d["culprit_symbols"]
+    assert syms and all(0 <= x["score"] <= 1 and x["events"] > 0 for x in syms)
+    assert [x["score"] for x in syms] == sorted((x["score"] for x in syms), reverse=True)
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), "--checkpoint", str(run)],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "culprit symbols" in r.stdout
 
 
 def test_minilm_init_fills_only_the_log_side() -> None:
@@ -647,3 +660,63 @@ def test_gbdt_log_lag_features_hand_computed() -> None:
     assert lag[7] == pytest.approx(np.log1p(7))
     assert lag[bol] == pytest.approx(np.log1p(7))
     assert lag[3] == 0
+
+
+def test_piecewise_linear_encoding_hand_computed() -> None:
+    from teller.models.mot import _PLE
+
+    ple = _PLE(2, 3)
+    # column 0: values 0..6 -> quantile edges 0, 2, 4, 6; column 1 constant: edges forced apart by 0.02
+    x = np.stack([np.arange(7.0), np.full(7, 5.0)], 1)
+    ple.fit(x)
+    torch.testing.assert_close(ple.edges[0], torch.tensor([0.0, 2.0, 4.0, 6.0]))
+    torch.testing.assert_close(ple.edges[1], torch.tensor([5.0, 5.02, 5.04, 5.06]))
+    assert ple.out_dim == 8
+    out = ple(torch.tensor([[3.0, 5.0], [-2.0, 9.0], [8.0, 5.01]]))
+    # [x, z1, z2, z3] per column; z1 unclipped below, z3 above, the inner bin clipped to [0, 1]
+    expect = [
+        [3.0, 1.0, 0.5, 0.0, 5.0, 0.0, 0.0, 0.0],
+        [-2.0, -1.0, 0.0, 0.0, 9.0, 1.0, 1.0, (9.0 - 5.04) / 0.02],
+        [8.0, 1.0, 1.0, 2.0, 5.01, 0.5, 0.0, 0.0],
+    ]
+    torch.testing.assert_close(out, torch.tensor(expect), rtol=1e-4, atol=1e-4)
+    # in a model: fitted on the standardized summary features, saved with the weights
+    m = build_model({**TINY, "summary_tokens": True, "log_summary_tokens": True, "summary_bins": 4})
+    s = _samples(8)
+    before = m.summary_ple.edges.clone()
+    m.fit_summary_norm(
+        np.concatenate([x.summary_ids for x in s]), np.concatenate([x.summary_features for x in s])
+    )
+    assert not torch.equal(before, m.summary_ple.edges)
+    assert (m.summary_ple.edges.diff(dim=1) > 0).all()
+    assert "summary_ple.edges" in m.state_dict()
+    assert m(collate(s))["logits"].shape == (8, 3)
+
+
+def test_summary_row_culprit_head_and_loss() -> None:
+    from teller.models.train import loss_fn
+
+    # the head: one score per summary row, only with summary_loc
+    s = _samples(4)
+    for x in s:
+        x.summary_culprit = np.arange(len(x.summary_ids)) == 0
+    b = collate(s)
+    assert b["summary_culprit"].shape == b["summary_mask"].shape
+    assert b["summary_culprit"][:, 0].tolist() == [1.0] * 4 and float(b["summary_culprit"][:, 1:].sum()) == 0
+    m = build_model({**TINY, "summary_tokens": True, "summary_loc": True})
+    assert m(b)["summary_loc_logits"].shape == b["summary_ids"].shape
+    assert "summary_loc_logits" not in build_model({**TINY, "summary_tokens": True})(b)
+    # the loss, hand-computed: one faulty sample, rows [culprit, other, pad]
+    out = {"logits": torch.zeros(1, 3), "summary_loc_logits": torch.tensor([[0.0, float(np.log(3.0)), 9.0]])}
+    batch = {
+        "labels": torch.tensor([1]),
+        "summary_mask": torch.tensor([[True, True, False]]),
+        "summary_culprit": torch.tensor([[1.0, 0.0, 0.0]]),
+    }
+    _, parts = loss_fn(out, batch, loc_weight=0.0, summary_weight=1.0)
+    p3 = 1 / (1 + np.exp(-np.log(3.0)))  # sigmoid(log 3) = 3/4
+    bce = (np.log(2.0) + -np.log(1 - p3)) / 2  # row 0: label 1 at logit 0; row 1: label 0 at log 3
+    listwise = -np.log(1 / 4)  # softmax over the real rows puts 1/4 on the culprit
+    assert parts["summary"] == pytest.approx(bce + listwise, rel=1e-5)
+    batch["labels"] = torch.tensor([0])  # a normal sample: no summary-row loss
+    assert "summary" not in loss_fn(out, batch, loc_weight=0.0, summary_weight=1.0)[1]

@@ -30,9 +30,9 @@ from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
 from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 
 SHARDS_FORMAT = "teller-shards"
-SHARDS_VERSION = (
-    3  # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work
-)
+# 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work;
+# 4: + summary_culprit
+SHARDS_VERSION = 4
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -176,10 +176,18 @@ ARRAYS = {
     "summary_ids": "uint32 [rows]: TPE base id of each per-symbol summary row (teller.data.summary)",
     "summary_features": "float32 [rows, 14]: summary feature_names",
     "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
+    "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }
-# Arrays a version-1 run lacks (token_work: before version 3); readers get them empty (token_work:
-# zeros, "no load information").
-OPTIONAL_ARRAYS = ("summary_ids", "summary_features", "summary_offsets", "token_work", "severity")
+# Arrays a version-1 run lacks (token_work: before version 3, summary_culprit: before 4); readers get
+# them empty (token_work: zeros, "no load information"; summary_culprit: all False).
+OPTIONAL_ARRAYS = (
+    "summary_ids",
+    "summary_features",
+    "summary_offsets",
+    "token_work",
+    "severity",
+    "summary_culprit",
+)
 
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +252,10 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         sids, sfeat = symbol_summary(tr, tok)
         cols["summary_ids"].append(sids)
         cols["summary_features"].append(sfeat)
+        # a row is a culprit when its base symbol (the same mapping symbol_summary uses) has a culprit event
+        base = tok.symbol_ids(tr.symbols).astype(np.int64)
+        cul_ids = np.unique(base[np.asarray(tr.symbol, dtype=np.int64)[mask]]) if mask.any() else []
+        cols["summary_culprit"].append(np.isin(sids.astype(np.int64), cul_ids))
         offs["summary_offsets"].append(offs["summary_offsets"][-1] + len(sids))
         t0 = int(ann["trace"]["start_ns"])
         lids, lfeat = logtok.encode_lines(parse_log(sd / "log.txt"), t0)
@@ -270,6 +282,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "log_features": np.float32,
         "summary_ids": np.uint32,
         "summary_features": np.float32,
+        "summary_culprit": np.bool_,
     }
     for k, parts in cols.items():
         width = {"trace_features": 5, "log_features": 2, "summary_features": N_SUMMARY_FEATURES}.get(k, 0)
@@ -447,6 +460,11 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
             if k == "severity":
                 out[k] = np.full(n, np.nan, np.float32)
                 continue
+            if k == "summary_culprit":
+                f_ids = d / "summary_ids.npy"
+                m = len(np.load(f_ids, mmap_mode="r")) if f_ids.is_file() else 0
+                out[k] = np.zeros(m, bool)
+                continue
             out[k] = (
                 np.zeros(n + 1, np.int64)
                 if k.endswith("offsets")
@@ -524,4 +542,5 @@ class ShardedSplit:
             "log_features": a["log_features"][l0:l1],
             "summary_ids": a["summary_ids"][u0:u1],
             "summary_features": a["summary_features"][u0:u1],
+            "summary_culprit": a["summary_culprit"][u0:u1],
         }

@@ -46,6 +46,7 @@ class Sample:
     summary_ids: np.ndarray | None = None  # int64 [S]: per-symbol summary rows (teller.data.summary)
     summary_features: np.ndarray | None = None  # float32 [S, n_summary_features]
     severity: float = float("nan")  # the fault's severity (evaluation by severity; NaN if unknown)
+    summary_culprit: np.ndarray | None = None  # bool [S]: the row's symbol has a culprit event (shards v4)
 
 
 def _slog(x: np.ndarray) -> np.ndarray:
@@ -391,6 +392,10 @@ def _load_into(
                 summary_features=np.array(
                     d["summary_features"][:max_summary_tokens, :n_summary_features], dtype=np.float32
                 ),
+                summary_culprit=np.asarray(
+                    d.get("summary_culprit", np.zeros(len(d["summary_ids"]), bool))[:max_summary_tokens],
+                    dtype=bool,
+                ),
             )
         )
         if words is not None:
@@ -439,6 +444,12 @@ def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         N_SUMMARY_FEATURES,
     )
     _pad_rows(out, "summary", [(s.summary_ids, s.summary_features) for s in samples], nsf)
+    out["summary_culprit"] = torch.zeros(out["summary_mask"].shape)
+    for i, s in enumerate(samples):
+        if s.summary_culprit is not None and len(s.summary_culprit):
+            out["summary_culprit"][i, : len(s.summary_culprit)] = torch.from_numpy(
+                s.summary_culprit.astype(np.float32)
+            )
     for i, s in enumerate(samples):
         n, m = len(s.trace_ids), len(s.log_ids)
         out["trace_ids"][i, :n] = torch.from_numpy(s.trace_ids)

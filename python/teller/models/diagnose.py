@@ -167,6 +167,7 @@ def diagnose(
         if o["kernel_family"]:
             fam[o["kernel_family"]] += o["score"] * o["events"]
     evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
+    symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
     culprit_events = sorted(e for e, sc in ev_score.items() if sc >= 0.5)
     if perfetto:
         tr.to_chrome(perfetto, highlight=culprit_events)
@@ -175,6 +176,7 @@ def diagnose(
         "root_causes": causes,
         "operators": operators[: max(top, 1) * 2],
         "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],
+        "culprit_symbols": symbols[: max(top, 1) * 2],
         "log_evidence": evidence_lines,
         "culprit_events": len(culprit_events),
         "trace_tokens": int(len(ids)),
@@ -233,6 +235,31 @@ def _ensemble(
     return q, loc
 
 
+def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, Any]]:
+    """The summary rows ranked by the summary-row culprit head (``model.summary_loc``), with the
+    row's own evidence: the load-normalized shift of the symbol inside the capture and its z-score
+    (teller.data.summary)."""
+    from teller.data.summary import SUMMARY_FEATURE_NAMES
+
+    sc = 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
+    rows = []
+    f = s.summary_features
+    col = {n: i for i, n in enumerate(SUMMARY_FEATURE_NAMES)}
+    for k in np.argsort(-sc[: len(s.summary_ids)], kind="stable"):
+        r = f[k]
+        rows.append(
+            {
+                "symbol": tok.token_str(int(s.summary_ids[k])),
+                "score": float(sc[k]),
+                "events": int(r[col["count"]]),
+                "shift": float(r[col["shift"]]) if len(r) > col["shift"] else None,
+                "shift_z": float(r[col["shift_z"]]) if len(r) > col["shift_z"] else None,
+                "pid_spread": float(r[col["pid_spread"]]),
+            }
+        )
+    return rows
+
+
 def render(d: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -256,6 +283,24 @@ def render(d: dict[str, Any], console: Any) -> None:
             ",".join(map(str, r["ranks_or_pids"])),
         )
     console.print(o)
+    if d.get("culprit_symbols"):
+        y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
+        for c in ("symbol", "score", "events", "shift", "shift z", "rank spread"):
+            y.add_column(c)
+
+        def _f(v: float | None) -> str:
+            return "-" if v is None else f"{v:+.2f}"
+
+        for r in d["culprit_symbols"]:
+            y.add_row(
+                r["symbol"][:70],
+                f"{r['score']:.2f}",
+                str(r["events"]),
+                _f(r["shift"]),
+                _f(r["shift_z"]),
+                f"{r['pid_spread']:.2f}",
+            )
+        console.print(y)
     if d["log_evidence"]:
         console.print("log evidence:")
         for line in d["log_evidence"]:

@@ -68,6 +68,16 @@ class ModelConfig:
     n_summary_features: int = N_SUMMARY_FEATURES  # the first N columns of teller.data.summary (8: shards v2)
     max_summary_tokens: int = 128
     log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
+    # >0: the summary rows' standardized features also enter as piecewise-linear encodings over this
+    # many quantile bins per column (fitted on train; _PLE)
+    summary_bins: int = 0
+    token_bins: int = 0  # the same for the trace and log token features (needs feature_norm)
+    # the summary rows' feature MLP also reads the symbol's embedding (a conjunction "this kernel AND
+    # this much slower" is formed before the first attention layer, not only added to it)
+    summary_joint: bool = False
+    # a third head scores each summary row (symbol): is it a culprit? Trained on the rows' labels
+    # (shards v4 summary_culprit); gives the summary rows a direct, per-symbol training signal
+    summary_loc: bool = False
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
 
@@ -80,6 +90,12 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})"
             )
+        if self.token_bins and not self.feature_norm:
+            raise ConfigError(
+                "model.token_bins needs model.feature_norm: true (bins of standardized features)"
+            )
+        if self.summary_bins < 0 or self.token_bins < 0:
+            raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
         for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
             if int(getattr(self, k)) <= 0:
                 raise ConfigError(f"model.{k} must be positive")
@@ -112,6 +128,45 @@ class _Routed(nn.Module):
             if idx.numel():
                 out = out.index_copy(0, idx, self.experts[m](x.index_select(0, idx)))
         return out
+
+
+class _PLE(nn.Module):
+    """Piecewise-linear encoding of standardized scalar features (Gorishniy et al., "On Embeddings for
+    Numerical Features in Tabular Deep Learning", 2022). Column j with bin edges e_0 < ... < e_T (train
+    quantiles) becomes [x, z_1 .. z_T] with z_t = (x - e_{t-1}) / (e_t - e_{t-1}) clipped to [0, 1]
+    (the first bin unclipped below, the last above). The MLP after it can then give a region of one
+    feature its own response (an all-reduce shift of +3 sd means something a +0.3 sd does not) as a
+    tree does, instead of a smooth function of a weighted sum of all features."""
+
+    def __init__(self, n_feat: int, n_bins: int) -> None:
+        super().__init__()
+        self.n_bins = n_bins
+        self.register_buffer("edges", torch.linspace(-2.0, 2.0, n_bins + 1).repeat(n_feat, 1))
+
+    @property
+    def out_dim(self) -> int:
+        return self.edges.shape[0] * (self.n_bins + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.edges[:, :-1], self.edges[:, 1:]
+        z = (x.unsqueeze(-1) - lo) / (hi - lo)  # [..., F, T]
+        if self.n_bins == 1:
+            zc = z
+        else:
+            zc = torch.cat(
+                [z[..., :1].clamp(max=1.0), z[..., 1:-1].clamp(0.0, 1.0), z[..., -1:].clamp(min=0.0)], -1
+            )
+        return torch.cat([x.unsqueeze(-1), zc], -1).flatten(-2)
+
+    @torch.no_grad()
+    def fit(self, x: np.ndarray, min_width: float = 0.02) -> None:
+        """Edges from the per-column quantiles of ``x`` [N, F], made strictly increasing."""
+        if len(x) == 0:
+            return
+        q = np.quantile(np.asarray(x, np.float64), np.linspace(0.0, 1.0, self.n_bins + 1), axis=0).T
+        for t in range(1, q.shape[1]):
+            q[:, t] = np.maximum(q[:, t], q[:, t - 1] + min_width)
+        self.edges.copy_(torch.from_numpy(q).float())
 
 
 class _FFN(nn.Module):
@@ -180,14 +235,19 @@ class RCAModel(nn.Module):
                 + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
                 + (N_WORK_FEATURES if cfg.work_features else 0)
             )
-            self.trace_feat = nn.Sequential(nn.Linear(nf, d), nn.GELU(), nn.Linear(d, d))
+            self.trace_ple = _PLE(nf, cfg.token_bins) if cfg.token_bins else None
+            n_in = self.trace_ple.out_dim if self.trace_ple is not None else nf
+            self.trace_feat = nn.Sequential(nn.Linear(n_in, d), nn.GELU(), nn.Linear(d, d))
             self.trace_pos = nn.Embedding(maxpos, d)
             if cfg.summary_tokens:
                 # A summary row is a trace-modality token: the symbol's base TPE embedding (shared with
                 # the trace tokens) + an MLP of its features + a learned "summary" type vector.
-                self.summary_feat = nn.Sequential(
-                    nn.Linear(cfg.n_summary_features, d), nn.GELU(), nn.Linear(d, d)
+                self.summary_ple = (
+                    _PLE(cfg.n_summary_features, cfg.summary_bins) if cfg.summary_bins else None
                 )
+                n_in = self.summary_ple.out_dim if self.summary_ple is not None else cfg.n_summary_features
+                n_in += d if cfg.summary_joint else 0
+                self.summary_feat = nn.Sequential(nn.Linear(n_in, d), nn.GELU(), nn.Linear(d, d))
                 self.summary_type = nn.Parameter(torch.zeros(d))
                 # Per-symbol standardization of the (signed-log) summary features, fitted on the train
                 # split (fit_summary_norm): "how unusual is this for *this* kernel/operator" is what
@@ -196,16 +256,25 @@ class RCAModel(nn.Module):
                 self.register_buffer("summary_sd", torch.ones(cfg.trace_vocab, cfg.n_summary_features))
         if self.use_log:
             self.log_emb = nn.Embedding(cfg.log_vocab, d)
-            self.log_feat = nn.Linear(self.n_log_feat, d)
+            self.log_ple = _PLE(self.n_log_feat, cfg.token_bins) if cfg.token_bins else None
+            self.log_feat = nn.Linear(
+                self.log_ple.out_dim if self.log_ple is not None else self.n_log_feat, d
+            )
             self.log_pos = nn.Embedding(maxpos, d)
             if cfg.log_value_buckets:
                 self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
             if cfg.log_summary_tokens:
                 # one row per word that precedes numbers in the log (``usage`` -> its values): the word's
                 # embedding + an MLP of the standardized statistics + a type vector, like summary_feat
-                self.log_summary_feat = nn.Sequential(
-                    nn.Linear(N_LOG_SUMMARY_FEATURES, d), nn.GELU(), nn.Linear(d, d)
+                self.log_summary_ple = (
+                    _PLE(N_LOG_SUMMARY_FEATURES, cfg.summary_bins) if cfg.summary_bins else None
                 )
+                n_in = (
+                    self.log_summary_ple.out_dim
+                    if self.log_summary_ple is not None
+                    else N_LOG_SUMMARY_FEATURES
+                ) + (d if cfg.summary_joint else 0)
+                self.log_summary_feat = nn.Sequential(nn.Linear(n_in, d), nn.GELU(), nn.Linear(d, d))
                 self.log_summary_type = nn.Parameter(torch.zeros(d))
                 self.register_buffer("log_summary_mu", torch.zeros(cfg.log_vocab, N_LOG_SUMMARY_FEATURES))
                 self.register_buffer("log_summary_sd", torch.ones(cfg.log_vocab, N_LOG_SUMMARY_FEATURES))
@@ -240,6 +309,11 @@ class RCAModel(nn.Module):
             if self.use_trace
             else None
         )
+        self.summary_loc_head = (
+            nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, 1))
+            if self.use_summary and cfg.summary_loc
+            else None
+        )
         self.drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
         nn.init.normal_(self.cls, std=0.02)
@@ -266,6 +340,9 @@ class RCAModel(nn.Module):
         if self.cfg.feature_norm:
             mu, sd = (self.trace_mu, self.trace_sd) if mod == TRACE else (self.log_mu, self.log_sd)
             feats = ((feats - mu[ids]) / sd[ids]).clamp(-20, 20)
+            ple = self.trace_ple if mod == TRACE else self.log_ple
+            if ple is not None:
+                feats = ple(feats)
         e = emb(ids) + feat(feats) + posemb(pos)
         if mod == LOG and self.cfg.log_value_buckets:
             # raw[..., 1] is already sign(v) log1p|v| of the number: 4 buckets per unit, offset for negatives
@@ -277,20 +354,34 @@ class RCAModel(nn.Module):
 
     def _embed_summary(self, ids: torch.Tensor, feats: torch.Tensor, mod: int = TRACE) -> torch.Tensor:
         if mod == TRACE:
-            emb, mlp, typ, mu, sd = (
+            emb, mlp, typ, mu, sd, ple = (
                 self.trace_emb,
                 self.summary_feat,
                 self.summary_type,
                 self.summary_mu,
                 self.summary_sd,
+                self.summary_ple,
             )
         else:
             emb, mlp, typ = self.log_emb, self.log_summary_feat, self.log_summary_type
-            mu, sd = self.log_summary_mu, self.log_summary_sd
+            mu, sd, ple = self.log_summary_mu, self.log_summary_sd, self.log_summary_ple
         ids = ids.clamp(max=emb.num_embeddings - 1)
         feats = torch.sign(feats) * torch.log1p(feats.abs())
         feats = ((feats - mu[ids]) / sd[ids]).clamp(-20, 20)
-        return emb(ids) + mlp(feats) + typ + self.modality_emb.weight[mod]
+        if ple is not None:
+            feats = ple(feats)
+        e = emb(ids)
+        if self.cfg.summary_joint:
+            feats = torch.cat([e, feats], -1)
+        return e + mlp(feats) + typ + self.modality_emb.weight[mod]
+
+    @torch.no_grad()
+    def _standardized(
+        self, mu: torch.Tensor, sd: torch.Tensor, ids: np.ndarray, feats: np.ndarray
+    ) -> np.ndarray:
+        ids = np.minimum(np.asarray(ids, np.int64), mu.shape[0] - 1)
+        f = np.sign(feats) * np.log1p(np.abs(feats))
+        return np.clip((f - mu.cpu().numpy()[ids]) / sd.cpu().numpy()[ids], -20, 20)
 
     @torch.no_grad()
     def fit_summary_norm(self, ids: np.ndarray, feats: np.ndarray, min_count: int = 8) -> None:
@@ -299,6 +390,8 @@ class RCAModel(nn.Module):
         if not self.use_summary or len(ids) == 0:  # (a log-only ablation has no trace stream)
             return
         _fit_per_id(self.summary_mu, self.summary_sd, ids, feats, min_count)
+        if self.summary_ple is not None:
+            self.summary_ple.fit(self._standardized(self.summary_mu, self.summary_sd, ids, feats))
 
     @torch.no_grad()
     def fit_log_summary_norm(self, samples: Any, min_count: int = 8) -> None:
@@ -309,6 +402,8 @@ class RCAModel(nn.Module):
         ids = np.concatenate([s.log_summary_ids for s in rows])
         feats = np.concatenate([s.log_summary_features for s in rows])
         _fit_per_id(self.log_summary_mu, self.log_summary_sd, ids, feats, min_count)
+        if self.log_summary_ple is not None:
+            self.log_summary_ple.fit(self._standardized(self.log_summary_mu, self.log_summary_sd, ids, feats))
 
     @torch.no_grad()
     def fit_feature_norm(self, samples: Any, min_count: int = 8) -> None:
@@ -318,13 +413,17 @@ class RCAModel(nn.Module):
         if self.use_trace:
             ids = np.concatenate([s.trace_ids for s in samples])
             if len(ids):
-                _fit_per_id(
-                    self.trace_mu, self.trace_sd, ids, np.concatenate([s.trace_features for s in samples])
-                )
+                f = np.concatenate([s.trace_features for s in samples])
+                _fit_per_id(self.trace_mu, self.trace_sd, ids, f)
+                if self.trace_ple is not None:
+                    self.trace_ple.fit(self._standardized(self.trace_mu, self.trace_sd, ids, f))
         if self.use_log:
             ids = np.concatenate([s.log_ids for s in samples])
             if len(ids):
-                _fit_per_id(self.log_mu, self.log_sd, ids, np.concatenate([s.log_features for s in samples]))
+                f = np.concatenate([s.log_features for s in samples])
+                _fit_per_id(self.log_mu, self.log_sd, ids, f)
+                if self.log_ple is not None:
+                    self.log_ple.fit(self._standardized(self.log_mu, self.log_sd, ids, f))
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parts: list[torch.Tensor] = []
@@ -366,12 +465,15 @@ class RCAModel(nn.Module):
         off = 0
         trace_h = None
         summary_pools: list[torch.Tensor] = []
+        summary_h = None
         for m, pm, n_sum in zip(mods, masks, sums, strict=True):
             n = pm.shape[1]
             h = x[:, off : off + n]
             if n_sum:
                 # the summary rows get their own mean and max pools
                 hs, ws = h[:, n - n_sum :], pm[:, n - n_sum :]
+                if int(m[0, 0]) == TRACE:
+                    summary_h = (hs, h[:, :1])
                 h, pm = h[:, : n - n_sum], pm[:, : n - n_sum]
                 wsf = ws.float().unsqueeze(-1)
                 s_mean = (hs * wsf).sum(1) / wsf.sum(1).clamp(min=1.0)
@@ -386,6 +488,11 @@ class RCAModel(nn.Module):
             off += n
         pooled = torch.cat(pools + summary_pools, -1)
         out = {"logits": self.cls_head(pooled), "modality": modality, "hidden": x}
+        if self.summary_loc_head is not None and summary_h is not None:
+            hs, cls_h = summary_h
+            out["summary_loc_logits"] = self.summary_loc_head(
+                torch.cat([hs, cls_h.expand_as(hs)], -1)
+            ).squeeze(-1)
         if self.loc_head is not None and trace_h is not None:
             # localization scores the trace tokens only, not the summary rows appended after them
             tok = trace_h[:, 1:]

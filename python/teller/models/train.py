@@ -42,6 +42,7 @@ class TrainConfig:
     warmup_frac: float = 0.05
     loc_weight: float = 1.0
     loc_listwise: float = 0.0  # weight of the listwise localization term (loss_fn)
+    summary_loc_weight: float = 1.0  # weight of the summary-row culprit loss (model.summary_loc)
     patience: int = 4
     max_minutes: float = 14.0
     grad_clip: float = 1.0
@@ -115,14 +116,34 @@ def loss_fn(
     loc_weight: float,
     normal_index: int = 0,
     listwise: float = 0.0,
+    summary_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CE(category) + loc_weight * BCE(localization over real trace tokens of faulty samples)
-    + listwise * -log(softmax mass of the culprit tokens)."""
+    + listwise * -log(softmax mass of the culprit tokens) + summary_weight * (BCE + listwise term)
+    over the summary rows of faulty samples (model.summary_loc)."""
     dev = out["logits"].device
     y = batch["labels"].to(dev)
     ce = F.cross_entropy(out["logits"].float(), y)
     loss = ce
     parts = {"ce": float(ce.detach())}
+    if "summary_loc_logits" in out and summary_weight > 0 and "summary_culprit" in batch:
+        sl = out["summary_loc_logits"].float()
+        sm = batch["summary_mask"].to(dev) & (y != normal_index)[:, None]
+        sc = batch["summary_culprit"].to(dev)
+        if sm.any():
+            sb = F.binary_cross_entropy_with_logits(sl[sm], sc[sm])
+            has = ((sc > 0) & sm).any(1)
+            if has.any():
+                lg = sl.masked_fill(~batch["summary_mask"].to(dev), float("-inf"))[has]
+                sb = (
+                    sb
+                    + (
+                        torch.logsumexp(lg, 1)
+                        - torch.logsumexp(lg.masked_fill(sc[has] <= 0, float("-inf")), 1)
+                    ).mean()
+                )
+            loss = loss + summary_weight * sb
+            parts["summary"] = float(sb.detach())
     if "loc_logits_by_class" in out:
         # per-cause localization: train the true cause's column
         by = out["loc_logits_by_class"]
@@ -319,7 +340,7 @@ def train(
             b = {kk: v.to(dev) for kk, v in collate(bs).items()}
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                 o = model(b)
-            loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise)
+            loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise, tc.summary_loc_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if tc.grad_clip:
