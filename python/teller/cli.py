@@ -961,7 +961,8 @@ def diagnose_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Ranked root causes with confidence, layer, culprit operators with their evidence, and a
+    """Ranked root causes with confidence, layer, culprit operators with their evidence, the culprit
+    symbols of the summary-row head (where the model has one) with their load-normalized shift, and a
     Perfetto trace with the culprit events highlighted."""
     from teller.models.diagnose import diagnose, render
 
