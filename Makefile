@@ -29,22 +29,32 @@ help:
 # --- environment -------------------------------------------------------------------------------
 # torch is installed first and alone from requirements/torch.txt (the one place it is pinned);
 # everything after that gets the same file as a constraint, so no resolver can pull a second copy.
-# The CUDA wheels are large (cudnn alone is ~0.5 GB) and a dropped connection must not fail a fresh
-# set-up: pip resumes a partial download up to 50 times, and each install command is retried whole
-# (already-downloaded wheels come from pip's cache) before make gives up.
+# The CUDA wheels are large (torch and its nvidia-* dependencies are ~3 GB) and a dropped connection
+# must not fail a fresh set-up. So the wheels are first *downloaded* into $(WHEELS): pip resumes a
+# partial file up to 50 times, each download command is retried whole up to 4 times, and a retry
+# skips the files already there (pip download keeps complete files only). Then everything is
+# installed from that folder with no index at all, so the three installs resolve exactly the files
+# downloaded (torch once), and the folder is removed.
+WHEELS := $(VENV)/wheels
 PIP_NET := --retries 10 --timeout 60 --resume-retries 50
-define pip_retry
-for attempt in 1 2 3 4; do $(PIP) install -q $(PIP_NET) $(1) && break; \
-  if [ $$attempt = 4 ]; then echo "pip install $(1) failed 4 times" >&2; exit 1; fi; \
-  echo "pip install failed (attempt $$attempt), retrying in $$((attempt * 15)) s" >&2; sleep $$((attempt * 15)); done
+define retry
+for attempt in 1 2 3 4; do $(1) && break; \
+  if [ $$attempt = 4 ]; then echo "failed 4 times: $(1)" >&2; exit 1; fi; \
+  echo "failed (attempt $$attempt), retrying in $$((attempt * 15)) s: $(1)" >&2; sleep $$((attempt * 15)); done
 endef
+FETCH := $(PIP) download -q $(PIP_NET) --only-binary=:all: -d $(WHEELS)
+LOCAL := $(PIP) install -q --no-index --find-links $(WHEELS)
 
 $(VENV)/.deps: requirements/torch.txt requirements/dev.txt requirements/nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	for attempt in 1 2 3; do $(PIP) install -q --retries 10 --upgrade pip && break; sleep 10; done
-	$(call pip_retry,-r requirements/torch.txt)
-	$(call pip_retry,-c requirements/torch.txt -r requirements/dev.txt)
-	$(call pip_retry,--no-deps -r requirements/nodeps.txt)
+	$(call retry,$(PIP) install -q --retries 10 --upgrade pip)
+	$(call retry,$(FETCH) -r requirements/torch.txt)
+	$(call retry,$(FETCH) -c requirements/torch.txt -r requirements/dev.txt)
+	$(call retry,$(FETCH) --no-deps -r requirements/nodeps.txt)
+	$(LOCAL) -r requirements/torch.txt
+	$(LOCAL) -c requirements/torch.txt -r requirements/dev.txt
+	$(LOCAL) --no-deps -r requirements/nodeps.txt
+	rm -rf $(WHEELS)
 	touch $@
 
 venv: $(VENV)/.deps
