@@ -245,16 +245,21 @@ def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, An
     rows = []
     f = s.summary_features
     col = {n: i for i, n in enumerate(SUMMARY_FEATURE_NAMES)}
+
+    def get(r: np.ndarray, name: str) -> float | None:  # (a model may read only the first columns)
+        return float(r[col[name]]) if len(r) > col[name] else None
+
     for k in np.argsort(-sc[: len(s.summary_ids)], kind="stable"):
         r = f[k]
         rows.append(
             {
                 "symbol": tok.token_str(int(s.summary_ids[k])),
                 "score": float(sc[k]),
-                "events": int(r[col["count"]]),
-                "shift": float(r[col["shift"]]) if len(r) > col["shift"] else None,
-                "shift_z": float(r[col["shift_z"]]) if len(r) > col["shift_z"] else None,
-                "pid_spread": float(r[col["pid_spread"]]),
+                "events": int(r[0]) if len(r) else 0,
+                "shift": get(r, "shift"),
+                "shift_z": get(r, "shift_z"),
+                # per process, the load-normalized change inside minus outside the window: one rank
+                "rank_spread": get(r, "shift_pid_spread"),
             }
         )
     return rows
@@ -283,7 +288,8 @@ def render(d: dict[str, Any], console: Any) -> None:
             ",".join(map(str, r["ranks_or_pids"])),
         )
     console.print(o)
-    if d.get("culprit_symbols"):
+    if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
+        # (the head is trained on faulty samples only: for a run called normal its ranking means little)
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
         for c in ("symbol", "score", "events", "shift", "shift z", "rank spread"):
             y.add_column(c)
@@ -298,7 +304,7 @@ def render(d: dict[str, Any], console: Any) -> None:
                 str(r["events"]),
                 _f(r["shift"]),
                 _f(r["shift_z"]),
-                f"{r['pid_spread']:.2f}",
+                _f(r["rank_spread"]),
             )
         console.print(y)
     if d["log_evidence"]:

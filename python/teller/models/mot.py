@@ -96,6 +96,15 @@ class ModelConfig:
             )
         if self.summary_bins < 0 or self.token_bins < 0:
             raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
+        if self.summary_loc and not self.summary_tokens:
+            raise ConfigError(
+                "model.summary_loc scores the summary rows: it needs model.summary_tokens: true"
+            )
+        if (self.summary_bins or self.summary_joint) and not (self.summary_tokens or self.log_summary_tokens):
+            raise ConfigError(
+                "model.summary_bins / summary_joint act on summary rows: they need model.summary_tokens "
+                "or model.log_summary_tokens"
+            )
         for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
             if int(getattr(self, k)) <= 0:
                 raise ConfigError(f"model.{k} must be positive")

@@ -278,6 +278,13 @@ def train(
             f"{run_dir}: these shards (version {man.get('version', 1)}) have no per-symbol summaries, which "
             "model.summary_tokens needs; re-run `teller tokenize` (or set model.summary_tokens: false)"
         )
+    if ms and mc.summary_loc and int(man.get("version", 1)) < 4 and tc.summary_loc_weight > 0:
+        # older shards read summary_culprit as all False: the head would learn "no row is a culprit"
+        raise ConfigError(
+            f"{run_dir}: these shards (version {man.get('version', 1)}) have no summary_culprit labels, "
+            "which model.summary_loc trains on (version 4); re-run `teller tokenize` (or set "
+            "model.summary_loc: false)"
+        )
     seed_everything(tc.seed)
     train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
     extra_dirs = [shards_run_dir(e) for e in extra_train]
