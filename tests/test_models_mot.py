@@ -673,18 +673,20 @@ def test_piecewise_linear_encoding_hand_computed() -> None:
     from teller.models.mot import _PLE
 
     ple = _PLE(2, 3)
-    # column 0: values 0..6 -> quantile edges 0, 2, 4, 6; column 1 constant: edges forced apart by 0.02
+    # column 0: values 0..6 -> quantile edges 0, 2, 4, 6; column 1 constant: the inner edges forced
+    # apart by 0.02, the open outer bins widened to 1.0 (one standard deviation)
     x = np.stack([np.arange(7.0), np.full(7, 5.0)], 1)
     ple.fit(x)
     torch.testing.assert_close(ple.edges[0], torch.tensor([0.0, 2.0, 4.0, 6.0]))
-    torch.testing.assert_close(ple.edges[1], torch.tensor([5.0, 5.02, 5.04, 5.06]))
+    torch.testing.assert_close(ple.edges[1], torch.tensor([4.02, 5.02, 5.04, 6.04]))
     assert ple.out_dim == 8
-    out = ple(torch.tensor([[3.0, 5.0], [-2.0, 9.0], [8.0, 5.01]]))
-    # [x, z1, z2, z3] per column; z1 unclipped below, z3 above, the inner bin clipped to [0, 1]
+    out = ple(torch.tensor([[3.0, 5.0], [-2.0, 9.0], [8.0, 5.03]]))
+    # [x, z1, z2, z3] per column; z1 unclipped below, z3 above, the inner bin clipped to [0, 1];
+    # a value 4 sd past a constant column's edge gives z ~ 4, not ~ 200
     expect = [
-        [3.0, 1.0, 0.5, 0.0, 5.0, 0.0, 0.0, 0.0],
-        [-2.0, -1.0, 0.0, 0.0, 9.0, 1.0, 1.0, (9.0 - 5.04) / 0.02],
-        [8.0, 1.0, 1.0, 2.0, 5.01, 0.5, 0.0, 0.0],
+        [3.0, 1.0, 0.5, 0.0, 5.0, 0.98, 0.0, 0.0],
+        [-2.0, -1.0, 0.0, 0.0, 9.0, 1.0, 1.0, 9.0 - 5.04],
+        [8.0, 1.0, 1.0, 2.0, 5.03, 1.0, 0.5, 0.0],
     ]
     torch.testing.assert_close(out, torch.tensor(expect), rtol=1e-4, atol=1e-4)
     # in a model: fitted on the standardized summary features, saved with the weights

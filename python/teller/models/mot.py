@@ -168,13 +168,21 @@ class _PLE(nn.Module):
         return torch.cat([x.unsqueeze(-1), zc], -1).flatten(-2)
 
     @torch.no_grad()
-    def fit(self, x: np.ndarray, min_width: float = 0.02) -> None:
-        """Edges from the per-column quantiles of ``x`` [N, F], made strictly increasing."""
+    def fit(self, x: np.ndarray, min_width: float = 0.02, outer_width: float = 1.0) -> None:
+        """Edges from the per-column quantiles of ``x`` [N, F], made strictly increasing (inner bins at
+        least ``min_width`` wide). The two open outer bins are at least ``outer_width`` wide (the
+        inputs are standardized, so 1.0 is one train standard deviation): a column whose extreme
+        quantiles tie (constant on train) would otherwise divide an out-of-range value by
+        ``min_width`` and send z past 1000 for a +20 sd input. With n_bins > 1 this only moves the
+        outer edges of columns whose first or last bin is narrower than that."""
         if len(x) == 0:
             return
         q = np.quantile(np.asarray(x, np.float64), np.linspace(0.0, 1.0, self.n_bins + 1), axis=0).T
         for t in range(1, q.shape[1]):
             q[:, t] = np.maximum(q[:, t], q[:, t - 1] + min_width)
+        if self.n_bins > 1:
+            q[:, 0] = np.minimum(q[:, 0], q[:, 1] - outer_width)
+            q[:, -1] = np.maximum(q[:, -1], q[:, -2] + outer_width)
         self.edges.copy_(torch.from_numpy(q).float())
 
 
