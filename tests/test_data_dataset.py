@@ -274,3 +274,21 @@ def test_fault_windows_inside_trace(tiny):
         t0, t1 = ann["trace"]["start_ns"], ann["trace"]["end_ns"]
         for f in ann["faults"]:
             assert t0 <= f["start_ns"] < f["end_ns"] <= t1 + 1, (sd.name, f["type"])
+
+
+def test_diverse_preset_more_gpus_same_ood(tmp_path):
+    """`diverse` = `default` with three more in-distribution GPUs (for extra training data); the
+    benchmark's OOD workloads stay out of its in-distribution lists, and every new GPU simulates."""
+    d, v = load_config("default"), load_config("diverse")
+    assert v["workloads"]["in_dist"]["gpus"] == ["A100", "H100", "A10", "A40", "H200"]
+    strip = {**v, "preset": "default", "workloads": {**v["workloads"], "in_dist": d["workloads"]["in_dist"]}}
+    assert strip == d
+    for k in ("models", "gpus", "arrivals"):
+        assert not set(v["workloads"]["ood"][k]) & set(v["workloads"]["in_dist"][k])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("base: tiny\nworkloads:\n  in_dist:\n    gpus: [A10, A40, H200]\n")
+    out = tmp_path / "ds"
+    generate(out, num_samples=6, seed=2, config=cfg, train_only=True)
+    assert validate(out, deep=True) == []
+    gpus = {json.loads(p.read_text())["workload"]["gpu"] for p in out.glob("s*/annotation.json")}
+    assert gpus <= {"A10", "A40", "H200"} and len(gpus) >= 2
