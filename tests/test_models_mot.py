@@ -689,6 +689,10 @@ def test_piecewise_linear_encoding_hand_computed() -> None:
         [8.0, 1.0, 1.0, 2.0, 5.03, 1.0, 0.5, 0.0],
     ]
     torch.testing.assert_close(out, torch.tensor(expect), rtol=1e-4, atol=1e-4)
+    one = _PLE(1, 1)  # a single bin is open on both sides: its width is floored too
+    one.fit(np.zeros((5, 1)))
+    torch.testing.assert_close(one.edges[0], torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(one(torch.tensor([[20.0]])), torch.tensor([[20.0, 20.0]]))
     # in a model: fitted on the standardized summary features, saved with the weights
     m = build_model({**TINY, "summary_tokens": True, "log_summary_tokens": True, "summary_bins": 4})
     s = _samples(8)

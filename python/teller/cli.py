@@ -570,7 +570,11 @@ def dataset_generate(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed: same seed and configuration, identical bytes.")] = 0,
     preset: Annotated[
-        str | None, typer.Option(help="tiny (tests), default (the benchmark) or large.")
+        str | None,
+        typer.Option(
+            help="tiny (tests), default (the benchmark), diverse (extra training data for it, "
+            "with --train-only) or large."
+        ),
     ] = None,
     config: Annotated[
         str | None, typer.Option(help="A YAML file overlaid on the preset (its `base:` names the preset).")

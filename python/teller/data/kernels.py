@@ -33,7 +33,7 @@ GPUS: dict[str, GPUSpec] = {
     "A100": GPUSpec("A100-SXM4-80GB", 312.0, 2039.0, 300.0, 24.0, 79.15, 80, 2_200),
     "H100": GPUSpec("H100-SXM5-80GB", 989.0, 3350.0, 450.0, 50.0, 79.10, 90, 1_800),
     "L40S": GPUSpec("L40S-48GB", 362.0, 864.0, 32.0, 24.0, 44.39, 89, 2_500),
-    # in no preset's workloads: for extra training data over more GPUs (the ``diverse`` preset), so
+    # in no benchmark preset's workloads, only in ``diverse`` (extra training data over more GPUs), so
     # that a model meets more ratios of compute, memory and interconnect bandwidth than A100 and H100
     # without seeing the benchmark's OOD GPU. Datasheet numbers (dense bf16); the A10 has no NVLink
     # (peer traffic over PCIe), the A40 a two-GPU NVLink bridge (112.5 GB/s both directions).

@@ -173,8 +173,9 @@ class _PLE(nn.Module):
         least ``min_width`` wide). The two open outer bins are at least ``outer_width`` wide (the
         inputs are standardized, so 1.0 is one train standard deviation): a column whose extreme
         quantiles tie (constant on train) would otherwise divide an out-of-range value by
-        ``min_width`` and send z past 1000 for a +20 sd input. With n_bins > 1 this only moves the
-        outer edges of columns whose first or last bin is narrower than that."""
+        ``min_width`` and send z past 1000 for a +20 sd input. This only moves the outer edges of
+        columns whose first or last bin is narrower than that (with one bin, open on both sides, its
+        upper edge)."""
         if len(x) == 0:
             return
         q = np.quantile(np.asarray(x, np.float64), np.linspace(0.0, 1.0, self.n_bins + 1), axis=0).T
@@ -183,6 +184,8 @@ class _PLE(nn.Module):
         if self.n_bins > 1:
             q[:, 0] = np.minimum(q[:, 0], q[:, 1] - outer_width)
             q[:, -1] = np.maximum(q[:, -1], q[:, -2] + outer_width)
+        else:
+            q[:, 1] = np.maximum(q[:, 1], q[:, 0] + outer_width)
         self.edges.copy_(torch.from_numpy(q).float())
 
 
