@@ -188,6 +188,9 @@ def test_config_errors(tmp_path):
     bad.write_text("base: tiny\nworkloads: {tp: [1]}\n")
     with pytest.raises(ConfigError, match="tensor parallelism"):
         load_config(config=bad)
+    bad.write_text("base: large\nworkloads: {in_dist: {gpus: [A100, A10]}}\n")
+    with pytest.raises(ConfigError, match="llama-3.1-70b does not fit on A10 at any workloads.tp"):
+        load_config(config=bad)
     with pytest.raises(TellerFileNotFoundError):
         load_config(config=tmp_path / "missing.yaml")
 

@@ -136,6 +136,19 @@ def _check_config(cfg: dict[str, Any]) -> None:
     tps = w.get("tp")
     if not (isinstance(tps, list) and tps and all(isinstance(x, int) and x >= 1 for x in tps)):
         raise ConfigError(f"config: workloads.tp must be a non-empty list of positive integers, got {tps!r}")
+    # any model may meet any GPU (an OOD sample mixes the lists): each pair must fit at some TP, the
+    # rule draw_workload applies (weights in at most 70 % of a rank's memory)
+    models = [*w["in_dist"]["models"], *w["ood"].get("models", [])]
+    gpus = [*w["in_dist"]["gpus"], *w["ood"].get("gpus", [])]
+    for m in dict.fromkeys(models):
+        for g in dict.fromkeys(gpus):
+            need, have = K.model_spec(m).weight_bytes() / max(tps) / 2**30, 0.7 * K.gpu_spec(g).memory_gib
+            if need > have:
+                raise ConfigError(
+                    f"config: {m} does not fit on {g} at any workloads.tp (at TP {max(tps)}: "
+                    f"{need:.1f} GiB of weights per rank, over 70 % of {K.gpu_spec(g).memory_gib:g} GiB); "
+                    "add a larger tp or leave the pair out"
+                )
     classes = cfg.get("classes")
     if not (isinstance(classes, list) and classes):
         raise ConfigError("config: classes must be a non-empty list of labels")
