@@ -178,7 +178,12 @@ class _PLE(nn.Module):
         upper edge)."""
         if len(x) == 0:
             return
-        q = np.quantile(np.asarray(x, np.float64), np.linspace(0.0, 1.0, self.n_bins + 1), axis=0).T
+        x = np.asarray(x, np.float64)
+        levels = np.linspace(0.0, 1.0, self.n_bins + 1)
+        ok = ~np.isnan(x).all(0)  # NaNs are skipped; an all-NaN column keeps the default edges
+        q = self.edges.double().numpy().copy()
+        if ok.any():
+            q[ok] = np.nanquantile(x[:, ok], levels, axis=0).T
         for t in range(1, q.shape[1]):
             q[:, t] = np.maximum(q[:, t], q[:, t - 1] + min_width)
         if self.n_bins > 1:
