@@ -689,7 +689,7 @@ def test_piecewise_linear_encoding_hand_computed() -> None:
         [8.0, 1.0, 1.0, 2.0, 5.03, 1.0, 0.5, 0.0],
     ]
     torch.testing.assert_close(out, torch.tensor(expect), rtol=1e-4, atol=1e-4)
-    nan = _PLE(2, 3)  # NaNs are skipped; an all-NaN column keeps its default edges
+    nan = _PLE(2, 3)  # NaNs are skipped; an all-NaN column keeps its current (here initial) edges
     nan.fit(np.stack([np.r_[np.arange(7.0), np.nan], np.full(8, np.nan)], 1))
     torch.testing.assert_close(nan.edges[0], torch.tensor([0.0, 2.0, 4.0, 6.0]))
     torch.testing.assert_close(nan.edges[1], torch.linspace(-2.0, 2.0, 4))

@@ -136,18 +136,18 @@ def _check_config(cfg: dict[str, Any]) -> None:
     tps = w.get("tp")
     if not (isinstance(tps, list) and tps and all(isinstance(x, int) and x >= 1 for x in tps)):
         raise ConfigError(f"config: workloads.tp must be a non-empty list of positive integers, got {tps!r}")
-    # any model may meet any GPU (an OOD sample mixes the lists): each pair must fit at some TP, the
-    # rule draw_workload applies (weights in at most 70 % of a rank's memory)
+    # any model may meet any GPU (an OOD sample mixes the lists): each pair must fit at some TP under
+    # the placement rule draw_workload applies (K.weights_fit)
     models = [*w["in_dist"]["models"], *w["ood"].get("models", [])]
     gpus = [*w["in_dist"]["gpus"], *w["ood"].get("gpus", [])]
     for m in dict.fromkeys(models):
         for g in dict.fromkeys(gpus):
-            need, have = K.model_spec(m).weight_bytes() / max(tps) / 2**30, 0.7 * K.gpu_spec(g).memory_gib
-            if need > have:
+            ms, gs = K.model_spec(m), K.gpu_spec(g)
+            if not K.weights_fit(ms, gs, max(tps)):
                 raise ConfigError(
                     f"config: {m} does not fit on {g} at any workloads.tp (at TP {max(tps)}: "
-                    f"{need:.1f} GiB of weights per rank, over 70 % of {K.gpu_spec(g).memory_gib:g} GiB); "
-                    "add a larger tp or leave the pair out"
+                    f"{ms.weight_bytes() / max(tps) / 2**30:.1f} GiB of weights per rank, over 70 % of "
+                    f"{gs.memory_gib:g} GiB); add a larger tp or leave the pair out"
                 )
     classes = cfg.get("classes")
     if not (isinstance(classes, list) and classes):
@@ -239,7 +239,7 @@ def draw_workload(cfg: dict[str, Any], rng: np.random.Generator, label: str, ood
         tps = [t for t in tps if t >= 2]
     # the weights must fit: at most 70 % of the GPU memory per rank
     mspec, gspec = K.model_spec(model), K.gpu_spec(gpu)
-    fits = [t for t in tps if mspec.weight_bytes() / t <= 0.7 * gspec.memory_gib * 2**30]
+    fits = [t for t in tps if K.weights_fit(mspec, gspec, t)]
     tps = fits or [max(tps)]
     tp = int(tps[int(rng.integers(len(tps)))])
 

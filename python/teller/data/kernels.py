@@ -77,6 +77,11 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def weights_fit(model: ModelSpec, gpu: GPUSpec, tp: int) -> bool:
+    """The placement rule: a rank's share of the weights takes at most 70 % of the GPU's memory."""
+    return model.weight_bytes() / tp <= 0.7 * gpu.memory_gib * 2**30
+
+
 def gpu_spec(name: str) -> GPUSpec:
     try:
         return GPUS[name]

@@ -180,7 +180,7 @@ class _PLE(nn.Module):
             return
         x = np.asarray(x, np.float64)
         levels = np.linspace(0.0, 1.0, self.n_bins + 1)
-        ok = ~np.isnan(x).all(0)  # NaNs are skipped; an all-NaN column keeps the default edges
+        ok = ~np.isnan(x).all(0)  # NaNs are skipped; an all-NaN column keeps its current edges
         q = self.edges.double().numpy().copy()
         if ok.any():
             q[ok] = np.nanquantile(x[:, ok], levels, axis=0).T
