@@ -110,9 +110,13 @@ def test_window_scan_hand_computed():
     assert window_scan(np.array([1.0, 2.0, 3.0])) == (0.0, 0, 0)  # too few bins
 
 
-def _engine_trace(tmp_path, fault_pid=None, fault_steps=range(8, 12), factor=2.0):
+def _engine_trace(
+    tmp_path, fault_pid=None, fault_steps=range(8, 12), factor=2.0, us_per_token=(0.5,), by_position=True
+):
     """Two processes, 16 engine steps of 1 000 us each, alternating 100 / 1 000 scheduled tokens; a
-    ``gemm`` op takes 0.5 us per token, ``factor`` times longer on ``fault_pid`` in ``fault_steps``."""
+    ``gemm`` op takes 0.5 us per token, ``factor`` times longer on ``fault_pid`` in ``fault_steps``
+    (``fault_pid`` 0: both). ``us_per_token`` with several entries: that many ``gemm`` ops per step,
+    of different shapes (the QKV and output projections of one kernel name)."""
     ev = []
     for pid in (1, 2):
         for k in range(16):
@@ -129,24 +133,53 @@ def _engine_trace(tmp_path, fault_pid=None, fault_steps=range(8, 12), factor=2.0
                     "args": {"num_tokens": tokens, "num_seqs": 8},
                 }
             )
-            dur = 0.5 * tokens * (factor if pid == fault_pid and k in fault_steps else 1.0)
-            ev.append(
-                {
-                    "ph": "X",
-                    "cat": "cpu_op",
-                    "name": "gemm",
-                    "pid": pid,
-                    "tid": pid,
-                    "ts": 1000 * k + 10,
-                    "dur": dur,
-                }
-            )
+            for j, upt in enumerate(us_per_token):
+                slow = pid == fault_pid or fault_pid == 0
+                dur = upt * tokens * (factor if slow and k in fault_steps else 1.0)
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "gemm",
+                        "pid": pid,
+                        "tid": pid,
+                        "ts": 1000 * k + 10 + 2 * j,
+                        "dur": dur / len(us_per_token),
+                    }
+                )
     p = tmp_path / "engine.json"
     p.write_text(json.dumps({"traceEvents": ev}))
     tr = teller.trace.load(p, warn=False)
     tok = tpe.train(tpe.corpus_from_symbols([["host_op:gemm"]]), vocab_size=0)
-    ids, f = symbol_summary(tr, tok)
+    ids, f = symbol_summary(tr, tok, by_position=by_position)
     return f[[tok.token_str(int(i)) for i in ids].index("host_op:gemm")]
+
+
+def test_positions_hand_computed():
+    from teller.data.summary import _positions
+
+    pid = np.array([1, 1, 1, 1, 1, 2, 2, 2])
+    step = np.array([0, 0, 0, 1, 1, 0, 0, 1])
+    assert _positions(pid, step).tolist() == [0, 1, 2, 0, 1, 0, 1, 0]
+    assert _positions(pid[:0], step[:0]).tolist() == []
+
+
+def test_shift_fitted_per_position(tmp_path):
+    # two GEMM shapes per step (0.1 and 0.9 us per token: 9x apart at the same load), both 15 %
+    # slower on both processes in steps 8-11. Per position the fit is exact outside the fault, so
+    # the scan finds ln(1.15) with a residual spread of the fault alone; pooled under one line, the
+    # 9x spread between the shapes sits in the residuals and hides it.
+    names = list(SUMMARY_FEATURE_NAMES)
+    kw = {"fault_pid": 0, "factor": 1.15, "us_per_token": (0.2, 1.8)}
+    f = _engine_trace(tmp_path, **kw)
+    assert f[names.index("shift")] == pytest.approx(math.log(1.15), abs=0.01)
+    assert f[names.index("shift_z")] > 1.5
+    assert abs(f[names.index("shift_pid_spread")]) < 1e-3  # both processes alike
+    pooled = _engine_trace(tmp_path, by_position=False, **kw)
+    assert pooled[names.index("shift_z")] < 0.5 * f[names.index("shift_z")]
+    # no fault: nothing moves at either position
+    g = _engine_trace(tmp_path, fault_pid=None, factor=1.15, us_per_token=(0.2, 1.8))
+    assert abs(g[names.index("shift")]) < 1e-4
 
 
 def test_work_normalized_columns(tmp_path):

@@ -770,3 +770,27 @@ def test_summary_culprit_needs_version_4_shards(shards, tmp_path) -> None:
     one = m(collate(s[:1]))["summary_loc_logits"][0, : len(s[0].summary_ids)]
     many = m(collate(s))["summary_loc_logits"][0, : len(s[0].summary_ids)]
     torch.testing.assert_close(one, many, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
+    """A checkpoint records the shards version it was trained on; evaluating it on shards whose
+    summary rows mean something else warns, and diagnose rebuilds the summaries the old way."""
+    import warnings
+
+    from teller.data.summary import summary_options
+    from teller.data.tokenize import SHARDS_VERSION
+    from teller.models.train import evaluate
+
+    _root, _data, tdir, out = shards
+    r = train(CFG, out, tmp_path / "r", tpe_dir=tdir)
+    cfg = json.loads((r / "config.json").read_text())
+    assert cfg["shards_version"] == SHARDS_VERSION
+    assert summary_options(cfg) == {"by_position": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(r, None, "train")
+    cfg.pop("shards_version")  # a checkpoint from before version 5
+    (r / "config.json").write_text(json.dumps(cfg))
+    assert summary_options(cfg) == {"by_position": False}
+    with pytest.warns(UserWarning, match="shards version"):
+        evaluate(r, None, "train")

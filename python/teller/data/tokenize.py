@@ -31,8 +31,9 @@ from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 
 SHARDS_FORMAT = "teller-shards"
 # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work;
-# 4: + summary_culprit
-SHARDS_VERSION = 4
+# 4: + summary_culprit; 5: summary columns 9-11 on residuals fitted per position in the step
+# (teller.data.summary), same width, new meaning
+SHARDS_VERSION = 5
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")

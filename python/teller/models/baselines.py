@@ -398,6 +398,7 @@ def train_baselines(
                 "data_dir": str(run_dir.resolve()),
                 "extra_train": [str(e.resolve()) for e in extra_dirs],
                 "train_samples": len(train),
+                "shards_version": int(man.get("version", 1)),
                 "label_names": names,
                 "info": b.info,
             },

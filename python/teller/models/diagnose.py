@@ -100,10 +100,10 @@ def diagnose(
             np.asarray(lids, np.int64), np.asarray(lfeat), word_mask(logtok.vocab)
         )
     if mc.get("summary_tokens"):
-        from teller.data.summary import symbol_summary
+        from teller.data.summary import summary_options, symbol_summary
 
         k = int(mc.get("max_summary_tokens", 128))
-        su_ids, su_f = symbol_summary(tr, tok)
+        su_ids, su_f = symbol_summary(tr, tok, **summary_options(cfg))
         nsf = int(mc.get("n_summary_features", su_f.shape[1]))
         s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k, :nsf]
     with torch.no_grad():
@@ -205,12 +205,15 @@ def _ensemble(
     fault."""
     import pickle
 
-    from teller.data.summary import symbol_summary
+    from teller.data.summary import summary_options, symbol_summary
     from teller.models.baselines import RawSample
     from teller.models.ensemble import mix
 
     b = pickle.loads((Path(ens["baselines"]) / "baselines.pkl").read_bytes())
-    su_ids, su_f = symbol_summary(tr, tok)
+    bcfg = Path(ens["baselines"]) / "config.json"
+    su_ids, su_f = symbol_summary(
+        tr, tok, **summary_options(json.loads(bcfg.read_text()) if bcfg.is_file() else {})
+    )
     lf = np.asarray(lfeat, np.float64).reshape(-1, 2)
     rs = RawSample(
         label=0,

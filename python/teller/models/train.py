@@ -13,6 +13,7 @@ import json
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
@@ -320,6 +321,7 @@ def train(
         "data_dir": str(run_dir.resolve()),
         "extra_train": [str(e.resolve()) for e in extra_dirs],
         "train_samples": len(train_s),
+        "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
         "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
         "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
     }
@@ -402,6 +404,23 @@ def train(
     return out
 
 
+def _check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
+    """Warn when the shards' summary rows were computed differently from the training data's (shards
+    version 5 changed what columns 9-11 mean, not their number): the metrics would be of a model
+    reading features it was not trained on."""
+    if not cfg["model"].get("summary_tokens") or cfg["model"].get("modalities") == "log":
+        return
+    have = int(json.loads((run_dir / "manifest.json").read_text()).get("version", 1))
+    trained = int(cfg.get("shards_version") or 4)
+    if (have >= 5) != (trained >= 5):
+        warnings.warn(
+            f"{run_dir}: shards version {have}, the checkpoint was trained on version {trained}; their "
+            "per-symbol summaries differ (columns 9-11): re-tokenize the data with the teller that "
+            "trained the checkpoint, or retrain",
+            stacklevel=2,
+        )
+
+
 def evaluate(
     checkpoint: str | Path, data_dir: str | Path | None = None, split: str = "test", device: str = "cpu"
 ) -> dict[str, Any]:
@@ -409,6 +428,7 @@ def evaluate(
     model, cfg = load_checkpoint(checkpoint, device)
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
+    _check_shards_version(cfg, run_dir)
     samples, names = load_model_split(run_dir, split, mc)
     preds, _ = predict(model, samples)
     # latency: one sample at a time (what a diagnosis costs)
