@@ -209,3 +209,36 @@ def test_work_normalized_columns(tmp_path):
     tr = teller.trace.load(tmp_path / "engine.json", warn=False)
     w = step_work(tr)
     assert sorted(set(np.round(w, 6))) == [round(math.log1p(100), 6), round(math.log1p(1000), 6)]
+
+
+def test_process_log_levels_and_token_process_log():
+    from types import SimpleNamespace
+
+    from teller.data.summary import process_log_levels, token_process_log
+
+    lines = [
+        (1, "stdout", "INFO 12-18 08:01:40 [core.py:58] (EngineCore_DP0 pid=100) Initializing"),
+        (2, "stderr", "WARNING 12-18 08:01:41 [x.py:1] (VllmWorker rank=1 pid=200) slow"),
+        (3, "stderr", "ERROR 12-18 08:01:44 [core.py:526] (VllmWorker rank=1 pid=200) fatal error."),
+        (4, "stderr", "Traceback (most recent call last):"),  # continuation: no level, no prefix
+        (5, "stderr", "torch.OutOfMemoryError: CUDA out of memory. Process 200 has 78 GiB in use"),
+        (6, "stderr", "ERROR 12-18 08:01:44 [async_llm.py:399] (APIServer pid=50) output_handler failed."),
+        (7, "stderr", "CRITICAL 12-18 08:01:45 [a.py:2] (VllmWorker rank=1 pid=200) dead"),
+        (8, "stdout", 'INFO:     10.0.0.1:4 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error'),
+    ]
+    lv = process_log_levels(lines)
+    assert lv == {200: (2, 1), 50: (1, 0)}
+    # events: 0 a range on pid 100, 1 a range on pid 200, 2 a launch on pid 200, 3 its kernel (pid 0
+    # = the GPU, linked to event 2), 4 a range on pid 300 (no log line)
+    cols = SimpleNamespace(pid=np.array([100, 200, 200, 0, 300]), link=np.array([-1, -1, -1, 2, -1]))
+    tr = type("T", (), {"pid": cols.pid, "link": cols.link, "__len__": lambda self: 5})()
+    # base positions -> events (-1: <close>); tokens: [0], [1, 2], [-1], [3], [4], [-1]
+    ev = np.array([0, 1, 2, -1, 3, 4, -1])
+    offs = np.array([0, 1, 3, 4, 5, 6, 7])
+    f = token_process_log(tr, ev, offs, lv)
+    err, warn = math.log1p(2), math.log1p(1)
+    expect = [[0, 0], [err, warn], [err, warn], [err, warn], [0, 0], [0, 0]]
+    np.testing.assert_allclose(f, np.array(expect, np.float32), rtol=1e-6)
+    assert f.dtype == np.float32 and f.shape == (6, 2)
+    assert not token_process_log(tr, ev, offs, {}).any()
+    assert token_process_log(tr, ev[:0], offs[:1], lv).shape == (0, 2)

@@ -235,6 +235,8 @@ CFG = {
         "rich_log_features": True,
         "feature_norm": True,
         "log_summary_tokens": True,
+        "work_features": True,
+        "log_process_features": True,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }
@@ -794,3 +796,31 @@ def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
     assert summary_options(cfg) == {"by_position": False}
     with pytest.warns(UserWarning, match="shards version"):
         evaluate(r, None, "train")
+
+
+def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
+    """Shards before version 5 have no token_proc_log: they load it as zeros, and training a model
+    that reads it on them is refused."""
+    import shutil
+
+    from teller.data.tokenize import load_shard
+    from teller.errors import ConfigError
+
+    _root, _data, tdir, out = shards
+    new = load_shard(
+        out, json.loads((out / "manifest.json").read_text())["splits"]["train"]["shards"][0]["name"]
+    )
+    assert new["token_proc_log"].shape == (len(new["trace_ids"]), 2)
+    old = tmp_path / "v4"
+    shutil.copytree(out, old)
+    man = json.loads((old / "manifest.json").read_text())
+    man["version"] = 4
+    (old / "manifest.json").write_text(json.dumps(man))
+    for f in (old / "shards").glob("*/token_proc_log.npy"):
+        f.unlink()
+    a = load_shard(old, man["splits"]["train"]["shards"][0]["name"])
+    assert a["token_proc_log"].shape == (len(a["trace_ids"]), 2) and not a["token_proc_log"].any()
+    with pytest.raises(ConfigError, match="token_proc_log"):
+        train(CFG, old, tmp_path / "r", tpe_dir=tdir)
+    ok = {"model": {**CFG["model"], "log_process_features": False}, "train": CFG["train"]}
+    assert (train(ok, old, tmp_path / "r2", tpe_dir=tdir) / "model.safetensors").is_file()

@@ -52,6 +52,7 @@ for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, m
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -107,6 +108,58 @@ def token_work(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     tw = np.where(first >= 0, w_ev[np.maximum(first, 0)] if len(w_ev) else 0.0, np.nan)
     last_known = np.maximum.accumulate(np.where(np.isnan(tw), 0, np.arange(len(tw))))
     return np.nan_to_num(tw[last_known], nan=0.0).astype(np.float32)
+
+
+N_PROC_LOG_FEATURES = 2
+# a vLLM log line's level and its process prefix: "ERROR 12-18 08:01:44 [core.py:526] (VllmWorker
+# rank=1 pid=44660) ..."; continuation lines (tracebacks) carry neither and are not counted
+_LEVEL_PID = re.compile(r"^(WARNING|ERROR|CRITICAL)\b[^(]*\([^)]*\bpid=(\d+)\)")
+
+
+def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
+    """Per OS pid, the number of ``(ERROR or CRITICAL, WARNING)`` log lines whose process prefix
+    names it. ``lines``: ``teller.data.tokenize.parse_log`` tuples ``(ts, stream, text)``."""
+    out: dict[int, list[int]] = {}
+    for _ts, _stream, text in lines:
+        m = _LEVEL_PID.match(text)
+        if m:
+            c = out.setdefault(int(m.group(2)), [0, 0])
+            c[0 if m.group(1) != "WARNING" else 1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def token_process_log(
+    tr: Any, events: np.ndarray, offsets: np.ndarray, levels: dict[int, tuple[int, int]]
+) -> np.ndarray:
+    """Per TPE token, ``log1p`` of the error and warning lines of the process its first event ran in
+    (:func:`process_log_levels`; a GPU activity belongs to the process of its launching call, a
+    ``<close>`` token to the previous token's): the cross-layer link from a log line that names
+    ``(VllmWorker rank=1 pid=44660)`` to that worker's ranges in the trace. An out-of-memory crash
+    on rank 1 is otherwise one more step chain among the ranks'. ``float32 [tokens, 2]``; the shards'
+    ``token_proc_log``."""
+    ev = np.asarray(events, np.int64)
+    o = np.asarray(offsets, np.int64)
+    if len(o) < 2:
+        return np.zeros((0, N_PROC_LOG_FEATURES), np.float32)
+    first = ev[o[:-1]]
+    if not levels or not len(tr):
+        return np.zeros((len(first), N_PROC_LOG_FEATURES), np.float32)
+    pid = np.asarray(tr.pid, np.int64)
+    link = np.asarray(tr.link, np.int64)
+    owner = np.where(link >= 0, pid[np.maximum(link, 0)], pid)  # GPU activity -> launching process
+    keys = np.fromiter(levels, np.int64, len(levels))
+    vals = np.log1p(np.asarray([levels[int(k)] for k in keys], np.float64))
+    # the previous real token's event for <close> (-1) tokens (the first tokens: none, no process)
+    last = np.maximum.accumulate(np.where(first >= 0, np.arange(len(first)), -1))
+    e = np.where(last >= 0, first[np.maximum(last, 0)], -1)
+    p = np.where(e >= 0, owner[np.maximum(e, 0)], -1)
+    srt = np.argsort(keys)
+    ks, vs = keys[srt], vals[srt]
+    k = np.minimum(np.searchsorted(ks, p), len(ks) - 1)
+    hit = (ks[k] == p) & (p >= 0)
+    out = np.zeros((len(first), N_PROC_LOG_FEATURES), np.float32)
+    out[hit] = vs[k[hit]]
+    return out
 
 
 @lru_cache(maxsize=N_BINS + 1)

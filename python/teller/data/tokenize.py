@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
+from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
 from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 
 SHARDS_FORMAT = "teller-shards"
 # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work;
 # 4: + summary_culprit; 5: summary columns 9-11 on residuals fitted per position in the step
-# (teller.data.summary), same width, new meaning
+# (teller.data.summary), same width, new meaning; + token_proc_log
 SHARDS_VERSION = 5
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
@@ -167,6 +167,8 @@ ARRAYS = {
     "token_event_pos": "int64 [tokens]: first base position of each token within its sample",
     "token_work": "float32 [tokens]: ln(1 + num_tokens) of the step of each token's first event "
     "(teller.data.summary.token_work)",
+    "token_proc_log": "float32 [tokens, 2]: log1p of the ERROR and WARNING log lines of the process "
+    "of each token's first event (teller.data.summary.token_process_log)",
     "base_events": "int64 [base positions]: trace event index of each base position (-1: <close>)",
     "base_offsets": "int64 [samples + 1]: sample i's base positions are base_events[b[i]:b[i+1]]",
     "segment_starts": "int64 [segments]: first token (within its sample) of each step",
@@ -179,13 +181,15 @@ ARRAYS = {
     "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
     "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }
-# Arrays a version-1 run lacks (token_work: before version 3, summary_culprit: before 4); readers get
-# them empty (token_work: zeros, "no load information"; summary_culprit: all False).
+# Arrays a version-1 run lacks (token_work: before version 3, summary_culprit: before 4,
+# token_proc_log: before 5); readers get them empty (token_work, token_proc_log: zeros, "no
+# information"; summary_culprit: all False).
 OPTIONAL_ARRAYS = (
     "summary_ids",
     "summary_features",
     "summary_offsets",
     "token_work",
+    "token_proc_log",
     "severity",
     "summary_culprit",
 )
@@ -195,7 +199,12 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
     from teller import trace as _trace
     from teller.data.dataset import culprit_mask
-    from teller.data.summary import symbol_summary, token_work  # noqa: PLC0415
+    from teller.data.summary import (  # noqa: PLC0415
+        process_log_levels,
+        symbol_summary,
+        token_process_log,
+        token_work,
+    )
 
     out = Path(job["out"])
     final = out / "shards" / job["name"]
@@ -259,7 +268,9 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["summary_culprit"].append(np.isin(sids.astype(np.int64), cul_ids))
         offs["summary_offsets"].append(offs["summary_offsets"][-1] + len(sids))
         t0 = int(ann["trace"]["start_ns"])
-        lids, lfeat = logtok.encode_lines(parse_log(sd / "log.txt"), t0)
+        lines = parse_log(sd / "log.txt")
+        cols["token_proc_log"].append(token_process_log(tr, ev, o, process_log_levels(lines)))
+        lids, lfeat = logtok.encode_lines(lines, t0)
         cols["log_ids"].append(lids)
         cols["log_features"].append(lfeat)
         offs["trace_offsets"].append(offs["trace_offsets"][-1] + len(enc.ids))
@@ -277,6 +288,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "trace_culprit": np.bool_,
         "token_event_pos": np.int64,
         "token_work": np.float32,
+        "token_proc_log": np.float32,
         "base_events": np.int64,
         "segment_starts": np.int64,
         "log_ids": np.uint32,
@@ -286,7 +298,12 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "summary_culprit": np.bool_,
     }
     for k, parts in cols.items():
-        width = {"trace_features": 5, "log_features": 2, "summary_features": N_SUMMARY_FEATURES}.get(k, 0)
+        width = {
+            "trace_features": 5,
+            "log_features": 2,
+            "summary_features": N_SUMMARY_FEATURES,
+            "token_proc_log": N_PROC_LOG_FEATURES,
+        }.get(k, 0)
         empty = np.zeros((0, width) if width else 0, dtype=dtypes[k])
         arr = np.concatenate(parts).astype(dtypes[k], copy=False) if parts else empty
         np.save(tmp / f"{k}.npy", arr)
@@ -458,6 +475,10 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
             if k == "token_work":
                 out[k] = np.zeros(len(np.load(d / "trace_ids.npy", mmap_mode="r")), np.float32)
                 continue
+            if k == "token_proc_log":
+                t = len(np.load(d / "trace_ids.npy", mmap_mode="r"))
+                out[k] = np.zeros((t, N_PROC_LOG_FEATURES), np.float32)
+                continue
             if k == "severity":
                 out[k] = np.full(n, np.nan, np.float32)
                 continue
@@ -537,6 +558,7 @@ class ShardedSplit:
             "trace_culprit": a["trace_culprit"][o0:o1],
             "token_event_pos": a["token_event_pos"][o0:o1],
             "token_work": a["token_work"][o0:o1],
+            "token_proc_log": a["token_proc_log"][o0:o1],
             "base_events": a["base_events"][b0:b1],
             "segment_starts": a["segment_starts"][s0:s1],
             "log_ids": a["log_ids"][l0:l1],

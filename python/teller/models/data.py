@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from teller.data.summary import N_SUMMARY_FEATURES, load_slope
+from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, load_slope
 from teller.data.tokenize import ShardedSplit, split_names
 from teller.errors import ConfigError
 
@@ -260,6 +260,7 @@ def load_split(
     n_summary_features: int = N_SUMMARY_FEATURES,
     log_gaps: bool = False,
     work_features: bool = False,
+    proc_log_features: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -284,6 +285,7 @@ def load_split(
             n_summary_features,
             log_gaps,
             work_features,
+            proc_log_features,
         )
     return out, label_names
 
@@ -345,6 +347,7 @@ def load_model_split(
         n_summary_features=int(model_cfg.get("n_summary_features", N_SUMMARY_FEATURES)),
         log_gaps=bool(model_cfg.get("log_gap_features")),
         work_features=bool(model_cfg.get("work_features")),
+        proc_log_features=bool(model_cfg.get("log_process_features")),
     )
 
 
@@ -361,6 +364,7 @@ def _load_into(
     n_summary_features: int = N_SUMMARY_FEATURES,
     log_gaps: bool = False,
     work_features: bool = False,
+    proc_log_features: bool = False,
 ) -> None:
     if max_summary_tokens and len(ss):
         width = ss[0]["summary_features"].shape[1]
@@ -382,7 +386,7 @@ def _load_into(
                 label=int(d["label"]),
                 severity=float(d.get("severity", np.nan)),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
-                trace_features=_trace_features(d, n, relative_features, work_features),
+                trace_features=_trace_features(d, n, relative_features, work_features, proc_log_features),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),
                 log_ids=li,
                 log_features=lf,
@@ -404,7 +408,9 @@ def _load_into(
             )
 
 
-def _trace_features(d: dict[str, Any], n: int, relative: bool, work: bool = False) -> np.ndarray:
+def _trace_features(
+    d: dict[str, Any], n: int, relative: bool, work: bool = False, proc_log: bool = False
+) -> np.ndarray:
     f = np.array(d["trace_features"][:n], dtype=np.float32)
     parts = [f]
     ids = np.asarray(d["trace_ids"], np.int64)
@@ -414,6 +420,13 @@ def _trace_features(d: dict[str, Any], n: int, relative: bool, work: bool = Fals
         tw = d.get("token_work")
         tw = np.zeros(len(ids), np.float32) if tw is None else np.asarray(tw)
         parts.append(work_token_features(ids, d["trace_features"], tw, d["segment_starts"])[:n])
+    if proc_log:
+        pl = d.get("token_proc_log")
+        parts.append(
+            np.zeros((n, N_PROC_LOG_FEATURES), np.float32)
+            if pl is None
+            else np.asarray(pl[:n], np.float32).reshape(-1, N_PROC_LOG_FEATURES)
+        )
     return np.concatenate(parts, 1) if len(parts) > 1 else f
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from teller.data.summary import token_work
+from teller.data.summary import process_log_levels, token_process_log, token_work
 from teller.errors import TellerFileNotFoundError
 from teller.models.data import Sample, _trace_features, collate, compact_log
 
@@ -90,8 +90,17 @@ def diagnose(
         "trace_features": feats,
         "segment_starts": np.asarray(enc.segment_starts, np.int64),
         "token_work": token_work(tr, ev, offs) if mc.get("work_features") else None,
+        "token_proc_log": token_process_log(tr, ev, offs, process_log_levels(lines))
+        if mc.get("log_process_features")
+        else None,
     }
-    tf = _trace_features(d, n, bool(mc.get("relative_features")), bool(mc.get("work_features")))
+    tf = _trace_features(
+        d,
+        n,
+        bool(mc.get("relative_features")),
+        bool(mc.get("work_features")),
+        bool(mc.get("log_process_features")),
+    )
     s = Sample(p.name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("log_summary_tokens"):
         from teller.models.data import log_word_summary, word_mask

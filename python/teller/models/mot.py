@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from teller.data.summary import N_SUMMARY_FEATURES
+from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES
 from teller.errors import ConfigError
 from teller.models.data import (
     N_GAP_LOG_FEATURES,
@@ -60,6 +60,9 @@ class ModelConfig:
     relative_features: bool = False  # + 4 per-token features vs the sample's opening steps (models.data)
     loc_per_class: bool = False  # a localization score per token and cause, q(location | cause)
     work_features: bool = False  # + 2 per-token features normalized by the step's load (work_token_features)
+    # + 2 per-token features: the ERROR and WARNING log lines of the token's process (shards v5
+    # token_proc_log, teller.data.summary.token_process_log)
+    log_process_features: bool = False
     feature_norm: bool = False  # standardize token features per token id (fitted on train, fit_feature_norm)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
     log_summary_tokens: bool = (
@@ -259,6 +262,7 @@ class RCAModel(nn.Module):
                 cfg.n_trace_features
                 + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
                 + (N_WORK_FEATURES if cfg.work_features else 0)
+                + (N_PROC_LOG_FEATURES if cfg.log_process_features else 0)
             )
             self.trace_ple = _PLE(nf, cfg.token_bins) if cfg.token_bins else None
             n_in = self.trace_ple.out_dim if self.trace_ple is not None else nf

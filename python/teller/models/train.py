@@ -286,6 +286,13 @@ def train(
             "which model.summary_loc trains on (version 4); re-run `teller tokenize` (or set "
             "model.summary_loc: false)"
         )
+    if mc.log_process_features and mc.modalities != "log" and int(man.get("version", 1)) < 5:
+        # older shards read token_proc_log as zeros: the feature would say "no process logged an error"
+        raise ConfigError(
+            f"{run_dir}: these shards (version {man.get('version', 1)}) have no token_proc_log, which "
+            "model.log_process_features needs (version 5); re-run `teller tokenize` (or set "
+            "model.log_process_features: false)"
+        )
     seed_everything(tc.seed)
     train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
     extra_dirs = [shards_run_dir(e) for e in extra_train]
