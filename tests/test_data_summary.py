@@ -162,6 +162,25 @@ def test_positions_hand_computed():
     step = np.array([0, 0, 0, 1, 1, 0, 0, 1])
     assert _positions(pid, step).tolist() == [0, 1, 2, 0, 1, 0, 1, 0]
     assert _positions(pid[:0], step[:0]).tolist() == []
+    assert _positions(np.array([1, 1, 1]), np.array([-1, 0, 0])).tolist() == [-1, 0, 1]  # outside steps
+
+
+def test_shift_without_step_ranges():
+    """A trace with no step ranges (one ``<whole trace>`` step) keeps the pooled line: numbered per
+    position, every event would be alone at its position and the shift would vanish."""
+    from teller.data.summary import _positions, _positions_recur, _work_normalized
+
+    n = 200
+    x = np.full(n, math.log1p(50.0))
+    x[80:120] += math.log(1.3)  # 30 % slower in the middle
+    pid = np.ones(n, np.int64)
+    step = np.zeros(n, np.int64)
+    pos = _positions(pid, step)
+    assert pos.tolist() == list(range(n)) and not _positions_recur(pos, step)
+    b = np.minimum(np.arange(n) * 16 // n, 15)
+    row = np.zeros(14)
+    _work_normalized(row, x, np.zeros(n), b, pid, None)
+    assert row[9] > 0.2 and row[10] > 1.0  # ln 1.3 = 0.26, diluted by the bins the window cuts
 
 
 def test_shift_fitted_per_position(tmp_path):
@@ -228,17 +247,54 @@ def test_process_log_levels_and_token_process_log():
     ]
     lv = process_log_levels(lines)
     assert lv == {200: (2, 1), 50: (1, 0)}
+    # the prefix first (the multiprocessing stdout decorator), coloured
+    other = [(9, "stderr", "\x1b[1;31m(VllmWorker rank=2 pid=300) ERROR\x1b[0m 12-18 08:01:44 [a.py:1] x")]
+    assert process_log_levels(other) == {300: (1, 0)}
     # events: 0 a range on pid 100, 1 a range on pid 200, 2 a launch on pid 200, 3 its kernel (pid 0
-    # = the GPU, linked to event 2), 4 a range on pid 300 (no log line)
-    cols = SimpleNamespace(pid=np.array([100, 200, 200, 0, 300]), link=np.array([-1, -1, -1, 2, -1]))
-    tr = type("T", (), {"pid": cols.pid, "link": cols.link, "__len__": lambda self: 5})()
+    # = the GPU, linked to event 2), 4 a range on pid 300 (no log line), 5 an unlinked kernel on
+    # GPU 1 (its "pid" 1 must not match a log line's pid=1)
+    cols = SimpleNamespace(
+        pid=np.array([100, 200, 200, 0, 300, 1]),
+        link=np.array([-1, -1, -1, 2, -1, -1]),
+        device=np.array([-1, -1, -1, 0, -1, 1]),
+    )
+    tr = type(
+        "T", (), {"pid": cols.pid, "link": cols.link, "device": cols.device, "__len__": lambda self: 6}
+    )()
     # base positions -> events (-1: <close>); tokens: [0], [1, 2], [-1], [3], [4], [-1]
-    ev = np.array([0, 1, 2, -1, 3, 4, -1])
-    offs = np.array([0, 1, 3, 4, 5, 6, 7])
-    f = token_process_log(tr, ev, offs, lv)
+    ev = np.array([0, 1, 2, -1, 3, 4, -1, 5])
+    offs = np.array([0, 1, 3, 4, 5, 6, 7, 8])
+    f = token_process_log(tr, ev, offs, {**lv, 1: (5, 5)})
     err, warn = math.log1p(2), math.log1p(1)
-    expect = [[0, 0], [err, warn], [err, warn], [err, warn], [0, 0], [0, 0]]
+    expect = [[0, 0], [err, warn], [err, warn], [err, warn], [0, 0], [0, 0], [0, 0]]
     np.testing.assert_allclose(f, np.array(expect, np.float32), rtol=1e-6)
-    assert f.dtype == np.float32 and f.shape == (6, 2)
+    assert f.dtype == np.float32 and f.shape == (7, 2)
     assert not token_process_log(tr, ev, offs, {}).any()
     assert token_process_log(tr, ev[:0], offs[:1], lv).shape == (0, 2)
+
+
+def test_token_process_log_marks_the_oom_rank(tmp_path):
+    """On a simulated OOM sample, the tokens of the culprit (the crashed rank's ranges) are the ones
+    whose process logged the error, as teller tokenize stores them."""
+    from teller.data import generate
+    from teller.data.dataset import culprit_mask
+    from teller.data.summary import process_log_levels, token_process_log
+    from teller.data.tokenize import parse_log
+
+    data = tmp_path / "ds"
+    generate(data, num_samples=13, seed=5, preset="tiny")  # one sample per class
+    sd = next(d for d in sorted(data.glob("s0*")) if '"oom_error"' in (d / "annotation.json").read_text())
+    ann = json.loads((sd / "annotation.json").read_text())
+    tok = tpe.train(data, vocab_size=64)
+    tr = teller.trace.load(sd / "trace.json", warn=False)
+    enc = tok.encode(tr)
+    ev, offs = np.asarray(enc.events, np.int64), np.asarray(enc.offsets, np.int64)
+    f = token_process_log(tr, ev, offs, process_log_levels(parse_log(sd / "log.txt")))
+    mask = culprit_mask(tr, ann)
+    base = np.zeros(len(ev), bool)
+    base[ev >= 0] = mask[ev[ev >= 0]]
+    cs = np.r_[0, np.cumsum(base)]
+    culprit = (cs[offs[1:]] - cs[offs[:-1]]) > 0
+    assert culprit.any() and (f[culprit, 0] > 0).all()
+    if ann["workload"]["tp"] > 1:  # another rank's tokens stay unmarked
+        assert (f[:, 0] == 0).any()

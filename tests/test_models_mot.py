@@ -824,3 +824,9 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
         train(CFG, old, tmp_path / "r", tpe_dir=tdir)
     ok = {"model": {**CFG["model"], "log_process_features": False}, "train": CFG["train"]}
     assert (train(ok, old, tmp_path / "r2", tpe_dir=tdir) / "model.safetensors").is_file()
+    # a checkpoint that reads it, evaluated on them: refused too
+    from teller.models.train import evaluate
+
+    r3 = train(CFG, out, tmp_path / "r3", tpe_dir=tdir)
+    with pytest.raises(ConfigError, match="token_proc_log"):
+        evaluate(r3, old, "train")

@@ -29,8 +29,10 @@ row comparing its events to the same symbol's events in the trace's opening wind
 step). One kernel name runs several GEMM shapes per layer (QKV, output, up and down projections)
 whose durations differ 2-4x at the same load; pooled under one slope, that spread buried a 5-15 %
 slowdown, and each time bin's mix of shapes moved its mean. Per position the fit is a quadratic in w
-(>= 5 distinct loads: the roofline knee between memory-bound decode and compute-bound prefill), a
-line (>= 2), or the mean; ``work_slope`` stays the pooled slope. Measured with the same probe
+(>= 5 distinct loads and >= 6 events: the roofline knee between memory-bound decode and
+compute-bound prefill), a line (>= 2 and >= 3), or the mean; ``work_slope`` stays the pooled slope.
+A symbol seen once per step, or in a single step (a trace without step ranges), keeps the pooled
+line. Measured with the same probe
 (summary rows only, 1 638 training samples): gpu_throttle F1 0.27 -> 0.37 on test, 0.38 -> 0.59 on
 test_ood; accuracy 0.775 -> 0.789 and 0.754 -> 0.785 (shards version 5).
 
@@ -112,8 +114,12 @@ def token_work(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 N_PROC_LOG_FEATURES = 2
 # a vLLM log line's level and its process prefix: "ERROR 12-18 08:01:44 [core.py:526] (VllmWorker
-# rank=1 pid=44660) ..."; continuation lines (tracebacks) carry neither and are not counted
+# rank=1 pid=44660) ..." (V1), or the prefix first, "(VllmWorker rank=1 pid=44660) ERROR ..." (the
+# multiprocessing stdout decorator), possibly coloured; continuation lines (tracebacks) carry
+# neither and are not counted
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LEVEL_PID = re.compile(r"^(WARNING|ERROR|CRITICAL)\b[^(]*\([^)]*\bpid=(\d+)\)")
+_PID_LEVEL = re.compile(r"^\([^)]*\bpid=(\d+)\)\s+(WARNING|ERROR|CRITICAL)\b")
 
 
 def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
@@ -121,10 +127,18 @@ def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
     names it. ``lines``: ``teller.data.tokenize.parse_log`` tuples ``(ts, stream, text)``."""
     out: dict[int, list[int]] = {}
     for _ts, _stream, text in lines:
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
         m = _LEVEL_PID.match(text)
         if m:
-            c = out.setdefault(int(m.group(2)), [0, 0])
-            c[0 if m.group(1) != "WARNING" else 1] += 1
+            level, pid = m.group(1), m.group(2)
+        else:
+            m = _PID_LEVEL.match(text)
+            if not m:
+                continue
+            pid, level = m.group(1), m.group(2)
+        c = out.setdefault(int(pid), [0, 0])
+        c[0 if level != "WARNING" else 1] += 1
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -146,7 +160,10 @@ def token_process_log(
         return np.zeros((len(first), N_PROC_LOG_FEATURES), np.float32)
     pid = np.asarray(tr.pid, np.int64)
     link = np.asarray(tr.link, np.int64)
-    owner = np.where(link >= 0, pid[np.maximum(link, 0)], pid)  # GPU activity -> launching process
+    dev = np.asarray(getattr(tr, "device", np.full(len(pid), -1)), np.int64)
+    # a GPU activity belongs to its launching call's process; an unlinked one to none (its "pid" is
+    # the device index, which a log line's pid=0 or pid=1 must not match)
+    owner = np.where(link >= 0, pid[np.clip(link, 0, len(pid) - 1)], np.where(dev >= 0, -1, pid))
     keys = np.fromiter(levels, np.int64, len(levels))
     vals = np.log1p(np.asarray([levels[int(k)] for k in keys], np.float64))
     # the previous real token's event for <close> (-1) tokens (the first tokens: none, no process)
@@ -246,7 +263,10 @@ def symbol_summary(
         if same.any():
             gap = np.log1p(np.maximum(ts[idx][1:] - ts[idx][:-1], 0) / 1000.0)[same]
             out[g, 7] = float(gap.max() - np.median(gap))
-        pos = _positions(pid[idx], step[idx]) if by_position else np.zeros(len(idx), np.int64)
+        pos = None
+        if by_position:
+            pos = _positions(pid[idx], step[idx])
+            pos = pos if _positions_recur(pos, step[idx]) else None
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
     return ids, out.astype(np.float32)
 
@@ -268,14 +288,29 @@ def load_slope(x: np.ndarray, w: np.ndarray) -> float:
 
 
 def _positions(pid: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """Per event of one symbol (sorted by process, then time), its occurrence index within its
-    (process, step): the 2nd GEMM of a step is the o_proj, the 1st the QKV projection."""
+    """Per event of one symbol (sorted by process, then time), its occurrence index within its run
+    of (process, step): the 2nd GEMM of a step is the output projection, the 1st the QKV
+    projection. Events outside every step (step < 0) get -1. (Runs, not groups: events of two steps
+    that interleave on one process, several threads in one process, restart the count at each
+    switch; the simulator's and vLLM's step ranges do not interleave per process.)"""
     n = len(pid)
     if n == 0:
         return np.zeros(0, np.int64)
     new = np.r_[True, (pid[1:] != pid[:-1]) | (step[1:] != step[:-1])]
     start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
-    return np.arange(n) - start
+    pos = np.arange(n) - start
+    pos[step < 0] = -1
+    return pos
+
+
+def _positions_recur(pos: np.ndarray, step: np.ndarray, min_steps: int = 2) -> bool:
+    """Whether a per-position fit applies: the symbol occurs more than once in some step, and in
+    at least ``min_steps`` distinct steps. A trace without step ranges (one ``<whole trace>`` step)
+    would number every event of a process anew and leave one event per position, so it keeps the
+    pooled line, as does a symbol seen once per step (all at position 0)."""
+    if len(pos) == 0 or not (pos > 0).any():
+        return False
+    return len(np.unique(step[step >= 0])) >= min_steps
 
 
 def _position_residual(x: np.ndarray, w: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, float]:
@@ -315,7 +350,7 @@ def _work_normalized(
     pos: np.ndarray | None = None,
 ) -> None:
     """Columns 8-13 of one symbol's row (x: log durations, w: step work, b: time bin, pid)."""
-    if pos is not None and pos.any():  # a symbol seen once per step keeps the pooled line
+    if pos is not None:
         r, slope = _position_residual(x, w, pos)
     else:
         slope = load_slope(x, w)

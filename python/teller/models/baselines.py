@@ -411,13 +411,15 @@ def train_baselines(
 def evaluate_baselines(
     checkpoint: str | Path, data_dir: str | Path | None, split: str
 ) -> dict[str, dict[str, Any]]:
-    from teller.models.train import shards_run_dir
+    from teller.models.train import check_shards_version, shards_run_dir
 
     p = Path(checkpoint)
     p = p / "baselines.pkl" if p.is_dir() else p
     b: Baselines = pickle.loads(p.read_bytes())
     cfg = json.loads((p.parent / "config.json").read_text())
-    samples, names = load_raw(shards_run_dir(data_dir or cfg["data_dir"]), split)
+    run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    check_shards_version(cfg, run_dir)
+    samples, names = load_raw(run_dir, split)
     res = {}
     for which in ("gbdt", "zscore"):
         preds, lat = b.predict(samples, which)

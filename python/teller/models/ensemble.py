@@ -54,11 +54,15 @@ def _predictions(
     split's label names and the latency per sample of both models (seconds)."""
     from teller.models.baselines import load_raw
     from teller.models.data import load_model_split
-    from teller.models.train import load_checkpoint, predict, shards_run_dir
+    from teller.models.train import check_shards_version, load_checkpoint, predict, shards_run_dir
 
     model, cfg = load_checkpoint(mot_run)
     b = pickle.loads((baselines_run / "baselines.pkl").read_bytes())
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    check_shards_version(cfg, run_dir)
+    bcfg = baselines_run / "config.json"
+    if bcfg.is_file():
+        check_shards_version(json.loads(bcfg.read_text()), run_dir)
     samples, names = load_model_split(run_dir, split, cfg["model"])
     raw, _ = load_raw(run_dir, split)
     t0 = time.perf_counter()

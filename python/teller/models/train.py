@@ -411,13 +411,23 @@ def train(
     return out
 
 
-def _check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
-    """Warn when the shards' summary rows were computed differently from the training data's (shards
-    version 5 changed what columns 9-11 mean, not their number): the metrics would be of a model
-    reading features it was not trained on."""
-    if not cfg["model"].get("summary_tokens") or cfg["model"].get("modalities") == "log":
-        return
+def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
+    """A checkpoint's configuration (a model's, or a baselines run's: no ``model``, reads the summary
+    rows) against the shards it is about to read: :class:`ConfigError` when the model reads
+    ``token_proc_log`` and the shards (version < 5) have none (they would read as "no process logged
+    an error"); a warning when the summary rows were computed differently from the training data's
+    (version 5 changed what columns 9-11 mean, not their number)."""
+    mc = cfg.get("model")
     have = int(json.loads((run_dir / "manifest.json").read_text()).get("version", 1))
+    trace_side = mc is None or mc.get("modalities", "both") != "log"
+    if mc and mc.get("log_process_features") and trace_side and have < 5:
+        raise ConfigError(
+            f"{run_dir}: shards version {have} have no token_proc_log, which this checkpoint reads "
+            "(model.log_process_features); re-run `teller tokenize`",
+            path=str(run_dir),
+        )
+    if not trace_side or (mc is not None and not mc.get("summary_tokens")):
+        return
     trained = int(cfg.get("shards_version") or 4)
     if (have >= 5) != (trained >= 5):
         warnings.warn(
@@ -435,7 +445,7 @@ def evaluate(
     model, cfg = load_checkpoint(checkpoint, device)
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
-    _check_shards_version(cfg, run_dir)
+    check_shards_version(cfg, run_dir)
     samples, names = load_model_split(run_dir, split, mc)
     preds, _ = predict(model, samples)
     # latency: one sample at a time (what a diagnosis costs)
