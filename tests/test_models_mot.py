@@ -741,22 +741,29 @@ def test_summary_row_culprit_head_and_loss() -> None:
     assert "summary" not in loss_fn(out, batch, loc_weight=0.0, summary_weight=1.0)[1]
 
 
+def _older_shards(out, dst, version: int, drop: str):
+    """A copy of the shards ``out`` as an older tokenizer wrote them: ``version`` in the manifest and
+    no ``drop`` array. Returns the copy and its manifest."""
+    import shutil
+
+    shutil.copytree(out, dst)
+    man = json.loads((dst / "manifest.json").read_text())
+    man["version"] = version
+    (dst / "manifest.json").write_text(json.dumps(man))
+    for f in (dst / "shards").glob(f"*/{drop}.npy"):
+        f.unlink()
+    return dst, man
+
+
 def test_summary_culprit_needs_version_4_shards(shards, tmp_path) -> None:
     """Older shards read summary_culprit as all False: training the culprit head on them is refused,
     and they still load (all False) for everything else."""
-    import shutil
 
     from teller.data.tokenize import ShardedSplit, load_shard
     from teller.errors import ConfigError
 
     _root, _data, tdir, out = shards
-    old = tmp_path / "v3"
-    shutil.copytree(out, old)
-    man = json.loads((old / "manifest.json").read_text())
-    man["version"] = 3
-    (old / "manifest.json").write_text(json.dumps(man))
-    for f in (old / "shards").glob("*/summary_culprit.npy"):
-        f.unlink()
+    old, man = _older_shards(out, tmp_path / "v3", 3, "summary_culprit")
     name = man["splits"]["train"]["shards"][0]["name"]
     a = load_shard(old, name)
     assert a["summary_culprit"].dtype == bool and len(a["summary_culprit"]) == len(a["summary_ids"])
@@ -801,7 +808,6 @@ def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
 def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
     """Shards before version 5 have no token_proc_log: they load it as zeros, and training a model
     that reads it on them is refused."""
-    import shutil
 
     from teller.data.tokenize import load_shard
     from teller.errors import ConfigError
@@ -811,13 +817,7 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
         out, json.loads((out / "manifest.json").read_text())["splits"]["train"]["shards"][0]["name"]
     )
     assert new["token_proc_log"].shape == (len(new["trace_ids"]), 2)
-    old = tmp_path / "v4"
-    shutil.copytree(out, old)
-    man = json.loads((old / "manifest.json").read_text())
-    man["version"] = 4
-    (old / "manifest.json").write_text(json.dumps(man))
-    for f in (old / "shards").glob("*/token_proc_log.npy"):
-        f.unlink()
+    old, man = _older_shards(out, tmp_path / "v4", 4, "token_proc_log")
     a = load_shard(old, man["splits"]["train"]["shards"][0]["name"])
     assert a["token_proc_log"].shape == (len(a["trace_ids"]), 2) and not a["token_proc_log"].any()
     with pytest.raises(ConfigError, match="token_proc_log"):
