@@ -162,7 +162,7 @@ def test_positions_hand_computed():
     step = np.array([0, 0, 0, 1, 1, 0, 0, 1])
     assert _positions(pid, step).tolist() == [0, 1, 2, 0, 1, 0, 1, 0]
     assert _positions(pid[:0], step[:0]).tolist() == []
-    assert _positions(np.array([1, 1, 1]), np.array([-1, 0, 0])).tolist() == [-1, 0, 1]  # outside steps
+    assert _positions(np.array([1, 1, 1]), np.array([-1, 0, 0])).tolist() == [0, 0, 1]  # outside steps
 
 
 def test_shift_without_step_ranges():

@@ -830,3 +830,46 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
     r3 = train(CFG, out, tmp_path / "r3", tpe_dir=tdir)
     with pytest.raises(ConfigError, match="token_proc_log"):
         evaluate(r3, old, "train")
+
+
+def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
+    """`teller diagnose` rebuilds a sample's inputs from trace.json and log.txt; they must be the ones
+    `teller tokenize` stored and `load_model_split` reads, array for array, or a model would be
+    diagnosed on features it was not trained on."""
+    from teller import trace as _trace
+    from teller.data.tokenize import LogTokenizer, parse_log
+    from teller.models.data import load_model_split
+    from teller.models.diagnose import sample_inputs
+
+    _root, data, tdir, out = shards
+    run = train(CFG, out, tmp_path / "r", tpe_dir=tdir)
+    _model, cfg = load_checkpoint(run)
+    tok = tpe.load(tdir)
+    logtok = LogTokenizer.from_dict(json.loads((out / "log_tokenizer.json").read_text()))
+    samples, _names = load_model_split(out, "train", cfg["model"])
+    for s in samples[:6]:
+        sd = data / s.sample_id
+        tr = _trace.load(
+            sd / "trace.json",
+            step_names=tok.settings.get("step_names"),
+            normalize=tok.settings.get("normalize"),
+            warn=False,
+        )
+        d, _ = sample_inputs(tr, parse_log(sd / "log.txt"), tok, logtok, cfg, s.sample_id)
+        for k in (
+            "trace_ids",
+            "trace_features",
+            "log_ids",
+            "log_features",
+            "summary_ids",
+            "summary_features",
+            "log_summary_ids",
+            "log_summary_features",
+        ):
+            np.testing.assert_allclose(
+                np.asarray(getattr(d, k), np.float64),
+                np.asarray(getattr(s, k), np.float64),
+                rtol=1e-5,
+                atol=1e-5,
+                err_msg=f"{s.sample_id}: {k}",
+            )

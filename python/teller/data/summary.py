@@ -290,17 +290,16 @@ def load_slope(x: np.ndarray, w: np.ndarray) -> float:
 def _positions(pid: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Per event of one symbol (sorted by process, then time), its occurrence index within its run
     of (process, step): the 2nd GEMM of a step is the output projection, the 1st the QKV
-    projection. Events outside every step (step < 0) get -1. (Runs, not groups: events of two steps
-    that interleave on one process, several threads in one process, restart the count at each
-    switch; the simulator's and vLLM's step ranges do not interleave per process.)"""
+    projection. Events outside every step (step -1) are numbered within their own runs. (Runs, not
+    groups: events of two steps that interleave on one process, several threads in one process,
+    restart the count at each switch; the simulator's and vLLM's step ranges do not interleave per
+    process.)"""
     n = len(pid)
     if n == 0:
         return np.zeros(0, np.int64)
     new = np.r_[True, (pid[1:] != pid[:-1]) | (step[1:] != step[:-1])]
     start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
-    pos = np.arange(n) - start
-    pos[step < 0] = -1
-    return pos
+    return np.arange(n) - start
 
 
 def _positions_recur(pos: np.ndarray, step: np.ndarray, min_steps: int = 2) -> bool:

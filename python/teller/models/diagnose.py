@@ -38,43 +38,19 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
     return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
 
 
-def diagnose(
-    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
-) -> dict[str, Any]:
-    from teller import tpe
-    from teller import trace as _trace
-    from teller.data.dataset import kernel_family
-    from teller.data.faults import FAULT_INFO
-    from teller.data.tokenize import LogTokenizer, parse_log
-    from teller.models.train import load_checkpoint
-
-    t_load = time.perf_counter()
-    p = Path(path)
-    ck = Path(checkpoint)
-    ens = None  # an ensemble run (teller train ensemble): its MoT, plus the GBDT's category
-    ens_cfg = (ck if ck.is_dir() else ck.parent) / "config.json"
-    if ens_cfg.is_file():
-        c = json.loads(ens_cfg.read_text())
-        if c.get("format") == "teller-ensemble":
-            ens, checkpoint = c, c["mot"]
-    model, cfg = load_checkpoint(checkpoint)
+def sample_inputs(
+    tr: Any, lines: list[tuple[int, str, str]], tok: Any, logtok: Any, cfg: dict[str, Any], name: str
+) -> tuple[Any, dict[str, Any]]:
+    """The model inputs of one trace and its log lines (``parse_log``), built as ``teller tokenize``
+    stores them and ``teller.models.data`` loads them for a checkpoint of configuration ``cfg``: the
+    :class:`Sample` and the encoding (``ids``, ``feats``, ``offs``, ``ev``, ``lids``, ``lfeat``,
+    ``n``) the localization maps back to events."""
     mc = cfg["model"]
-    tok = tpe.load(cfg["tpe_dir"])
-    logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
-    trace_in, log_path = _find_inputs(p)
-    tr = _trace.load(
-        trace_in,
-        step_names=tok.settings.get("step_names"),
-        normalize=tok.settings.get("normalize"),
-        warn=False,
-    )
-    t0 = time.perf_counter()
     enc = tok.encode(tr)
     ids = np.asarray(enc.ids, dtype=np.int64)
     feats = np.asarray(enc.features, dtype=np.float32).reshape(-1, 5)
     offs = np.asarray(enc.offsets, dtype=np.int64)
     ev = np.asarray(enc.events if enc.events is not None else np.full(int(offs[-1]), -1), dtype=np.int64)
-    lines = parse_log(log_path) if log_path else []
     start_ns = int(tr.ts.min()) if len(tr) else 0
     lids, lfeat = logtok.encode_lines(lines, start_ns)
     li, lf = compact_log(
@@ -101,7 +77,7 @@ def diagnose(
         bool(mc.get("work_features")),
         bool(mc.get("log_process_features")),
     )
-    s = Sample(p.name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
+    s = Sample(name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("log_summary_tokens"):
         from teller.models.data import log_word_summary, word_mask
 
@@ -115,6 +91,44 @@ def diagnose(
         su_ids, su_f = symbol_summary(tr, tok, **summary_options(cfg))
         nsf = int(mc.get("n_summary_features", su_f.shape[1]))
         s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k, :nsf]
+    return s, {"ids": ids, "feats": feats, "offs": offs, "ev": ev, "lids": lids, "lfeat": lfeat, "n": n}
+
+
+def diagnose(
+    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
+) -> dict[str, Any]:
+    from teller import tpe
+    from teller import trace as _trace
+    from teller.data.dataset import kernel_family
+    from teller.data.faults import FAULT_INFO
+    from teller.data.tokenize import LogTokenizer, parse_log
+    from teller.models.train import load_checkpoint
+
+    t_load = time.perf_counter()
+    p = Path(path)
+    ck = Path(checkpoint)
+    ens = None  # an ensemble run (teller train ensemble): its MoT, plus the GBDT's category
+    ens_cfg = (ck if ck.is_dir() else ck.parent) / "config.json"
+    if ens_cfg.is_file():
+        c = json.loads(ens_cfg.read_text())
+        if c.get("format") == "teller-ensemble":
+            ens, checkpoint = c, c["mot"]
+    model, cfg = load_checkpoint(checkpoint)
+    tok = tpe.load(cfg["tpe_dir"])
+    logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
+    trace_in, log_path = _find_inputs(p)
+    tr = _trace.load(
+        trace_in,
+        step_names=tok.settings.get("step_names"),
+        normalize=tok.settings.get("normalize"),
+        warn=False,
+    )
+    t0 = time.perf_counter()
+    lines = parse_log(log_path) if log_path else []
+    s, x = sample_inputs(tr, lines, tok, logtok, cfg, p.name)
+    ids, feats, offs, ev, lids, lfeat, n = (
+        x[k] for k in ("ids", "feats", "offs", "ev", "lids", "lfeat", "n")
+    )
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float(), -1).numpy()
@@ -189,7 +203,7 @@ def diagnose(
         "log_evidence": evidence_lines,
         "culprit_events": len(culprit_events),
         "trace_tokens": int(len(ids)),
-        "log_tokens": int(len(li)),
+        "log_tokens": int(len(s.log_ids)),
         "inference_ms": infer_ms,
         "total_ms": 1000 * (time.perf_counter() - t_load),
         "perfetto": str(perfetto) if perfetto else None,
