@@ -165,22 +165,38 @@ def test_positions_hand_computed():
     assert _positions(np.array([1, 1, 1]), np.array([-1, 0, 0])).tolist() == [0, 0, 1]  # outside steps
 
 
-def test_shift_without_step_ranges():
+def test_shift_without_step_ranges(tmp_path):
     """A trace with no step ranges (one ``<whole trace>`` step) keeps the pooled line: numbered per
     position, every event would be alone at its position and the shift would vanish."""
-    from teller.data.summary import _positions, _positions_recur, _work_normalized
+    from teller.data.summary import _positions, _positions_recur
 
-    n = 200
-    x = np.full(n, math.log1p(50.0))
-    x[80:120] += math.log(1.3)  # 30 % slower in the middle
-    pid = np.ones(n, np.int64)
-    step = np.zeros(n, np.int64)
-    pos = _positions(pid, step)
-    assert pos.tolist() == list(range(n)) and not _positions_recur(pos, step)
-    b = np.minimum(np.arange(n) * 16 // n, 15)
-    row = np.zeros(14)
-    _work_normalized(row, x, np.zeros(n), b, pid, None)
-    assert row[9] > 0.2 and row[10] > 1.0  # ln 1.3 = 0.26, diluted by the bins the window cuts
+    names = list(SUMMARY_FEATURE_NAMES)
+    # one process, 200 "gemm" ops 50 us apart, two shapes alternating (20 / 60 us), 30 % slower in
+    # ops 80-119; no engine-step ranges anywhere
+    ev = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "gemm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 50 * k,
+            "dur": (20 if k % 2 else 60) * (1.3 if 80 <= k < 120 else 1.0),
+        }
+        for k in range(200)
+    ]
+    p = tmp_path / "nosteps.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    step = np.asarray(tr.step)
+    assert len(np.unique(step)) == 1  # one synthetic step (or none) for everything
+    pos = _positions(np.ones(len(step), np.int64), step)
+    assert not _positions_recur(pos, step)
+    tok = tpe.train(tpe.corpus_from_symbols([["host_op:gemm"]]), vocab_size=0)
+    ids, f = symbol_summary(tr, tok)
+    g = f[[tok.token_str(int(i)) for i in ids].index("host_op:gemm")]
+    assert g[names.index("shift")] > 0.2  # ln 1.3 = 0.26, diluted by the bins the window cuts
+    assert g[names.index("shift_z")] > 0.3  # the two shapes stay in the pooled residuals
 
 
 def test_shift_fitted_per_position(tmp_path):

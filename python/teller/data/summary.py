@@ -32,9 +32,9 @@ slowdown, and each time bin's mix of shapes moved its mean. Per position the fit
 (>= 5 distinct loads and >= 6 events: the roofline knee between memory-bound decode and
 compute-bound prefill), a line (>= 2 and >= 3), or the mean; ``work_slope`` stays the pooled slope.
 A symbol seen once per step, or in a single step (a trace without step ranges), keeps the pooled
-line. Measured with the same probe
-(summary rows only, 1 638 training samples): gpu_throttle F1 0.27 -> 0.37 on test, 0.38 -> 0.59 on
-test_ood; accuracy 0.775 -> 0.789 and 0.754 -> 0.785 (shards version 5).
+line. Measured with the same probe (summary rows only, 1 638 training samples): gpu_throttle F1
+0.27 -> 0.37 on test, 0.38 -> 0.59 on test_ood; accuracy 0.775 -> 0.789 and 0.754 -> 0.785
+(shards version 5).
 
 Columns 2-7 compare with the opening window, which is cheap and needs nothing but timestamps,
 but the opening window is short (1-2 engine steps) and confounded with the load: a GEMM in a
@@ -97,19 +97,27 @@ def step_work(tr: Any) -> np.ndarray:
     return w[st]
 
 
-def token_work(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _token_events(events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Per TPE token (``offsets`` into the encoding's base positions, ``events`` their trace event
-    or -1 for ``<close>``), the :func:`step_work` of its first event; a ``<close>`` token takes the
-    previous token's (0 at the start). ``float32 [tokens]``: the shards' ``token_work``."""
+    or -1 for ``<close>``), the trace event of its first base position; a ``<close>`` token takes the
+    previous token's (-1 at the start: no event)."""
     ev = np.asarray(events, np.int64)
     o = np.asarray(offsets, np.int64)
     if len(o) < 2:
-        return np.zeros(0, np.float32)
-    w_ev = step_work(tr)
+        return np.zeros(0, np.int64)
     first = ev[o[:-1]]
-    tw = np.where(first >= 0, w_ev[np.maximum(first, 0)] if len(w_ev) else 0.0, np.nan)
-    last_known = np.maximum.accumulate(np.where(np.isnan(tw), 0, np.arange(len(tw))))
-    return np.nan_to_num(tw[last_known], nan=0.0).astype(np.float32)
+    last = np.maximum.accumulate(np.where(first >= 0, np.arange(len(first)), -1))
+    return np.where(last >= 0, first[np.maximum(last, 0)], -1)
+
+
+def token_work(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per TPE token, the :func:`step_work` of its first event (:func:`_token_events`; 0 for a
+    leading ``<close>``). ``float32 [tokens]``: the shards' ``token_work``."""
+    e = _token_events(events, offsets)
+    w_ev = step_work(tr)
+    if len(w_ev) == 0:
+        return np.zeros(len(e), np.float32)
+    return np.where(e >= 0, w_ev[np.maximum(e, 0)], 0.0).astype(np.float32)
 
 
 N_PROC_LOG_FEATURES = 2
@@ -151,31 +159,20 @@ def token_process_log(
     ``(VllmWorker rank=1 pid=44660)`` to that worker's ranges in the trace. An out-of-memory crash
     on rank 1 is otherwise one more step chain among the ranks'. ``float32 [tokens, 2]``; the shards'
     ``token_proc_log``."""
-    ev = np.asarray(events, np.int64)
-    o = np.asarray(offsets, np.int64)
-    if len(o) < 2:
-        return np.zeros((0, N_PROC_LOG_FEATURES), np.float32)
-    first = ev[o[:-1]]
-    if not levels or not len(tr):
-        return np.zeros((len(first), N_PROC_LOG_FEATURES), np.float32)
+    e = _token_events(events, offsets)
+    out = np.zeros((len(e), N_PROC_LOG_FEATURES), np.float32)
+    if not levels or not len(tr) or not len(e):
+        return out
     pid = np.asarray(tr.pid, np.int64)
     link = np.asarray(tr.link, np.int64)
     dev = np.asarray(getattr(tr, "device", np.full(len(pid), -1)), np.int64)
     # a GPU activity belongs to its launching call's process; an unlinked one to none (its "pid" is
     # the device index, which a log line's pid=0 or pid=1 must not match)
     owner = np.where(link >= 0, pid[np.clip(link, 0, len(pid) - 1)], np.where(dev >= 0, -1, pid))
-    keys = np.fromiter(levels, np.int64, len(levels))
-    vals = np.log1p(np.asarray([levels[int(k)] for k in keys], np.float64))
-    # the previous real token's event for <close> (-1) tokens (the first tokens: none, no process)
-    last = np.maximum.accumulate(np.where(first >= 0, np.arange(len(first)), -1))
-    e = np.where(last >= 0, first[np.maximum(last, 0)], -1)
     p = np.where(e >= 0, owner[np.maximum(e, 0)], -1)
-    srt = np.argsort(keys)
-    ks, vs = keys[srt], vals[srt]
-    k = np.minimum(np.searchsorted(ks, p), len(ks) - 1)
-    hit = (ks[k] == p) & (p >= 0)
-    out = np.zeros((len(first), N_PROC_LOG_FEATURES), np.float32)
-    out[hit] = vs[k[hit]]
+    for q in np.unique(p[p >= 0]):  # a handful of processes
+        if int(q) in levels:
+            out[p == q] = np.log1p(levels[int(q)])
     return out
 
 

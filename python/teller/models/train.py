@@ -286,13 +286,7 @@ def train(
             "which model.summary_loc trains on (version 4); re-run `teller tokenize` (or set "
             "model.summary_loc: false)"
         )
-    if mc.log_process_features and mc.modalities != "log" and int(man.get("version", 1)) < 5:
-        # older shards read token_proc_log as zeros: the feature would say "no process logged an error"
-        raise ConfigError(
-            f"{run_dir}: these shards (version {man.get('version', 1)}) have no token_proc_log, which "
-            "model.log_process_features needs (version 5); re-run `teller tokenize` (or set "
-            "model.log_process_features: false)"
-        )
+    check_shards_version({"model": mc.to_dict(), "shards_version": int(man.get("version", 1))}, run_dir)
     seed_everything(tc.seed)
     train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
     extra_dirs = [shards_run_dir(e) for e in extra_train]
@@ -412,8 +406,9 @@ def train(
 
 
 def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
-    """A checkpoint's configuration (a model's, or a baselines run's: no ``model``, reads the summary
-    rows) against the shards it is about to read: :class:`ConfigError` when the model reads
+    """A checkpoint's configuration (a model's; a baselines run's, without ``model``, reads the
+    summary rows; at training time, the configuration being trained) against the shards it is about
+    to read: :class:`ConfigError` when the model reads
     ``token_proc_log`` and the shards (version < 5) have none (they would read as "no process logged
     an error"); a warning when the summary rows were computed differently from the training data's
     (version 5 changed what columns 9-11 mean, not their number)."""
@@ -422,8 +417,8 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     trace_side = mc is None or mc.get("modalities", "both") != "log"
     if mc and mc.get("log_process_features") and trace_side and have < 5:
         raise ConfigError(
-            f"{run_dir}: shards version {have} have no token_proc_log, which this checkpoint reads "
-            "(model.log_process_features); re-run `teller tokenize`",
+            f"{run_dir}: shards version {have} have no token_proc_log, which model.log_process_features "
+            "reads (version 5); re-run `teller tokenize` (or set model.log_process_features: false)",
             path=str(run_dir),
         )
     if not trace_side or (mc is not None and not mc.get("summary_tokens")):
