@@ -134,7 +134,10 @@ def test_validate_reports_each_broken_sample_with_its_path(tiny, tmp_path):
     d = _broken(tiny, tmp_path)
     man = json.loads((d / "manifest.json").read_text())
     faulty = [s for s, v in man["samples"].items() if v["label"] not in ("normal", "network_delay")]
-    a, b, c, e, g = faulty[:5]
+    a, b, c, e, g, h = faulty[:6]
+    x = _ann(d, h)
+    x["faults"][0]["effect"]["held_requests"] = "many"
+    _put(d, h, x)
     x = _ann(d, a)
     del x["faults"][0]["start_ns"]
     _put(d, a, x)
@@ -156,9 +159,10 @@ def test_validate_reports_each_broken_sample_with_its_path(tiny, tmp_path):
     assert f"{c}/annotation.json $.faults[0].type: 'cosmic_ray' is not one of" in text
     assert f"{e}/annotation.json $.faults[0].target.rank: rank 9 does not exist" in text
     assert f"{g}/log.txt: missing" in text
+    assert f"{h}/annotation.json $.faults[0].effect.held_requests: 'many' is not of type 'integer'" in text
     assert "s000000/annotation.json: not valid JSON" in text
     # the other samples are clean
-    bad = {a, b, c, e, g, "s000000"}
+    bad = {a, b, c, e, g, h, "s000000"}
     assert all(any(p.startswith(s) for s in bad) for p in probs)
 
 
@@ -295,3 +299,29 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
     assert validate(out, deep=True) == []
     gpus = {json.loads(p.read_text())["workload"]["gpu"] for p in out.glob("s*/annotation.json")}
     assert gpus <= {"A10", "A40", "H200"} and len(gpus) >= 2
+
+
+# sha256 (first 16 hex digits) of trace.json + log.txt of three `default` benchmark samples (seed 0),
+# recorded when the simulator first counted fault effects (and equal to the samples generated before
+# that). A change here changes the standard benchmark: make it on purpose, bump DATASET_VERSION and
+# say so in docs/dataset.md, then update the digests.
+BENCHMARK_DIGESTS = {
+    9: ("network_delay", "c0b59fa705849f1e"),
+    20: ("kv_cache_exhaustion", "2b557291537f653f"),
+    80: ("hbm_contention", "31a88e6e8590f4c6"),
+}
+
+
+def test_the_default_benchmark_samples_are_pinned(tmp_path):
+    import hashlib
+
+    from teller.data.dataset import generate_sample
+
+    cfg = load_config("default")
+    plans = plan(cfg, 2600, 0)
+    for idx, (label, digest) in BENCHMARK_DIGESTS.items():
+        ann = generate_sample(cfg, 0, plans[idx], tmp_path)
+        sd = tmp_path / plans[idx].sample_id
+        got = hashlib.sha256((sd / "trace.json").read_bytes() + (sd / "log.txt").read_bytes()).hexdigest()
+        assert (ann["label"], got[:16]) == (label, digest), plans[idx].sample_id
+        assert ann["faults"][0]["effect"]["events"] > 0

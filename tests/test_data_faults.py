@@ -275,3 +275,86 @@ def test_every_fault_type_simulates_and_has_culprits(tmp_path, ftype):
     m = culprit_mask(tr, ann)
     if ftype not in ("network_delay",) or len(tr):
         assert m.sum() > 0, ftype
+
+
+# -- effect accounting (FaultEffect) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ftype", sorted(FAULT_INFO))
+def test_effect_accounting_does_not_change_the_sample(tmp_path, ftype, monkeypatch):
+    """Counting a fault's effect draws no random numbers: the same sample with the counters off is
+    byte-identical (trace events and log)."""
+    from teller.data import faults as F
+
+    wl = DECODE if ftype != "eager_mode_misconfig" else replace(DECODE, cuda_graphs=False)
+    tr, res = run(
+        tmp_path / "on", wl, ftype, rank=0 if ftype in ("nccl_straggler", "hbm_contention") else None
+    )
+    assert res.faults[0].effect.events > 0, ftype
+    monkeypatch.setattr(F.Effects, "charge", lambda self, *a, **k: None)
+    monkeypatch.setattr(F.Effects, "count", lambda self, *a, **k: None)
+    tr2, res2 = run(
+        tmp_path / "off", wl, ftype, rank=0 if ftype in ("nccl_straggler", "hbm_contention") else None
+    )
+    assert res2.faults[0].effect.events == 0
+    assert res.log == res2.log
+    for col in ("ts", "dur", "name", "pid", "tid", "corr"):
+        assert np.array_equal(getattr(tr, col), getattr(tr2, col)), (ftype, col)
+
+
+def test_effect_of_a_power_cap_matches_the_clock_factor(tmp_path):
+    """A power cap at severity s runs compute-bound kernels at 1 - 0.55 s of the clock: the counted
+    slowdown of the stretched kernels is at most 1 / (1 - 0.55 s) - 1 and well above the HBM part."""
+    _, res = run(tmp_path, PREFILL, "gpu_throttle", sev=0.8, params={"cause": "power_cap"})
+    e = res.faults[0].effect
+    top = 1 / (1 - 0.55 * 0.8) - 1
+    assert 0.25 < e.extra_ns / e.base_ns <= top + 1e-9
+    assert 0 < e.share < 1
+    j = e.to_json()
+    assert j["events"] == e.events and j["slowdown"] == round(e.extra_ns / e.base_ns, 4)
+    _, mild = run(tmp_path, PREFILL, "gpu_throttle", sev=0.1, params={"cause": "power_cap"})
+    assert mild.faults[0].effect.share < e.share / 4
+
+
+def test_effect_of_network_delay_counts_held_released_and_delayed(tmp_path):
+    wl = replace(DECODE, rate=150.0, steps=20)
+    _, res = run(tmp_path, wl, "network_delay", params={"delay_ms": 800.0})
+    c = res.faults[0].effect.counts
+    assert c.get("held_requests", 0) > 0
+    # the window covers every step, so nothing held is released inside the capture
+    assert c.get("released_requests", 0) == 0
+    assert c["delayed_responses"] == res.log.count("Finished request")
+    assert res.faults[0].effect.share is None  # not a time-stretching fault
+    # a window that closes mid-capture releases what it held
+    f = Fault(
+        "network_delay",
+        "engine",
+        2,
+        8,
+        1.0,
+        {"kind": "engine", "name": "api_server", "rank": 0},
+        {"delay_ms": 800.0},
+    )
+    res2 = simulate(wl, [f], np.random.default_rng(7), tmp_path / "mid", real_base=REAL)
+    c2 = res2.faults[0].effect.counts
+    assert c2["released_requests"] == c2["held_requests"] > 0
+
+
+def test_a_fault_window_without_work_has_no_effect(tmp_path):
+    """Nothing arriving and nothing finishing in the window (long outputs, a trickle of arrivals): a
+    network delay there changes nothing, and its effect says so (events 0): the label is not
+    observable."""
+    f = Fault(
+        "network_delay",
+        "engine",
+        0,
+        3,
+        1.0,
+        {"kind": "engine", "name": "api_server", "rank": 0},
+        {"delay_ms": 800.0},
+    )
+    wl = replace(STEADY, output_mean=20000)
+    res = simulate(wl, [f], np.random.default_rng(7), tmp_path / "nd", real_base=REAL)
+    assert "Finished request" not in res.log and "Received request" not in res.log
+    assert res.faults[0].effect.events == 0
+    assert res.faults[0].effect.to_json() == {"events": 0, "extra_ms": 0.0}

@@ -32,6 +32,45 @@ FAULT_INFO: dict[str, tuple[str, bool, bool]] = {
 FAULT_TYPES: tuple[str, ...] = tuple(FAULT_INFO)
 LABELS: tuple[str, ...] = (NORMAL, *FAULT_TYPES)
 LAYERS = ("engine", "backend", "host_op", "runtime", "kernel", "communication", "device")
+# The work a time-stretching fault's ``effect.share`` is a fraction of: GPU time (kernels, copies) or
+# host time (ranges, operators, API calls) of the whole capture, without any fault.
+EFFECT_WORK = {
+    "gpu_throttle": "gpu",
+    "hbm_contention": "gpu",
+    "pcie_degradation": "gpu",
+    "nvlink_degradation": "gpu",
+    "nccl_straggler": "gpu",
+    "launch_storm": "gpu",
+    "cpu_contention": "host",
+    "host_memory_pressure": "host",
+}
+
+
+@dataclass
+class FaultEffect:
+    """What one fault actually did to a sample, counted by the simulator where it applies the fault.
+
+    Counting draws no random numbers, so a sample is byte-identical with or without it. A fault whose
+    window saw no work it could touch (a network delay while no request arrived and none finished, a
+    throttle over steps that ran no GEMM) has ``events == 0``: its label is not observable, and a
+    model can only guess it. ``share`` is the time it added as a fraction of the capture's GPU or host
+    work (``EFFECT_WORK``): a 10 % throttle of 5 % of the kernel time is a share of 0.005, inside the
+    run-to-run jitter."""
+
+    events: int = 0  # events it stretched, added, held back or delayed
+    extra_ns: float = 0.0  # time it added to them (simulation ns)
+    base_ns: float = 0.0  # their duration without it
+    share: float | None = None  # extra_ns / the capture's work of its kind (EFFECT_WORK), set at the end
+    counts: dict[str, int] = field(default_factory=dict)  # type-specific: held_requests, preemptions, ...
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"events": int(self.events), "extra_ms": round(self.extra_ns / 1e6, 4)}
+        if self.base_ns > 0:
+            out["slowdown"] = round(self.extra_ns / self.base_ns, 4)
+        if self.share is not None:
+            out["share"] = round(self.share, 6)
+        out.update({k: int(v) for k, v in sorted(self.counts.items())})
+        return out
 
 
 @dataclass
@@ -45,6 +84,7 @@ class Fault:
     params: dict[str, Any] = field(default_factory=dict)
     start_ns: int = 0  # simulation time of the window, filled in by the simulator
     end_ns: int = 0
+    effect: FaultEffect = field(default_factory=FaultEffect)  # filled in by the simulator
 
     def active(self, step: int) -> bool:
         return self.start_step <= step < self.end_step
@@ -117,6 +157,53 @@ class Effects:
     faults: list[Fault]
     tp: int
     step: int = 0  # the engine step being simulated
+    # the capture's work without faults, by EFFECT_WORK kind (ns): the denominators of effect.share
+    work_ns: dict[str, float] = field(default_factory=lambda: {"gpu": 0.0, "host": 0.0})
+
+    # -- effect accounting (FaultEffect) ---------------------------------------------------------
+    def charge(
+        self, kind: str, rank: int | None, clean: float, actual: float, types: tuple[str, ...]
+    ) -> None:
+        """One event of ``kind`` work took ``actual`` ns where it would have taken ``clean`` without
+        faults: credit the difference to the active faults of ``types`` on ``rank`` (with two such
+        faults on one event, each is credited the whole change)."""
+        self.work_ns[kind] += clean
+        extra = actual - clean
+        if abs(extra) < 1e-6:
+            return
+        for f in self.faults:
+            if f.type in types and f.active(self.step) and (rank is None or rank in f.ranks(self.tp)):
+                f.effect.events += 1
+                f.effect.extra_ns += extra
+                f.effect.base_ns += clean
+
+    def count(
+        self,
+        ftype: str,
+        key: str,
+        n: int = 1,
+        extra_ns: float = 0.0,
+        *,
+        window: bool = True,
+        new: bool = True,
+    ) -> None:
+        """``n`` events of a fault of ``ftype`` (active now if ``window``), counted under ``key``, and
+        in ``events`` if they are ``new`` (not events already counted, as a held request released)."""
+        if n <= 0:
+            return
+        for f in self.faults:
+            if f.type == ftype and (f.active(self.step) or not window):
+                f.effect.events += n if new else 0
+                f.effect.extra_ns += extra_ns
+                f.effect.counts[key] = f.effect.counts.get(key, 0) + n
+
+    def finish(self) -> None:
+        """Set each fault's ``effect.share`` (at the end of the simulation)."""
+        for f in self.faults:
+            kind = EFFECT_WORK.get(f.type)
+            if kind is not None:
+                w = self.work_ns[kind]
+                f.effect.share = f.effect.extra_ns / w if w > 0 else 0.0
 
     def _active(self, ftype: str, rank: int | None = None) -> Fault | None:
         for f in self.faults:
@@ -206,14 +293,18 @@ class Effects:
             extra += float(rng.uniform(0.2e6, 1.5e6))  # GC pause / benign hiccup
         f = self._active("cpu_contention", rank)
         if f is not None and rng.random() < 0.05 + 0.25 * f.severity:
-            extra += float(rng.exponential(40e3 + 400e3 * f.severity))
+            stall = float(rng.exponential(40e3 + 400e3 * f.severity))
+            self.charge("host", rank, 0.0, stall, ("cpu_contention",))
+            extra += stall
         f = self._active("host_memory_pressure", rank)
         if f is not None:
             p = (0.06 if kind in ("postprocess", "prepare_inputs", "detokenize") else 0.01) * (
                 0.3 + f.severity
             )
             if rng.random() < p:
-                extra += float(rng.uniform(0.5e6, 2e6 + 18e6 * f.severity))
+                stall = float(rng.uniform(0.5e6, 2e6 + 18e6 * f.severity))
+                self.charge("host", rank, 0.0, stall, ("host_memory_pressure",))
+                extra += stall
         return extra
 
     # -- engine ----------------------------------------------------------------------------------

@@ -336,10 +336,11 @@ class EngineSim:
             self.fx.step = step
             t = max(rk.host for rk in ranks)
             if kv_fault is not None and step == kv_fault.start_step:
-                arrivals = deque(
-                    sorted([*arrivals, *self._kv_burst(kv_fault, t)], key=lambda q: (q.arrival, q.k))
-                )
+                burst = self._kv_burst(kv_fault, t)
+                self.fx.count("kv_cache_exhaustion", "burst_requests", len(burst), window=False)
+                arrivals = deque(sorted([*arrivals, *burst], key=lambda q: (q.arrival, q.k)))
             if net is not None and not net.active(step) and held:
+                self.fx.count("network_delay", "released_requests", len(held), window=False, new=False)
                 for q in held:
                     q.arrival = t - float(rng.uniform(0, 2e6))
                 arrivals = deque(sorted([*arrivals, *held], key=lambda q: (q.arrival, q.k)))
@@ -355,6 +356,8 @@ class EngineSim:
             step_start.append(t)
             batch, n_prefill_tok, new_preempt = self._schedule(running, waiting, t)
             preempt_total += len(new_preempt)
+            if kv_fault is not None and step >= kv_fault.start_step:
+                self.fx.count("kv_cache_exhaustion", "preemptions", len(new_preempt), window=False)
             for q in new_preempt:
                 self.log.vllm(
                     t + 40e3,
@@ -378,6 +381,7 @@ class EngineSim:
             self.stats["steps"] += 1
             if crash:
                 assert oom is not None
+                self.fx.count("oom_error", "crashed_steps")
                 self._oom_logs(oom, t_done, batch)
                 self.stats["crashed"] = True
                 break
@@ -405,6 +409,8 @@ class EngineSim:
             running[:] = still
             for tf, q in finished_pending:
                 delay = self.fx.response_delay_ns() * float(rng.uniform(0.6, 1.4))
+                if delay > 0:
+                    self.fx.count("network_delay", "delayed_responses", extra_ns=delay)
                 self.log.vllm(
                     tf + 30e3,
                     "INFO",
@@ -438,6 +444,7 @@ class EngineSim:
         self.stats["preemptions"] = preempt_total
         self.stats["kv_blocks"] = self.kv_blocks
         self._fault_windows(step_start, step_end, t_end)
+        self.fx.finish()
         for rk in ranks:
             rk.w.close()
         return SimResult(
@@ -460,6 +467,7 @@ class EngineSim:
             q = arrivals.popleft()
             if scale < 1.0 and self.rng.random() > scale:
                 held.append(q)
+                self.fx.count("network_delay", "held_requests")
                 continue
             waiting.append(q)
             self._log_request(q)
@@ -549,7 +557,9 @@ class EngineSim:
     # -- one engine step -------------------------------------------------------------------------
     def _host(self, rk: _Rank, base_ns: float, t: float, kind: str = "") -> float:
         """A host duration: base x jitter x host factor, plus stalls."""
-        d = base_ns * self.j(0.12) * self.fx.host(rk.r)
+        clean = base_ns * self.j(0.12)
+        d = clean * self.fx.host(rk.r)
+        self.fx.charge("host", rk.r, clean, d, ("cpu_contention", "host_memory_pressure", "nccl_straggler"))
         return d + self.fx.host_spike(rk.r, self.rng, kind)
 
     def _step(
@@ -567,6 +577,8 @@ class EngineSim:
         ctx = sum(q.computed + n for q, n in batch)
         pairs = sum(n * (q.computed + n / 2) if q.in_prefill else q.computed + 1 for q, n in batch)
         use_graph = wl.cuda_graphs and not fx.eager() and n_prefill == 0 and n_seqs <= 512
+        if fx.eager() and n_prefill == 0 and n_seqs <= 512:
+            fx.count("eager_mode_misconfig", "eager_steps", window=False)  # a graph step without it
         self.stats["graph_steps" if use_graph else "eager_steps"] += 1
         # -- host: step start, schedule / receive, prepare inputs ---------------------------------
         for rk in ranks:
@@ -682,7 +694,10 @@ class EngineSim:
         pf = self.fx.pcie(rk.r)
         lat_f = 1.0 + 3.0 * (1.0 / pf - 1.0) / 12.0
         gs = max(s + 3e3, rk.gpu)
-        gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf) * self.j() * lat_f
+        jj = self.j()
+        gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf) * jj * lat_f
+        clean = gd if pf == 1.0 else K.memcpy_ns(self.gpu, nbytes) * jj
+        self.fx.charge("gpu", rk.r, clean, gd, ("pcie_degradation",))
         rk.gpu_rec(
             "memcpy",
             f"Memcpy {kind} (Pageable -> Device)" if kind == "HtoD" else "Memcpy DtoH (Device -> Pageable)",
@@ -696,8 +711,16 @@ class EngineSim:
         rk.span("runtime", "cudaMemcpyAsync", s, e, corr=c, args={"bytes": int(nbytes), "kind": kind})
         return e
 
-    def _kernel(self, ranks: list[_Rank], kc: K.KernelCost, graph: bool, graph_corr: list[int]) -> None:
-        """One kernel on every rank; an all-reduce ends when the last rank has arrived."""
+    def _kernel(
+        self,
+        ranks: list[_Rank],
+        kc: K.KernelCost,
+        graph: bool,
+        graph_corr: list[int],
+        added: str | None = None,
+    ) -> None:
+        """One kernel on every rank; an all-reduce ends when the last rank has arrived. ``added``: the
+        fault type the kernel exists for (its whole time is that fault's effect)."""
         starts: list[float] = []
         corrs: list[int] = []
         for rk in ranks:
@@ -719,23 +742,33 @@ class EngineSim:
             corrs.append(c)
         if kc.family == "all_reduce":
             t_all = max(starts)
-            base = K.all_reduce_ns(self.gpu, kc.bytes, self.wl.tp, link=self.fx.link())
+            link = self.fx.link()
+            base = K.all_reduce_ns(self.gpu, kc.bytes, self.wl.tp, link=link)
+            base0 = base if link == 1.0 else K.all_reduce_ns(self.gpu, kc.bytes, self.wl.tp)
             for rk, st, c in zip(ranks, starts, corrs, strict=True):
-                e = t_all + base * self.j(0.03)
+                jj = self.j(0.03)
+                self.fx.charge("gpu", rk.r, base0 * jj, base * jj, ("nvlink_degradation",))
+                e = t_all + base * jj
                 rk.gpu_rec(
                     "kernel", kc.name, st, e, c, args={"collective": "allreduce", "bytes": int(kc.bytes)}
                 )
                 rk.gpu = e
             return
         for rk, st, c in zip(ranks, starts, corrs, strict=True):
-            d = K.roofline_ns(self.gpu, kc, clock=self.fx.clock(rk.r), mem=self.fx.mem(rk.r)) * self.j()
+            clock, mem, jj = self.fx.clock(rk.r), self.fx.mem(rk.r), self.j()
+            d = K.roofline_ns(self.gpu, kc, clock=clock, mem=mem) * jj
+            if added is not None:  # a kernel that exists only because of the fault
+                self.fx.charge("gpu", rk.r, 0.0, d, (added,))
+            else:
+                clean = d if clock == mem == 1.0 else K.roofline_ns(self.gpu, kc) * jj
+                self.fx.charge("gpu", rk.r, clean, d, ("gpu_throttle", "hbm_contention", "nccl_straggler"))
             rk.gpu_rec("kernel", kc.name, st, st + d, c)
             rk.gpu = st + d
 
     def _launch_storm(self, ranks: list[_Rank], n: int) -> None:
         for _ in range(n):
             kc = K.KernelCost("elementwise", K.KERNEL_NAMES["foreign_elementwise"], 0.0, 64e3, "aten::add_")
-            self._kernel(ranks, kc, False, [])
+            self._kernel(ranks, kc, False, [], added="launch_storm")
 
     def _foreign(self, ranks: list[_Rank], t0: float, t1: float) -> None:
         for rk in ranks:
@@ -743,6 +776,7 @@ class EngineSim:
             if rate <= 0:
                 continue
             n = int(self.rng.poisson(rate * (t1 - t0) / 1e6))
+            self.fx.count("hbm_contention", "foreign_kernels", n)
             for _ in range(n):
                 s = float(self.rng.uniform(t0, t1))
                 name = K.KERNEL_NAMES["foreign_copy" if self.rng.random() < 0.5 else "foreign_elementwise"]
@@ -779,6 +813,8 @@ class EngineSim:
             f'compilation_config={{"level":{0 if eager else 3},"use_cudagraph":{str(not eager).lower()}}}',
         )
         if eager:
+            # the fault's evidence in the log: enforce_eager=True twice, this warning, no graph capture
+            self.fx.count("eager_mode_misconfig", "startup_lines", 3, window=False)
             self.log.vllm(
                 t + 1e6,
                 "WARNING",
