@@ -316,6 +316,12 @@ def test_effect_of_a_power_cap_matches_the_clock_factor(tmp_path):
     assert mild.faults[0].effect.share < e.share / 4
 
 
+def _net_delay(start: int, end: int) -> Fault:
+    """An 800 ms network delay over engine steps [start, end)."""
+    target = {"kind": "engine", "name": "api_server", "rank": 0}
+    return Fault("network_delay", "engine", start, end, 1.0, target, {"delay_ms": 800.0})
+
+
 def test_effect_of_network_delay_counts_held_released_and_delayed(tmp_path):
     wl = replace(DECODE, rate=150.0, steps=20)
     _, res = run(tmp_path, wl, "network_delay", params={"delay_ms": 800.0})
@@ -326,16 +332,7 @@ def test_effect_of_network_delay_counts_held_released_and_delayed(tmp_path):
     assert c["delayed_responses"] == res.log.count("Finished request")
     assert res.faults[0].effect.share is None  # not a time-stretching fault
     # a window that closes mid-capture releases what it held
-    f = Fault(
-        "network_delay",
-        "engine",
-        2,
-        8,
-        1.0,
-        {"kind": "engine", "name": "api_server", "rank": 0},
-        {"delay_ms": 800.0},
-    )
-    res2 = simulate(wl, [f], np.random.default_rng(7), tmp_path / "mid", real_base=REAL)
+    res2 = simulate(wl, [_net_delay(2, 8)], np.random.default_rng(7), tmp_path / "mid", real_base=REAL)
     c2 = res2.faults[0].effect.counts
     assert c2["released_requests"] == c2["held_requests"] > 0
 
@@ -344,17 +341,8 @@ def test_a_fault_window_without_work_has_no_effect(tmp_path):
     """Nothing arriving and nothing finishing in the window (long outputs, a trickle of arrivals): a
     network delay there changes nothing, and its effect says so (events 0): the label is not
     observable."""
-    f = Fault(
-        "network_delay",
-        "engine",
-        0,
-        3,
-        1.0,
-        {"kind": "engine", "name": "api_server", "rank": 0},
-        {"delay_ms": 800.0},
-    )
     wl = replace(STEADY, output_mean=20000)
-    res = simulate(wl, [f], np.random.default_rng(7), tmp_path / "nd", real_base=REAL)
+    res = simulate(wl, [_net_delay(0, 3)], np.random.default_rng(7), tmp_path / "nd", real_base=REAL)
     assert "Finished request" not in res.log and "Received request" not in res.log
     assert res.faults[0].effect.events == 0
     assert res.faults[0].effect.to_json() == {"events": 0, "extra_ms": 0.0}
