@@ -282,8 +282,9 @@ def test_every_fault_type_simulates_and_has_culprits(tmp_path, ftype):
 
 @pytest.mark.parametrize("ftype", sorted(FAULT_INFO))
 def test_effect_accounting_does_not_change_the_sample(tmp_path, ftype, monkeypatch):
-    """Counting a fault's effect draws no random numbers: the same sample with the counters off is
-    byte-identical (trace events and log)."""
+    """The counters themselves draw no random numbers: with them switched off the sample is the same.
+    (That the simulator around them draws as before is pinned by the benchmark digests in
+    test_data_dataset.py.)"""
     from teller.data import faults as F
 
     wl = DECODE if ftype != "eager_mode_misconfig" else replace(DECODE, cuda_graphs=False)
@@ -308,10 +309,12 @@ def test_effect_of_a_power_cap_matches_the_clock_factor(tmp_path):
     _, res = run(tmp_path, PREFILL, "gpu_throttle", sev=0.8, params={"cause": "power_cap"})
     e = res.faults[0].effect
     top = 1 / (1 - 0.55 * 0.8) - 1
-    assert 0.25 < e.extra_ns / e.base_ns <= top + 1e-9
+    extra, base = e.by_kind["gpu"]
+    assert set(e.by_kind) == {"gpu"} and extra == e.extra_ns
+    assert 0.25 < extra / base <= top + 1e-9
     assert 0 < e.share < 1
-    j = e.to_json()
-    assert j["events"] == e.events and j["slowdown"] == round(e.extra_ns / e.base_ns, 4)
+    j = e.to_json("gpu_throttle")
+    assert j["events"] == e.events and j["slowdown"] == round(extra / base, 4)
     _, mild = run(tmp_path, PREFILL, "gpu_throttle", sev=0.1, params={"cause": "power_cap"})
     assert mild.faults[0].effect.share < e.share / 4
 
@@ -345,4 +348,62 @@ def test_a_fault_window_without_work_has_no_effect(tmp_path):
     res = simulate(wl, [_net_delay(0, 3)], np.random.default_rng(7), tmp_path / "nd", real_base=REAL)
     assert "Finished request" not in res.log and "Received request" not in res.log
     assert res.faults[0].effect.events == 0
-    assert res.faults[0].effect.to_json() == {"events": 0, "extra_ms": 0.0}
+    assert res.faults[0].effect.to_json("network_delay") == {"events": 0, "extra_ms": 0.0}
+
+
+def test_overlapping_faults_each_get_their_marginal_effect(tmp_path):
+    """A mild HBM contention under a strong power cap: the cap's stretch is not credited to it."""
+    wl = PREFILL
+
+    def hbm(sev: float) -> Fault:
+        return Fault("hbm_contention", "device", 0, wl.steps, sev, {"kind": "rank", "name": "x", "rank": 0})
+
+    cap = Fault("gpu_throttle", "device", 0, wl.steps, 0.9, {"kind": "rank", "name": "x", "rank": None})
+    cap.params["cause"] = "power_cap"
+    alone = simulate(wl, [hbm(0.1)], np.random.default_rng(7), tmp_path / "a", real_base=REAL).faults[0]
+    both = simulate(wl, [hbm(0.1), cap], np.random.default_rng(7), tmp_path / "b", real_base=REAL).faults
+    assert 0 < alone.effect.share
+    # the same order of magnitude (the batches differ: the capped steps are slower), not the cap's
+    assert both[0].effect.share < 3 * alone.effect.share
+    assert both[1].effect.share > 20 * both[0].effect.share
+
+
+def test_a_stragglers_share_counts_its_gpu_time_only(tmp_path):
+    """A straggler stretches its host too: that time is in extra_ms, not in its GPU share."""
+    _, res = run(tmp_path, PREFILL, "nccl_straggler", rank=1, sev=0.8)
+    e = res.faults[0].effect
+    assert set(e.by_kind) == {"gpu", "host"}
+    assert e.extra_ns == pytest.approx(e.by_kind["gpu"][0] + e.by_kind["host"][0])
+    j = e.to_json("nccl_straggler")
+    assert j["slowdown"] == round(e.by_kind["gpu"][0] / e.by_kind["gpu"][1], 4)
+    assert 0 < e.share < 1
+
+
+def test_effects_share_divides_its_own_kind_by_its_own_work():
+    """Effects.charge / finish by hand: a straggler on rank 1 stretches a kernel 10 -> 15 and a host
+    range 4 -> 5; rank 0 has 30 of clean GPU work and 6 of host. Its share is GPU extra / GPU work
+    (5 / 40: a launch storm's added kernel is not fault-free work); a second fault on the same kernel
+    gets its marginal part, not the whole stretch."""
+    from teller.data.faults import Effects
+
+    st = Fault("nccl_straggler", "communication", 0, 4, 0.5, {"kind": "rank", "name": "w", "rank": 1})
+    fx = Effects([st], tp=2)
+    kf = ("gpu_throttle", "hbm_contention", "nccl_straggler")
+    fx.charge("gpu", 1, 10.0, 15.0, kf)
+    fx.charge("host", 1, 4.0, 5.0, ("cpu_contention", "nccl_straggler"))
+    fx.charge("gpu", 0, 30.0, 30.0, kf)  # rank 0: unaffected work
+    fx.charge("host", 0, 6.0, 6.0, ("nccl_straggler",))
+    fx.charge("gpu", 0, 0.0, 7.0, ("launch_storm",), added=True)  # not fault-free work
+    fx.finish()
+    e = st.effect
+    assert (e.events, e.extra_ns) == (2, 6.0)
+    assert e.by_kind == {"gpu": [5.0, 10.0], "host": [1.0, 4.0]}
+    assert e.share == pytest.approx(5.0 / 40.0)
+    assert e.to_json("nccl_straggler")["slowdown"] == 0.5
+    # two faults on one kernel: 10 -> 20, of which 10 -> 12 without the throttle (the straggler's)
+    th = Fault("gpu_throttle", "device", 0, 4, 0.5, {"kind": "rank", "name": "x", "rank": None})
+    st2 = Fault("nccl_straggler", "communication", 0, 4, 0.5, {"kind": "rank", "name": "w", "rank": 0})
+    fx = Effects([th, st2], tp=1)
+    fx.charge("gpu", 0, 10.0, 20.0, kf, lambda f: 12.0 if f is th else 15.0)
+    assert th.effect.by_kind["gpu"] == [8.0, 12.0]
+    assert st2.effect.by_kind["gpu"] == [5.0, 15.0]

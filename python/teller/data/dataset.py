@@ -292,7 +292,7 @@ def _fault_json(f: Fault, real_base: int, pids: list[int]) -> dict[str, Any]:
         "end_ns": real_base + f.end_ns,
         "severity": round(f.severity, 4),
         "params": f.params,
-        "effect": f.effect.to_json(),
+        "effect": f.effect.to_json(f.type),
     }
 
 

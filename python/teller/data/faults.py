@@ -7,6 +7,7 @@ fault (and why some look alike at one layer) is documented in ``docs/faults.md``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +33,9 @@ FAULT_INFO: dict[str, tuple[str, bool, bool]] = {
 FAULT_TYPES: tuple[str, ...] = tuple(FAULT_INFO)
 LABELS: tuple[str, ...] = (NORMAL, *FAULT_TYPES)
 LAYERS = ("engine", "backend", "host_op", "runtime", "kernel", "communication", "device")
-# The work a time-stretching fault's ``effect.share`` is a fraction of: GPU time (kernels, copies) or
-# host time (ranges, operators, API calls) of the whole capture, without any fault.
+# The work a time-stretching fault's ``effect.share`` and ``slowdown`` are measured against: GPU time
+# (kernels, copies) or host time (ranges, operators, API calls). A straggler also stretches its
+# host; that time is in its ``extra_ms`` but not in its GPU share.
 EFFECT_WORK = {
     "gpu_throttle": "gpu",
     "hbm_contention": "gpu",
@@ -50,23 +52,33 @@ EFFECT_WORK = {
 class FaultEffect:
     """What one fault actually did to a sample, counted by the simulator where it applies the fault.
 
-    Counting draws no random numbers, so a sample is byte-identical with or without it. A fault whose
-    window saw no work it could touch (a network delay while no request arrived and none finished, a
-    throttle over steps that ran no GEMM) has ``events == 0``: its label is not observable, and a
-    model can only guess it. ``share`` is the time it added as a fraction of the capture's GPU or host
-    work (``EFFECT_WORK``): a 10 % throttle of 5 % of the kernel time is a share of 0.005, inside the
-    run-to-run jitter."""
+    Counting draws no random numbers: trace and log are byte-identical with or without it. A fault
+    whose window saw nothing it could touch (a network delay that held back no request and delayed no
+    response) has ``events == 0``: its label is not observable, and a model can only guess it.
+    ``share`` is the time it added over the capture's GPU or host work (``EFFECT_WORK``; a ratio, above
+    1 when a host fault more than doubles the host time): a 10 % throttle of 5 % of the kernel time is
+    a share of 0.005, inside the run-to-run jitter. With two faults on one event, each is credited
+    its marginal part: the event's time minus its time without that fault."""
 
     events: int = 0  # events it stretched, added, held back or delayed
-    extra_ns: float = 0.0  # time it added to them (simulation ns)
-    base_ns: float = 0.0  # their duration without it
-    share: float | None = None  # extra_ns / the capture's work of its kind (EFFECT_WORK), set at the end
+    extra_ns: float = 0.0  # time it added to them (simulation ns), every kind
+    # per work kind ("gpu", "host"): [time it added, those events' time without it]
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
+    share: float | None = None  # extra time of its EFFECT_WORK kind / the capture's work of that kind
     counts: dict[str, int] = field(default_factory=dict)  # type-specific: held_requests, preemptions, ...
 
-    def to_json(self) -> dict[str, Any]:
+    def add(self, kind: str, extra: float, base: float) -> None:
+        self.events += 1
+        self.extra_ns += extra
+        k = self.by_kind.setdefault(kind, [0.0, 0.0])
+        k[0] += extra
+        k[1] += base
+
+    def to_json(self, ftype: str) -> dict[str, Any]:
         out: dict[str, Any] = {"events": int(self.events), "extra_ms": round(self.extra_ns / 1e6, 4)}
-        if self.base_ns > 0:
-            out["slowdown"] = round(self.extra_ns / self.base_ns, 4)
+        extra, base = self.by_kind.get(EFFECT_WORK.get(ftype, ""), (0.0, 0.0))
+        if base > 0:
+            out["slowdown"] = round(extra / base, 4)  # of the events it stretched, in its own kind
         if self.share is not None:
             out["share"] = round(self.share, 6)
         out.update({k: int(v) for k, v in sorted(self.counts.items())})
@@ -162,20 +174,34 @@ class Effects:
 
     # -- effect accounting (FaultEffect) ---------------------------------------------------------
     def charge(
-        self, kind: str, rank: int | None, clean: float, actual: float, types: tuple[str, ...]
+        self,
+        kind: str,
+        rank: int | None,
+        clean: float,
+        actual: float,
+        types: tuple[str, ...],
+        without: Callable[[Fault], float] | None = None,
+        *,
+        added: bool = False,
     ) -> None:
         """One event of ``kind`` work took ``actual`` ns where it would have taken ``clean`` without
-        faults: credit the difference to the active faults of ``types`` on ``rank`` (with two such
-        faults on one event, each is credited the whole change)."""
-        self.work_ns[kind] += clean
-        extra = actual - clean
-        if abs(extra) < 1e-6:
+        any fault: credit the difference to the active faults of ``types`` on ``rank``. With two of
+        them on the event, each gets its marginal part, ``actual - without(f)`` (``without``: the
+        event's time without that one fault). ``added``: the event exists only because of the fault
+        (it is not part of the capture's fault-free work)."""
+        if not added:
+            self.work_ns[kind] += clean
+        if abs(actual - clean) < 1e-6:
             return
-        for f in self.faults:
-            if f.type in types and f.active(self.step) and (rank is None or rank in f.ranks(self.tp)):
-                f.effect.events += 1
-                f.effect.extra_ns += extra
-                f.effect.base_ns += clean
+        hit = [
+            f
+            for f in self.faults
+            if f.type in types and f.active(self.step) and (rank is None or rank in f.ranks(self.tp))
+        ]
+        for f in hit:
+            base = without(f) if without is not None and len(hit) > 1 else clean
+            if actual - base > 1e-6:
+                f.effect.add(kind, actual - base, base)
 
     def count(
         self,
@@ -203,7 +229,7 @@ class Effects:
             kind = EFFECT_WORK.get(f.type)
             if kind is not None:
                 w = self.work_ns[kind]
-                f.effect.share = f.effect.extra_ns / w if w > 0 else 0.0
+                f.effect.share = f.effect.by_kind.get(kind, [0.0])[0] / w if w > 0 else 0.0
 
     def _active(self, ftype: str, rank: int | None = None) -> Fault | None:
         for f in self.faults:
@@ -218,33 +244,33 @@ class Effects:
         return None
 
     # -- GPU -------------------------------------------------------------------------------------
-    def clock(self, rank: int) -> float:
-        """Compute throughput multiplier (SM clock)."""
+    def clock(self, rank: int, skip: Fault | None = None) -> float:
+        """Compute throughput multiplier (SM clock); ``skip``: as if that fault were absent."""
         c = 1.0
         f = self._active("gpu_throttle", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             # power cap: SM clock falls up to ~55 %; thermal ramps in over the first 20 % of the window
             ramp = min(1.0, (self.step - f.start_step + 1) / max(1.0, 0.3 * (f.end_step - f.start_step)))
             c *= 1.0 - 0.55 * f.severity * (ramp if f.params.get("cause") == "thermal" else 1.0)
         f = self._active("nccl_straggler", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             c *= 1.0 / (1.0 + 1.2 * f.severity)
         f = self._active("hbm_contention", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             c *= 1.0 - 0.08 * f.severity
         return c
 
-    def mem(self, rank: int) -> float:
-        """HBM throughput multiplier."""
+    def mem(self, rank: int, skip: Fault | None = None) -> float:
+        """HBM throughput multiplier; ``skip``: as if that fault were absent."""
         m = 1.0
         f = self._active("hbm_contention", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             m *= 1.0 - 0.6 * f.severity
         f = self._active("nccl_straggler", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             m *= 1.0 / (1.0 + 1.2 * f.severity)
         f = self._active("gpu_throttle", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             # a lower SM clock also issues loads more slowly: memory-bound kernels lose up to ~20 %
             m *= 1.0 - 0.2 * f.severity
         return m
@@ -270,31 +296,34 @@ class Effects:
         return 0 if f is None else int(2 + 14 * f.severity)
 
     # -- host ------------------------------------------------------------------------------------
-    def host(self, rank: int) -> float:
-        """Host-side duration multiplier (CPU time of ranges, operators and API calls)."""
+    def host(self, rank: int, skip: Fault | None = None) -> float:
+        """Host-side duration multiplier (CPU time of ranges, operators and API calls); ``skip``: as
+        if that fault were absent."""
         h = 1.0
         f = self._active("cpu_contention", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             h *= 1.0 + 2.5 * f.severity
         f = self._active("host_memory_pressure", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             h *= 1.0 + 0.25 * f.severity
         f = self._active("nccl_straggler", rank)
-        if f is not None:
+        if f is not None and f is not skip:
             h *= 1.0 + 0.3 * f.severity
         return h
 
-    def host_spike(self, rank: int, rng: np.random.Generator, kind: str) -> float:
+    def host_spike(self, rank: int, rng: np.random.Generator, kind: str) -> tuple[float, dict[str, float]]:
         """An extra stall (ns) before a host range: descheduling under CPU contention, page faults /
         swap-in under memory pressure (mostly in tokenization, detokenization and pinned copies), and
-        rare benign GC pauses in every sample."""
+        rare benign GC pauses in every sample. Returns the stall and the part of it each fault type
+        caused (the rest is the benign pause)."""
         extra = 0.0
+        parts: dict[str, float] = {}
         if rng.random() < 0.0015:
             extra += float(rng.uniform(0.2e6, 1.5e6))  # GC pause / benign hiccup
         f = self._active("cpu_contention", rank)
         if f is not None and rng.random() < 0.05 + 0.25 * f.severity:
             stall = float(rng.exponential(40e3 + 400e3 * f.severity))
-            self.charge("host", rank, 0.0, stall, ("cpu_contention",))
+            parts["cpu_contention"] = stall
             extra += stall
         f = self._active("host_memory_pressure", rank)
         if f is not None:
@@ -303,9 +332,9 @@ class Effects:
             )
             if rng.random() < p:
                 stall = float(rng.uniform(0.5e6, 2e6 + 18e6 * f.severity))
-                self.charge("host", rank, 0.0, stall, ("host_memory_pressure",))
+                parts["host_memory_pressure"] = stall
                 extra += stall
-        return extra
+        return extra, parts
 
     # -- engine ----------------------------------------------------------------------------------
     def arrival_scale(self) -> float:

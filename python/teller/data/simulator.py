@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from teller.rawfmt import RawWriter
 
 COMPUTE_STREAM = 7
 FOREIGN_STREAM = 13
+# the faults whose factors stretch a host duration (Effects.host) and a kernel (Effects.clock / mem)
+HOST_FAULTS = ("cpu_contention", "host_memory_pressure", "nccl_straggler")
+KERNEL_FAULTS = ("gpu_throttle", "hbm_contention", "nccl_straggler")
 VLLM_VERSION = "0.8.5"
 HOST = "gpu-node-{:02d}"
 
@@ -555,12 +559,25 @@ class EngineSim:
         return batch, n_prefill, preempted
 
     # -- one engine step -------------------------------------------------------------------------
-    def _host(self, rk: _Rank, base_ns: float, t: float, kind: str = "") -> float:
-        """A host duration: base x jitter x host factor, plus stalls."""
+    def _host(self, rk: _Rank, base_ns: float, t: float, kind: str = "", added: str | None = None) -> float:
+        """A host duration: base x jitter x host factor, plus stalls. ``added``: the fault type the
+        host work exists for (launch_storm's launches)."""
         clean = base_ns * self.j(0.12)
         d = clean * self.fx.host(rk.r)
-        self.fx.charge("host", rk.r, clean, d, ("cpu_contention", "host_memory_pressure", "nccl_straggler"))
-        return d + self.fx.host_spike(rk.r, self.rng, kind)
+        spike, parts = self.fx.host_spike(rk.r, self.rng, kind)
+        if added is not None:
+            self.fx.charge("host", rk.r, 0.0, d + spike, (added,), added=True)
+        else:
+            fx, r = self.fx, rk.r
+            self.fx.charge(
+                "host",
+                r,
+                clean + spike - sum(parts.values()),  # the benign pause is not the faults'
+                d + spike,
+                HOST_FAULTS,
+                lambda f: clean * fx.host(r, skip=f) + spike - parts.get(f.type, 0.0),
+            )
+        return d + spike
 
     def _step(
         self,
@@ -729,10 +746,10 @@ class EngineSim:
                 st = rk.gpu + float(self.rng.uniform(0.6e3, 1.4e3))
             else:
                 s = rk.host
-                d_op = self._host(rk, 9e3 if kc.family != "all_reduce" else 12e3, s, kc.op)
+                d_op = self._host(rk, 9e3 if kc.family != "all_reduce" else 12e3, s, kc.op, added)
                 c = rk.next_corr()
                 ls = s + d_op * 0.55
-                ld = self._host(rk, 4.5e3, ls)
+                ld = self._host(rk, 4.5e3, ls, added=added)
                 rk.span("runtime", "cudaLaunchKernel", ls, ls + ld, corr=c)
                 e_op = ls + ld + d_op * 0.45
                 rk.span("host_op", kc.op, s, e_op)
@@ -758,12 +775,25 @@ class EngineSim:
             clock, mem, jj = self.fx.clock(rk.r), self.fx.mem(rk.r), self.j()
             d = K.roofline_ns(self.gpu, kc, clock=clock, mem=mem) * jj
             if added is not None:  # a kernel that exists only because of the fault
-                self.fx.charge("gpu", rk.r, 0.0, d, (added,))
+                self.fx.charge("gpu", rk.r, 0.0, d, (added,), added=True)
+            elif clock == mem == 1.0:
+                self.fx.charge("gpu", rk.r, d, d, KERNEL_FAULTS)
             else:
-                clean = d if clock == mem == 1.0 else K.roofline_ns(self.gpu, kc) * jj
-                self.fx.charge("gpu", rk.r, clean, d, ("gpu_throttle", "hbm_contention", "nccl_straggler"))
+                self.fx.charge(
+                    "gpu",
+                    rk.r,
+                    K.roofline_ns(self.gpu, kc) * jj,
+                    d,
+                    KERNEL_FAULTS,
+                    self._kernel_without(kc, rk.r, jj),
+                )
             rk.gpu_rec("kernel", kc.name, st, st + d, c)
             rk.gpu = st + d
+
+    def _kernel_without(self, kc: K.KernelCost, r: int, jj: float) -> Callable[[Fault], float]:
+        """The kernel's time on rank ``r`` without one fault (for its marginal effect)."""
+        fx = self.fx
+        return lambda f: K.roofline_ns(self.gpu, kc, clock=fx.clock(r, skip=f), mem=fx.mem(r, skip=f)) * jj
 
     def _launch_storm(self, ranks: list[_Rank], n: int) -> None:
         for _ in range(n):
