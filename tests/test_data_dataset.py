@@ -336,3 +336,28 @@ def test_the_default_benchmark_samples_are_pinned(tmp_path):
         assert (ann["label"], got[:16]) == (label, digest), plans[idx].sample_id
         if label != "normal":
             assert ann["faults"][0]["effect"]["events"] > 0, label
+
+
+def test_trace_json_keeps_each_gpu_activity_linked_to_its_own_process(tmp_path):
+    """A trace.json merged from several processes has one source but overlapping correlation ids
+    (each process counts its own). Loading it back must link every kernel to its own process's
+    launch, as loading the raw per-process files does (it used to link them all to rank 0's)."""
+    from teller.data.dataset import generate_sample
+
+    cfg = dict(load_config("default"), keep_raw=True)
+    p = plan(cfg, 2600, 0)[121]  # nvlink_degradation, tp 4
+    ann = generate_sample(cfg, 0, p, tmp_path)
+    assert ann["workload"]["tp"] == 4
+    sd = tmp_path / p.sample_id
+
+    def links(tr: teller.trace.Trace) -> list[tuple[int, ...]]:
+        i = np.flatnonzero(tr.link >= 0)
+        j = tr.link[i]
+        return sorted(zip(tr.device[i], tr.tid[i], tr.ts[i], tr.pid[j], tr.tid[j], tr.ts[j], strict=True))
+
+    from_raw = teller.trace.load(sd / "raw", warn=False)
+    from_json = teller.trace.load(sd / "trace.json", warn=False)
+    a, b = links(from_raw), links(from_json)
+    assert len(a) > 1000 and a == b
+    owner = {q["device"]: q["pid"] for q in ann["workload"]["processes"]}
+    assert {(d, pid) for d, _, _, pid, _, _ in b} == set(owner.items())

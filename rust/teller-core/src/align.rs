@@ -125,23 +125,30 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
 
     // 2. Correlation: GPU activity -> the runtime/driver call with the same correlation id in the
     //    same process. Runtime calls win over driver calls; graph launches link many-to-one.
+    //    A source is one correlation scope, except a Chrome trace merged from several processes
+    //    (teller's own trace.json): their counters overlap, and a GPU track's pid is a device, not a
+    //    process. There the `ac2g` flow into a GPU activity names its launching process; without one
+    //    (raw files, one process per source) the source's first call with that id is taken.
+    let launch_pid = flow_launch_pids(t);
     let mut api: HashMap<(u32, u64), u32> = HashMap::with_capacity(n / 4);
+    let mut api_proc: HashMap<(u32, i64, u64), u32> = HashMap::with_capacity(n / 4);
     for i in 0..n {
         let l = t.layer_of(i);
         if l.is_api() && t.corr[i] != 0 {
-            let key = (proc_of_source[t.source[i] as usize], t.corr[i]);
-            match api.get(&key) {
-                Some(&j) if t.layer_of(j as usize) == Layer::Runtime => {}
-                _ => {
-                    api.insert(key, i as u32);
-                }
-            }
+            let scope = proc_of_source[t.source[i] as usize];
+            keep_runtime(&mut api, (scope, t.corr[i]), i as u32, t);
+            keep_runtime(&mut api_proc, (scope, t.pid[i], t.corr[i]), i as u32, t);
         }
     }
     t.link = vec![-1; n];
     for i in 0..n {
         if t.layer_of(i).is_gpu_activity() && t.corr[i] != 0 {
-            if let Some(&j) = api.get(&(proc_of_source[t.source[i] as usize], t.corr[i])) {
+            let scope = proc_of_source[t.source[i] as usize];
+            let hit = match launch_pid.get(&(t.source[i], t.pid[i], t.tid[i], t.ts[i])) {
+                Some(&p) => api_proc.get(&(scope, p, t.corr[i])),
+                None => api.get(&(scope, t.corr[i])),
+            };
+            if let Some(&j) = hit {
                 t.link[i] = j as i64;
             }
         }
@@ -209,6 +216,38 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
             }
         };
         t.symbol.push(s);
+    }
+}
+
+/// For each `ac2g` flow end (`f`: a GPU activity's source, pid, tid and start), the pid of the
+/// process its flow starts in (`s`: the launching call). Kineto and teller write one pair per
+/// launch with the `f` at the activity's own start.
+fn flow_launch_pids(t: &Trace) -> HashMap<(u16, i64, i64, i64), i64> {
+    let mut out = HashMap::new();
+    if t.flows.is_empty() {
+        return out;
+    }
+    let ac2g = t.strings.lookup("ac2g");
+    let is_ac2g = |c: u32| Some(c) == ac2g;
+    let mut start: HashMap<(u16, u64), i64> = HashMap::with_capacity(t.flows.len() / 2);
+    for f in t.flows.iter().filter(|f| f.phase == b's' && is_ac2g(f.cat)) {
+        start.entry((f.source, f.id)).or_insert(f.pid);
+    }
+    for f in t.flows.iter().filter(|f| f.phase == b'f' && is_ac2g(f.cat)) {
+        if let Some(&p) = start.get(&(f.source, f.id)) {
+            out.insert((f.source, f.pid, f.tid, f.ts), p);
+        }
+    }
+    out
+}
+
+/// Keep a runtime call over a driver call with the same correlation id (else the last one).
+fn keep_runtime<K: std::hash::Hash + Eq>(m: &mut HashMap<K, u32>, key: K, i: u32, t: &Trace) {
+    match m.get(&key) {
+        Some(&j) if t.layer_of(j as usize) == Layer::Runtime => {}
+        _ => {
+            m.insert(key, i);
+        }
     }
 }
 
