@@ -798,6 +798,11 @@ def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate(r, None, "train")
+    cfg["shards_version"] = 5  # trained on traces whose ranks' GPU work hung under rank 0's calls
+    (r / "config.json").write_text(json.dumps(cfg))
+    assert summary_options(cfg) == {"by_position": True}
+    with pytest.warns(UserWarning, match="links the GPU work"):
+        evaluate(r, None, "train")
     cfg.pop("shards_version")  # a checkpoint from before version 5
     (r / "config.json").write_text(json.dumps(cfg))
     assert summary_options(cfg) == {"by_position": False}
@@ -828,7 +833,7 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
     from teller.models.train import evaluate
 
     r3 = train(CFG, out, tmp_path / "r3", tpe_dir=tdir)
-    with pytest.raises(ConfigError, match="token_proc_log"):
+    with pytest.raises(ConfigError, match="token_proc_log"), pytest.warns(UserWarning, match="GPU work"):
         evaluate(r3, old, "train")
 
 

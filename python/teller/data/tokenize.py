@@ -32,8 +32,11 @@ from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
 SHARDS_FORMAT = "teller-shards"
 # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work;
 # 4: + summary_culprit; 5: summary columns 9-11 on residuals fitted per position in the step
-# (teller.data.summary), same width, new meaning; + token_proc_log
-SHARDS_VERSION = 5
+# (teller.data.summary), same width, new meaning; + token_proc_log; 6: the same arrays, encoded with
+# the loader that links each GPU activity of a multi-process trace.json to its own process's launch
+# (before, every rank's kernels hung under rank 0's calls: their chains, steps, token_proc_log and
+# summary rows changed)
+SHARDS_VERSION = 6
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")

@@ -411,10 +411,19 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     to read: :class:`ConfigError` when the model reads
     ``token_proc_log`` and the shards (version < 5) have none (they would read as "no process logged
     an error"); a warning when the summary rows were computed differently from the training data's
-    (version 5 changed what columns 9-11 mean, not their number)."""
+    (version 5 changed what columns 9-11 mean, not their number), or the traces were linked
+    differently (version 6: each rank's GPU work under its own process)."""
     mc = cfg.get("model")
     have = int(json.loads((run_dir / "manifest.json").read_text()).get("version", 1))
     trace_side = mc is None or mc.get("modalities", "both") != "log"
+    trained = int(cfg.get("shards_version") or 4)
+    if trace_side and (have >= 6) != (trained >= 6):
+        warnings.warn(
+            f"{run_dir}: shards version {have}, the checkpoint was trained on version {trained}; version 6 "
+            "links the GPU work of a multi-process trace to its own process (before, to rank 0's calls): "
+            "re-tokenize the data with the teller that trained the checkpoint, or retrain",
+            stacklevel=2,
+        )
     if mc and mc.get("log_process_features") and trace_side and have < 5:
         raise ConfigError(
             f"{run_dir}: shards version {have} have no token_proc_log, which model.log_process_features "
@@ -423,7 +432,6 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
         )
     if not trace_side or (mc is not None and not mc.get("summary_tokens")):
         return
-    trained = int(cfg.get("shards_version") or 4)
     if (have >= 5) != (trained >= 5):
         warnings.warn(
             f"{run_dir}: shards version {have}, the checkpoint was trained on version {trained}; their "
