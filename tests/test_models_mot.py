@@ -795,14 +795,25 @@ def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
     cfg = json.loads((r / "config.json").read_text())
     assert cfg["shards_version"] == SHARDS_VERSION
     assert summary_options(cfg) == {"by_position": True}
+    from teller.models.diagnose import diagnose
+
+    multi = next(
+        sd
+        for sd in sorted(_data.glob("s0*"))
+        if json.loads((sd / "annotation.json").read_text())["workload"]["tp"] > 1
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate(r, None, "train")
+        diagnose(multi, r, top=3)
     cfg["shards_version"] = 5  # trained on traces whose ranks' GPU work hung under rank 0's calls
     (r / "config.json").write_text(json.dumps(cfg))
     assert summary_options(cfg) == {"by_position": True}
     with pytest.warns(UserWarning, match="links the GPU work"):
         evaluate(r, None, "train")
+    # diagnose rebuilds a multi-process sample with the per-process linking: it says so
+    with pytest.warns(UserWarning, match="linked per process"):
+        diagnose(multi, r, top=3)
     cfg.pop("shards_version")  # a checkpoint from before version 5
     (r / "config.json").write_text(json.dumps(cfg))
     assert summary_options(cfg) == {"by_position": False}

@@ -123,6 +123,15 @@ def diagnose(
         normalize=tok.settings.get("normalize"),
         warn=False,
     )
+    if int(cfg.get("shards_version") or 4) < 6 and len(np.unique(tr.pid[tr.link[tr.link >= 0]])) > 1:
+        import warnings
+
+        warnings.warn(
+            f"{checkpoint}: trained on shards version {cfg.get('shards_version', '< 5')}, which linked every "
+            "process's GPU work to the first process's calls; this multi-process trace is linked per "
+            "process now, so the model sees inputs it was not trained on: retrain it",
+            stacklevel=2,
+        )
     t0 = time.perf_counter()
     lines = parse_log(log_path) if log_path else []
     s, x = sample_inputs(tr, lines, tok, logtok, cfg, p.name)
