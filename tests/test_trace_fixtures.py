@@ -198,3 +198,85 @@ def test_multiple_inputs_merge(tmp_path):
         tab.summary()["linked_gpu_events"]
         == ta.summary()["linked_gpu_events"] + tb.summary()["linked_gpu_events"]
     )
+
+
+def _merged_trace(path, flows: list[tuple[int, int, int, int]]) -> None:
+    """Two processes (100, 200) whose correlation counters overlap, merged into one Chrome trace as
+    teller writes it: runtime calls on the process, kernels on GPU tracks 0 and 1. ``flows``:
+    (id, start pid, start ts, kernel index) ac2g pairs."""
+    import json
+
+    calls = [  # (pid, ts, corr)
+        (100, 10, 1),
+        (200, 11, 1),
+        (100, 20, 2),
+        (200, 21, 2),
+        (100, 30, 3),
+        (200, 40, 4),
+    ]
+    kernels = [  # (device, ts, corr)
+        (0, 50, 1),  # k0: process 100's corr 1 (flow)
+        (1, 51, 1),  # k1: process 200's corr 1 (flow)
+        (1, 60, 2),  # k2: corr 2, no flow, both processes used it: ambiguous
+        (0, 70, 3),  # k3: corr 3, no flow, only process 100 used it
+        (1, 80, 4),  # k4: corr 4, a flow from pid 300 (no such call): only 200 used it
+    ]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": p,
+            "tid": p,
+            "ts": ts,
+            "dur": 2,
+            "args": {"correlation": c},
+        }
+        for p, ts, c in calls
+    ]
+    ev += [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{k}",
+            "pid": d,
+            "tid": 7,
+            "ts": ts,
+            "dur": 5,
+            "args": {"correlation": c, "device": d},
+        }
+        for k, (d, ts, c) in enumerate(kernels)
+    ]
+    for fid, sp, sts, k in flows:
+        d, kts, _ = kernels[k]
+        ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "id": fid, "pid": sp, "tid": sp, "ts": sts})
+        ev.append(
+            {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": fid, "pid": d, "tid": 7, "ts": kts, "bp": "e"}
+        )
+    path.write_text(json.dumps({"traceEvents": ev}))
+
+
+def _launch_pid(tr, name: str) -> int | None:
+    names = np.array(tr.strings, dtype=object)[tr.name]
+    i = int(np.flatnonzero(names == name)[0])
+    return None if tr.link[i] < 0 else int(tr.pid[tr.link[i]])
+
+
+def test_merged_multi_process_trace_links_each_kernel_to_its_own_process(tmp_path):
+    f = tmp_path / "merged.json"
+    _merged_trace(f, [(1, 100, 10, 0), (2, 200, 11, 1), (3, 300, 40, 4)])
+    tr = T.load(f, warn=False)
+    got = {k: _launch_pid(tr, k) for k in ("k0", "k1", "k2", "k3", "k4")}
+    # k2's id was used by both processes and no flow says which: unlinked, not linked to the wrong one
+    assert got == {"k0": 100, "k1": 200, "k2": None, "k3": 100, "k4": 200}
+
+
+def test_merged_trace_with_flow_ids_reused_across_processes(tmp_path):
+    """Files merged by another tool keep Kineto's flow id = correlation id, so one id starts in two
+    processes: those flows say nothing, the load says so, and the shared ids stay unlinked."""
+    f = tmp_path / "merged.json"
+    _merged_trace(f, [(1, 100, 10, 0), (1, 200, 11, 1)])
+    tr = T.load(f, warn=False)
+    assert any("more than one process" in w for w in tr.warnings)
+    assert _launch_pid(tr, "k0") is None and _launch_pid(tr, "k1") is None
+    assert _launch_pid(tr, "k3") == 100 and _launch_pid(tr, "k4") == 200

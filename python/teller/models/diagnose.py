@@ -123,12 +123,14 @@ def diagnose(
         normalize=tok.settings.get("normalize"),
         warn=False,
     )
-    if int(cfg.get("shards_version") or 4) < 6 and len(np.unique(tr.pid[tr.link[tr.link >= 0]])) > 1:
+    trace_side = cfg.get("model", {}).get("modalities", "both") != "log"
+    multi = len(np.unique(tr.pid[tr.link[tr.link >= 0]])) > 1
+    if trace_side and multi and int(cfg.get("shards_version") or 4) < 6:
         import warnings
 
         warnings.warn(
-            f"{checkpoint}: trained on shards version {cfg.get('shards_version', '< 5')}, which linked every "
-            "process's GPU work to the first process's calls; this multi-process trace is linked per "
+            f"{checkpoint}: trained on shards version {cfg.get('shards_version') or '< 5'}, which linked "
+            "every process's GPU work to the first process's calls; this multi-process trace is linked per "
             "process now, so the model sees inputs it was not trained on: retrain it",
             stacklevel=2,
         )

@@ -127,27 +127,42 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
     //    same process. Runtime calls win over driver calls; graph launches link many-to-one.
     //    A source is one correlation scope, except a Chrome trace merged from several processes
     //    (teller's own trace.json): their counters overlap, and a GPU track's pid is a device, not a
-    //    process. There the `ac2g` flow into a GPU activity names its launching process; without one
-    //    (raw files, one process per source) the source's first call with that id is taken.
-    let launch_pid = flow_launch_pids(t);
+    //    process. There the `ac2g` flow into a GPU activity names its launching process. Without a
+    //    usable flow (raw files: one process per source; Kineto: flow id = correlation id) the
+    //    scope's call with that id is taken, but only if one process has a call with it: an id that
+    //    several processes used is left unlinked rather than linked to the wrong process.
+    let (launch_pid, ambiguous_flows) = flow_launch_pids(t);
+    if ambiguous_flows > 0 {
+        t.warnings.push(format!("{ambiguous_flows} ac2g flow id(s) start in more than one process (a file merged from several traces?); their GPU work is linked by correlation id only where one process used the id"));
+    }
     let mut api: HashMap<(u32, u64), u32> = HashMap::with_capacity(n / 4);
     let mut api_proc: HashMap<(u32, i64, u64), u32> = HashMap::with_capacity(n / 4);
+    // the pid of the calls with a (scope, correlation id), or SHARED when several processes used it
+    const SHARED: i64 = i64::MIN;
+    let mut id_pid: HashMap<(u32, u64), i64> = HashMap::with_capacity(n / 4);
     for i in 0..n {
         let l = t.layer_of(i);
         if l.is_api() && t.corr[i] != 0 {
             let scope = proc_of_source[t.source[i] as usize];
             keep_runtime(&mut api, (scope, t.corr[i]), i as u32, t);
             keep_runtime(&mut api_proc, (scope, t.pid[i], t.corr[i]), i as u32, t);
+            let e = id_pid.entry((scope, t.corr[i])).or_insert(t.pid[i]);
+            if *e != t.pid[i] {
+                *e = SHARED;
+            }
         }
     }
     t.link = vec![-1; n];
     for i in 0..n {
         if t.layer_of(i).is_gpu_activity() && t.corr[i] != 0 {
-            let scope = proc_of_source[t.source[i] as usize];
-            let hit = match launch_pid.get(&(t.source[i], t.pid[i], t.tid[i], t.ts[i])) {
-                Some(&p) => api_proc.get(&(scope, p, t.corr[i])),
-                None => api.get(&(scope, t.corr[i])),
-            };
+            let key = (proc_of_source[t.source[i] as usize], t.corr[i]);
+            let by_flow = launch_pid
+                .get(&(t.source[i], t.pid[i], t.tid[i], t.ts[i]))
+                .and_then(|&p| api_proc.get(&(key.0, p, key.1)));
+            let hit = by_flow.or_else(|| match id_pid.get(&key) {
+                Some(&p) if p != SHARED => api.get(&key),
+                _ => None,
+            });
             if let Some(&j) = hit {
                 t.link[i] = j as i64;
             }
@@ -220,28 +235,34 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
 }
 
 /// For each `ac2g` flow end (`f`: a GPU activity's source, pid, tid and start), the pid of the
-/// process its flow starts in (`s`: the launching call). Kineto and teller write one pair per
-/// launch with the `f` at the activity's own start.
-fn flow_launch_pids(t: &Trace) -> HashMap<(u16, i64, i64, i64), i64> {
+/// process its flow starts in (`s`: the launching call), and how many flow ids start in more than
+/// one process (those are left out). Kineto and teller write one pair per launch with the `f` at
+/// the activity's own start.
+fn flow_launch_pids(t: &Trace) -> (HashMap<(u16, i64, i64, i64), i64>, usize) {
     let mut out = HashMap::new();
     if t.flows.is_empty() {
-        return out;
+        return (out, 0);
     }
     let ac2g = t.strings.lookup("ac2g");
     let is_ac2g = |c: u32| Some(c) == ac2g;
-    let mut start: HashMap<(u16, u64), i64> = HashMap::with_capacity(t.flows.len() / 2);
+    // flow id -> the pid its start is in (None: starts in several processes, ambiguous)
+    let mut start: HashMap<(u16, u64), Option<i64>> = HashMap::with_capacity(t.flows.len() / 2);
     for f in t.flows.iter().filter(|f| f.phase == b's' && is_ac2g(f.cat)) {
-        start.entry((f.source, f.id)).or_insert(f.pid);
+        let e = start.entry((f.source, f.id)).or_insert(Some(f.pid));
+        if *e != Some(f.pid) {
+            *e = None;
+        }
     }
+    let ambiguous = start.values().filter(|p| p.is_none()).count();
     for f in t.flows.iter().filter(|f| f.phase == b'f' && is_ac2g(f.cat)) {
-        if let Some(&p) = start.get(&(f.source, f.id)) {
+        if let Some(&Some(p)) = start.get(&(f.source, f.id)) {
             out.insert((f.source, f.pid, f.tid, f.ts), p);
         }
     }
-    out
+    (out, ambiguous)
 }
 
-/// Keep a runtime call over a driver call with the same correlation id (else the last one).
+/// Keep a runtime call over a driver call with the same correlation id (else the last call seen).
 fn keep_runtime<K: std::hash::Hash + Eq>(m: &mut HashMap<K, u32>, key: K, i: u32, t: &Trace) {
     match m.get(&key) {
         Some(&j) if t.layer_of(j as usize) == Layer::Runtime => {}

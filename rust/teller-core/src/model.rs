@@ -182,8 +182,9 @@ pub enum ArgValue {
     Null,
 }
 
-/// A flow event (`s`, `t`, `f`) as read. Kineto's `ac2g` flows duplicate the correlation ids, which
-/// we use directly; flows are kept so that other flow kinds (`fwdbwd`) survive a round trip.
+/// A flow event (`s`, `t`, `f`) as read. Kineto's `ac2g` flows duplicate the correlation ids; in a
+/// trace merged from several processes (teller's trace.json) they name the launching process of each
+/// GPU activity (`align`). Other flow kinds (`fwdbwd`) are kept so that they survive a round trip.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flow {
     pub id: u64,
