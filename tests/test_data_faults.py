@@ -384,11 +384,11 @@ def test_effects_share_divides_its_own_kind_by_its_own_work():
     range 4 -> 5; rank 0 has 30 of clean GPU work and 6 of host. Its share is GPU extra / GPU work
     (5 / 40: a launch storm's added kernel is not fault-free work); a second fault on the same kernel
     gets its marginal part, not the whole stretch."""
+    from teller.data.faults import KERNEL_FAULTS as kf
     from teller.data.faults import Effects
 
     st = Fault("nccl_straggler", "communication", 0, 4, 0.5, {"kind": "rank", "name": "w", "rank": 1})
     fx = Effects([st], tp=2)
-    kf = ("gpu_throttle", "hbm_contention", "nccl_straggler")
     fx.charge("gpu", 1, 10.0, 15.0, kf)
     fx.charge("host", 1, 4.0, 5.0, ("cpu_contention", "nccl_straggler"))
     fx.charge("gpu", 0, 30.0, 30.0, kf)  # rank 0: unaffected work

@@ -33,6 +33,10 @@ FAULT_INFO: dict[str, tuple[str, bool, bool]] = {
 FAULT_TYPES: tuple[str, ...] = tuple(FAULT_INFO)
 LABELS: tuple[str, ...] = (NORMAL, *FAULT_TYPES)
 LAYERS = ("engine", "backend", "host_op", "runtime", "kernel", "communication", "device")
+# The faults whose factors stretch a host duration (Effects.host) and a kernel (Effects.clock / mem):
+# the candidates Effects.charge credits for those events.
+HOST_FAULTS = ("cpu_contention", "host_memory_pressure", "nccl_straggler")
+KERNEL_FAULTS = ("gpu_throttle", "hbm_contention", "nccl_straggler")
 # The work a time-stretching fault's ``effect.share`` and ``slowdown`` are measured against: GPU time
 # (kernels, copies) or host time (ranges, operators, API calls). A straggler also stretches its
 # host; that time is in its ``extra_ms`` but not in its GPU share.

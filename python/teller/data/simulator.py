@@ -26,15 +26,12 @@ from typing import Any
 import numpy as np
 
 from teller.data import kernels as K
-from teller.data.faults import Effects, Fault
+from teller.data.faults import HOST_FAULTS, KERNEL_FAULTS, Effects, Fault
 from teller.data.logs import LogBook, client_addr, fmt_int, request_id
 from teller.rawfmt import RawWriter
 
 COMPUTE_STREAM = 7
 FOREIGN_STREAM = 13
-# the faults whose factors stretch a host duration (Effects.host) and a kernel (Effects.clock / mem)
-HOST_FAULTS = ("cpu_contention", "host_memory_pressure", "nccl_straggler")
-KERNEL_FAULTS = ("gpu_throttle", "hbm_contention", "nccl_straggler")
 VLLM_VERSION = "0.8.5"
 HOST = "gpu-node-{:02d}"
 

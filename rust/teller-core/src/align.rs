@@ -135,7 +135,6 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
     if ambiguous_flows > 0 {
         t.warnings.push(format!("{ambiguous_flows} ac2g flow id(s) start in more than one process (a file merged from several traces?); their GPU work is linked by correlation id only where one process used the id"));
     }
-    let mut api: HashMap<(u32, u64), u32> = HashMap::with_capacity(n / 4);
     let mut api_proc: HashMap<(u32, i64, u64), u32> = HashMap::with_capacity(n / 4);
     // the pid of the calls with a (scope, correlation id), or SHARED when several processes used it
     const SHARED: i64 = i64::MIN;
@@ -144,7 +143,6 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
         let l = t.layer_of(i);
         if l.is_api() && t.corr[i] != 0 {
             let scope = proc_of_source[t.source[i] as usize];
-            keep_runtime(&mut api, (scope, t.corr[i]), i as u32, t);
             keep_runtime(&mut api_proc, (scope, t.pid[i], t.corr[i]), i as u32, t);
             let e = id_pid.entry((scope, t.corr[i])).or_insert(t.pid[i]);
             if *e != t.pid[i] {
@@ -160,7 +158,7 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
                 .get(&(t.source[i], t.pid[i], t.tid[i], t.ts[i]))
                 .and_then(|&p| api_proc.get(&(key.0, p, key.1)));
             let hit = by_flow.or_else(|| match id_pid.get(&key) {
-                Some(&p) if p != SHARED => api.get(&key),
+                Some(&p) if p != SHARED => api_proc.get(&(key.0, p, key.1)),
                 _ => None,
             });
             if let Some(&j) = hit {
