@@ -314,3 +314,83 @@ def test_token_process_log_marks_the_oom_rank(tmp_path):
     assert culprit.any() and (f[culprit, 0] > 0).all()
     if ann["workload"]["tp"] > 1:  # another rank's tokens stay unmarked
         assert (f[:, 0] == 0).any()
+
+
+def _allreduce_trace(tmp_path, slow_link=(), stall=(), ranks=(1, 2)):
+    """``ranks`` processes, 16 engine steps of 1 000 us; each step launches two all-reduce kernels
+    (positions 0 and 1, 40 and 80 us of transfer). Each rank launches at its own time; the kernel
+    ends on every rank when the last has arrived plus the transfer (as NCCL's does). ``slow_link``:
+    steps with the transfer 2x longer (a degraded link); ``stall``: steps where rank 1 launches
+    120 us late (a host hiccup on one rank: the others wait)."""
+    ev = []
+    for k in range(16):
+        for pid in ranks:
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"engine_step#{k}",
+                    "pid": pid,
+                    "tid": pid,
+                    "ts": 1000 * k,
+                    "dur": 999,
+                    "args": {"num_tokens": 64, "num_seqs": 8},
+                }
+            )
+        for j, xfer in enumerate((40.0, 80.0)):
+            launch = {pid: 1000 * k + 100 + 400 * j + 7 * pid for pid in ranks}
+            if k in stall:
+                launch[1] += 120
+            t_all = max(launch.values())
+            t = xfer * (2.0 if k in slow_link else 1.0)
+            for pid in ranks:
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                        "pid": pid,
+                        "tid": 7,
+                        "ts": launch[pid],
+                        "dur": t_all + t - launch[pid],
+                    }
+                )
+    p = tmp_path / "allreduce.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    sym = "kernel:ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    tok = tpe.train(tpe.corpus_from_symbols([[sym]]), vocab_size=0)
+    ids, f = symbol_summary(tr, tok)
+    return tr, f[[tok.token_str(int(i)) for i in ids].index(sym)]
+
+
+def test_step_ordinal_matches_steps_across_processes(tmp_path):
+    from teller.data.summary import step_ordinal
+
+    tr, _ = _allreduce_trace(tmp_path)
+    o = step_ordinal(tr)
+    st = np.asarray(tr.step)
+    assert len(tr.steps()) == 32  # each process's ranges are steps of their own
+    names = [s.name for s in tr.steps()]
+    for e in range(len(tr)):  # the k-th step of each process holds engine_step#k
+        if st[e] >= 0:
+            assert names[st[e]] == f"engine_step#{o[e]}"
+
+
+def test_collective_transfer_columns(tmp_path):
+    """A slow link lengthens every rank's transfer (columns 14-16 move); one rank's host stall makes
+    the other ranks wait (the raw all-reduce durations move, 9-10) but not the transfer."""
+    names = list(SUMMARY_FEATURE_NAMES)
+    c = {n: names.index(n) for n in ("shift", "shift_z", "xfer_median", "xfer_shift", "xfer_shift_z")}
+    _, base = _allreduce_trace(tmp_path)
+    assert base[c["xfer_median"]] == pytest.approx(np.median([_x(40), _x(80)]), rel=1e-5)
+    assert abs(base[c["xfer_shift"]]) < 1e-5
+    _, link = _allreduce_trace(tmp_path, slow_link=range(8, 12))
+    assert link[c["xfer_shift"]] > 0.4  # ln 2 = 0.69 inside, diluted by the window's edges
+    assert link[c["xfer_shift_z"]] > 1.0
+    _, stall = _allreduce_trace(tmp_path, stall=range(8, 12))
+    assert stall[c["shift"]] > 0.4  # the waiting rank's all-reduce got much longer
+    assert abs(stall[c["xfer_shift"]]) < 0.02  # the last rank's transfer did not
+    # one process: nothing to compare across ranks
+    _, one = _allreduce_trace(tmp_path, slow_link=range(8, 12), ranks=(1,))
+    assert (one[[c["xfer_median"], c["xfer_shift"], c["xfer_shift_z"]]] == 0).all()

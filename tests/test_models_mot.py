@@ -273,7 +273,10 @@ def test_extra_train_data(shards) -> None:
     assert wide == bl.gbdt.n_features_in_
     del bl.summary_width, bl.log_lags
     assert bl.X(smp).shape[1] == wide  # fitted on the new layout: still the new one
-    bl.gbdt.n_features_in_ = wide - 6 * len(bl.top_sym) - len(bl.log_vocab)  # as an old pickle
+    n_sym = len(bl.top_sym)
+    bl.gbdt.n_features_in_ = wide - 3 * n_sym  # fitted on 14 summary columns (shards v3-6)
+    assert bl.X(smp).shape[1] == bl.gbdt.n_features_in_
+    bl.gbdt.n_features_in_ = wide - 9 * n_sym - len(bl.log_vocab)  # 8 columns, no log lags
     assert bl.X(smp).shape[1] == bl.gbdt.n_features_in_
     # its own log tokenizer: refused, with the way out in the message
     own = tokenize_dataset(extra, tdir, root / "tok-own")
@@ -448,6 +451,11 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     syms = d["culprit_symbols"]
     assert syms and all(0 <= x["score"] <= 1 and x["events"] > 0 for x in syms)
     assert [x["score"] for x in syms] == sorted((x["score"] for x in syms), reverse=True)
+    # a collective's transfer evidence (shards v7): 0 for every other symbol
+    from teller.data.summary import _COLLECTIVE
+
+    assert all(x["transfer_shift"] is not None for x in syms)
+    assert all(_COLLECTIVE.match(x["symbol"]) or x["transfer_shift"] == 0 for x in syms)
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), "--checkpoint", str(run)],
         check=True,

@@ -24,6 +24,9 @@ row comparing its events to the same symbol's events in the trace's opening wind
 | 11 | ``shift_pid_spread`` | per process, mean r inside minus outside that window; max - min over processes |
 | 12 | ``work_shift`` | the same window scan over the per-bin mean w: the load itself changed |
 | 13 | ``rate_shift`` | the same scan over ln(1 + events per bin): the symbol came more or less often |
+| 14 | ``xfer_median`` | collectives only: median over instances of the fastest rank's x (see below) |
+| 15 | ``xfer_shift`` | the window scan (as ``shift``) over that fastest rank's x, load-normalized |
+| 16 | ``xfer_shift_z`` | ``xfer_shift`` / (standard deviation of its residual + 0.02) |
 
 ``f_p`` is a fit of x on w per *position*: the occurrence index of the symbol within its (process,
 step). One kernel name runs several GEMM shapes per layer (QKV, output, up and down projections)
@@ -44,6 +47,21 @@ range, as vLLM's engine-step annotation and teller's simulator record it; 0 wher
 and then they reduce to plain durations) and look for the window where the symbol changed most,
 wherever it starts (a fault begins anywhere in the capture). Measured with a gradient-boosted
 probe on ``default``: gpu_throttle F1 0.17 -> 0.47, test_ood accuracy 0.72 -> 0.80.
+
+Columns 14-16 separate a collective's transfer from its waiting. An all-reduce kernel starts on
+each rank when that rank launches it and ends on all ranks together, when the last has arrived and
+the data has moved; so every rank but the last spends part of its kernel waiting, and the last
+rank's kernel (the shortest) is the transfer. A slow link lengthens the transfer on every rank; a
+rank that stalls on its host (a straggler, a CPU hiccup, or a benign pause in a normal run)
+lengthens the *other* ranks' kernels and not the transfer. Columns 2-13 see both as "the
+all-reduce got slower". An *instance* is one collective matched across ranks: the same occurrence
+index within the same step (the k-th step of each process, in time order; collectives are issued
+in the same order on every rank), kept where every rank has it; its transfer time is the minimum
+x over the ranks. Symbols whose every event is a collective kernel (NCCL, vLLM's custom
+all-reduce: ``_COLLECTIVE``) on >= 2 processes with >= 3 instances get these columns; others 0.
+Measured on ``default``'s val / test / test_ood (shards version 7), the largest ``|xfer_shift|``
+of a sample: nvlink_degradation 10th percentile 0.60 / 0.42 / 0.55 (74 of 74 above 0.05, 73
+above 0.2); every other class's 99th percentile 0.21 / 0.15 / 0.07, its max 0.30 / 0.19 / 0.17.
 
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
@@ -75,6 +93,14 @@ SUMMARY_FEATURE_NAMES: tuple[str, ...] = (
     "shift_pid_spread",
     "work_shift",
     "rate_shift",
+    "xfer_median",
+    "xfer_shift",
+    "xfer_shift_z",
+)
+# collective kernels (their symbol, ``kernel:`` + the normalized name): NCCL's and vLLM's custom
+# all-reduce (``cross_device_reduce_1stage/2stage``)
+_COLLECTIVE = re.compile(
+    r"^kernel:.*(nccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all)", re.I
 )
 N_BINS = 16  # time bins of the window scan (about one per engine step at the default capture length)
 N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
@@ -95,6 +121,24 @@ def step_work(tr: Any) -> np.ndarray:
     st = np.asarray(tr.step, dtype=np.int64)
     st = np.where((st >= 0) & (st < len(steps)), st, len(steps))
     return w[st]
+
+
+def step_ordinal(tr: Any) -> np.ndarray:
+    """Per event, the ordinal of its step among its step's process's steps in time order (-1 for
+    an event outside every step): the k-th engine step of rank 0 and of rank 1 are the same step,
+    while a merged trace numbers each process's step ranges apart."""
+    steps = tr.steps()
+    ordn = np.full(len(steps) + 1, -1, np.int64)
+    if steps:
+        sp = np.array([s.pid for s in steps], np.int64)
+        t = np.array([s.start_ns for s in steps], np.int64)
+        ix = np.array([s.index for s in steps], np.int64)
+        o = np.lexsort((ix, t, sp))
+        new = np.r_[True, sp[o][1:] != sp[o][:-1]]
+        first = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
+        ordn[ix[o]] = np.arange(len(o)) - first
+    st = np.asarray(tr.step, dtype=np.int64)
+    return ordn[np.where((st >= 0) & (st < len(steps)), st, len(steps))]
 
 
 def _token_events(events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -225,6 +269,9 @@ def symbol_summary(
     w = step_work(tr)
     tbin = np.minimum(((ts - t0) * (N_BINS / span)).astype(np.int64), N_BINS - 1)
     step = np.asarray(tr.step, dtype=np.int64)
+    coll_sym = np.array([bool(_COLLECTIVE.match(nm)) for nm in names] + [False])
+    coll = coll_sym[np.asarray(tr.symbol, dtype=np.int64)]
+    sord = step_ordinal(tr) if coll.any() else None
     order = np.lexsort((ts, pid, sid))  # by symbol, then process, then time
     s_sorted = sid[order]
     bounds = np.flatnonzero(np.diff(s_sorted)) + 1
@@ -265,6 +312,8 @@ def symbol_summary(
             pos = _positions(pid[idx], step[idx])
             pos = pos if _positions_recur(pos, step[idx]) else None
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
+        if sord is not None and coll[idx].all():
+            _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], _positions(pid[idx], step[idx]))
     return ids, out.astype(np.float32)
 
 
@@ -375,3 +424,50 @@ def _work_normalized(
     per_bin_w = np.bincount(b, weights=w, minlength=N_BINS)[occ] / cnt[occ]
     row[12] = window_scan(per_bin_w)[0]
     row[13] = window_scan(np.log1p(cnt.astype(np.float64)))[0]
+
+
+def _transfer(
+    row: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    pid: np.ndarray,
+    sord: np.ndarray,
+    pos: np.ndarray,
+    min_instances: int = 3,
+) -> None:
+    """Columns 14-16 of a collective symbol's row: its instances across ranks (same step ordinal
+    ``sord``, same position ``pos``; on every process), each one's fastest rank's x, its median,
+    and the load-normalized window scan of it. Left 0 on fewer than 2 processes or
+    ``min_instances`` complete instances; the scan (15-16) needs instances in >= 3 steps, and fits
+    per position where a position has >= 3 instances (the median over positions; else the pooled
+    line: a large all-reduce in two prefill steps has two instances per position, whose mean
+    would leave the two steps' load difference in the residuals)."""
+    n_proc = len(np.unique(pid))
+    ok = sord >= 0
+    if n_proc < 2 or ok.sum() < n_proc * min_instances:
+        return
+    key = sord[ok] * (int(pos.max()) + 1) + pos[ok]
+    o = np.argsort(key, kind="stable")
+    k = key[o]
+    starts = np.r_[0, np.flatnonzero(np.diff(k)) + 1]
+    full = np.diff(np.r_[starts, len(k)]) == n_proc
+    if full.sum() < min_instances:
+        return
+    xm = np.minimum.reduceat(x[ok][o], starts)[full]
+    wm = np.maximum.reduceat(w[ok][o], starts)[full]  # (the step's load, recorded on some ranks)
+    bm = np.minimum.reduceat(b[ok][o], starts)[full]
+    pm = pos[ok][o][starts][full]
+    sm = sord[ok][o][starts][full]
+    row[14] = float(np.median(xm))
+    if len(np.unique(sm)) < 3:  # (instances in one or two steps: a scan would compare those steps' loads)
+        return
+    if _positions_recur(pm, sm) and np.median(np.bincount(pm)[np.unique(pm)]) >= 3:
+        r, _ = _position_residual(xm, wm, pm)
+    else:
+        r = xm - load_slope(xm, wm) * wm
+    cnt = np.bincount(bm, minlength=N_BINS)
+    occ = cnt > 0
+    shift = window_scan(np.bincount(bm, weights=r, minlength=N_BINS)[occ] / cnt[occ])[0]
+    row[15] = shift
+    row[16] = shift / (float(r.std()) + 0.02)

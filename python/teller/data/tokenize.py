@@ -35,8 +35,9 @@ SHARDS_FORMAT = "teller-shards"
 # (teller.data.summary), same width, new meaning; + token_proc_log; 6: the same arrays, encoded with
 # the loader that links each GPU activity of a multi-process trace.json to its own process's launch
 # (before, every rank's kernels hung under rank 0's calls: their chains, steps, token_proc_log and
-# summary rows changed)
-SHARDS_VERSION = 6
+# summary rows changed); 7: + summary columns 14-16, a collective's transfer apart from its waiting
+# (teller.data.summary; columns 0-13 unchanged, so a version-6 model reads version-7 shards)
+SHARDS_VERSION = 7
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")

@@ -224,7 +224,10 @@ class Baselines:
         v = len(self.log_vocab)
         old = 21 + 6 * len(self.top) + 3 * v + 8 * n_sym
         fitted = getattr(self.gbdt, "n_features_in_", old)
-        return (N_SUMMARY_FEATURES, True) if fitted == old + 6 * n_sym + v else (8, False)
+        for width in (N_SUMMARY_FEATURES, 14):  # (14 columns: shards versions 3-6)
+            if fitted == old + (width - 8) * n_sym + v:
+                return width, True
+        return 8, False
 
     def X(self, samples: Sequence[RawSample]) -> np.ndarray:
         top_sym = getattr(self, "top_sym", np.zeros(0, np.int64))

@@ -297,6 +297,8 @@ def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, An
                 "shift_z": get(r, "shift_z"),
                 # per process, the load-normalized change inside minus outside the window: one rank
                 "rank_spread": get(r, "shift_pid_spread"),
+                # a collective's transfer (its fastest rank's time), apart from waiting for peers
+                "transfer_shift": get(r, "xfer_shift"),
             }
         )
     return rows
@@ -328,7 +330,7 @@ def render(d: dict[str, Any], console: Any) -> None:
     if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
         # (the head is trained on faulty samples only: for a run called normal its ranking means little)
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
-        for c in ("symbol", "score", "events", "shift", "shift z", "rank spread"):
+        for c in ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift"):
             y.add_column(c)
 
         def _f(v: float | None) -> str:
@@ -342,6 +344,7 @@ def render(d: dict[str, Any], console: Any) -> None:
                 _f(r["shift"]),
                 _f(r["shift_z"]),
                 _f(r["rank_spread"]),
+                _f(r["transfer_shift"]) if r["transfer_shift"] else "-",
             )
         console.print(y)
     if d["log_evidence"]:
