@@ -316,52 +316,68 @@ def test_token_process_log_marks_the_oom_rank(tmp_path):
         assert (f[:, 0] == 0).any()
 
 
-def _allreduce_trace(tmp_path, slow_link=(), stall=(), ranks=(1, 2)):
-    """``ranks`` processes, 16 engine steps of 1 000 us; each step launches two all-reduce kernels
-    (positions 0 and 1, 40 and 80 us of transfer). Each rank launches at its own time; the kernel
-    ends on every rank when the last has arrived plus the transfer (as NCCL's does). ``slow_link``:
-    steps with the transfer 2x longer (a degraded link); ``stall``: steps where rank 1 launches
-    120 us late (a host hiccup on one rank: the others wait)."""
+def _allreduce_trace(tmp_path, slow_link=(), stall=(), ranks=2, missing=(), dup=False, late=False):
+    """A merged multi-process trace as teller writes one: ``ranks`` host processes (pids 101, 102,
+    ...), each with its own ``engine_step#k`` ranges (16 steps of 1 000 us, alternating 100 / 1 000
+    scheduled tokens) and its own correlation counter (the ids overlap), launching two all-reduce
+    kernels per step (positions 0 and 1) on its GPU (device pid = rank), linked by ``ac2g`` flows.
+    Each rank launches at its own time; the kernel ends on every rank when the last has arrived plus
+    the transfer (as NCCL's does), 40 and 80 us at 100 tokens, x sqrt(tokens / 100).
+    ``slow_link``: steps with the transfer 2x longer (a degraded link); ``stall``: steps where rank
+    0 launches 120 us late (a host hiccup on one rank: the others wait); ``missing``: (rank, step)
+    pairs where that rank's capture has no all-reduce; ``dup``: rank 0 launches its first all-reduce
+    of step 9 twice; ``late``: rank 1's capture starts at step 1 (no range, no kernel in step 0), so
+    its k-th step is everyone else's (k+1)-th."""
     ev = []
+    corr = dict.fromkeys(range(ranks), 0)
+    sym = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
     for k in range(16):
-        for pid in ranks:
+        tokens = 100 if k % 2 == 0 else 1000
+        for r in range(ranks):
+            if late and r == 1 and k == 0:
+                continue
             ev.append(
                 {
                     "ph": "X",
                     "cat": "user_annotation",
                     "name": f"engine_step#{k}",
-                    "pid": pid,
-                    "tid": pid,
-                    "ts": 1000 * k,
-                    "dur": 999,
-                    "args": {"num_tokens": 64, "num_seqs": 8},
+                    "pid": 101 + r,
+                    "tid": 101 + r,
+                    "ts": 1000 * k + r,
+                    "dur": 990,
+                    "args": {"num_tokens": tokens, "num_seqs": 8},
                 }
             )
         for j, xfer in enumerate((40.0, 80.0)):
-            launch = {pid: 1000 * k + 100 + 400 * j + 7 * pid for pid in ranks}
+            launch = {r: 1000 * k + 100 + 400 * j + 7 * r for r in range(ranks)}
             if k in stall:
-                launch[1] += 120
+                launch[0] += 120
             t_all = max(launch.values())
-            t = xfer * (2.0 if k in slow_link else 1.0)
-            for pid in ranks:
-                ev.append(
-                    {
-                        "ph": "X",
-                        "cat": "kernel",
-                        "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-                        "pid": pid,
-                        "tid": 7,
-                        "ts": launch[pid],
-                        "dur": t_all + t - launch[pid],
-                    }
-                )
+            t = xfer * (tokens / 100) ** 0.5 * (2.0 if k in slow_link else 1.0)
+            for r in range(ranks):
+                if (r, k) in missing or (late and r == 1 and k == 0):
+                    continue
+                for rep in range(2 if dup and r == 0 and k == 9 and j == 0 else 1):
+                    corr[r] += 1
+                    c, fid, ls = corr[r], 1000 * (r + 1) + corr[r], launch[r] - 5 + rep
+                    host = {"pid": 101 + r, "tid": 101 + r}
+                    dev = {"pid": r, "tid": 7}
+                    launch_ev = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 3}
+                    flow = {"cat": "ac2g", "name": "ac2g", "id": fid}
+                    dur = t_all + t - launch[r] + (300 if rep else 0)
+                    ev += [
+                        {**launch_ev, **host, "ts": ls, "args": {"correlation": c}},
+                        {"ph": "X", "cat": "kernel", "name": sym, **dev, "ts": launch[r] + rep, "dur": dur,
+                         "args": {"correlation": c}},
+                        {**flow, "ph": "s", **host, "ts": ls},
+                        {**flow, "ph": "f", **dev, "ts": launch[r], "bp": "e"},
+                    ]  # fmt: skip
     p = tmp_path / "allreduce.json"
     p.write_text(json.dumps({"traceEvents": ev}))
     tr = teller.trace.load(p, warn=False)
-    sym = "kernel:ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
-    tok = tpe.train(tpe.corpus_from_symbols([[sym]]), vocab_size=0)
+    tok = tpe.train(tpe.corpus_from_symbols([[f"kernel:{sym}"]]), vocab_size=0)
     ids, f = symbol_summary(tr, tok)
-    return tr, f[[tok.token_str(int(i)) for i in ids].index(sym)]
+    return tr, f[[tok.token_str(int(i)) for i in ids].index(f"kernel:{sym}")]
 
 
 def test_step_ordinal_matches_steps_across_processes(tmp_path):
@@ -370,27 +386,76 @@ def test_step_ordinal_matches_steps_across_processes(tmp_path):
     tr, _ = _allreduce_trace(tmp_path)
     o = step_ordinal(tr)
     st = np.asarray(tr.step)
-    assert len(tr.steps()) == 32  # each process's ranges are steps of their own
-    names = [s.name for s in tr.steps()]
-    for e in range(len(tr)):  # the k-th step of each process holds engine_step#k
-        if st[e] >= 0:
-            assert names[st[e]] == f"engine_step#{o[e]}"
+    steps = tr.steps()
+    assert len(steps) == 32  # each process's ranges are steps of their own
+    kern = np.flatnonzero(np.asarray(tr.pid) < 100)  # the GPU events (device pids)
+    assert len(kern) == 64 and (st[kern] >= 0).all()
+    # each kernel sits in its launching process's step, which the ordinal names across processes
+    assert {steps[st[e]].pid for e in kern if tr.pid[e] == 1} == {102}
+    assert all(steps[st[e]].name == f"engine_step#{o[e]}" for e in kern)
+    assert (o[kern] != st[kern]).any()  # (a merged trace numbers the processes' steps apart)
 
 
 def test_collective_transfer_columns(tmp_path):
     """A slow link lengthens every rank's transfer (columns 14-16 move); one rank's host stall makes
     the other ranks wait (the raw all-reduce durations move, 9-10) but not the transfer."""
+    from teller.data.summary import step_ordinal
+
     names = list(SUMMARY_FEATURE_NAMES)
     c = {n: names.index(n) for n in ("shift", "shift_z", "xfer_median", "xfer_shift", "xfer_shift_z")}
+    xc = [c["xfer_median"], c["xfer_shift"], c["xfer_shift_z"]]
     _, base = _allreduce_trace(tmp_path)
-    assert base[c["xfer_median"]] == pytest.approx(np.median([_x(40), _x(80)]), rel=1e-5)
-    assert abs(base[c["xfer_shift"]]) < 1e-5
+    # the fastest rank's kernel is the transfer: 40, 80 us at 100 tokens, x sqrt(10) at 1 000
+    want = np.median([_x(t * m) for t in (40, 80) for m in (1, 10**0.5)])
+    assert base[c["xfer_median"]] == pytest.approx(want, rel=1e-5)
+    assert abs(base[c["xfer_shift"]]) < 1e-3  # the load fit takes the 1 000-token steps
     _, link = _allreduce_trace(tmp_path, slow_link=range(8, 12))
     assert link[c["xfer_shift"]] > 0.4  # ln 2 = 0.69 inside, diluted by the window's edges
     assert link[c["xfer_shift_z"]] > 1.0
     _, stall = _allreduce_trace(tmp_path, stall=range(8, 12))
-    assert stall[c["shift"]] > 0.4  # the waiting rank's all-reduce got much longer
+    assert stall[c["shift"]] > 0.2  # the waiting rank's all-reduce got much longer
     assert abs(stall[c["xfer_shift"]]) < 0.02  # the last rank's transfer did not
-    # one process: nothing to compare across ranks
-    _, one = _allreduce_trace(tmp_path, slow_link=range(8, 12), ranks=(1,))
-    assert (one[[c["xfer_median"], c["xfer_shift"], c["xfer_shift_z"]]] == 0).all()
+    # three ranks, one of which missed a step's all-reduces: that step's instances are left out
+    _, three = _allreduce_trace(tmp_path, slow_link=range(8, 12), ranks=3, missing={(2, 3)})
+    assert three[c["xfer_shift"]] > 0.4
+    _, three_stall = _allreduce_trace(tmp_path, stall=range(8, 12), ranks=3, missing={(2, 3)})
+    assert abs(three_stall[c["xfer_shift"]]) < 0.02
+    # a duplicate on rank 0 shifts its later positions in that step; the instances stay matched
+    _, dup = _allreduce_trace(tmp_path, dup=True)
+    assert abs(dup[c["xfer_shift"]]) < 1e-3
+    # rank 1's capture started a step later: matched by ordinal, no instance ends together
+    _, late = _allreduce_trace(tmp_path, slow_link=range(8, 12), late=True)
+    assert (late[xc] == 0).all()
+    # one process: nothing to compare across ranks; under 3 steps: the level but no scan
+    _, one = _allreduce_trace(tmp_path, slow_link=range(8, 12), ranks=1)
+    assert (one[xc] == 0).all()
+    tr2, two = _allreduce_trace(tmp_path, missing={(1, k) for k in range(2, 16)})
+    assert two[c["xfer_median"]] > 0 and two[c["xfer_shift"]] == two[c["xfer_shift_z"]] == 0
+    assert len(np.unique(step_ordinal(tr2)[np.asarray(tr2.pid) < 100])) >= 3  # (rank 0's steps)
+
+
+def test_transfer_instance_needs_every_process():
+    """An instance is complete when every process has it, not when it has as many events as there
+    are processes: two events of process 0 at one key (positions restart where a process's events
+    interleave two steps) do not stand in for process 1."""
+    from teller.data.summary import N_SUMMARY_FEATURES, _transfer
+
+    # 2 processes, 6 steps, one all-reduce per step: 10 us transfer (x = ln 1.01) ...
+    pid = np.array([0] * 6 + [1] * 6)
+    sord = np.array(list(range(6)) * 2)
+    pos = np.zeros(12, np.int64)
+    x = np.full(12, math.log1p(0.01))
+    # ... except steps 3-5, where process 1 has none and process 0 has two long ones per step
+    keep = ~((pid == 1) & (sord >= 3))
+    pid, sord, pos, x = pid[keep], sord[keep], pos[keep], x[keep]
+    pid = np.r_[pid, [0, 0, 0]]
+    sord = np.r_[sord, [3, 4, 5]]
+    pos = np.r_[pos, [0, 0, 0]]
+    x = np.r_[x, [math.log1p(0.5)] * 3]
+    x[(pid == 0) & (sord >= 3)] = math.log1p(0.5)
+    w = np.zeros(len(x))
+    b = (sord * 2).astype(np.int64)
+    row = np.zeros(N_SUMMARY_FEATURES)
+    _transfer(row, x, w, b, pid, sord, pos)
+    assert row[14] == pytest.approx(math.log1p(0.01))  # only steps 0-2 are instances
+    assert row[15] == 0.0  # (three steps: no scan either way, and no jump at step 3)

@@ -897,3 +897,41 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
                 atol=1e-5,
                 err_msg=f"{s.sample_id}: {k}",
             )
+
+
+def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
+    """Version 7 added 3 summary columns. A model (or GBDT) fitted on 14-column shards reads their
+    first 14 columns on version-7 shards, with no warning; one fitted on 17 columns, evaluated on
+    14-column shards, is refused with a message rather than fed zeros."""
+    import pickle
+    import warnings
+
+    import numpy as np
+    from teller.data.summary import N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
+    from teller.errors import ConfigError
+    from teller.models.baselines import evaluate_baselines, train_baselines
+    from teller.models.train import evaluate
+
+    _root, _data, tdir, out = shards
+    old, man = _older_shards(out, tmp_path / "v6", 6, "no-such-array")
+    man["summary"]["feature_names"] = list(SUMMARY_FEATURE_NAMES[:14])
+    (old / "manifest.json").write_text(json.dumps(man))
+    for f in (old / "shards").glob("*/summary_features.npy"):
+        np.save(f, np.load(f)[:, :14])
+    assert N_SUMMARY_FEATURES == 17
+    cfg14 = {"model": {**CFG["model"], "n_summary_features": 14}, "train": CFG["train"]}
+    r14 = train(cfg14, old, tmp_path / "r14", tpe_dir=tdir)
+    b14 = train_baselines(old, tmp_path / "b14", log=lambda _m: None)
+    assert json.loads((b14 / "config.json").read_text())["summary_width"] == 14
+    assert pickle.loads((b14 / "baselines.pkl").read_bytes()).summary_width == 14
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert evaluate(r14, out, "train")["n"] > 0
+        assert evaluate_baselines(b14, out, "train")["gbdt"]["n"] > 0
+    r17 = train(CFG, out, tmp_path / "r17", tpe_dir=tdir)
+    b17 = train_baselines(out, tmp_path / "b17", log=lambda _m: None)
+    assert json.loads((b17 / "config.json").read_text())["summary_width"] == 17
+    with pytest.raises(ConfigError, match="14 summary columns, the checkpoint reads 17"):
+        evaluate(r17, old, "train")
+    with pytest.raises(ConfigError, match="14 summary columns, the checkpoint reads 17"):
+        evaluate_baselines(b17, old, "train")

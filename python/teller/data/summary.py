@@ -56,9 +56,11 @@ rank that stalls on its host (a straggler, a CPU hiccup, or a benign pause in a 
 lengthens the *other* ranks' kernels and not the transfer. Columns 2-13 see both as "the
 all-reduce got slower". An *instance* is one collective matched across ranks: the same occurrence
 index within the same step (the k-th step of each process, in time order; collectives are issued
-in the same order on every rank), kept where every rank has it; its transfer time is the minimum
-x over the ranks. Symbols whose every event is a collective kernel (NCCL, vLLM's custom
-all-reduce: ``_COLLECTIVE``) on >= 2 processes with >= 3 instances get these columns; others 0.
+in the same order on every rank), kept where every rank has exactly one and their kernels end
+together (within half the fastest one + 20 us: a rank whose capture started a step later is not
+matched a step off); its transfer time is the minimum x over the ranks. Symbols whose every event
+is a collective kernel (NCCL, vLLM's custom all-reduce: ``_COLLECTIVE``) on >= 2 processes with
+>= 3 instances get ``xfer_median``, and with instances in >= 3 steps the scan; others 0.
 Measured on ``default``'s val / test / test_ood (shards version 7), the largest ``|xfer_shift|``
 of a sample: nvlink_degradation 10th percentile 0.60 / 0.42 / 0.55 (74 of 74 above 0.05, 73
 above 0.2); every other class's 99th percentile 0.21 / 0.15 / 0.07, its max 0.30 / 0.19 / 0.17.
@@ -66,7 +68,9 @@ above 0.2); every other class's 99th percentile 0.21 / 0.15 / 0.07, its max 0.30
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
-2-core box: version 4 7-10 ms, version 5 ~11 ms); ``teller tokenize`` stores them in the shards and
+2-core box: version 4 7-10 ms, version 5 ~11 ms; on a slower machine of the same kind, the median
+over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the collective
+columns' share); ``teller tokenize`` stores them in the shards and
 ``teller diagnose`` recomputes them the way the checkpoint's shards had them.
 """
 
@@ -313,7 +317,8 @@ def symbol_summary(
             pos = pos if _positions_recur(pos, step[idx]) else None
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
         if sord is not None and coll[idx].all():
-            _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], _positions(pid[idx], step[idx]))
+            pos_all = _positions(pid[idx], step[idx])
+            _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], pos_all, end[idx] / 1000.0)
     return ids, out.astype(np.float32)
 
 
@@ -434,13 +439,16 @@ def _transfer(
     pid: np.ndarray,
     sord: np.ndarray,
     pos: np.ndarray,
+    end_us: np.ndarray | None = None,
     min_instances: int = 3,
 ) -> None:
     """Columns 14-16 of a collective symbol's row: its instances across ranks (same step ordinal
-    ``sord``, same position ``pos``; on every process), each one's fastest rank's x, its median,
-    and the load-normalized window scan of it. Left 0 on fewer than 2 processes or
-    ``min_instances`` complete instances; the scan (15-16) needs instances in >= 3 steps, and fits
-    per position where a position has >= 3 instances (the median over positions; else the pooled
+    ``sord``, same position ``pos``; one event on every process), each one's fastest rank's x, its
+    median, and the load-normalized window scan of it. An instance whose kernels do not end
+    together (``end_us`` spread over half its fastest kernel + 20 us) is not one collective (a
+    rank whose capture started a step later) and is left out. Left 0 on fewer than 2 processes or
+    ``min_instances`` instances; the scan (15-16) needs instances in >= 3 steps, and fits per
+    position where a position has >= 3 instances (the median over positions; else the pooled
     line: a large all-reduce in two prefill steps has two instances per position, whose mean
     would leave the two steps' load difference in the residuals)."""
     n_proc = len(np.unique(pid))
@@ -448,13 +456,22 @@ def _transfer(
     if n_proc < 2 or ok.sum() < n_proc * min_instances:
         return
     key = sord[ok] * (int(pos.max()) + 1) + pos[ok]
-    o = np.argsort(key, kind="stable")
-    k = key[o]
+    p = pid[ok]
+    o = np.lexsort((p, key))  # by instance, then process
+    k, po = key[o], p[o]
     starts = np.r_[0, np.flatnonzero(np.diff(k)) + 1]
-    full = np.diff(np.r_[starts, len(k)]) == n_proc
+    size = np.diff(np.r_[starts, len(k)])
+    new_proc = np.r_[True, (k[1:] != k[:-1]) | (po[1:] != po[:-1])]
+    full = (size == n_proc) & (np.add.reduceat(new_proc.astype(np.int64), starts) == n_proc)
+    xo = x[ok][o]
+    xm = np.minimum.reduceat(xo, starts)
+    if end_us is not None:
+        eo = end_us[ok][o]
+        spread = np.maximum.reduceat(eo, starts) - np.minimum.reduceat(eo, starts)
+        full &= spread <= 0.5 * np.expm1(xm) + 20.0
     if full.sum() < min_instances:
         return
-    xm = np.minimum.reduceat(x[ok][o], starts)[full]
+    xm = xm[full]
     wm = np.maximum.reduceat(w[ok][o], starts)[full]  # (the step's load, recorded on some ranks)
     bm = np.minimum.reduceat(b[ok][o], starts)[full]
     pm = pos[ok][o][starts][full]

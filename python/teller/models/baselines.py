@@ -282,6 +282,10 @@ class Baselines:
             self.top_sym = self.top_sym[sc[self.top_sym] > 0]
         else:
             self.top_sym = np.zeros(0, np.int64)
+        # the summary columns the shards have (14 before shards version 7), so that no column is
+        # fitted as a constant 0 and the width is checked against the shards it later reads
+        widths = [s.summary_features.shape[1] for s in train if s.summary_features is not None]
+        self.summary_width = min(N_SUMMARY_FEATURES, *widths) if widths else N_SUMMARY_FEATURES
         Xt, yt = self.X(train), np.array([s.label for s in train])
         if not val:  # (tiny datasets) nothing to select on: the first setting
             log("no val samples: the GBDT uses its first setting, the z-score threshold is 0")
@@ -402,6 +406,7 @@ def train_baselines(
                 "extra_train": [str(e.resolve()) for e in extra_dirs],
                 "train_samples": len(train),
                 "shards_version": int(man.get("version", 1)),
+                "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
                 "label_names": names,
                 "info": b.info,
             },

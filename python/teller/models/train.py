@@ -412,9 +412,11 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     ``token_proc_log`` and the shards (version < 5) have none (they would read as "no process logged
     an error"); a warning when the summary rows were computed differently from the training data's
     (version 5 changed what columns 9-11 mean, not their number), or the traces were linked
-    differently (version 6: each rank's GPU work under its own process)."""
+    differently (version 6: each rank's GPU work under its own process); :class:`ConfigError` when
+    the checkpoint reads more summary columns than the shards have (version 7 added 3)."""
     mc = cfg.get("model")
-    have = int(json.loads((run_dir / "manifest.json").read_text()).get("version", 1))
+    man = json.loads((run_dir / "manifest.json").read_text())
+    have = int(man.get("version", 1))
     trace_side = mc is None or mc.get("modalities", "both") != "log"
     trained = int(cfg.get("shards_version") or 4)
     if trace_side and (have >= 6) != (trained >= 6):
@@ -423,6 +425,18 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
             "links the GPU work of a multi-process trace to its own process (before, to rank 0's calls): "
             "re-tokenize the data with the teller that trained the checkpoint, or retrain",
             stacklevel=2,
+        )
+    need = (
+        (mc.get("n_summary_features") if mc.get("summary_tokens") else None)
+        if mc
+        else cfg.get("summary_width")
+    )
+    width = len(man.get("summary", {}).get("feature_names", []))
+    if trace_side and need and width < int(need):
+        raise ConfigError(
+            f"{run_dir}: shards version {have} have {width} summary columns, the checkpoint reads "
+            f"{need} (trained on version {trained}; version 7 added 3); re-run `teller tokenize`",
+            path=str(run_dir),
         )
     if mc and mc.get("log_process_features") and trace_side and have < 5:
         raise ConfigError(
