@@ -69,8 +69,8 @@ A fault present from the first event (a misconfiguration) shows no change here; 
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
 2-core box: version 4 7-10 ms, version 5 ~11 ms; on a slower machine of the same kind, the median
-over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the collective
-columns' share); ``teller tokenize`` stores them in the shards and
+over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the difference
+being the collective columns); ``teller tokenize`` stores them in the shards and
 ``teller diagnose`` recomputes them the way the checkpoint's shards had them.
 """
 
@@ -311,13 +311,11 @@ def symbol_summary(
         if same.any():
             gap = np.log1p(np.maximum(ts[idx][1:] - ts[idx][:-1], 0) / 1000.0)[same]
             out[g, 7] = float(gap.max() - np.median(gap))
-        pos = None
-        if by_position:
-            pos = _positions(pid[idx], step[idx])
-            pos = pos if _positions_recur(pos, step[idx]) else None
+        transfer = sord is not None and coll[idx].all()
+        pos_all = _positions(pid[idx], step[idx]) if by_position or transfer else None
+        pos = pos_all if by_position and _positions_recur(pos_all, step[idx]) else None
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
-        if sord is not None and coll[idx].all():
-            pos_all = _positions(pid[idx], step[idx])
+        if transfer:
             _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], pos_all, end[idx] / 1000.0)
     return ids, out.astype(np.float32)
 
