@@ -938,7 +938,8 @@ def results_summarize_cmd(
     runs: Annotated[list[str], typer.Argument(help="Run directories holding eval-*.json files.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
 ) -> None:
-    """One table comparing every model on every evaluated split: OUTPUT/results.md and results.json."""
+    """Compare every model on every evaluated split: OUTPUT/results.md (the main table, F1 per fault
+    type and AC@1 by severity per split), results.json and results-*.png plots (with matplotlib)."""
     from teller.models.report import summarize
 
     try:

@@ -1,5 +1,5 @@
 """Evaluation output: metrics files, a confusion-matrix PNG (no plotting library needed), the
-``teller results summarize`` table."""
+``teller results summarize`` tables and plots (matplotlib, optional)."""
 
 from __future__ import annotations
 
@@ -199,25 +199,134 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
         )
 
 
+def _load_eval(f: Path) -> dict[str, Any]:
+    try:
+        m = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{f}: not a readable evaluation file ({e})") from None
+    if not isinstance(m, dict) or "model" not in m or "split" not in m:
+        raise ConfigError(
+            f"{f}: not an evaluation file (no 'model' and 'split'; written by teller evaluate?)"
+        )
+    return m
+
+
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
-    """Collect every ``eval-*.json`` of the runs into one table (``results.md``, ``results.json``)."""
+    """Collect every ``eval-*.json`` of the runs into one comparison: ``results.md`` (the main table,
+    F1 per fault type and per-severity AC@1 per split), ``results.json`` and, where matplotlib is
+    installed, ``results-*.png`` plots."""
     rows: list[dict[str, Any]] = []
     for r in runs:
-        files = sorted(Path(r).glob("eval-*.json")) if Path(r).is_dir() else [Path(r)]
+        p = Path(r)
+        if not p.exists():
+            raise TellerFileNotFoundError(f"{p}: no such run directory or evaluation file")
+        files = sorted(p.glob("eval-*.json")) if p.is_dir() else [p]
         for f in files:
-            m = json.loads(f.read_text())
-            rows.append({"run": Path(r).name, **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)}})
+            m = _load_eval(f)
+            rows.append(
+                {
+                    "run": p.name if p.is_dir() else p.parent.name,
+                    **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)},
+                    "per_class_f1": {c: v.get("f1") for c, v in (m.get("per_class") or {}).items()},
+                    "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
+                }
+            )
     if not rows:
         raise TellerFileNotFoundError("no eval-*.json in the given runs (run teller evaluate first)")
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
+    order = {"test": 0, "test_ood": 1}
+    rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
+    # a model is named by its run where two runs hold the same model kind
+    kinds = [x["model"] for x in {(x["run"], x["model"]): x for x in rows}.values()]
+    for x in rows:
+        x["label"] = x["model"] if kinds.count(x["model"]) == 1 else f"{x['run']}/{x['model']}"
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     # the results table leaves the detection metrics to the per-run files
     cols = ("run", "model", "split", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
-    order = {"test": 0, "test_ood": 1}
-    rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md = ["# Results", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(_fmt(x[c]) for c in cols) + " |" for x in rows]
-    text = "# Results\n\n" + "\n".join(md) + "\n"
+    splits = list(dict.fromkeys(str(x["split"]) for x in rows))
+    for split in splits:
+        part = [x for x in rows if str(x["split"]) == split]
+        for key, title, head in (
+            ("per_class_f1", "F1 per fault type", "class"),
+            ("per_severity_ac@1", "AC@1 of faulty samples by injected severity", "severity"),
+        ):
+            names = list(dict.fromkeys(n for x in part for n in x[key]))
+            if not names:
+                continue
+            md += ["", f"## {title} ({split})", ""]
+            md += [
+                "| " + " | ".join([head, *(x["label"] for x in part)]) + " |",
+                "|" + "---|" * (len(part) + 1),
+            ]
+            md += ["| " + " | ".join([n, *(_fmt(x[key].get(n)) for x in part)]) + " |" for n in names]
+    plots = _plots(rows, splits, out)
+    if plots:
+        md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    else:
+        md += ["", "(No plots: matplotlib is not installed; `pip install 'teller[plots]'`.)"]
+    text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
     return text
+
+
+def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Path]:
+    """Grouped bars of the ranking metrics per split, and a heat map of F1 per fault type and model.
+    Returns the files written; none where matplotlib is missing (it is an optional dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display; never touch the user's backend choice beyond this process
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written: list[Path] = []
+    metrics = ("ac@1", "ac@3", "avg@5", "category_accuracy", "loc_top1")
+    fig, axes = plt.subplots(1, len(splits), figsize=(max(6, 1.1 * len(rows)) + 2, 4), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        part = [x for x in rows if str(x["split"]) == split]
+        width = 0.8 / len(metrics)
+        xs = np.arange(len(part))
+        for k, key in enumerate(metrics):
+            vals = [x[key] if isinstance(x[key], (int, float)) else np.nan for x in part]
+            ax.bar(xs + (k - (len(metrics) - 1) / 2) * width, vals, width, label=key)
+        ax.set_xticks(xs, [x["label"] for x in part], rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{split}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    written.append(out / "results-metrics.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    for split in splits:
+        part = [x for x in rows if str(x["split"]) == split and x["per_class_f1"]]
+        names = list(dict.fromkeys(n for x in part for n in x["per_class_f1"]))
+        if not names:
+            continue
+        m = np.array([[x["per_class_f1"].get(n, np.nan) for x in part] for n in names], dtype=float)
+        fig, ax = plt.subplots(figsize=(2 + 1.1 * len(part), 1 + 0.35 * len(names)))
+        im = ax.imshow(m, vmin=0, vmax=1, cmap="Blues", aspect="auto")
+        ax.set_xticks(range(len(part)), [x["label"] for x in part], rotation=30, ha="right")
+        ax.set_yticks(range(len(names)), names)
+        for i in range(len(names)):
+            for j in range(len(part)):
+                if np.isfinite(m[i, j]):
+                    ax.text(
+                        j,
+                        i,
+                        f"{m[i, j]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if m[i, j] > 0.6 else "black",
+                    )
+        ax.set_title(f"F1 per fault type ({split})")
+        fig.colorbar(im, ax=ax, fraction=0.04)
+        fig.tight_layout()
+        written.append(out / f"results-per-class-{Path(split).name}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

@@ -1,0 +1,105 @@
+"""`teller results summarize`: the comparison tables, the plots, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.models.report import summarize
+
+
+def _eval(run: Path, model: str, split: str, ac1: float, f1: dict[str, float]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    m = {
+        "model": model,
+        "split": split,
+        "n": 10,
+        "ac@1": ac1,
+        "ac@3": min(1.0, ac1 + 0.1),
+        "ac@5": 1.0,
+        "avg@5": 0.9,
+        "category_accuracy": ac1 + 0.05,
+        "macro_f1": sum(f1.values()) / len(f1),
+        "loc_top1": 0.8,
+        "loc_top3": 0.95,
+        "latency_ms_per_sample": 4.2,
+        "per_class": {c: {"support": 5, "precision": v, "recall": v, "f1": v} for c, v in f1.items()},
+        "per_severity": {"0.1-0.3": {"n": 3, "category_accuracy": 0.5, "ac@1": ac1 - 0.2}},
+    }
+    (run / f"eval-{split}-{model}.json").write_text(json.dumps(m))
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    a, b = tmp_path / "mot", tmp_path / "base"
+    _eval(a, "mot", "test", 0.85, {"normal": 0.7, "oom": 1.0})
+    _eval(a, "mot", "test_ood", 0.78, {"normal": 0.6, "oom": 0.9})
+    _eval(b, "gbdt", "test", 0.66, {"normal": 0.5, "oom": 0.95})
+    _eval(b, "gbdt", "test_ood", 0.62, {"normal": 0.4})
+    return [a, b]
+
+
+def test_tables_rank_models_per_split(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    text = summarize(_runs(tmp_path), out)
+    assert text == (out / "results.md").read_text()
+    main = [line for line in text.splitlines() if line.startswith("| mot |") or line.startswith("| base |")]
+    # test before test_ood, and within a split the better AC@1 first
+    assert [line.split(" | ")[2:4] for line in main] == [
+        ["test", "0.850"],
+        ["test", "0.660"],
+        ["test_ood", "0.780"],
+        ["test_ood", "0.620"],
+    ]
+    assert "## F1 per fault type (test_ood)" in text
+    # a class one model never saw on that split is '-', not 0
+    assert "| oom | 0.900 | - |" in text
+    assert "| 0.1-0.3 | 0.650 | 0.460 |" in text
+    rows = json.loads((out / "results.json").read_text())
+    assert {r["label"] for r in rows} == {"mot", "gbdt"}
+    assert rows[0]["per_class_f1"] == {"normal": 0.7, "oom": 1.0}
+
+
+def test_plots_are_pngs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    text = summarize(_runs(tmp_path), out)
+    for name in ("results-metrics.png", "results-per-class-test.png", "results-per-class-test_ood.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"({name})" in text
+
+
+def test_without_matplotlib_tables_still_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    out = tmp_path / "out"
+    text = summarize(_runs(tmp_path), out)
+    assert "matplotlib is not installed" in text and not list(out.glob("*.png"))
+
+
+def test_same_model_in_two_runs_is_named_by_run(tmp_path: Path) -> None:
+    _eval(tmp_path / "seed0", "mot", "test", 0.8, {"normal": 0.5})
+    _eval(tmp_path / "seed1", "mot", "test", 0.9, {"normal": 0.6})
+    summarize([tmp_path / "seed0", tmp_path / "seed1"], tmp_path / "out")
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["label"] for r in rows] == ["seed1/mot", "seed0/mot"]
+
+
+def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(TellerFileNotFoundError, match="nope"):
+        summarize([tmp_path / "nope"], tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TellerFileNotFoundError, match="no eval"):
+        summarize([tmp_path / "empty"], tmp_path / "out")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "eval-test-mot.json").write_text('{"model": "mot", "spl')
+    with pytest.raises(ConfigError, match="eval-test-mot.json"):
+        summarize([bad], tmp_path / "out")
+    (bad / "eval-test-mot.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not an evaluation file"):
+        summarize([bad], tmp_path / "out")
+    assert isinstance(ConfigError("x"), ValueError) and isinstance(
+        TellerFileNotFoundError("x"), FileNotFoundError
+    )
