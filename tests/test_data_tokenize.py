@@ -59,6 +59,11 @@ def test_manifest_and_shards_consistent(setup):
                 assert man["label_names"][int(a["labels"][i])] == ann["label"]
                 sev = next((f["severity"] for f in ann["faults"] if f["type"] == ann["label"]), 0.0)
                 assert a["severity"][i] == pytest.approx(sev, rel=1e-6)
+                eff = [f["effect"] for f in ann["faults"] if f["type"] == ann["label"]]
+                assert a["effect_events"][i] == sum(e["events"] for e in eff)
+                shares = [e["share"] for e in eff if "share" in e]  # (counted in events only: no share)
+                want = max(shares) if shares else (np.nan if eff else 0.0)
+                assert a["effect_share"][i] == pytest.approx(want, nan_ok=True)
                 tr = teller.trace.load(data / sid / "trace.json", warn=False)
                 enc = tok.encode(tr)
                 o0, o1 = a["trace_offsets"][i], a["trace_offsets"][i + 1]
@@ -216,3 +221,39 @@ def test_sharded_split_random_access(setup):
         assert len(x["log_ids"]) == len(x["log_features"]) > 0
     with pytest.raises(IndexError):
         ds[len(ds)]
+
+
+def test_labelled_effect():
+    from teller.data.tokenize import _labelled_effect
+
+    assert _labelled_effect({"label": "normal", "faults": []}) == (0, 0.0)
+    two = {
+        "label": "gpu_throttle",
+        "faults": [
+            {"type": "gpu_throttle", "effect": {"events": 3, "share": 0.02}},
+            {"type": "gpu_throttle", "effect": {"events": 4, "share": 0.05}},
+            {"type": "cpu_contention", "effect": {"events": 100, "share": 0.9}},  # a secondary fault
+        ],
+    }
+    assert _labelled_effect(two) == (7, 0.05)
+    n, share = _labelled_effect({"label": "oom_error", "faults": [{"type": "oom_error"}]})  # a real run
+    assert n == -1 and np.isnan(share)
+    n, share = _labelled_effect(
+        {"label": "oom_error", "faults": [{"type": "oom_error", "effect": {"events": 2}}]}
+    )
+    assert n == 2 and np.isnan(share)
+
+
+def test_shards_without_effect_arrays_read_unknown(setup, tmp_path):
+    """Shards encoded before the effect arrays existed (same version) read -1 / NaN: unknown."""
+    import shutil
+
+    from teller.data.tokenize import ShardedSplit
+
+    _, _, out = setup
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    for f in old.glob("shards/*/effect_*.npy"):
+        f.unlink()
+    d = ShardedSplit(old, "train")[0]
+    assert d["effect_events"] == -1 and np.isnan(d["effect_share"])

@@ -107,6 +107,48 @@ def test_candidate_rank_per_class_localization():
     assert candidate_rank(shared) == 4
 
 
+def test_per_effect_hand_computed():
+    from teller.models.metrics import per_effect
+
+    def pred(label, guess, events, share):
+        probs = np.full(3, 0.1)
+        probs[guess] = 0.8
+        return Prediction(
+            label,
+            probs,
+            np.array([4]),
+            np.zeros(1),
+            np.array([True]),
+            effect_events=events,
+            effect_share=share,
+        )
+
+    preds = [
+        pred(1, 0, 0, 0.0),  # the fault did nothing, called normal
+        pred(1, 1, 5, 0.003),  # tiny effect, right
+        pred(1, 0, 5, 0.008),  # tiny effect, called normal
+        pred(2, 2, 9, 0.3),  # large, right
+        pred(2, 2, 9, float("nan")),  # events but no share
+        pred(0, 0, 0, 0.0),  # normal: not in the table, but in ac@1_with_effect
+        pred(2, 1, -1, float("nan")),  # unknown (a real run): neither
+    ]
+    ranks = [candidate_rank(p) for p in preds]
+    out = per_effect(preds, ranks)
+    assert out == {
+        "none": {"n": 1, "category_accuracy": 0.0, "ac@1": 0.0},
+        "share 0-0.01": {"n": 2, "category_accuracy": 0.5, "ac@1": 0.5},
+        "share >= 0.2": {"n": 1, "category_accuracy": 1.0, "ac@1": 1.0},
+        "no share": {"n": 1, "category_accuracy": 1.0, "ac@1": 1.0},
+    }
+    m = compute_metrics(preds, ["normal", "a", "b"])
+    assert m["per_effect"] == out
+    # all but the no-effect sample: 4 right of 6
+    assert m["ac@1_with_effect"] == pytest.approx(4 / 6)
+    assert m["ac@1"] == pytest.approx(4 / 7)
+    unknown = [pred(1, 1, -1, float("nan"))]
+    assert compute_metrics(unknown, ["normal", "a", "b"])["ac@1_with_effect"] is None
+
+
 def test_per_severity_hand_computed():
     from teller.models.metrics import per_severity
 

@@ -913,9 +913,10 @@ def evaluate_cmd(
         str | None, typer.Option("--output", "-o", help="Directory for metrics (default: the checkpoint's).")
     ] = None,
 ) -> None:
-    """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault and
-    per-severity tables, confusion matrix (CSV + PNG), latency. Writes eval-<split>[-<model>].json next
-    to the checkpoint."""
+    """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault,
+    per-severity and per-effect tables (simulated data: what each fault actually did; AC@1 without
+    the faults that did nothing), confusion matrix (CSV + PNG), latency. Writes
+    eval-<split>[-<model>].json next to the checkpoint."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     try:
@@ -938,8 +939,9 @@ def results_summarize_cmd(
     runs: Annotated[list[str], typer.Argument(help="Run directories holding eval-*.json files.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
 ) -> None:
-    """Compare every model on every evaluated split: OUTPUT/results.md (the main table, F1 per fault
-    type and AC@1 by severity per split), results.json and results-*.png plots (with matplotlib)."""
+    """Compare every model on every evaluated split: OUTPUT/results.md (the main table; F1 per fault
+    type, AC@1 by severity and by effect per split), results.json and results-*.png plots (with
+    matplotlib)."""
     from teller.models.report import summarize
 
     try:

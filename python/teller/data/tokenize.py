@@ -164,6 +164,10 @@ def _sha256(path: Path) -> str:
 ARRAYS = {
     "labels": "int64 [samples]: index into label_names",
     "severity": "float32 [samples]: the labelled fault's severity (0 for normal; NaN if unknown)",
+    "effect_events": "int64 [samples]: events the labelled fault stretched, added, held back or delayed "
+    "(its annotation's effect.events; 0 for normal; -1 if unknown, e.g. a real run)",
+    "effect_share": "float32 [samples]: the labelled fault's effect.share (the time it added over the "
+    "capture's fault-free work of its kind; 0 for normal; NaN if unknown)",
     "trace_ids": "uint32 [tokens]: TPE token ids, samples concatenated",
     "trace_features": "float32 [tokens, 5]: TPE timing features (feature_names)",
     "trace_offsets": "int64 [samples + 1]: sample i's tokens are trace_ids[o[i]:o[i+1]]",
@@ -186,8 +190,9 @@ ARRAYS = {
     "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }
 # Arrays a version-1 run lacks (token_work: before version 3, summary_culprit: before 4,
-# token_proc_log: before 5); readers get them empty (token_work, token_proc_log: zeros, "no
-# information"; summary_culprit: all False).
+# token_proc_log: before 5; effect_events / effect_share: shards encoded before they existed, which
+# are still version 7 since no model reads them); readers get them empty (token_work,
+# token_proc_log: zeros, "no information"; summary_culprit: all False; effect: -1 / NaN, unknown).
 OPTIONAL_ARRAYS = (
     "summary_ids",
     "summary_features",
@@ -196,7 +201,24 @@ OPTIONAL_ARRAYS = (
     "token_proc_log",
     "severity",
     "summary_culprit",
+    "effect_events",
+    "effect_share",
 )
+
+
+def _labelled_effect(ann: dict[str, Any]) -> tuple[int, float]:
+    """(effect.events, effect.share) of a sample's labelled fault, for evaluation by what the fault
+    did: (0, 0.0) for a normal sample; -1 / NaN where unknown (no ``effect``: a real run). With
+    several faults of the labelled type, their events add up and the share is the largest."""
+    if not ann.get("faults"):
+        return 0, 0.0
+    effs = [f.get("effect") for f in ann["faults"] if f.get("type") == ann.get("label")]
+    effs = [e for e in effs if isinstance(e, dict)]
+    if not effs:
+        return -1, float("nan")
+    n = sum(int(e["events"]) for e in effs if isinstance(e.get("events"), (int, float)))
+    shares = [float(e["share"]) for e in effs if isinstance(e.get("share"), (int, float))]
+    return n, (max(shares) if shares else float("nan"))
 
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +245,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     tok = tpe.load(job["tokenizer"])
     logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
     labels = job["labels"]
-    per_sample = ("labels", "severity")
+    per_sample = ("labels", "severity", "effect_events", "effect_share")
     cols: dict[str, list[np.ndarray]] = {
         k: [] for k in ARRAYS if not k.endswith("offsets") and k not in per_sample
     }
@@ -236,6 +258,8 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     }
     lab = []
     sev = []
+    eff_events: list[int] = []
+    eff_share: list[float] = []
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
         ann = json.loads((sd / "annotation.json").read_text())
@@ -286,6 +310,9 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         fs = [f.get("severity") for f in ann.get("faults") or [] if f.get("type") == ann["label"]]
         fs = [float(x) for x in fs if isinstance(x, (int, float))]
         sev.append(fs[0] if fs else (0.0 if not ann.get("faults") else float("nan")))
+        ev_n, ev_share = _labelled_effect(ann)
+        eff_events.append(ev_n)
+        eff_share.append(ev_share)
     dtypes = {
         "trace_ids": np.uint32,
         "trace_features": np.float32,
@@ -315,6 +342,8 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         np.save(tmp / f"{k}.npy", np.asarray(v, dtype=np.int64))
     np.save(tmp / "labels.npy", np.asarray(lab, dtype=np.int64))
     np.save(tmp / "severity.npy", np.asarray(sev, dtype=np.float32))
+    np.save(tmp / "effect_events.npy", np.asarray(eff_events, dtype=np.int64))
+    np.save(tmp / "effect_share.npy", np.asarray(eff_share, dtype=np.float32))
     info = {
         "name": job["name"],
         "samples": len(job["samples"]),
@@ -483,8 +512,11 @@ def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) ->
                 t = len(np.load(d / "trace_ids.npy", mmap_mode="r"))
                 out[k] = np.zeros((t, N_PROC_LOG_FEATURES), np.float32)
                 continue
-            if k == "severity":
+            if k in ("severity", "effect_share"):
                 out[k] = np.full(n, np.nan, np.float32)
+                continue
+            if k == "effect_events":
+                out[k] = np.full(n, -1, np.int64)
                 continue
             if k == "summary_culprit":
                 f_ids = d / "summary_ids.npy"
@@ -557,6 +589,8 @@ class ShardedSplit:
             "sample_id": self.sample_ids[i],
             "label": int(a["labels"][r]),
             "severity": float(a["severity"][r]),
+            "effect_events": int(a["effect_events"][r]),
+            "effect_share": float(a["effect_share"][r]),
             "trace_ids": a["trace_ids"][o0:o1],
             "trace_features": a["trace_features"][o0:o1],
             "trace_culprit": a["trace_culprit"][o0:o1],

@@ -41,6 +41,8 @@ class RawSample:
     summary_ids: np.ndarray | None = None
     summary_features: np.ndarray | None = None
     severity: float = float("nan")
+    effect_events: int = -1
+    effect_share: float = float("nan")
 
 
 def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str]]:
@@ -65,6 +67,8 @@ def _raw(d: dict[str, Any]) -> RawSample:
         summary_ids=np.asarray(d["summary_ids"], np.int64),
         summary_features=np.asarray(d["summary_features"], np.float64),
         severity=float(d.get("severity", np.nan)),
+        effect_events=int(d.get("effect_events", -1)),
+        effect_share=float(d.get("effect_share", np.nan)),
     )
 
 
@@ -347,7 +351,18 @@ class Baselines:
                 p[self.gbdt.classes_] = probs_all[i]
             else:
                 p = self._rule_probs(s, sc, normal)
-            out.append(Prediction(s.label, p, s.trace_ids, sc, s.culprit, severity=s.severity))
+            out.append(
+                Prediction(
+                    s.label,
+                    p,
+                    s.trace_ids,
+                    sc,
+                    s.culprit,
+                    severity=s.severity,
+                    effect_events=s.effect_events,
+                    effect_share=s.effect_share,
+                )
+            )
         return out, (time.perf_counter() - t0) / max(1, len(samples))
 
     def _rule_probs(self, s: RawSample, sc: np.ndarray, normal: int) -> np.ndarray:

@@ -46,6 +46,8 @@ class Sample:
     summary_ids: np.ndarray | None = None  # int64 [S]: per-symbol summary rows (teller.data.summary)
     summary_features: np.ndarray | None = None  # float32 [S, n_summary_features]
     severity: float = float("nan")  # the fault's severity (evaluation by severity; NaN if unknown)
+    effect_events: int = -1  # the fault's effect.events (evaluation by effect; -1 if unknown)
+    effect_share: float = float("nan")  # its effect.share (NaN if unknown)
     summary_culprit: np.ndarray | None = None  # bool [S]: the row's symbol has a culprit event (shards v4)
 
 
@@ -385,6 +387,8 @@ def _load_into(
                 sample_id=d["sample_id"],
                 label=int(d["label"]),
                 severity=float(d.get("severity", np.nan)),
+                effect_events=int(d.get("effect_events", -1)),
+                effect_share=float(d.get("effect_share", np.nan)),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
                 trace_features=_trace_features(d, n, relative_features, work_features, proc_log_features),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),

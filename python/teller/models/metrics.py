@@ -33,6 +33,8 @@ class Prediction:
     # p(c) * q(l | c); ``loc_scores`` is then the predicted cause's column
     loc_by_class: np.ndarray | None = None
     severity: float = float("nan")  # the injected fault's severity, when known (per_severity)
+    effect_events: int = -1  # what the fault did, when known (per_effect): annotation effect.events
+    effect_share: float = float("nan")  # ... and effect.share
 
 
 def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.ndarray) -> np.ndarray:
@@ -167,6 +169,46 @@ def per_severity(
     return out
 
 
+# effect.share ranges (the time a fault added over the capture's fault-free work of its kind)
+EFFECT_BINS = ((0.0, 0.01), (0.01, 0.05), (0.05, 0.2), (0.2, float("inf")))
+
+
+def per_effect(
+    preds: Sequence[Prediction], ranks: Sequence[int], normal_index: int = 0
+) -> dict[str, dict[str, float]]:
+    """Faulty samples by what their fault actually did (simulated data records it): ``none`` (the
+    fault touched no event: nothing in the trace or the log can show it), then by ``effect.share``
+    range, and ``no share`` (faults counted in events, not time: a network delay, KV-cache
+    exhaustion, eager mode, OOM). ``n``, category accuracy, AC@1 per row. A fault with no effect is
+    a label no input can support; this table shows how much of the error is that."""
+    names = [f"share {lo:g}-{hi:g}" if np.isfinite(hi) else f"share >= {lo:g}" for lo, hi in EFFECT_BINS]
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(preds):
+        if p.label == normal_index or p.effect_events < 0:
+            continue
+        if p.effect_events == 0:
+            key = "none"
+        elif not np.isfinite(p.effect_share):
+            key = "no share"
+        else:  # (a share below 0 cannot happen; it would count in the first range)
+            key = next(
+                (n for n, (_, hi) in zip(names, EFFECT_BINS, strict=True) if p.effect_share < hi), names[-1]
+            )
+        groups.setdefault(key, []).append(i)
+    order = ["none", *names, "no share"]
+    return {
+        k: {
+            "n": len(groups[k]),
+            "category_accuracy": float(
+                np.mean([int(np.argmax(preds[i].probs)) == preds[i].label for i in groups[k]])
+            ),
+            "ac@1": float(np.mean([ranks[i] == 1 for i in groups[k]])),
+        }
+        for k in order
+        if k in groups
+    }
+
+
 def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
     """Every metric of ``teller evaluate`` over a list of predictions."""
     n = len(label_names)
@@ -193,6 +235,13 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         **detection(y, yp, normal),
         "per_class": {label_names[c]: pc[c] for c in range(n)},
         "per_severity": per_severity(preds, ranks, normal),
+        "per_effect": per_effect(preds, ranks, normal),
+        # AC@1 without the faulty samples whose fault did nothing (effect.events 0; simulated data)
+        "ac@1_with_effect": ac_at_k(
+            [r for r, p in zip(ranks, preds, strict=True) if p.label == normal or p.effect_events != 0], 1
+        )
+        if any(p.effect_events >= 0 for p in preds)
+        else None,
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
     }
@@ -235,6 +284,8 @@ def metrics_across_label_sets(
                     p.culprit,
                     loc_by_class=p.loc_by_class,
                     severity=p.severity,
+                    effect_events=p.effect_events,
+                    effect_share=p.effect_share,
                 )
             )
             continue

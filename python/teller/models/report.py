@@ -19,6 +19,7 @@ MAIN_KEYS = (
     "ac@3",
     "ac@5",
     "avg@5",
+    "ac@1_with_effect",
     "category_accuracy",
     "macro_f1",
     "loc_top1",
@@ -180,6 +181,18 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
                 "faulty samples by injected severity", ("severity", "n", "category accuracy", "AC@1"), rows
             )
         )
+    if m.get("per_effect"):
+        rows = [
+            (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
+            for rng, r in m["per_effect"].items()
+        ]
+        console.print(
+            _table(
+                "faulty samples by what the fault did (effect.share: time added over the work of its kind)",
+                ("effect", "n", "category accuracy", "AC@1"),
+                rows,
+            )
+        )
     if m.get("unknown_cause"):
         rows = [
             (
@@ -213,7 +226,7 @@ def _load_eval(f: Path) -> dict[str, Any]:
 
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     """Collect every ``eval-*.json`` of the runs into one comparison: ``results.md`` (the main table,
-    F1 per fault type and per-severity AC@1 per split), ``results.json`` and, where matplotlib is
+    F1 per fault type, AC@1 by severity and by effect per split), ``results.json`` and, where matplotlib is
     installed, ``results-*.png`` plots."""
     rows: list[dict[str, Any]] = []
     for r in runs:
@@ -229,6 +242,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)},
                     "per_class_f1": {c: v.get("f1") for c, v in (m.get("per_class") or {}).items()},
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
+                    "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
                 }
             )
     if not rows:
@@ -252,6 +266,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
         for key, title, head in (
             ("per_class_f1", "F1 per fault type", "class"),
             ("per_severity_ac@1", "AC@1 of faulty samples by injected severity", "severity"),
+            ("per_effect_ac@1", "AC@1 of faulty samples by what the fault did (effect)", "effect"),
         ):
             names = list(dict.fromkeys(n for x in part for n in x[key]))
             if not names:

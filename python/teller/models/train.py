@@ -207,6 +207,8 @@ def predict(
                     loc_scores=loc[i, :n] if loc is not None else None,  # (no localization head)
                     loc_by_class=by[i, :n] if by is not None else None,
                     severity=s.severity,
+                    effect_events=s.effect_events,
+                    effect_share=s.effect_share,
                     culprit=s.culprit,
                 )
             )
