@@ -274,9 +274,10 @@ def test_extra_train_data(shards) -> None:
     del bl.summary_width, bl.log_lags
     assert bl.X(smp).shape[1] == wide  # fitted on the new layout: still the new one
     n_sym = len(bl.top_sym)
-    bl.gbdt.n_features_in_ = wide - 3 * n_sym  # fitted on 14 summary columns (shards v3-6)
+    added = N_SUMMARY_FEATURES - 14  # the columns added since shards v6
+    bl.gbdt.n_features_in_ = wide - added * n_sym  # fitted on 14 summary columns (shards v3-6)
     assert bl.X(smp).shape[1] == bl.gbdt.n_features_in_
-    bl.gbdt.n_features_in_ = wide - 9 * n_sym - len(bl.log_vocab)  # 8 columns, no log lags
+    bl.gbdt.n_features_in_ = wide - (added + 6) * n_sym - len(bl.log_vocab)  # 8 columns, no log lags
     assert bl.X(smp).shape[1] == bl.gbdt.n_features_in_
     # its own log tokenizer: refused, with the way out in the message
     own = tokenize_dataset(extra, tdir, root / "tok-own")
@@ -456,6 +457,9 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
 
     assert all(x["transfer_shift"] is not None for x in syms)
     assert all(_COLLECTIVE.match(x["symbol"]) or x["transfer_shift"] == 0 for x in syms)
+    # the worst stall in ms (shards v8), never negative; most symbols' longest event exceeds its median
+    assert all(x["max_stall_ms"] is not None and x["max_stall_ms"] >= 0 for x in syms)
+    assert any(x["max_stall_ms"] > 0 for x in syms)
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), "--checkpoint", str(run)],
         check=True,
@@ -918,7 +922,7 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
     (old / "manifest.json").write_text(json.dumps(man))
     for f in (old / "shards").glob("*/summary_features.npy"):
         np.save(f, np.load(f)[:, :14])
-    assert N_SUMMARY_FEATURES == 17
+    assert N_SUMMARY_FEATURES > 14
     cfg14 = {"model": {**CFG["model"], "n_summary_features": 14}, "train": CFG["train"]}
     r14 = train(cfg14, old, tmp_path / "r14", tpe_dir=tdir)
     b14 = train_baselines(old, tmp_path / "b14", log=lambda _m: None)
@@ -928,10 +932,43 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
         warnings.simplefilter("error")
         assert evaluate(r14, out, "train")["n"] > 0
         assert evaluate_baselines(b14, out, "train")["gbdt"]["n"] > 0
-    r17 = train(CFG, out, tmp_path / "r17", tpe_dir=tdir)
-    b17 = train_baselines(out, tmp_path / "b17", log=lambda _m: None)
-    assert json.loads((b17 / "config.json").read_text())["summary_width"] == 17
-    with pytest.raises(ConfigError, match="14 summary columns, the checkpoint reads 17"):
-        evaluate(r17, old, "train")
-    with pytest.raises(ConfigError, match="14 summary columns, the checkpoint reads 17"):
-        evaluate_baselines(b17, old, "train")
+    r_all = train(CFG, out, tmp_path / "r-all", tpe_dir=tdir)
+    b_all = train_baselines(out, tmp_path / "b-all", log=lambda _m: None)
+    assert json.loads((b_all / "config.json").read_text())["summary_width"] == N_SUMMARY_FEATURES
+    msg = f"14 summary columns, the checkpoint reads {N_SUMMARY_FEATURES}"
+    with pytest.raises(ConfigError, match=msg):
+        evaluate(r_all, old, "train")
+    with pytest.raises(ConfigError, match=msg):
+        evaluate_baselines(b_all, old, "train")
+
+
+def test_summary_pooled_columns_share_one_scale() -> None:
+    """A pooled column (max_excess) is standardized with one mean / sd for every symbol, the others
+    per symbol; a name that is not a summary column is refused."""
+    from teller.data.summary import SUMMARY_FEATURE_NAMES
+    from teller.errors import ConfigError
+
+    c = SUMMARY_FEATURE_NAMES.index("max_excess")
+    ids = np.repeat([3, 7], 10)
+    feats = np.zeros((20, N_SUMMARY_FEATURES), np.float32)
+    feats[:10, :] = 1.0  # symbol 3: every column 1 ...
+    feats[10:, :] = 4.0  # symbol 7: every column 4
+    feats[:, 0] = np.arange(20)  # (a column that varies within each symbol too)
+    per_id = build_model({**TINY, "summary_tokens": True})
+    pooled = build_model({**TINY, "summary_tokens": True, "summary_pooled_columns": ["max_excess"]})
+    for m in (per_id, pooled):
+        m.fit_summary_norm(ids, feats, min_count=5)
+    f = np.log1p(feats[:, c])
+    # per symbol: each symbol's own mean; pooled: the mean and sd over both
+    assert per_id.summary_mu[3, c].item() == pytest.approx(np.log1p(1.0), rel=1e-5)
+    assert per_id.summary_mu[7, c].item() == pytest.approx(np.log1p(4.0), rel=1e-5)
+    assert (
+        pooled.summary_mu[3, c].item() == pooled.summary_mu[7, c].item() == pytest.approx(f.mean(), rel=1e-5)
+    )
+    assert pooled.summary_sd[7, c].item() == pytest.approx(f.std(), rel=1e-5)
+    # the other columns are untouched by the option
+    torch.testing.assert_close(pooled.summary_mu[:, :c], per_id.summary_mu[:, :c])
+    with pytest.raises(ConfigError, match="summary_pooled_columns"):
+        ModelConfig(**{**TINY, "summary_pooled_columns": ["no_such_column"]})
+    with pytest.raises(ConfigError, match="summary_pooled_columns"):  # beyond the columns read
+        ModelConfig(**{**TINY, "summary_pooled_columns": ["max_excess"], "n_summary_features": 17})
