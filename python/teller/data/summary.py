@@ -27,7 +27,6 @@ row comparing its events to the same symbol's events in the trace's opening wind
 | 14 | ``xfer_median`` | collectives only: median over instances of the fastest rank's x (see below) |
 | 15 | ``xfer_shift`` | the window scan (as ``shift``) over that fastest rank's x, load-normalized |
 | 16 | ``xfer_shift_z`` | ``xfer_shift`` / (standard deviation of its residual + 0.02) |
-| 17 | ``max_excess`` | ln(1 + (longest - median duration of the symbol) in us): its worst stall, absolute |
 
 ``f_p`` is a fit of x on w per *position*: the occurrence index of the symbol within its (process,
 step). One kernel name runs several GEMM shapes per layer (QKV, output, up and down projections)
@@ -66,17 +65,6 @@ Measured on ``default``'s val / test / test_ood (shards version 7), the largest 
 of a sample: nvlink_degradation 10th percentile 0.60 / 0.42 / 0.55 (74 of 74 above 0.05, 73
 above 0.2); every other class's 99th percentile 0.21 / 0.15 / 0.07, its max 0.30 / 0.19 / 0.17.
 
-Column 17 is the only one in absolute time. Every other column is a log *ratio*, and models
-standardize the summary rows per symbol, which is right for "this kernel got 10 % slower" but
-hides "one call stalled for 9 ms": a 1.5 ms pause on a 14 us operator and a 9 ms one differ by
-1.8 in x, less than the spread of some symbols' rows. On ``default``'s training split the longest
-host stall (excess over its operator's median, blocking copies and synchronizations aside) is at
-most 1.5 ms in every normal sample and above that in 75 % of the ``host_memory_pressure``
-samples, yet the shards-v7 MoT called 8 such samples with a 1.7-9.8 ms stall normal on val, test
-and test_ood. Models read this column with one pooled standardization for all symbols
-(``model.summary_pooled_columns``), so that a threshold in milliseconds is one threshold
-(shards version 8).
-
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
@@ -112,7 +100,6 @@ SUMMARY_FEATURE_NAMES: tuple[str, ...] = (
     "xfer_median",
     "xfer_shift",
     "xfer_shift_z",
-    "max_excess",
 )
 # collective kernels (their symbol, ``kernel:`` + the normalized name): NCCL's and vLLM's custom
 # all-reduce (``cross_device_reduce_1stage/2stage``)
@@ -307,8 +294,6 @@ def symbol_summary(
         out[g, 1] = med
         out[g, 2] = d.max()
         out[g, 3] = np.quantile(d, 0.9)
-        dd = dur[idx]
-        out[g, 17] = np.log1p(max(float(dd.max() - np.median(dd)), 0.0) / 1000.0)
         if late.any():
             pp = pid[idx][late]
             dl = d[late]

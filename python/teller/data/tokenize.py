@@ -37,7 +37,7 @@ SHARDS_FORMAT = "teller-shards"
 # (before, every rank's kernels hung under rank 0's calls: their chains, steps, token_proc_log and
 # summary rows changed); 7: + summary columns 14-16, a collective's transfer apart from its waiting
 # (teller.data.summary; columns 0-13 unchanged, so a version-6 model reads version-7 shards)
-SHARDS_VERSION = 8
+SHARDS_VERSION = 7
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -185,7 +185,7 @@ ARRAYS = {
     "log_features": "float32 [log tokens, 2]: log feature_names",
     "log_offsets": "int64 [samples + 1]: sample i's log tokens are log_ids[l[i]:l[i+1]]",
     "summary_ids": "uint32 [rows]: TPE base id of each per-symbol summary row (teller.data.summary)",
-    "summary_features": "float32 [rows, N]: summary feature_names (18 since version 8)",
+    "summary_features": "float32 [rows, 14]: summary feature_names",
     "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
     "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }

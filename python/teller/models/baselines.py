@@ -228,7 +228,7 @@ class Baselines:
         v = len(self.log_vocab)
         old = 21 + 6 * len(self.top) + 3 * v + 8 * n_sym
         fitted = getattr(self.gbdt, "n_features_in_", old)
-        for width in (N_SUMMARY_FEATURES, 17, 14):  # (14 columns: shards versions 3-6, 17: 7)
+        for width in (N_SUMMARY_FEATURES, 14):  # (14 columns: shards versions 3-6)
             if fitted == old + (width - 8) * n_sym + v:
                 return width, True
         return 8, False

@@ -299,8 +299,6 @@ def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, An
                 "rank_spread": get(r, "shift_pid_spread"),
                 # a collective's transfer (its fastest rank's time), apart from waiting for peers
                 "transfer_shift": get(r, "xfer_shift"),
-                # its longest event's excess over its median, ms (shards v8): the worst stall
-                "max_stall_ms": None if (v := get(r, "max_excess")) is None else float(np.expm1(v)) / 1000.0,
             }
         )
     return rows
@@ -332,16 +330,7 @@ def render(d: dict[str, Any], console: Any) -> None:
     if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
         # (the head is trained on faulty samples only: for a run called normal its ranking means little)
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
-        for c in (
-            "symbol",
-            "score",
-            "events",
-            "shift",
-            "shift z",
-            "rank spread",
-            "transfer shift",
-            "max stall ms",
-        ):
+        for c in ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift"):
             y.add_column(c)
 
         def _f(v: float | None) -> str:
@@ -356,7 +345,6 @@ def render(d: dict[str, Any], console: Any) -> None:
                 _f(r["shift_z"]),
                 _f(r["rank_spread"]),
                 _f(r["transfer_shift"]) if r["transfer_shift"] else "-",
-                "-" if r.get("max_stall_ms") is None else f"{r['max_stall_ms']:.2f}",
             )
         console.print(y)
     if d["log_evidence"]:

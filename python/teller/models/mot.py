@@ -69,10 +69,6 @@ class ModelConfig:
         False  # append per-word number summaries (models.data.log_word_summary) to the log
     )
     n_summary_features: int = N_SUMMARY_FEATURES  # the first N columns of teller.data.summary (8: shards v2)
-    # summary columns (teller.data.summary names) standardized with one mean / sd for every symbol
-    # instead of per symbol: absolute quantities (max_excess, a stall in us) whose threshold is the
-    # same whatever the operator
-    summary_pooled_columns: list[str] = field(default_factory=list)
     max_summary_tokens: int = 128
     log_value_buckets: int = 0  # >0: also embed the number of a <num> token, bucketized (4 per log1p unit)
     # >0: the summary rows' standardized features also enter as piecewise-linear encodings over this
@@ -100,18 +96,6 @@ class ModelConfig:
         if self.token_bins and not self.feature_norm:
             raise ConfigError(
                 "model.token_bins needs model.feature_norm: true (bins of standardized features)"
-            )
-        from teller.data.summary import SUMMARY_FEATURE_NAMES
-
-        bad = [
-            c
-            for c in self.summary_pooled_columns
-            if c not in SUMMARY_FEATURE_NAMES[: self.n_summary_features]
-        ]
-        if bad:
-            raise ConfigError(
-                f"model.summary_pooled_columns: {bad} not among the first n_summary_features "
-                f"({self.n_summary_features}) summary columns: {', '.join(SUMMARY_FEATURE_NAMES)}"
             )
         if self.summary_bins < 0 or self.token_bins < 0:
             raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
@@ -435,13 +419,6 @@ class RCAModel(nn.Module):
         if not self.use_summary or len(ids) == 0:  # (a log-only ablation has no trace stream)
             return
         _fit_per_id(self.summary_mu, self.summary_sd, ids, feats, min_count)
-        from teller.data.summary import SUMMARY_FEATURE_NAMES
-
-        for name in self.cfg.summary_pooled_columns:
-            c = SUMMARY_FEATURE_NAMES.index(name)
-            f = np.sign(feats[:, c]) * np.log1p(np.abs(feats[:, c]))
-            self.summary_mu[:, c] = float(f.mean())
-            self.summary_sd[:, c] = max(float(f.std()), 0.05)
         if self.summary_ple is not None:
             self.summary_ple.fit(self._standardized(self.summary_mu, self.summary_sd, ids, feats))
 
