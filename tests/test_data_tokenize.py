@@ -242,6 +242,8 @@ def test_labelled_effect():
         {"label": "oom_error", "faults": [{"type": "oom_error", "effect": {"events": 2}}]}
     )
     assert n == 2 and np.isnan(share)
+    n, share = _labelled_effect({"label": "oom_error", "faults": [{"type": "oom_error", "effect": {}}]})
+    assert n == -1 and np.isnan(share)  # no count: unknown, not "did nothing"
 
 
 def test_shards_without_effect_arrays_read_unknown(setup, tmp_path):
@@ -257,3 +259,13 @@ def test_shards_without_effect_arrays_read_unknown(setup, tmp_path):
         f.unlink()
     d = ShardedSplit(old, "train")[0]
     assert d["effect_events"] == -1 and np.isnan(d["effect_share"])
+    # tokenizing again into that directory encodes those shards again (their done.json has no
+    # "effect"), so a split is never half with and half without the arrays
+    for f in old.glob("shards/*/done.json"):
+        info = json.loads(f.read_text())
+        del info["effect"]
+        f.write_text(json.dumps(info))
+    data, tdir, _ = setup
+    tokenize_dataset(data, tdir, tmp_path, run_id="old", shard_size=6, workers=1, log_vocab_size=512)
+    assert all(json.loads(f.read_text())["effect"] for f in old.glob("shards/*/done.json"))
+    assert ShardedSplit(old, "train")[0]["effect_events"] >= 0

@@ -147,6 +147,12 @@ def test_per_effect_hand_computed():
     assert m["ac@1"] == pytest.approx(4 / 7)
     unknown = [pred(1, 1, -1, float("nan"))]
     assert compute_metrics(unknown, ["normal", "a", "b"])["ac@1_with_effect"] is None
+    # a real run: its normal samples have no fault (effect "known", 0 events) but no fault's effect
+    # is known: no number, rather than AC@1 again
+    real = [pred(0, 0, 0, 0.0), pred(1, 1, -1, float("nan"))]
+    assert compute_metrics(real, ["normal", "a", "b"])["ac@1_with_effect"] is None
+    nothing = [pred(1, 0, 0, 0.0)]  # every faulty sample did nothing: no sample left
+    assert compute_metrics(nothing, ["normal", "a", "b"])["ac@1_with_effect"] is None
 
 
 def test_per_severity_hand_computed():

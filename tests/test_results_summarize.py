@@ -28,7 +28,14 @@ def _eval(run: Path, model: str, split: str, ac1: float, f1: dict[str, float]) -
         "latency_ms_per_sample": 4.2,
         "per_class": {c: {"support": 5, "precision": v, "recall": v, "f1": v} for c, v in f1.items()},
         "per_severity": {"0.1-0.3": {"n": 3, "category_accuracy": 0.5, "ac@1": ac1 - 0.2}},
+        "per_effect": {
+            "share >= 0.2": {"n": 4, "category_accuracy": 1.0, "ac@1": ac1 + 0.1},
+            "share 0-0.01": {"n": 2, "category_accuracy": 0.5, "ac@1": ac1 - 0.3},
+        },
+        "ac@1_with_effect": ac1 + 0.01,
     }
+    if model == "gbdt":  # (a bin only the second model has: the table's rows keep the bins' order)
+        m["per_effect"]["none"] = {"n": 1, "category_accuracy": 0.0, "ac@1": 0.0}
     (run / f"eval-{split}-{model}.json").write_text(json.dumps(m))
 
 
@@ -57,6 +64,15 @@ def test_tables_rank_models_per_split(tmp_path: Path) -> None:
     # a class one model never saw on that split is '-', not 0
     assert "| oom | 0.900 | - |" in text
     assert "| 0.1-0.3 | 0.650 | 0.460 |" in text
+    # by effect, rows in the bins' order although the first model has no 'none' row
+    eff = text.split("## AC@1 of faulty samples by what the fault did (effect) (test)")[1].split("##")[0]
+    assert [line.split(" | ")[0] for line in eff.strip().splitlines()[2:]] == [
+        "| none",
+        "| share 0-0.01",
+        "| share >= 0.2",
+    ]
+    assert "| none | - | 0.000 |" in eff and "| share >= 0.2 | 0.950 | 0.760 |" in eff
+    assert "| mot | mot | test | 0.850 | 0.950 | 1.000 | 0.900 | 0.860 |" in text  # ac@1_with_effect
     rows = json.loads((out / "results.json").read_text())
     assert {r["label"] for r in rows} == {"mot", "gbdt"}
     assert rows[0]["per_class_f1"] == {"normal": 0.7, "oom": 1.0}
@@ -84,6 +100,12 @@ def test_same_model_in_two_runs_is_named_by_run(tmp_path: Path) -> None:
     summarize([tmp_path / "seed0", tmp_path / "seed1"], tmp_path / "out")
     rows = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["label"] for r in rows] == ["seed1/mot", "seed0/mot"]
+    # runs whose directories share a name: as much of the path as tells them apart
+    _eval(tmp_path / "a" / "mot", "mot", "test", 0.8, {"normal": 0.5})
+    _eval(tmp_path / "b" / "mot", "mot", "test", 0.7, {"normal": 0.5})
+    summarize([tmp_path / "a" / "mot", tmp_path / "b" / "mot"], tmp_path / "out2")
+    rows = json.loads((tmp_path / "out2" / "results.json").read_text())
+    assert [r["label"] for r in rows] == ["a/mot/mot", "b/mot/mot"]
 
 
 def test_bad_inputs_name_the_file(tmp_path: Path) -> None:

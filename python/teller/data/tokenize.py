@@ -216,7 +216,9 @@ def _labelled_effect(ann: dict[str, Any]) -> tuple[int, float]:
     effs = [e for e in effs if isinstance(e, dict)]
     if not effs:
         return -1, float("nan")
-    n = sum(int(e["events"]) for e in effs if isinstance(e.get("events"), (int, float)))
+    if not all(isinstance(e.get("events"), (int, float)) for e in effs):
+        return -1, float("nan")  # (not what the simulator writes: unknown rather than "did nothing")
+    n = sum(int(e["events"]) for e in effs)
     shares = [float(e["share"]) for e in effs if isinstance(e.get("share"), (int, float))]
     return n, (max(shares) if shares else float("nan"))
 
@@ -236,7 +238,10 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     final = out / "shards" / job["name"]
     if (final / "done.json").is_file():
         done = json.loads((final / "done.json").read_text())
-        if done.get("version") == SHARDS_VERSION:  # (a shard of an older version is encoded again)
+        # a shard of an older version is encoded again, as is one from before the effect arrays
+        # (same version: no model reads them, but evaluation by effect would silently cover part of
+        # a split)
+        if done.get("version") == SHARDS_VERSION and done.get("effect"):
             return done
     tmp = out / "shards" / f".tmp-{job['name']}"
     if tmp.exists():
@@ -351,6 +356,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "log_tokens": int(offs["log_offsets"][-1]),
         "culprit_tokens": int(sum(int(c.sum()) for c in cols["trace_culprit"])),
         "version": SHARDS_VERSION,
+        "effect": True,  # carries effect_events / effect_share
     }
     (tmp / "done.json").write_text(json.dumps(info, sort_keys=True))
     if final.exists():

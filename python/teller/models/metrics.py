@@ -150,7 +150,7 @@ def per_severity(
     """Faulty samples of known severity by severity range: ``n``, category accuracy, AC@1 (a
     benchmark whose mild faults sit inside normal variance should be read range by range)."""
     out: dict[str, dict[str, float]] = {}
-    for lo, hi in SEVERITY_BINS:
+    for (lo, hi), key in zip(SEVERITY_BINS, severity_bin_names(), strict=True):
         sel = [
             i
             for i, p in enumerate(preds)
@@ -158,7 +158,6 @@ def per_severity(
         ]
         if not sel:
             continue
-        key = f"{lo:.1f}-{min(hi, 1.0):.1f}"
         out[key] = {
             "n": len(sel),
             "category_accuracy": float(
@@ -173,6 +172,17 @@ def per_severity(
 EFFECT_BINS = ((0.0, 0.01), (0.01, 0.05), (0.05, 0.2), (0.2, float("inf")))
 
 
+def effect_bin_names() -> list[str]:
+    """The rows of :func:`per_effect`, in order."""
+    shares = [f"share {lo:g}-{hi:g}" if np.isfinite(hi) else f"share >= {lo:g}" for lo, hi in EFFECT_BINS]
+    return ["none", *shares, "no share"]
+
+
+def severity_bin_names() -> list[str]:
+    """The rows of :func:`per_severity`, in order."""
+    return [f"{lo:.1f}-{min(hi, 1.0):.1f}" for lo, hi in SEVERITY_BINS]
+
+
 def per_effect(
     preds: Sequence[Prediction], ranks: Sequence[int], normal_index: int = 0
 ) -> dict[str, dict[str, float]]:
@@ -181,7 +191,7 @@ def per_effect(
     range, and ``no share`` (faults counted in events, not time: a network delay, KV-cache
     exhaustion, eager mode, OOM). ``n``, category accuracy, AC@1 per row. A fault with no effect is
     a label no input can support; this table shows how much of the error is that."""
-    names = [f"share {lo:g}-{hi:g}" if np.isfinite(hi) else f"share >= {lo:g}" for lo, hi in EFFECT_BINS]
+    names = effect_bin_names()[1:-1]
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(preds):
         if p.label == normal_index or p.effect_events < 0:
@@ -190,12 +200,13 @@ def per_effect(
             key = "none"
         elif not np.isfinite(p.effect_share):
             key = "no share"
-        else:  # (a share below 0 cannot happen; it would count in the first range)
+        else:  # (a share below 0 cannot happen; it would count in the first range. The shards
+            # hold float32: a share of exactly 0.01 reads 0.0099999998 and counts below the edge)
             key = next(
                 (n for n, (_, hi) in zip(names, EFFECT_BINS, strict=True) if p.effect_share < hi), names[-1]
             )
         groups.setdefault(key, []).append(i)
-    order = ["none", *names, "no share"]
+    order = effect_bin_names()
     return {
         k: {
             "n": len(groups[k]),
@@ -207,6 +218,16 @@ def per_effect(
         for k in order
         if k in groups
     }
+
+
+def ac_with_effect(preds: Sequence[Prediction], ranks: Sequence[int], normal_index: int = 0) -> float | None:
+    """AC@1 without the faulty samples whose fault did nothing (``effect.events`` 0; simulated data).
+    ``None`` where no faulty sample's effect is known (a real run: its normal samples' "no fault"
+    says nothing about the faults), or where no sample is left."""
+    if not any(p.label != normal_index and p.effect_events >= 0 for p in preds):
+        return None
+    kept = [r for r, p in zip(ranks, preds, strict=True) if p.label == normal_index or p.effect_events != 0]
+    return ac_at_k(kept, 1) if kept else None
 
 
 def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
@@ -236,12 +257,7 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "per_class": {label_names[c]: pc[c] for c in range(n)},
         "per_severity": per_severity(preds, ranks, normal),
         "per_effect": per_effect(preds, ranks, normal),
-        # AC@1 without the faulty samples whose fault did nothing (effect.events 0; simulated data)
-        "ac@1_with_effect": ac_at_k(
-            [r for r, p in zip(ranks, preds, strict=True) if p.label == normal or p.effect_events != 0], 1
-        )
-        if any(p.effect_events >= 0 for p in preds)
-        else None,
+        "ac@1_with_effect": ac_with_effect(preds, ranks, normal),
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
     }

@@ -238,6 +238,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             m = _load_eval(f)
             rows.append(
                 {
+                    "_dir": (p if p.is_dir() else p.parent).resolve(),
                     "run": p.name if p.is_dir() else p.parent.name,
                     **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)},
                     "per_class_f1": {c: v.get("f1") for c, v in (m.get("per_class") or {}).items()},
@@ -251,10 +252,9 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     order = {"test": 0, "test_ood": 1}
     rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
-    # a model is named by its run where two runs hold the same model kind
-    kinds = [x["model"] for x in {(x["run"], x["model"]): x for x in rows}.values()]
+    _label_rows(rows)
     for x in rows:
-        x["label"] = x["model"] if kinds.count(x["model"]) == 1 else f"{x['run']}/{x['model']}"
+        del x["_dir"]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     # the results table leaves the detection metrics to the per-run files
     cols = ("run", "model", "split", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
@@ -268,7 +268,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             ("per_severity_ac@1", "AC@1 of faulty samples by injected severity", "severity"),
             ("per_effect_ac@1", "AC@1 of faulty samples by what the fault did (effect)", "effect"),
         ):
-            names = list(dict.fromkeys(n for x in part for n in x[key]))
+            names = _row_order(key, [n for x in part for n in x[key]])
             if not names:
                 continue
             md += ["", f"## {title} ({split})", ""]
@@ -285,6 +285,38 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
     return text
+
+
+def _label_rows(rows: list[dict[str, Any]]) -> None:
+    """``label``: the model kind where one run directory holds it, else the shortest tail of the
+    run directories' paths that tells them apart (``seed0/mot/mot``, ``seed1/mot/mot``)."""
+    dirs_of: dict[str, set[Path]] = {}
+    for x in rows:
+        dirs_of.setdefault(x["model"], set()).add(x["_dir"])
+    for x in rows:
+        dirs = sorted(dirs_of[x["model"]])
+        if len(dirs) == 1:
+            x["label"] = x["model"]
+            continue
+        depth = 1
+        while depth < max(len(d.parts) for d in dirs) and len({d.parts[-depth:] for d in dirs}) < len(dirs):
+            depth += 1
+        x["label"] = "/".join((*x["_dir"].parts[-depth:], x["model"]))
+
+
+def _row_order(key: str, names: list[str]) -> list[str]:
+    """The rows of a per-split table in a fixed order (severity and effect bins as metrics defines
+    them, classes as the first evaluation lists them), whatever order the models report them in."""
+    from teller.models.metrics import effect_bin_names, severity_bin_names
+
+    seen = list(dict.fromkeys(names))
+    if key == "per_effect_ac@1":
+        fixed = effect_bin_names()
+    elif key == "per_severity_ac@1":
+        fixed = severity_bin_names()
+    else:
+        return seen
+    return [n for n in fixed if n in seen] + [n for n in seen if n not in fixed]
 
 
 def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Path]:
