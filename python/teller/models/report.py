@@ -171,28 +171,19 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
             ],
         )
     )
-    if m.get("per_severity"):
-        rows = [
-            (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
-            for rng, r in m["per_severity"].items()
-        ]
-        console.print(
-            _table(
-                "faulty samples by injected severity", ("severity", "n", "category accuracy", "AC@1"), rows
-            )
-        )
-    if m.get("per_effect"):
-        rows = [
-            (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"]))
-            for rng, r in m["per_effect"].items()
-        ]
-        console.print(
-            _table(
-                "faulty samples by what the fault did (effect.share: time added over the work of its kind)",
-                ("effect", "n", "category accuracy", "AC@1"),
-                rows,
-            )
-        )
+    for key, title, head in (
+        ("per_severity", "faulty samples by injected severity", "severity"),
+        (
+            "per_effect",
+            "faulty samples by what the fault did (effect.share: time added over the work of its kind)",
+            "effect",
+        ),
+    ):
+        if m.get(key):
+            rows = [
+                (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"])) for rng, r in m[key].items()
+            ]
+            console.print(_table(title, (head, "n", "category accuracy", "AC@1"), rows))
     if m.get("unknown_cause"):
         rows = [
             (
