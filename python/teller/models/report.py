@@ -321,6 +321,9 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     except ImportError:
         return []
     written: list[Path] = []
+    # one model order in every panel (the first split's ranking), so a model sits in one place
+    rank = {lab: k for k, lab in enumerate(dict.fromkeys(x["label"] for x in rows))}
+    rows = sorted(rows, key=lambda x: rank[x["label"]])
     metrics = ("ac@1", "ac@3", "avg@5", "category_accuracy", "loc_top1")
     fig, axes = plt.subplots(1, len(splits), figsize=(max(6, 1.1 * len(rows)) + 2, 4), squeeze=False)
     for ax, split in zip(axes[0], splits, strict=True):
