@@ -88,7 +88,8 @@ def test_plots_are_pngs(tmp_path: Path) -> None:
 
 
 def test_without_matplotlib_tables_still_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    for name in ["matplotlib", *(m for m in list(sys.modules) if m.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError, as if not installed
     out = tmp_path / "out"
     text = summarize(_runs(tmp_path), out)
     assert "matplotlib is not installed" in text and not list(out.glob("*.png"))

@@ -314,10 +314,9 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     """Grouped bars of the ranking metrics per split, and a heat map of F1 per fault type and model.
     Returns the files written; none where matplotlib is missing (it is an optional dependency)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display; never touch the user's backend choice beyond this process
-        import matplotlib.pyplot as plt
+        # Figure objects, not pyplot: no global state, no backend switch in a caller's process (a
+        # notebook keeps its own), no display needed
+        from matplotlib.figure import Figure
     except ImportError:
         return []
     written: list[Path] = []
@@ -325,7 +324,8 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     rank = {lab: k for k, lab in enumerate(dict.fromkeys(x["label"] for x in rows))}
     rows = sorted(rows, key=lambda x: rank[x["label"]])
     metrics = ("ac@1", "ac@3", "avg@5", "category_accuracy", "loc_top1")
-    fig, axes = plt.subplots(1, len(splits), figsize=(max(6, 1.1 * len(rows)) + 2, 4), squeeze=False)
+    fig = Figure(figsize=(max(6, 1.1 * len(rows)) + 2, 4))
+    axes = fig.subplots(1, len(splits), squeeze=False)
     for ax, split in zip(axes[0], splits, strict=True):
         part = [x for x in rows if str(x["split"]) == split]
         width = 0.8 / len(metrics)
@@ -341,14 +341,14 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     fig.tight_layout()
     written.append(out / "results-metrics.png")
     fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
     for split in splits:
         part = [x for x in rows if str(x["split"]) == split and x["per_class_f1"]]
         names = list(dict.fromkeys(n for x in part for n in x["per_class_f1"]))
         if not names:
             continue
         m = np.array([[x["per_class_f1"].get(n, np.nan) for x in part] for n in names], dtype=float)
-        fig, ax = plt.subplots(figsize=(2 + 1.1 * len(part), 1 + 0.35 * len(names)))
+        fig = Figure(figsize=(2 + 1.1 * len(part), 1 + 0.35 * len(names)))
+        ax = fig.subplots()
         im = ax.imshow(m, vmin=0, vmax=1, cmap="Blues", aspect="auto")
         ax.set_xticks(range(len(part)), [x["label"] for x in part], rotation=30, ha="right")
         ax.set_yticks(range(len(names)), names)
@@ -369,5 +369,4 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
         fig.tight_layout()
         written.append(out / f"results-per-class-{Path(split).name}.png")
         fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
     return written
