@@ -937,3 +937,40 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
         evaluate(r_all, old, "train")
     with pytest.raises(ConfigError, match=msg):
         evaluate_baselines(b_all, old, "train")
+
+
+def test_expert_tie_penalty_hand_computed() -> None:
+    torch.manual_seed(0)
+    m = build_model({**TINY, "arch": "mot"})
+    pairs = m.expert_pairs()
+    # emb_ln, final_ln and 5 routed modules per layer (ln1, qkv, out, ln2, ffn)
+    assert len(pairs) == 2 + 5 * TINY["n_layers"]
+    want = sum(
+        float(((pt - pg).detach() ** 2).sum())
+        for t, g in pairs
+        for pt, pg in zip(t.parameters(), g.parameters(), strict=True)
+    )
+    assert want > 0
+    assert float(m.expert_tie_penalty()) == pytest.approx(want, rel=1e-5)
+    m.tie_experts()
+    assert float(m.expert_tie_penalty()) == 0.0
+    with torch.no_grad():
+        m.layers[0].out.experts[LOG].bias.add_(0.5)  # d_model entries, each 0.5 apart
+    assert float(m.expert_tie_penalty()) == pytest.approx(0.25 * TINY["d_model"])
+    single = build_model({**TINY, "arch": "single"})
+    assert single.expert_pairs() == [] and float(single.expert_tie_penalty()) == 0.0
+
+
+def test_expert_tie_keeps_the_experts_closer(shards) -> None:
+    root, _data, tdir, out = shards
+
+    def run(tie: float, name: str):
+        cfg = {"model": CFG["model"], "train": {**CFG["train"], "expert_tie": tie}}
+        return float(load_checkpoint(train(cfg, out, root / name, tpe_dir=tdir))[0].expert_tie_penalty())
+
+    # both start from copies; a negligible pull lets training move them apart, a strong one does not
+    weak, strong = run(1e-9, "tie-weak"), run(10.0, "tie-strong")
+    assert weak > 0
+    assert strong < 0.5 * weak, (strong, weak)
+    with pytest.raises(Exception, match="expert_tie"):
+        run(-1.0, "tie-neg")
