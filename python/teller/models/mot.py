@@ -435,32 +435,6 @@ class RCAModel(nn.Module):
             self.log_summary_ple.fit(self._standardized(self.log_summary_mu, self.log_summary_sd, ids, feats))
 
     @torch.no_grad()
-    def expert_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """``(trace expert, log expert)`` of every routed module (norms, Q/K/V, output projection,
-        FFN); empty for the single-stream model, which has one expert per module."""
-        return [
-            (m.experts[0], m.experts[1])
-            for m in self.modules()
-            if isinstance(m, _Routed) and len(m.experts) == 2
-        ]
-
-    def tie_experts(self) -> None:
-        """Start every log expert as a copy of its trace expert (the start of soft sharing)."""
-        for t, g in self.expert_pairs():
-            g.load_state_dict(t.state_dict())
-
-    def expert_tie_penalty(self) -> torch.Tensor:
-        """Sum of squared differences between the trace and log experts' parameters: the
-        soft-sharing term ``train.expert_tie`` scales (an L2 pull of one set towards the other, as
-        weight decay pulls towards 0). Each token still runs through its own modality's weights
-        only; the term lets the log side (a few hundred tokens per sample, from scratch) borrow what
-        the trace side learns unless the data pull them apart. 0 without expert pairs."""
-        s = self.cls.new_zeros(())
-        for t, g in self.expert_pairs():
-            for pt, pg in zip(t.parameters(), g.parameters(), strict=True):
-                s = s + (pt - pg).pow(2).sum()
-        return s
-
     def fit_feature_norm(self, samples: Any, min_count: int = 8) -> None:
         """Per-id statistics of the trace and log token features of ``samples`` (the train split)."""
         if not self.cfg.feature_norm or not samples:

@@ -50,10 +50,6 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # mixed precision (bf16) on CUDA
     max_train_samples: int | None = None
-    # soft sharing between MoT's modality experts: + expert_tie * sum of squared differences of the
-    # trace and log experts' parameters, the log experts starting as copies (0: independent
-    # experts; large: close to the single-stream model; RCAModel.expert_tie_penalty)
-    expert_tie: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -312,10 +308,6 @@ def train(
             np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
             np.concatenate([s.summary_features for s in train_s if s.summary_features is not None]),
         )
-    if tc.expert_tie < 0:
-        raise ConfigError(f"train.expert_tie must be >= 0, got {tc.expert_tie}")
-    if tc.expert_tie > 0:
-        model.tie_experts()
     if mc.log_backbone:
         init_log_side_from_bert(model, mc.log_backbone, log_vocab)
     model.to(dev)
@@ -361,8 +353,6 @@ def train(
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                 o = model(b)
             loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise, tc.summary_loc_weight)
-            if tc.expert_tie > 0:
-                loss = loss + tc.expert_tie * model.expert_tie_penalty()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if tc.grad_clip:
