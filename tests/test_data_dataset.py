@@ -215,10 +215,16 @@ def test_generate_refuses_other_dataset_and_resumes(tmp_path):
     shutil.rmtree(r / "s000001")
     (r / "manifest.json").unlink()
     (r / "s000000" / "marker").write_text("kept")
+    from teller.data.dataset import GENERATOR_VERSION
     from teller.data.dataset import load_config as lc
 
+    stamp = {"seed": 1, "config": lc("tiny"), "num_samples": 3}
+    # a run interrupted under another simulator version is not completed with this one's samples
+    (r / ".generate.json").write_text(json.dumps({**stamp, "generator_version": 1}, sort_keys=True))
+    with pytest.raises(ConfigError, match="simulator version"):
+        generate(r, num_samples=3, seed=1, preset="tiny")
     (r / ".generate.json").write_text(
-        json.dumps({"seed": 1, "config": lc("tiny"), "num_samples": 3}, sort_keys=True)
+        json.dumps({**stamp, "generator_version": GENERATOR_VERSION}, sort_keys=True)
     )
     generate(r, num_samples=3, seed=1, preset="tiny")
     assert (r / "s000000" / "marker").exists()  # complete samples are kept
@@ -303,22 +309,23 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 
 # sha256 (first 16 hex digits) of trace.json + log.txt of one `default` benchmark test sample (seed 0)
 # per class, recorded when the simulator first counted fault effects (and equal to the samples
-# generated before that). A change here changes the standard benchmark: make it on purpose, bump
-# DATASET_VERSION and say so in docs/dataset.md, then update the digests.
+# generated before that), updated when the traces gained deviceProperties (generator version 2: the
+# same bytes without that line). A change here changes the standard benchmark: make it on purpose,
+# bump GENERATOR_VERSION and say so in docs/dataset.md, then update the digests.
 BENCHMARK_DIGESTS = {
-    0: ("normal", "21c5c5c80f0da2ac"),  # tp 1
-    20: ("kv_cache_exhaustion", "2b557291537f653f"),  # tp 1
-    22: ("network_delay", "f3700fe08f9e5ba0"),  # tp 1
-    23: ("eager_mode_misconfig", "7f97bd2d3bda1a84"),  # tp 1
-    29: ("pcie_degradation", "d18d90d99f0d1207"),  # tp 2
-    50: ("oom_error", "6287adf28561f0d8"),  # tp 4
-    80: ("hbm_contention", "31a88e6e8590f4c6"),  # tp 1
-    96: ("cpu_contention", "628205bbb97a6833"),  # tp 2
-    103: ("launch_storm", "4fd20a1f42e4eec7"),  # tp 1
-    121: ("nvlink_degradation", "fa37d773929d4145"),  # tp 4
-    123: ("host_memory_pressure", "222d9985aae48fef"),  # tp 4
-    144: ("gpu_throttle", "8bd4ee2156c8d50b"),  # tp 2
-    151: ("nccl_straggler", "693978c863e31388"),  # tp 4
+    0: ("normal", "3e00b3016874487a"),  # tp 1
+    20: ("kv_cache_exhaustion", "c941d382803718a9"),  # tp 1
+    22: ("network_delay", "b8ad5308cf20f214"),  # tp 1
+    23: ("eager_mode_misconfig", "af98833483413a0a"),  # tp 1
+    29: ("pcie_degradation", "f6a49101df72b299"),  # tp 2
+    50: ("oom_error", "cf0df940490c821d"),  # tp 4
+    80: ("hbm_contention", "e9662103b39b2d88"),  # tp 1
+    96: ("cpu_contention", "aa7341bff43b8967"),  # tp 2
+    103: ("launch_storm", "8faa0fc95be182c3"),  # tp 1
+    121: ("nvlink_degradation", "98cfb789203a6073"),  # tp 4
+    123: ("host_memory_pressure", "5bdd8eda4695ae3f"),  # tp 4
+    144: ("gpu_throttle", "3d2ffde0bc71a9ba"),  # tp 2
+    151: ("nccl_straggler", "83ac29321fac5ffe"),  # tp 4
 }
 
 
@@ -361,3 +368,22 @@ def test_trace_json_keeps_each_gpu_activity_linked_to_its_own_process(tmp_path):
     assert len(a) > 1000 and a == b
     owner = {q["device"]: q["pid"] for q in ann["workload"]["processes"]}
     assert {(d, pid) for d, _, _, pid, _, _ in b} == set(owner.items())
+
+
+def test_samples_say_which_gpus_they_ran_on(tiny):
+    # each sample's trace.json lists its workload's GPUs (Kineto's deviceProperties), one per rank
+    import json as _json
+
+    from teller import trace as _trace
+    from teller.data import kernels as K
+
+    seen = set()
+    for sd in sorted(p for p in tiny.iterdir() if p.is_dir()):
+        wl = _json.loads((sd / "annotation.json").read_text())["workload"]
+        devs = _trace.load(sd / "trace.json").device_properties
+        spec = K.gpu_spec(wl["gpu"])
+        assert [x["id"] for x in devs] == list(range(wl["tp"])), sd.name
+        assert {x["name"] for x in devs} == {spec.name}, sd.name
+        assert {(x["computeMajor"], x["computeMinor"]) for x in devs} == {divmod(spec.sm, 10)}, sd.name
+        seen.add(spec.name)
+    assert seen  # (the tiny preset's GPUs)

@@ -244,3 +244,45 @@ def test_property_write_read_round_trip(tmp_path, evs):
     want = sorted((layer, name, start, dur, tid) for layer, name, start, dur, tid in evs)
     assert got == want
     assert np.all(np.diff(tr.ts) >= 0)
+
+
+def test_device_properties_merge_over_processes_and_survive_chrome(tmp_path):
+    # each process lists the GPUs it sees (Kineto's deviceProperties fields); one list comes out
+    d = tmp_path / "run" / "raw"
+    d.mkdir(parents=True)
+
+    def dev(i, name):
+        return {"id": i, "name": name, "computeMajor": 9, "computeMinor": 0}
+
+    for pid, devs in (
+        (1, [dev(1, "H100 b"), dev(0, "H100 a")]),
+        (2, [dev(1, "H100 b again"), dev(2, "H100 c")]),
+    ):
+        with RawWriter(
+            d / f"teller-h-{pid}-0.tmsgpack",
+            pid=pid,
+            host="h",
+            clock_sync=(MONO0, REAL0),
+            extra_meta={"deviceProperties": devs},
+        ) as w:
+            w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+    tr = T.load(tmp_path / "run")
+    assert [(x["id"], x["name"]) for x in tr.device_properties] == [
+        (0, "H100 a"),
+        (1, "H100 b"),
+        (2, "H100 c"),
+    ]
+    out = tmp_path / "trace.json"
+    tr.to_chrome(out)
+    import json
+
+    assert [x["name"] for x in json.loads(out.read_text())["deviceProperties"]] == [
+        "H100 a",
+        "H100 b",
+        "H100 c",
+    ]
+    assert [x["name"] for x in T.load(out).device_properties] == ["H100 a", "H100 b", "H100 c"]
+    # a capture whose producer recorded none
+    with RawWriter(tmp_path / "teller-h-3-0.tmsgpack", pid=3, host="h", clock_sync=(MONO0, REAL0)) as w:
+        w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+    assert T.load(tmp_path / "teller-h-3-0.tmsgpack").device_properties == []

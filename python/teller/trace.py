@@ -197,6 +197,28 @@ class Trace:
         return self._n.sources()
 
     @property
+    def device_properties(self) -> list[dict[str, Any]]:
+        """The GPUs the capture's processes saw (Kineto's ``deviceProperties``: ``id``, ``name``,
+        ``totalGlobalMem``, ``computeMajor``, ...), merged over its sources by ``id`` and sorted by
+        it; empty when no source recorded them. An entry that is not an object is skipped."""
+        import json
+
+        by_id: dict[Any, dict[str, Any]] = {}
+        for src in self.sources:
+            text = src.get("metadata", {}).get("deviceProperties")
+            if not text:
+                continue
+            try:
+                devs = json.loads(text)
+            except ValueError:
+                continue
+            for d in devs if isinstance(devs, list) else []:
+                if isinstance(d, dict):
+                    by_id.setdefault(d.get("id", len(by_id)), d)
+        ints = sorted(k for k in by_id if isinstance(k, int))
+        return [by_id[k] for k in ints] + [v for k, v in by_id.items() if not isinstance(k, int)]
+
+    @property
     def num_flows(self) -> int:
         return self._n.num_flows()
 

@@ -30,7 +30,8 @@ from teller.data.simulator import Workload, simulate
 from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
 
 GENERATOR = "teller-sim"
-GENERATOR_VERSION = 1
+# 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
+GENERATOR_VERSION = 2
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"
@@ -424,7 +425,8 @@ def generate(
     except OSError as e:
         raise TellerIOError(f"{out}: cannot create the output directory: {e}", path=str(out)) from None
     man_path = out / "manifest.json"
-    cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n}
+    # (a resumed run must not mix samples of two simulator versions)
+    cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n, "generator_version": GENERATOR_VERSION}
     stamp = out / ".generate.json"
     if stamp.exists() and resume:
         try:
@@ -433,14 +435,17 @@ def generate(
             old = None
         if old != cfg_key:
             raise ConfigError(
-                f"{out}: holds a dataset generated with another seed or configuration; use a new directory"
+                f"{out}: holds a dataset generated with another seed, configuration or simulator "
+                f"version; use a new directory"
             )
     elif man_path.exists() and not stamp.exists():
         try:
             old_man = json.loads(man_path.read_text())
         except json.JSONDecodeError:
             old_man = {}
-        same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} == cfg_key
+        same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} | {
+            "generator_version": (old_man.get("generator") or {}).get("version")
+        } == cfg_key
         if not (same and resume):
             raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
     stamp.write_text(json.dumps(cfg_key, sort_keys=True))

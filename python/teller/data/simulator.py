@@ -201,6 +201,22 @@ class EngineSim:
         }
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _device_properties(self) -> list[dict[str, Any]]:
+        """The GPUs every worker sees, as Kineto's ``deviceProperties`` entries (the subset of
+        ``cudaGetDeviceProperties`` fields a roofline needs): what a capture says about its
+        hardware, so that a kernel's time can be judged against the same GPU's."""
+        g = self.gpu
+        return [
+            {
+                "id": d,
+                "name": g.name,
+                "totalGlobalMem": int(g.memory_gib * 2**30),
+                "computeMajor": g.sm // 10,
+                "computeMinor": g.sm % 10,
+            }
+            for d in range(self.wl.tp)
+        ]
+
     def j(self, sigma: float | None = None) -> float:
         return K.jitter(self.rng, self.jit if sigma is None else sigma)
 
@@ -313,6 +329,7 @@ class EngineSim:
                     "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(wl.tp))),
                 },
                 producer="teller-sim 1",
+                extra_meta={"deviceProperties": self._device_properties()},
             )
             w.thread_name(pid, "EngineCore" if r == 0 else f"VllmWorker-{r}")
             writers.append(w)

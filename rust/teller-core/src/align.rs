@@ -232,11 +232,14 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
     }
 }
 
+/// A flow end's (source, pid, tid, start).
+type FlowEnd = (u16, i64, i64, i64);
+
 /// For each `ac2g` flow end (`f`: a GPU activity's source, pid, tid and start), the pid of the
 /// process its flow starts in (`s`: the launching call), and how many flow ids start in more than
 /// one process (those are left out). Kineto and teller write one pair per launch with the `f` at
 /// the activity's own start.
-fn flow_launch_pids(t: &Trace) -> (HashMap<(u16, i64, i64, i64), i64>, usize) {
+fn flow_launch_pids(t: &Trace) -> (HashMap<FlowEnd, i64>, usize) {
     let mut out = HashMap::new();
     if t.flows.is_empty() {
         return (out, 0);

@@ -803,6 +803,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         _ => None,
     };
     t.warnings = warnings;
+    let mut metadata = vec![("header".to_string(), meta.to_json())];
+    // A producer that knows its GPUs writes them as Kineto does (`deviceProperties`: a list of
+    // {id, name, totalGlobalMem, computeMajor, ...}); lifted out of the header so that the Chrome
+    // output carries them where Perfetto, HTA and teller's own Chrome reader look.
+    if let Some(v @ MVal::Array(_)) = meta.get("deviceProperties") {
+        metadata.push(("deviceProperties".to_string(), v.to_json()));
+    }
     t.sources.push(SourceInfo {
         path: path.to_string(),
         kind: "raw".into(),
@@ -811,7 +818,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         host: Some(host.clone()),
         producer,
         events: t.len() as u64,
-        metadata: vec![("header".into(), meta.to_json())],
+        metadata,
     });
     Ok((t, ProcessKey { host, pid, start_ns }))
 }
@@ -974,6 +981,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn device_properties_in_the_header_reach_the_chrome_output() {
+        let dev =
+            |id: i64, name: &'static str| V::M(vec![("id", V::I(id)), ("name", V::S(name)), ("computeMajor", V::I(9))]);
+        let file = |pid: i64, devs: Vec<V<'static>>| {
+            let mut b = Vec::new();
+            write(
+                &mut b,
+                &V::A(vec![
+                    V::I(1),
+                    V::S(MAGIC),
+                    V::I(FORMAT_VERSION),
+                    V::M(vec![
+                        ("pid", V::I(pid)),
+                        ("host", V::S("test")),
+                        ("clock_sync", V::A(vec![V::I(0), V::I(1_000)])),
+                        ("deviceProperties", V::A(devs)),
+                    ]),
+                ]),
+            );
+            span(&mut b, 6, "k", 1, 10, 20);
+            b
+        };
+        let a = file(1, vec![dev(1, "GPU-B"), dev(0, "GPU-A")]);
+        let (ta, _) = read_raw("a", &a, 0).unwrap();
+        let md = &ta.sources[0].metadata;
+        assert_eq!(md[0].0, "header");
+        let (k, v) = &md[1];
+        assert_eq!(k, "deviceProperties");
+        assert!(
+            v.starts_with('[') && v.contains("\"GPU-A\"") && v.contains("\"GPU-B\""),
+            "{v}"
+        );
+        // two processes of one job: one list, by id, each device once
+        let b = file(2, vec![dev(1, "GPU-B (rank 1's view)"), dev(2, "GPU-C")]);
+        let (tb, _) = read_raw("b", &b, 1).unwrap();
+        let texts: Vec<&str> = [&ta, &tb]
+            .iter()
+            .flat_map(|t| t.sources[0].metadata.iter())
+            .filter(|(k, _)| k == "deviceProperties")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let merged = crate::writer::merge_device_properties(&texts).unwrap();
+        let names: Vec<&str> = ["GPU-A", "GPU-B", "GPU-C", "rank 1's view"]
+            .into_iter()
+            .filter(|n| merged.contains(n))
+            .collect();
+        assert_eq!(names, ["GPU-A", "GPU-B", "GPU-C"], "{merged}");
+        assert!(merged.find("GPU-A").unwrap() < merged.find("GPU-B").unwrap());
+        // a header without the key: only the header metadata
+        let mut c = Vec::new();
+        header(&mut c, 3, 0, 0);
+        span(&mut c, 6, "k", 1, 10, 20);
+        let (tc, _) = read_raw("c", &c, 0).unwrap();
+        assert_eq!(tc.sources[0].metadata.len(), 1);
     }
 
     #[test]

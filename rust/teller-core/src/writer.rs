@@ -98,6 +98,79 @@ pub struct WriteOptions {
     pub highlight: Vec<u32>,
 }
 
+/// One `deviceProperties` list from several sources' (JSON array texts): entries deduplicated by
+/// their `id` (the first source's entry wins) and sorted by it; entries without an integer `id` are
+/// kept once per distinct text, after those with one. A text that is not a JSON array of objects is
+/// passed through alone when it is the only one, else skipped (it cannot be merged). None when
+/// nothing is left.
+pub fn merge_device_properties(texts: &[&str]) -> Option<String> {
+    use crate::json::{parse_int, Raw, Scanner};
+    fn entries(text: &str) -> Option<Vec<(Option<i64>, &str)>> {
+        let mut sc = Scanner::new(text.as_bytes());
+        sc.skip_ws();
+        sc.expect(b'[').ok()?;
+        let mut out = Vec::new();
+        sc.skip_ws();
+        if sc.peek() == Some(b']') {
+            return Some(out);
+        }
+        loop {
+            sc.skip_ws();
+            let Raw::Object(obj) = sc.value_raw().ok()? else {
+                return None;
+            };
+            let mut id = None;
+            let mut o = Scanner::new(obj);
+            o.expect(b'{').ok()?;
+            o.skip_ws();
+            if o.peek() != Some(b'}') {
+                loop {
+                    o.skip_ws();
+                    let key = o.string().ok()?;
+                    o.skip_ws();
+                    o.expect(b':').ok()?;
+                    o.skip_ws();
+                    let v = o.value_raw().ok()?;
+                    if key == "id" {
+                        if let Raw::Num(n) = v {
+                            id = parse_int(n);
+                        }
+                    }
+                    if !o.comma_or(b'}').ok()? {
+                        break;
+                    }
+                }
+            }
+            out.push((id, std::str::from_utf8(obj).ok()?));
+            if !sc.comma_or(b']').ok()? {
+                break;
+            }
+        }
+        Some(out)
+    }
+    if texts.len() == 1 && entries(texts[0]).is_none() {
+        return Some(texts[0].to_string());
+    }
+    let mut by_id: Vec<(i64, &str)> = Vec::new();
+    let mut no_id: Vec<&str> = Vec::new();
+    for t in texts {
+        for (id, obj) in entries(t).unwrap_or_default() {
+            match id {
+                Some(i) if !by_id.iter().any(|(j, _)| *j == i) => by_id.push((i, obj)),
+                Some(_) => {}
+                None if !no_id.contains(&obj) => no_id.push(obj),
+                None => {}
+            }
+        }
+    }
+    if by_id.is_empty() && no_id.is_empty() {
+        return None;
+    }
+    by_id.sort_by_key(|(i, _)| *i);
+    let parts: Vec<&str> = by_id.iter().map(|(_, o)| *o).chain(no_id).collect();
+    Some(format!("[{}]", parts.join(", ")))
+}
+
 /// The whole trace as Chrome JSON, streamed to `w` in chunks.
 pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std::io::Result<()> {
     let n = t.len();
@@ -111,14 +184,29 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     out.push_str("{\n\"schemaVersion\": 1,\n\"displayTimeUnit\": \"ms\",\n\"baseTimeNanoseconds\": ");
     push_i64(&mut out, base);
     out.push_str(",\n");
-    // Keep the device properties and distributed info of the first source that had them.
-    for key in ["deviceProperties", "distributedInfo"] {
-        if let Some(v) = t.sources.iter().flat_map(|s| s.metadata.iter()).find(|(k, _)| k == key) {
-            push_json_str(&mut out, key);
-            out.push_str(": ");
-            out.push_str(&v.1);
-            out.push_str(",\n");
-        }
+    // The device properties of every source, merged by device id (each process of a job lists
+    // the GPUs it sees); the distributed info of the first source that had it.
+    let devs: Vec<&str> = t
+        .sources
+        .iter()
+        .flat_map(|s| s.metadata.iter())
+        .filter(|(k, _)| k == "deviceProperties")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    if let Some(v) = merge_device_properties(&devs) {
+        out.push_str("\"deviceProperties\": ");
+        out.push_str(&v);
+        out.push_str(",\n");
+    }
+    if let Some(v) = t
+        .sources
+        .iter()
+        .flat_map(|s| s.metadata.iter())
+        .find(|(k, _)| k == "distributedInfo")
+    {
+        out.push_str("\"distributedInfo\": ");
+        out.push_str(&v.1);
+        out.push_str(",\n");
     }
     out.push_str("\"teller\": {\"version\": ");
     push_json_str(&mut out, crate::VERSION);
@@ -376,4 +464,35 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, &e)
     })
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::merge_device_properties as merge;
+
+    #[test]
+    fn merges_by_id_and_keeps_what_it_cannot_merge() {
+        assert_eq!(merge(&[]), None);
+        assert_eq!(merge(&["[]"]), None);
+        assert_eq!(
+            merge(&[
+                r#"[{"id": 1, "name": "b"}, {"id": 0, "name": "a"}]"#,
+                r#"[{"name": "x", "id": 1}]"#
+            ])
+            .as_deref(),
+            Some(r#"[{"id": 0, "name": "a"}, {"id": 1, "name": "b"}]"#)
+        );
+        // entries without an integer id: once per distinct text, after the numbered ones
+        assert_eq!(
+            merge(&[r#"[{"name": "n"}, {"id": 3}]"#, r#"[{"name": "n"}, {"id": "7"}]"#]).as_deref(),
+            Some(r#"[{"id": 3}, {"name": "n"}, {"id": "7"}]"#)
+        );
+        // a single source's value that is not a list of objects passes through as it was
+        assert_eq!(merge(&[r#"{"weird": true}"#]).as_deref(), Some(r#"{"weird": true}"#));
+        // several sources: the one that cannot be merged is skipped
+        assert_eq!(
+            merge(&[r#"{"weird": true}"#, r#"[{"id": 2}]"#]).as_deref(),
+            Some(r#"[{"id": 2}]"#)
+        );
+    }
 }
