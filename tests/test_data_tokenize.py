@@ -13,8 +13,18 @@ import pytest
 import teller
 from teller import tpe
 from teller.data import culprit_mask, generate
+from teller.data.reference import KernelReference, deployment_key, event_residuals
 from teller.data.summary import symbol_summary
-from teller.data.tokenize import ARRAYS, LogTokenizer, load_shard, parse_log, split_log_line, tokenize_dataset
+from teller.data.tokenize import (
+    ARRAYS,
+    LogTokenizer,
+    load_shard,
+    parse_log,
+    reference_fold,
+    reference_hidden,
+    split_log_line,
+    tokenize_dataset,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +47,12 @@ def test_manifest_and_shards_consistent(setup):
     assert man["tokenizer"]["sha256"] and man["log_tokenizer"]["vocab_size"] <= 512
     assert set(man["arrays"]) == set(ARRAYS)
     tok = tpe.load(tdir)
+    ref = KernelReference.load(out / "reference.json")
+    folds = [KernelReference.load(out / f"reference.fold{g}.json") for g in (0, 1)]
+    assert man["reference"]["entries"] == len(ref) > 0 and man["reference"]["path"] == "reference.json"
+    assert man["reference"]["out_of_fold"] and all(0 < len(f) < len(ref) for f in folds)
+    covered = {False: 0, True: 0}
+    n_hidden = 0
     for split, sp in man["splits"].items():
         assert sp["samples"] == dman["splits"][split]
         rows = 0
@@ -90,7 +106,16 @@ def test_manifest_and_shards_consistent(setup):
                     assert tw[k] == pytest.approx(np.log1p(args.get("num_tokens", 0)), rel=1e-6)
                 assert (tw > 0).any()
                 u0, u1 = a["summary_offsets"][i], a["summary_offsets"][i + 1]
-                su_ids, su_f = symbol_summary(tr, tok)
+                # columns 17-19 against the run's kernel reference, left 0 for the hidden training samples
+                hidden = split == "train" and reference_hidden(dman["seed"], sid)
+                key = deployment_key(tr, (data / sid / "log.txt").read_text())
+                assert key is not None
+                # a training sample's residuals come from the reference fitted without its half
+                r = folds[reference_fold(dman["seed"], sid)] if split == "train" else ref
+                resid = None if hidden else event_residuals(tr, r, key)
+                su_ids, su_f = symbol_summary(tr, tok, ref_resid=resid)
+                covered[hidden] += int((su_f[:, 19] > 0).any())
+                n_hidden += int(hidden)
                 np.testing.assert_array_equal(a["summary_ids"][u0:u1], su_ids)
                 np.testing.assert_array_equal(a["summary_features"][u0:u1], su_f)
                 assert u1 > u0
@@ -101,6 +126,8 @@ def test_manifest_and_shards_consistent(setup):
                 np.testing.assert_array_equal(a["summary_culprit"][u0:u1], expect)
                 assert a["summary_culprit"][u0:u1].any() == (ann["label"] != "normal" and bool(m.any()))
         assert rows == len(sp["samples"])
+    # (the tiny dataset's deployments repeat between train and the other splits; hidden rows read 0)
+    assert covered[False] > 0 and n_hidden > 0 and covered[True] == 0
 
 
 def test_resume_skips_complete_shards(setup):

@@ -871,9 +871,32 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
     _model, cfg = load_checkpoint(run)
     tok = tpe.load(tdir)
     logtok = LogTokenizer.from_dict(json.loads((out / "log_tokenizer.json").read_text()))
-    samples, _names = load_model_split(out, "train", cfg["model"])
-    for s in samples[:6]:
+    from teller.data.tokenize import reference_hidden
+
+    seed = json.loads((data / "manifest.json").read_text())["seed"]
+    # The run's own training samples have out-of-fold reference residuals; diagnose computes them
+    # against the whole reference, as for any new capture. The same data encoded for another
+    # model's use (`--log-tokenizer RUN/log_tokenizer.json`, which takes RUN's reference.json too)
+    # has whole-reference residuals everywhere: diagnose must reproduce those.
+    again = tokenize_dataset(
+        data, tdir, tmp_path / "again", shard_size=16, workers=1, log_tokenizer=out / "log_tokenizer.json"
+    )
+    assert (
+        json.loads((again / "manifest.json").read_text())["reference"]["sha256"]
+        == json.loads((out / "manifest.json").read_text())["reference"]["sha256"]
+    )
+    assert not (again / "reference.fold0.json").exists()
+    samples = load_model_split(again, "train", cfg["model"])[0][:12]
+    n_ref = n_hidden = 0
+    for s in samples:
         sd = data / s.sample_id
+        if reference_hidden(seed, s.sample_id):
+            # a hidden training sample's reference columns are 0 in the shards: compare the rest
+            n_hidden += 1
+            assert not s.summary_features[:, 17:].any()
+            s.summary_features = s.summary_features[:, :17]
+        else:
+            n_ref += int((s.summary_features[:, 19] > 0).any())
         tr = _trace.load(
             sd / "trace.json",
             step_names=tok.settings.get("step_names"),
@@ -881,6 +904,8 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
             warn=False,
         )
         d, _ = sample_inputs(tr, parse_log(sd / "log.txt"), tok, logtok, cfg, s.sample_id)
+        if s.summary_features.shape[1] == 17:
+            d.summary_features = d.summary_features[:, :17]
         for k in (
             "trace_ids",
             "trace_features",
@@ -898,6 +923,7 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
                 atol=1e-5,
                 err_msg=f"{s.sample_id}: {k}",
             )
+    assert n_ref > 0 and n_hidden > 0  # (both kinds were compared)
 
 
 def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:

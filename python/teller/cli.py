@@ -698,12 +698,21 @@ def tokenize_cmd(
         str | None,
         typer.Option(
             help="Reuse this log_tokenizer.json (another run's) instead of building one: how extra "
-            "training data or new data is encoded for models trained on other shards."
+            "training data or new data is encoded for models trained on other shards. The run's "
+            "reference.json beside it is reused too."
+        ),
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="Reuse this reference.json (per-deployment kernel times, another run's) instead of "
+            "fitting one on the train split."
         ),
     ] = None,
 ) -> None:
     """Encode every sample with TPE (ids, timing features, token->event offsets, culprit mask) and its
-    log with the log tokenizer, into memory-mapped .npy shards plus manifest.json. Resumable."""
+    log with the log tokenizer, into memory-mapped .npy shards plus manifest.json. Fits the
+    per-deployment kernel reference (reference.json) on the train split first. Resumable."""
     from teller.data.tokenize import tokenize_dataset
 
     t0 = time.perf_counter()
@@ -718,6 +727,7 @@ def tokenize_cmd(
                 workers=workers,
                 log_vocab_size=log_vocab_size,
                 log_tokenizer=log_tokenizer,
+                reference=reference,
                 progress=cb,
             )
     except TellerError as e:

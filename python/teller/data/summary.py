@@ -27,6 +27,9 @@ row comparing its events to the same symbol's events in the trace's opening wind
 | 14 | ``xfer_median`` | collectives only: median over instances of the fastest rank's x (see below) |
 | 15 | ``xfer_shift`` | the window scan (as ``shift``) over that fastest rank's x, load-normalized |
 | 16 | ``xfer_shift_z`` | ``xfer_shift`` / (standard deviation of its residual + 0.02) |
+| 17 | ``ref_dev`` | kernels: median residual of x against the deployment's reference (0: none) |
+| 18 | ``ref_pid_max`` | the largest per-process median of those residuals (one GPU slow) |
+| 19 | ``ref_cov`` | the share of the symbol's events that have a reference residual (0: none) |
 
 ``f_p`` is a fit of x on w per *position*: the occurrence index of the symbol within its (process,
 step). One kernel name runs several GEMM shapes per layer (QKV, output, up and down projections)
@@ -65,6 +68,15 @@ Measured on ``default``'s val / test / test_ood (shards version 7), the largest 
 of a sample: nvlink_degradation 10th percentile 0.60 / 0.42 / 0.55 (74 of 74 above 0.05, 73
 above 0.2); every other class's 99th percentile 0.21 / 0.15 / 0.07, its max 0.30 / 0.19 / 0.17.
 
+Columns 17-19 compare a kernel with the same deployment's other captures rather than with its own
+capture (:mod:`teller.data.reference`: a fit per GPU, model, TP, kernel and position on the step's
+load, fitted on training captures outside their fault windows; ``teller tokenize`` fits and
+stores it). They are what a fault spanning most of a capture, or one that coincides with the load,
+leaves: every column above compares within the capture and absorbs it. A capture of a deployment
+without a reference (an unseen GPU or model, no ``deviceProperties``) reads 0 in all three, and
+``teller tokenize`` leaves them 0 for a fixed 30 % of the training samples (``REF_HIDE_FRAC``) so
+that a model learns to do without them.
+
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
@@ -100,6 +112,9 @@ SUMMARY_FEATURE_NAMES: tuple[str, ...] = (
     "xfer_median",
     "xfer_shift",
     "xfer_shift_z",
+    "ref_dev",
+    "ref_pid_max",
+    "ref_cov",
 )
 # collective kernels (their symbol, ``kernel:`` + the normalized name): NCCL's and vLLM's custom
 # all-reduce (``cross_device_reduce_1stage/2stage``)
@@ -250,11 +265,17 @@ def window_scan(v: np.ndarray) -> tuple[float, int, int]:
 
 
 def symbol_summary(
-    tr: Any, tok: Any, baseline_frac: float = 0.1, by_position: bool = True
+    tr: Any,
+    tok: Any,
+    baseline_frac: float = 0.1,
+    by_position: bool = True,
+    ref_resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, features)``: the TPE base id of each symbol present in ``tr`` (sorted by id; symbols
     unknown to ``tok`` are pooled into their layer's ``[UNK]`` row) and its summary row
-    (``float32 [S, N_SUMMARY_FEATURES]``)."""
+    (``float32 [S, N_SUMMARY_FEATURES]``). ``ref_resid``: per event, its residual against the
+    deployment's kernel reference (NaN: none; :func:`teller.data.reference.event_residuals`), for
+    columns 17-19; None leaves them 0."""
     n = len(tr)
     if n == 0:
         return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)
@@ -317,7 +338,20 @@ def symbol_summary(
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
         if transfer:
             _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], pos_all, end[idx] / 1000.0)
+        if ref_resid is not None:
+            _reference_columns(out[g], ref_resid[idx], pid[idx])
     return ids, out.astype(np.float32)
+
+
+def _reference_columns(row: np.ndarray, r: np.ndarray, pid: np.ndarray) -> None:
+    """Columns 17-19 of one symbol's row from its events' reference residuals ``r`` (NaN: none)."""
+    ok = np.isfinite(r)
+    if not ok.any():
+        return
+    rk, pk = r[ok], pid[ok]
+    row[17] = float(np.median(rk))
+    row[18] = max(float(np.median(rk[pk == p])) for p in np.unique(pk))
+    row[19] = float(ok.mean())
 
 
 def summary_options(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -36,8 +36,15 @@ SHARDS_FORMAT = "teller-shards"
 # the loader that links each GPU activity of a multi-process trace.json to its own process's launch
 # (before, every rank's kernels hung under rank 0's calls: their chains, steps, token_proc_log and
 # summary rows changed); 7: + summary columns 14-16, a collective's transfer apart from its waiting
-# (teller.data.summary; columns 0-13 unchanged, so a version-6 model reads version-7 shards)
-SHARDS_VERSION = 7
+# (teller.data.summary; columns 0-13 unchanged, so a version-6 model reads version-7 shards);
+# 8: + summary columns 17-19, kernels against the deployment's reference (teller.data.reference,
+# reference.json beside the shards; columns 0-16 unchanged)
+SHARDS_VERSION = 8
+# the share of training samples whose reference columns are left 0 (chosen by a hash of the
+# dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
+# with every training sample covered, a probe's trees sent unknown deployments down the wrong side
+REF_HIDE_FRAC = 0.3
+REFERENCE_FILE = "reference.json"
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -227,6 +234,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
     from teller import trace as _trace
     from teller.data.dataset import culprit_mask
+    from teller.data.reference import KernelReference, deployment_key, event_residuals
     from teller.data.summary import (  # noqa: PLC0415
         process_log_levels,
         symbol_summary,
@@ -249,6 +257,8 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     tmp.mkdir(parents=True)
     tok = tpe.load(job["tokenizer"])
     logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
+    ref = KernelReference.load(job["reference"]) if job.get("reference") else None
+    folds = [KernelReference.load(p) for p in job["reference_folds"]] if job.get("reference_folds") else None
     labels = job["labels"]
     per_sample = ("labels", "severity", "effect_events", "effect_share")
     cols: dict[str, list[np.ndarray]] = {
@@ -292,7 +302,12 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["token_work"].append(token_work(tr, ev, o))
         cols["base_events"].append(ev)
         cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
-        sids, sfeat = symbol_summary(tr, tok)
+        resid = None
+        if ref is not None and not (job.get("split") == "train" and reference_hidden(job.get("seed"), sid)):
+            log_text = (sd / "log.txt").read_text(errors="replace") if (sd / "log.txt").is_file() else None
+            r = folds[reference_fold(job.get("seed"), sid)] if folds else ref
+            resid = event_residuals(tr, r, deployment_key(tr, log_text))
+        sids, sfeat = symbol_summary(tr, tok, ref_resid=resid)
         cols["summary_ids"].append(sids)
         cols["summary_features"].append(sfeat)
         # a row is a culprit when its base symbol (the same mapping symbol_summary uses) has a culprit event
@@ -365,6 +380,65 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def _unit(seed: Any, sample_id: str, salt: str) -> float:
+    h = hashlib.sha256(f"{salt}:{seed}:{sample_id}".encode()).digest()
+    return int.from_bytes(h[:4], "big") / 2**32
+
+
+def reference_hidden(seed: Any, sample_id: str) -> bool:
+    """Whether a training sample's reference columns are left 0 (``REF_HIDE_FRAC`` of them, fixed
+    by the dataset seed and the sample id)."""
+    return _unit(seed, sample_id, "hide") < REF_HIDE_FRAC
+
+
+def reference_fold(seed: Any, sample_id: str) -> int:
+    """The half (0 or 1) of the train split a training sample belongs to for its out-of-fold
+    reference residuals."""
+    return int(_unit(seed, sample_id, "fold") >= 0.5)
+
+
+def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[Any]]:
+    """The deployments' kernel reference (:mod:`teller.data.reference`) from a dataset's train
+    split (every kernel event outside the sample's labelled fault windows), and the two out-of-fold
+    references: ``folds[f]`` is fitted without the training samples of half ``f``
+    (:func:`reference_fold`). A training sample's residuals come from the reference that did not
+    see it, as a val or test sample's do from the full one; in-sample residuals are smaller (a
+    deployment with a handful of training captures fits them closely) and would teach a model that
+    any residual is a fault."""
+    from teller import trace as _trace
+    from teller.data.reference import KernelReference, deployment_key, kernel_points, outside_faults
+
+    seed = man.get("seed")
+    pts: list[tuple[int, tuple[str | None, list[str], np.ndarray, np.ndarray]]] = []
+    for sid in man["splits"].get("train", []):
+        sd = data / sid
+        try:
+            ann = json.loads((sd / "annotation.json").read_text())
+            tr = _trace.load(
+                sd / "trace.json",
+                step_names=tok.settings.get("step_names"),
+                normalize=tok.settings.get("normalize"),
+                warn=False,
+            )
+            log_text = (sd / "log.txt").read_text(errors="replace")
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{sd}: cannot read the sample to fit the kernel reference ({e})") from None
+        key = deployment_key(tr, log_text)
+        if key is None:
+            continue
+        idx, pk, w, x = kernel_points(tr)
+        keep = outside_faults(tr, idx, ann)
+        pts.append(
+            (
+                reference_fold(seed, sid),
+                (key, [k for k, ok in zip(pk, keep, strict=True) if ok], w[keep], x[keep]),
+            )
+        )
+    full = KernelReference.fit(p for _, p in pts)
+    folds = [KernelReference.fit(p for f, p in pts if f != g) for g in (0, 1)]
+    return full, folds
+
+
 def tokenize_dataset(
     data_dir: str | os.PathLike[str],
     tokenizer_dir: str | os.PathLike[str],
@@ -375,13 +449,17 @@ def tokenize_dataset(
     workers: int = 1,
     log_vocab_size: int = 4096,
     log_tokenizer: str | os.PathLike[str] | None = None,
+    reference: str | os.PathLike[str] | None = None,
     progress: ProgressFn | None = None,
 ) -> Path:
     """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
     hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes.
 
     The log tokenizer is built from the dataset's train split, or taken from ``log_tokenizer`` (a
-    ``log_tokenizer.json``): how new data is encoded for a model trained on other shards."""
+    ``log_tokenizer.json``): how new data is encoded for a model trained on other shards. The
+    kernel reference likewise: fitted on the train split, or taken from ``reference`` (a
+    ``reference.json``), or, when only ``log_tokenizer`` is given, from the ``reference.json``
+    beside it (the run it came from)."""
     from teller import tpe
 
     data = Path(data_dir)
@@ -411,6 +489,14 @@ def tokenize_dataset(
         except (ValueError, KeyError, TypeError) as e:
             raise TokenizerError(f"{lt_src}: not a teller log tokenizer ({e})") from None
         settings["log_tokenizer_sha256"] = _sha256(lt_src)
+        if reference is None and (lt_src.parent / REFERENCE_FILE).is_file():
+            reference = lt_src.parent / REFERENCE_FILE
+    if reference is not None:
+        from teller.data.reference import KernelReference
+
+        ref_src = Path(reference)
+        KernelReference.load(ref_src)  # fail early on a missing or bad one
+        settings["reference_sha256"] = _sha256(ref_src)
     if run_id is None:
         key = [d_hash, t_hash, settings, SHARDS_VERSION]
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -428,6 +514,19 @@ def tokenize_dataset(
         tmp = out / ".log_tokenizer.json.tmp"
         tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
         os.replace(tmp, lt_path)
+    ref_path = out / REFERENCE_FILE
+    if not ref_path.is_file():
+        if reference is not None:
+            tmp = out / f".{REFERENCE_FILE}.tmp"
+            shutil.copyfile(reference, tmp)
+            os.replace(tmp, ref_path)
+        else:
+            full, folds = fit_reference(data, man, tok)
+            for g, r in enumerate(folds):
+                r.save(out / f"reference.fold{g}.json")
+            full.save(ref_path)  # (last: its presence marks the three as complete)
+    fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
+    own_reference = all(p.is_file() for p in fold_paths)
     jobs = []
     splits: dict[str, Any] = {}
     for split, ids in man["splits"].items():
@@ -442,6 +541,13 @@ def tokenize_dataset(
                     "out": str(out),
                     "tokenizer": str(tfile),
                     "log_tokenizer": str(lt_path),
+                    "reference": str(ref_path),
+                    # a training sample of the dataset the reference was fitted on: out of fold
+                    "reference_folds": [str(p) for p in fold_paths]
+                    if own_reference and split == "train"
+                    else None,
+                    "split": split,
+                    "seed": man.get("seed"),
                     "labels": labels,
                 }
             )
@@ -468,6 +574,7 @@ def tokenize_dataset(
         for s in sp["shards"]:
             s.update({k: v for k, v in infos[s["name"]].items() if k != "name"})
     lt_vocab = len(json.loads(lt_path.read_text())["vocab"])
+    ref_table = json.loads(ref_path.read_text())["table"]
     manifest = {
         "format": SHARDS_FORMAT,
         "version": SHARDS_VERSION,
@@ -490,6 +597,15 @@ def tokenize_dataset(
             "feature_names": list(LOG_FEATURE_NAMES),
         },
         "summary": {"feature_names": list(SUMMARY_FEATURE_NAMES), "baseline_frac": 0.1},
+        "reference": {
+            "path": REFERENCE_FILE,
+            "sha256": _sha256(ref_path),
+            "deployments": len(ref_table),
+            "entries": sum(len(v) for v in ref_table.values()),
+            "hidden_train_frac": REF_HIDE_FRAC,
+            # training samples' residuals from the half of the train split they are not in
+            "out_of_fold": own_reference,
+        },
         "label_names": labels,
         "settings": settings,
         "arrays": ARRAYS,

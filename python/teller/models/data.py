@@ -303,6 +303,10 @@ def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
     checks = {
         "TPE tokenizer": (a["tokenizer"]["sha256"], b["tokenizer"]["sha256"]),
         "log tokenizer": (a["log_tokenizer"]["sha256"], b["log_tokenizer"]["sha256"]),
+        "kernel reference": (
+            (a.get("reference") or {}).get("sha256"),
+            (b.get("reference") or {}).get("sha256"),
+        ),
         "label names": (a["label_names"], b["label_names"]),
         "shards version": (a.get("version"), b.get("version")),
     }
@@ -310,7 +314,8 @@ def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
         if x != y:
             raise ConfigError(
                 f"{extra}: its {what} differs from {run_dir}'s; tokenize it with the same TPE tokenizer "
-                "and `teller tokenize --log-tokenizer RUN/log_tokenizer.json`",
+                "and `teller tokenize --log-tokenizer RUN/log_tokenizer.json` (which also takes RUN's "
+                "reference.json)",
                 path=str(extra),
             )
     if "train" not in b["splits"]:

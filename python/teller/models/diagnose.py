@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from teller.data.summary import process_log_levels, token_process_log, token_work
-from teller.errors import TellerFileNotFoundError
+from teller.errors import TellerError, TellerFileNotFoundError
 from teller.models.data import Sample, _trace_features, collate, compact_log
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
@@ -36,6 +36,31 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         raise TellerFileNotFoundError(f"{path}: no trace (trace.json or raw files)", path=str(path))
     log = path / "log.txt"
     return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
+
+
+_REFERENCES: dict[str, Any] = {}
+
+
+def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str, str]]) -> np.ndarray | None:
+    """Per event of ``tr``, its residual against the kernel reference of the shards a run
+    (checkpoint or baselines configuration ``cfg``) was trained on, as ``teller tokenize`` computes
+    it for summary columns 17-19; None for runs on shards older than version 8, or when the
+    reference is missing (a warning) or knows nothing of this deployment."""
+    if int(cfg.get("shards_version") or 4) < 8:
+        return None
+    from teller.data.reference import KernelReference, deployment_key, event_residuals
+
+    path = cfg.get("reference") or str(Path(cfg.get("data_dir", "")) / "reference.json")
+    if path not in _REFERENCES:
+        try:
+            _REFERENCES[path] = KernelReference.load(path)
+        except TellerError as e:
+            import warnings
+
+            warnings.warn(f"{e}: the reference columns read as unknown", stacklevel=2)
+            _REFERENCES[path] = None
+    key = deployment_key(tr, "\n".join(t for _, _, t in lines))
+    return event_residuals(tr, _REFERENCES[path], key)
 
 
 def sample_inputs(
@@ -88,7 +113,9 @@ def sample_inputs(
         from teller.data.summary import summary_options, symbol_summary
 
         k = int(mc.get("max_summary_tokens", 128))
-        su_ids, su_f = symbol_summary(tr, tok, **summary_options(cfg))
+        su_ids, su_f = symbol_summary(
+            tr, tok, **summary_options(cfg), ref_resid=reference_residuals(cfg, tr, lines)
+        )
         nsf = int(mc.get("n_summary_features", su_f.shape[1]))
         s.summary_ids, s.summary_features = su_ids[:k].astype(np.int64), su_f[:k, :nsf]
     return s, {"ids": ids, "feats": feats, "offs": offs, "ev": ev, "lids": lids, "lfeat": lfeat, "n": n}
@@ -146,7 +173,7 @@ def diagnose(
     loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
     names = cfg["label_names"]
     if ens is not None:
-        probs, loc = _ensemble(ens, names, probs, out, n, tr, tok, ids, feats, lids, lfeat)
+        probs, loc = _ensemble(ens, names, probs, out, n, tr, tok, ids, feats, lids, lfeat, lines)
     infer_ms = 1000 * (time.perf_counter() - t0)
     order = np.argsort(-probs, kind="stable")
     causes = [
@@ -233,6 +260,7 @@ def _ensemble(
     feats: np.ndarray,
     lids: Any,
     lfeat: Any,
+    lines: list[tuple[int, str, str]],
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ensemble's cause probabilities (the MoT's mixed with the GBDT's, on the features the GBDT
     was trained on, built as ``teller tokenize`` stores them) and the localization of its likeliest
@@ -245,8 +273,9 @@ def _ensemble(
 
     b = pickle.loads((Path(ens["baselines"]) / "baselines.pkl").read_bytes())
     bcfg = Path(ens["baselines"]) / "config.json"
+    bc = json.loads(bcfg.read_text()) if bcfg.is_file() else {}
     su_ids, su_f = symbol_summary(
-        tr, tok, **summary_options(json.loads(bcfg.read_text()) if bcfg.is_file() else {})
+        tr, tok, **summary_options(bc), ref_resid=reference_residuals(bc, tr, lines)
     )
     lf = np.asarray(lfeat, np.float64).reshape(-1, 2)
     rs = RawSample(

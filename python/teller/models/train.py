@@ -327,6 +327,10 @@ def train(
         "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
         "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
         "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
+        # the kernel reference of summary columns 17-19 (shards >= 8), for diagnose
+        "reference": str((run_dir / "reference.json").resolve())
+        if (run_dir / "reference.json").is_file()
+        else None,
     }
     (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
     history: list[dict[str, float]] = []
@@ -415,7 +419,7 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     an error"); a warning when the summary rows were computed differently from the training data's
     (version 5 changed what columns 9-11 mean, not their number), or the traces were linked
     differently (version 6: each rank's GPU work under its own process); :class:`ConfigError` when
-    the checkpoint reads more summary columns than the shards have (version 7 added 3)."""
+    the checkpoint reads more summary columns than the shards have (versions 7 and 8 added 3 each)."""
     mc = cfg.get("model")
     man = json.loads((run_dir / "manifest.json").read_text())
     have = int(man.get("version", 1))
@@ -437,7 +441,7 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     if trace_side and need and width < int(need):
         raise ConfigError(
             f"{run_dir}: shards version {have} have {width} summary columns, the checkpoint reads "
-            f"{need} (trained on version {trained}; version 7 added 3); re-run `teller tokenize`",
+            f"{need} (trained on version {trained}; versions 7 and 8 added 3 each); re-run `teller tokenize`",
             path=str(run_dir),
         )
     if mc and mc.get("log_process_features") and trace_side and have < 5:

@@ -1,0 +1,183 @@
+"""The per-deployment kernel reference (teller.data.reference): keys, fits, residuals, files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from teller import trace as T
+from teller.data import generate
+from teller.data.reference import (
+    KernelReference,
+    deployment_key,
+    event_residuals,
+    kernel_points,
+    outside_faults,
+)
+from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.rawfmt import RawWriter
+
+MONO0, REAL0 = 1_000_000_000, 1_764_000_000_000_000_000
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref") / "ds"
+    generate(d, num_samples=12, seed=7, preset="tiny")
+    return d
+
+
+def test_deployment_key_from_device_properties_and_the_vllm_args_line(tiny):
+    for sd in sorted(p for p in tiny.iterdir() if p.is_dir()):
+        wl = json.loads((sd / "annotation.json").read_text())["workload"]
+        tr = T.load(sd / "trace.json")
+        assert (
+            deployment_key(tr, (sd / "log.txt").read_text())
+            == f"{wl['gpu_name']}|{wl['model_name']}|tp{wl['tp']}"
+        )
+        assert deployment_key(tr, None) is None
+        assert deployment_key(tr, "INFO no engine arguments here") is None
+        assert deployment_key(tr, "args: Namespace(model='m/x', dtype=auto)").endswith("|m/x|tp1")
+
+
+def test_no_device_properties_no_key(tmp_path):
+    with RawWriter(tmp_path / "teller-h-1-0.tmsgpack", pid=1, host="h", clock_sync=(MONO0, REAL0)) as w:
+        w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+    tr = T.load(tmp_path / "teller-h-1-0.tmsgpack")
+    assert deployment_key(tr, "args: Namespace(model='m', tensor_parallel_size=2)") is None
+
+
+def test_kernel_points_number_each_symbol_within_its_process_and_step(tmp_path):
+    # two steps on one process: gemm, norm, gemm in each; positions 0, 0, 1 per step
+    d = tmp_path / "raw"
+    d.mkdir()
+    with RawWriter(d / "teller-h-1-0.tmsgpack", pid=1, host="h", clock_sync=(MONO0, REAL0)) as w:
+        for s in range(2):
+            t = MONO0 + s * 100_000
+            w.span(
+                "annotation",
+                "engine_step",
+                tid=1,
+                start=t,
+                end=t + 50_000,
+                args={"num_tokens": 7 if s == 0 else 63},
+            )
+            for k, name in enumerate(("gemm", "norm", "gemm")):
+                c = 10 * s + k + 1
+                w.span(
+                    "runtime",
+                    "cudaLaunchKernel",
+                    tid=1,
+                    start=t + 100 + 1000 * k,
+                    end=t + 200 + 1000 * k,
+                    corr=c,
+                )
+                w.gpu(
+                    "kernel",
+                    name,
+                    device=0,
+                    stream=7,
+                    start=t + 5000 + 10_000 * k,
+                    end=t + 7000 + 10_000 * k,
+                    corr=c,
+                )
+    tr = T.load(d, step_names=["engine_step"])
+    idx, pk, w, x = kernel_points(tr)
+    got = sorted((int(tr.ts[i]), k, round(float(ww), 4)) for i, k, ww in zip(idx, pk, w, strict=True))
+    names = [k for _, k, _ in got]
+    assert names == ["kernel:gemm\t0", "kernel:norm\t0", "kernel:gemm\t1"] * 2
+    assert [ww for *_, ww in got] == [round(np.log1p(7), 4)] * 3 + [round(np.log1p(63), 4)] * 3
+    np.testing.assert_allclose(x, np.log1p(2.0))  # 2 us each
+
+
+def test_fit_and_residuals_hand_computed():
+    rng = np.random.default_rng(0)
+    w = rng.uniform(1, 8, 200)
+    x = 0.05 * w**2 + 0.3 * w + 1.0  # exact quadratic
+    ref = KernelReference.fit(
+        [
+            ("A|m|tp1", ["k\t0"] * 200, w, x),
+            ("A|m|tp1", ["k\t1"] * 3, np.array([1.0, 2, 3]), np.array([2.0, 3, 4])),
+        ]
+    )
+    c2, c1, c0, lo, hi, n = ref.table["A|m|tp1"]["k\t0"]
+    assert (c2, c1, c0) == pytest.approx((0.05, 0.3, 1.0), abs=1e-9)
+    assert (lo, hi, n) == (w.min(), w.max(), 200)
+    assert ref.table["A|m|tp1"]["k\t1"][:3] == pytest.approx([0.0, 1.0, 1.0])  # a line through 3 points
+    r = ref.residuals(
+        "A|m|tp1",
+        ["k\t0", "k\t0", "k\t1", "other\t0"],
+        np.array([2.0, 100.0, 2.0, 2.0]),
+        np.array([2.0, 9.0, 3.5, 1.0]),
+    )
+    want0 = 2.0 - (0.05 * 4 + 0.6 + 1.0)
+    want1 = 9.0 - (0.05 * w.max() ** 2 + 0.3 * w.max() + 1.0)  # the load clipped to the fitted range
+    np.testing.assert_allclose(r[:3], [want0, want1, 0.5])
+    assert np.isnan(r[3])
+    assert np.isnan(ref.residuals("B|m|tp1", ["k\t0"], np.array([2.0]), np.array([2.0]))).all()
+    assert np.isnan(ref.residuals(None, ["k\t0"], np.array([2.0]), np.array([2.0]))).all()
+    # too few events: no fit; a single load: the median
+    ref2 = KernelReference.fit(
+        [
+            ("K", ["a\t0"] * 2, np.ones(2), np.ones(2)),
+            ("K", ["b\t0"] * 4, np.ones(4), np.array([1.0, 2, 3, 10])),
+        ]
+    )
+    assert "a\t0" not in ref2.table["K"] and ref2.table["K"]["b\t0"][:3] == [0.0, 0.0, 2.5]
+    assert KernelReference.fit([(None, ["k\t0"] * 5, np.ones(5), np.ones(5))]).table == {}
+
+
+def test_file_round_trip_and_errors(tmp_path):
+    ref = KernelReference({"A|m|tp1": {"k\t0": [0.0, 0.5, 1.0, 1.0, 2.0, 9]}})
+    p = ref.save(tmp_path / "reference.json")
+    assert KernelReference.load(p).table == ref.table and len(KernelReference.load(p)) == 1
+    with pytest.raises(TellerFileNotFoundError, match="no kernel reference"):
+        KernelReference.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    for text, msg in (
+        ("{", "not JSON"),
+        ('{"format": "x"}', "not a teller kernel reference"),
+        ('{"format": "teller-kernel-reference", "version": 9, "table": {}}', "version 9"),
+        ('{"format": "teller-kernel-reference", "version": 1, "table": {"A": {"k": [1, 2]}}}', "malformed"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=msg) as e:
+            KernelReference.load(bad)
+        assert str(bad) in str(e.value)
+
+
+def test_fault_windows_are_left_out_and_healthy_residuals_are_small(tiny):
+    man = json.loads((tiny / "manifest.json").read_text())
+    pts, faulty = [], None
+    for sid in man["splits"]["train"] + man["splits"]["val"] + man["splits"]["test"]:
+        sd = tiny / sid
+        ann = json.loads((sd / "annotation.json").read_text())
+        tr = T.load(sd / "trace.json")
+        idx, pk, w, x = kernel_points(tr)
+        keep = outside_faults(tr, idx, ann)
+        if ann["faults"]:
+            f = ann["faults"][0]
+            ts = tr.ts[idx]
+            inside = (ts + tr.dur[idx] >= f["start_ns"]) & (ts <= f["end_ns"])
+            np.testing.assert_array_equal(keep, ~inside)
+            faulty = faulty or (sd, tr)
+        else:
+            assert keep.all()
+        pts.append(
+            (
+                deployment_key(tr, (sd / "log.txt").read_text()),
+                [k for k, ok in zip(pk, keep, strict=True) if ok],
+                w[keep],
+                x[keep],
+            )
+        )
+    ref = KernelReference.fit(pts)
+    assert len(ref) > 0
+    # a capture the reference was fitted on (outside its fault): residuals centred on 0
+    sd, tr = faulty
+    r = event_residuals(tr, ref, deployment_key(tr, (sd / "log.txt").read_text()))
+    assert r.shape == (len(tr),) and np.isfinite(r).any()
+    assert np.isnan(r[~tr.layer_mask("kernel")]).all()
+    assert abs(float(np.nanmedian(r))) < 0.1
+    assert event_residuals(tr, ref, None) is None and event_residuals(tr, None, "x") is None
