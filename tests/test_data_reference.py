@@ -89,6 +89,31 @@ def test_kernel_points_number_each_symbol_within_its_process_and_step(tmp_path):
     assert names == ["kernel:gemm\t0", "kernel:norm\t0", "kernel:gemm\t1"] * 2
     assert [ww for *_, ww in got] == [round(np.log1p(7), 4)] * 3 + [round(np.log1p(63), 4)] * 3
     np.testing.assert_allclose(x, np.log1p(2.0))  # 2 us each
+    # without step ranges (one step for the whole capture): no positions, one pooled fit per kernel
+    f = tmp_path / "flat"
+    f.mkdir()
+    with RawWriter(f / "teller-h-1-0.tmsgpack", pid=1, host="h", clock_sync=(MONO0, REAL0)) as w:
+        for k, name in enumerate(("gemm", "norm", "gemm", "gemm")):
+            w.span(
+                "runtime",
+                "cudaLaunchKernel",
+                tid=1,
+                start=MONO0 + 1000 * k,
+                end=MONO0 + 100 + 1000 * k,
+                corr=k + 1,
+            )
+            w.gpu(
+                "kernel",
+                name,
+                device=0,
+                stream=7,
+                start=MONO0 + 9000 * (k + 1),
+                end=MONO0 + 9000 * (k + 1) + 500,
+                corr=k + 1,
+            )
+    flat = T.load(f)
+    assert len({int(x) for x in flat.step if x >= 0}) < 2
+    assert sorted(kernel_points(flat)[1]) == ["kernel:gemm\t*"] * 3 + ["kernel:norm\t*"]
 
 
 def test_fit_and_residuals_hand_computed():

@@ -296,3 +296,46 @@ def test_shards_without_effect_arrays_read_unknown(setup, tmp_path):
     tokenize_dataset(data, tdir, tmp_path, run_id="old", shard_size=6, workers=1, log_vocab_size=512)
     assert all(json.loads(f.read_text())["effect"] for f in old.glob("shards/*/done.json"))
     assert ShardedSplit(old, "train")[0]["effect_events"] >= 0
+
+
+def test_reference_reuse_and_no_hiding(setup, tmp_path):
+    # the same data encoded for a trained model (evaluate --split DIR does this): the run's
+    # reference comes along with its log tokenizer, no fold files, and with hide_reference=False no
+    # training sample is left without its columns
+    data, tdir, out = setup
+    ref = KernelReference.load(out / "reference.json")
+    runs = {
+        hide: tokenize_dataset(
+            data,
+            tdir,
+            tmp_path / "again",
+            shard_size=6,
+            workers=1,
+            log_tokenizer=out / "log_tokenizer.json",
+            hide_reference=hide,
+        )
+        for hide in (True, False)
+    }
+    assert runs[True] != runs[False]  # (a setting of the run id)
+    for hide, run in runs.items():
+        man = json.loads((run / "manifest.json").read_text())
+        assert (
+            man["reference"]["sha256"]
+            == json.loads((out / "manifest.json").read_text())["reference"]["sha256"]
+        )
+        assert not man["reference"]["out_of_fold"] and not (run / "reference.fold0.json").exists()
+        dman = json.loads((data / "manifest.json").read_text())
+        zero = 0
+        for sh in man["splits"]["train"]["shards"]:
+            a = load_shard(run, sh["name"])
+            for i, sid in enumerate(man["splits"]["train"]["samples"][sh["rows"][0] : sh["rows"][1]]):
+                rows = a["summary_features"][a["summary_offsets"][i] : a["summary_offsets"][i + 1]]
+                tr = teller.trace.load(data / sid / "trace.json", warn=False)
+                known = deployment_key(tr, (data / sid / "log.txt").read_text()) in ref.table
+                covered = bool((rows[:, 19] > 0).any())
+                if hide and reference_hidden(dman["seed"], sid):
+                    assert not covered
+                    zero += 1
+                else:
+                    assert covered == known, sid
+        assert (zero > 0) == hide

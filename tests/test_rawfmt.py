@@ -286,3 +286,26 @@ def test_device_properties_merge_over_processes_and_survive_chrome(tmp_path):
     with RawWriter(tmp_path / "teller-h-3-0.tmsgpack", pid=3, host="h", clock_sync=(MONO0, REAL0)) as w:
         w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
     assert T.load(tmp_path / "teller-h-3-0.tmsgpack").device_properties == []
+
+
+def test_device_properties_without_an_id_are_kept_once_after_the_numbered(tmp_path):
+    d = tmp_path / "raw"
+    d.mkdir()
+    lists = {
+        1: [{"name": "X"}, {"id": 1, "name": "B"}],
+        2: [{"name": "X"}, {"id": 0, "name": "A"}, {"id": True, "name": "Y"}],
+    }
+    for pid, devs in lists.items():
+        with RawWriter(
+            d / f"teller-h-{pid}-0.tmsgpack",
+            pid=pid,
+            host="h",
+            clock_sync=(MONO0, REAL0),
+            extra_meta={"deviceProperties": devs},
+        ) as w:
+            w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+    want = ["A", "B", "X", "Y"]
+    tr = T.load(d)
+    assert [x["name"] for x in tr.device_properties] == want
+    tr.to_chrome(tmp_path / "trace.json")
+    assert [x["name"] for x in T.load(tmp_path / "trace.json").device_properties] == want

@@ -712,7 +712,8 @@ def tokenize_cmd(
 ) -> None:
     """Encode every sample with TPE (ids, timing features, token->event offsets, culprit mask) and its
     log with the log tokenizer, into memory-mapped .npy shards plus manifest.json. Fits the
-    per-deployment kernel reference (reference.json) on the train split first. Resumable."""
+    per-deployment kernel reference (reference.json) on the train split first, unless one is
+    reused. Resumable."""
     from teller.data.tokenize import tokenize_dataset
 
     t0 = time.perf_counter()

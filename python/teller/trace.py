@@ -199,11 +199,14 @@ class Trace:
     @property
     def device_properties(self) -> list[dict[str, Any]]:
         """The GPUs the capture's processes saw (Kineto's ``deviceProperties``: ``id``, ``name``,
-        ``totalGlobalMem``, ``computeMajor``, ...), merged over its sources by ``id`` and sorted by
-        it; empty when no source recorded them. An entry that is not an object is skipped."""
+        ``totalGlobalMem``, ``computeMajor``, ...), merged over its sources as the Chrome writer
+        merges them: by integer ``id`` (the first source's entry wins), sorted by it, then the
+        entries without one, once per distinct content. Empty when no source recorded them;
+        entries that are not objects are skipped."""
         import json
 
-        by_id: dict[Any, dict[str, Any]] = {}
+        by_id: dict[int, dict[str, Any]] = {}
+        other: dict[str, dict[str, Any]] = {}
         for src in self.sources:
             text = src.get("metadata", {}).get("deviceProperties")
             if not text:
@@ -213,10 +216,14 @@ class Trace:
             except ValueError:
                 continue
             for d in devs if isinstance(devs, list) else []:
-                if isinstance(d, dict):
-                    by_id.setdefault(d.get("id", len(by_id)), d)
-        ints = sorted(k for k in by_id if isinstance(k, int))
-        return [by_id[k] for k in ints] + [v for k, v in by_id.items() if not isinstance(k, int)]
+                if not isinstance(d, dict):
+                    continue
+                i = d.get("id")
+                if isinstance(i, int) and not isinstance(i, bool):
+                    by_id.setdefault(i, d)
+                else:
+                    other.setdefault(json.dumps(d, sort_keys=True), d)
+        return [by_id[k] for k in sorted(by_id)] + list(other.values())
 
     @property
     def num_flows(self) -> int:

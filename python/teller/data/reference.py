@@ -43,7 +43,7 @@ REF_FORMAT = "teller-kernel-reference"
 REF_VERSION = 1
 FILE_NAME = "reference.json"
 
-_MODEL = re.compile(r"\bmodel='([^']+)'")
+_MODEL = re.compile(r"\bmodel='([^'\n]+)'")
 _TP = re.compile(r"\btensor_parallel_size=(\d+)")
 
 
@@ -65,9 +65,9 @@ def kernel_points(
     tr: Any, w: np.ndarray | None = None
 ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
     """The kernel events of ``tr``: ``(event index, "symbol\\tposition" per event, load w, x)``.
-    The position counts a symbol's events within each run of (process, step) in time order (the
-    2nd GEMM of a step is another shape than the 1st); ``w`` is
-    :func:`teller.data.summary.step_work` (computed when not given)."""
+    The position counts a symbol's events within its (process, step) in time order (the 2nd GEMM of
+    a step is another shape than the 1st); ``*`` outside every step and in traces with fewer than
+    two steps; ``w`` is :func:`teller.data.summary.step_work` (computed when not given)."""
     from teller.data.summary import step_work
 
     idx = np.flatnonzero(tr.layer_mask("kernel"))
@@ -85,8 +85,14 @@ def kernel_points(
     start = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
     pos = np.empty(len(o), np.int64)
     pos[o] = np.arange(len(o)) - start
+    # outside every step, or in a trace with fewer than 2 step ranges (a capture without step
+    # annotations is one step): no position, one pooled fit per kernel ("*"), as the summary's
+    # per-position fit falls back to a pooled line there
+    if len(np.unique(step[step >= 0])) < 2:
+        pos[:] = -1
+    pos[step < 0] = -1
     names = tr.symbols
-    keys = [f"{names[a]}\t{b}" for a, b in zip(sym.tolist(), pos.tolist(), strict=True)]
+    keys = [f"{names[a]}\t{b if b >= 0 else '*'}" for a, b in zip(sym.tolist(), pos.tolist(), strict=True)]
     dur = np.asarray(tr.dur, dtype=np.float64)[idx]
     x = np.log1p(np.maximum(dur, 0.0) / 1000.0)
     return idx, keys, np.asarray(w, np.float64)[idx], x

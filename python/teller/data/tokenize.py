@@ -303,7 +303,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["base_events"].append(ev)
         cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
         resid = None
-        if ref is not None and not (job.get("split") == "train" and reference_hidden(job.get("seed"), sid)):
+        if ref is not None and not (job.get("hide") and reference_hidden(job.get("seed"), sid)):
             log_text = (sd / "log.txt").read_text(errors="replace") if (sd / "log.txt").is_file() else None
             r = folds[reference_fold(job.get("seed"), sid)] if folds else ref
             resid = event_residuals(tr, r, deployment_key(tr, log_text))
@@ -450,6 +450,7 @@ def tokenize_dataset(
     log_vocab_size: int = 4096,
     log_tokenizer: str | os.PathLike[str] | None = None,
     reference: str | os.PathLike[str] | None = None,
+    hide_reference: bool = True,
     progress: ProgressFn | None = None,
 ) -> Path:
     """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
@@ -459,7 +460,8 @@ def tokenize_dataset(
     ``log_tokenizer.json``): how new data is encoded for a model trained on other shards. The
     kernel reference likewise: fitted on the train split, or taken from ``reference`` (a
     ``reference.json``), or, when only ``log_tokenizer`` is given, from the ``reference.json``
-    beside it (the run it came from)."""
+    beside it (the run it came from). ``hide_reference``: leave the reference columns 0 for a fixed
+    share of the train split (``REF_HIDE_FRAC``; training data), or for none (data to evaluate)."""
     from teller import tpe
 
     data = Path(data_dir)
@@ -497,6 +499,8 @@ def tokenize_dataset(
         ref_src = Path(reference)
         KernelReference.load(ref_src)  # fail early on a missing or bad one
         settings["reference_sha256"] = _sha256(ref_src)
+    if not hide_reference:
+        settings["hide_reference"] = False
     if run_id is None:
         key = [d_hash, t_hash, settings, SHARDS_VERSION]
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -522,6 +526,18 @@ def tokenize_dataset(
             os.replace(tmp, ref_path)
         else:
             full, folds = fit_reference(data, man, tok)
+            if man["splits"].get("train") and not len(full):
+                import warnings
+
+                from teller.errors import TellerWarning
+
+                warnings.warn(
+                    f"{data}: no training capture names its GPU (deviceProperties) and its model "
+                    "(vLLM's args line), so the kernel reference is empty and summary columns 17-19 "
+                    "stay 0 (a dataset of simulator version 1 predates deviceProperties: regenerate it)",
+                    TellerWarning,
+                    stacklevel=2,
+                )
             for g, r in enumerate(folds):
                 r.save(out / f"reference.fold{g}.json")
             full.save(ref_path)  # (last: its presence marks the three as complete)
@@ -547,6 +563,7 @@ def tokenize_dataset(
                     if own_reference and split == "train"
                     else None,
                     "split": split,
+                    "hide": hide_reference and split == "train",
                     "seed": man.get("seed"),
                     "labels": labels,
                 }

@@ -426,6 +426,7 @@ def train_baselines(
                 "reference": str((run_dir / "reference.json").resolve())
                 if (run_dir / "reference.json").is_file()
                 else None,
+                "reference_sha256": (man.get("reference") or {}).get("sha256"),
                 "label_names": names,
                 "info": b.info,
             },

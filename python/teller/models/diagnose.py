@@ -44,10 +44,13 @@ _REFERENCES: dict[str, Any] = {}
 def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str, str]]) -> np.ndarray | None:
     """Per event of ``tr``, its residual against the kernel reference of the shards a run
     (checkpoint or baselines configuration ``cfg``) was trained on, as ``teller tokenize`` computes
-    it for summary columns 17-19; None for runs on shards older than version 8, or when the
-    reference is missing (a warning) or knows nothing of this deployment."""
-    if int(cfg.get("shards_version") or 4) < 8:
-        return None
+    it for summary columns 17-19; None for runs on shards older than version 8 or that read only
+    columns 0-16, or when the reference is missing (a warning) or knows nothing of this
+    deployment."""
+    mc = cfg.get("model") or {}
+    reads = mc.get("n_summary_features") if mc else cfg.get("summary_width")
+    if int(cfg.get("shards_version") or 4) < 8 or (reads is not None and int(reads) <= 17):
+        return None  # (shards before the reference, or a model that reads only columns 0-16)
     from teller.data.reference import KernelReference, deployment_key, event_residuals
 
     path = cfg.get("reference") or str(Path(cfg.get("data_dir", "")) / "reference.json")

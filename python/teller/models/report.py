@@ -43,10 +43,24 @@ def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int
         log_tok = run_dir / "log_tokenizer.json"
     else:
         tpe_path, log_tok = cfg["tpe_dir"], cfg["log_tokenizer"]
-    for what, q in (("TPE tokenizer", tpe_path), ("log tokenizer", log_tok)):
+    need = [("TPE tokenizer", tpe_path), ("log tokenizer", log_tok)]
+    ref = cfg.get("reference")
+    if int(cfg.get("shards_version") or 4) >= 8:  # (its summary columns 17-19 were computed against it)
+        ref = ref or str(shards_run_dir(cfg["data_dir"]) / "reference.json")
+        need.append(("kernel reference", ref))
+    for what, q in need:
         if not q or not Path(q).exists():
             raise TellerFileNotFoundError(f"{ck_dir}: the checkpoint's {what} {q} is gone", path=str(q))
-    return tokenize_dataset(dataset, tpe_path, ck_dir / "eval-data", log_tokenizer=log_tok, workers=workers)
+    # every sample is measured against the checkpoint's reference, none hidden (as diagnose does)
+    return tokenize_dataset(
+        dataset,
+        tpe_path,
+        ck_dir / "eval-data",
+        log_tokenizer=log_tok,
+        reference=ref,
+        hide_reference=False,
+        workers=workers,
+    )
 
 
 def evaluate_any(

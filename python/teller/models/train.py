@@ -331,6 +331,7 @@ def train(
         "reference": str((run_dir / "reference.json").resolve())
         if (run_dir / "reference.json").is_file()
         else None,
+        "reference_sha256": (man.get("reference") or {}).get("sha256"),
     }
     (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
     history: list[dict[str, float]] = []
@@ -443,6 +444,16 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
             f"{run_dir}: shards version {have} have {width} summary columns, the checkpoint reads "
             f"{need} (trained on version {trained}; versions 7 and 8 added 3 each); re-run `teller tokenize`",
             path=str(run_dir),
+        )
+    ref_have = (man.get("reference") or {}).get("sha256")
+    ref_trained = cfg.get("reference_sha256")
+    reads_ref = int(need or 0) > 17
+    if trace_side and reads_ref and ref_have and ref_trained and ref_have != ref_trained:
+        warnings.warn(
+            f"{run_dir}: its kernel reference (summary columns 17-19) is not the one the checkpoint "
+            "was trained with; encode the data with `teller tokenize --log-tokenizer "
+            "TRAINING_RUN/log_tokenizer.json` (which takes that run's reference.json)",
+            stacklevel=2,
         )
     if mc and mc.get("log_process_features") and trace_side and have < 5:
         raise ConfigError(
