@@ -246,18 +246,9 @@ def test_property_write_read_round_trip(tmp_path, evs):
     assert np.all(np.diff(tr.ts) >= 0)
 
 
-def test_device_properties_merge_over_processes_and_survive_chrome(tmp_path):
-    # each process lists the GPUs it sees (Kineto's deviceProperties fields); one list comes out
-    d = tmp_path / "run" / "raw"
-    d.mkdir(parents=True)
-
-    def dev(i, name):
-        return {"id": i, "name": name, "computeMajor": 9, "computeMinor": 0}
-
-    for pid, devs in (
-        (1, [dev(1, "H100 b"), dev(0, "H100 a")]),
-        (2, [dev(1, "H100 b again"), dev(2, "H100 c")]),
-    ):
+def _write_devices(d, lists) -> None:
+    """One raw file per process id of ``lists``, its header listing that process's GPUs."""
+    for pid, devs in lists.items():
         with RawWriter(
             d / f"teller-h-{pid}-0.tmsgpack",
             pid=pid,
@@ -266,6 +257,19 @@ def test_device_properties_merge_over_processes_and_survive_chrome(tmp_path):
             extra_meta={"deviceProperties": devs},
         ) as w:
             w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+
+
+def test_device_properties_merge_over_processes_and_survive_chrome(tmp_path):
+    # each process lists the GPUs it sees (Kineto's deviceProperties fields); one list comes out
+    d = tmp_path / "run" / "raw"
+    d.mkdir(parents=True)
+
+    def dev(i, name):
+        return {"id": i, "name": name, "computeMajor": 9, "computeMinor": 0}
+
+    _write_devices(
+        d, {1: [dev(1, "H100 b"), dev(0, "H100 a")], 2: [dev(1, "H100 b again"), dev(2, "H100 c")]}
+    )
     tr = T.load(tmp_path / "run")
     assert [(x["id"], x["name"]) for x in tr.device_properties] == [
         (0, "H100 a"),
@@ -295,15 +299,7 @@ def test_device_properties_without_an_id_are_kept_once_after_the_numbered(tmp_pa
         1: [{"name": "X"}, {"id": 1, "name": "B"}],
         2: [{"name": "X"}, {"id": 0, "name": "A"}, {"id": True, "name": "Y"}],
     }
-    for pid, devs in lists.items():
-        with RawWriter(
-            d / f"teller-h-{pid}-0.tmsgpack",
-            pid=pid,
-            host="h",
-            clock_sync=(MONO0, REAL0),
-            extra_meta={"deviceProperties": devs},
-        ) as w:
-            w.gpu("kernel", "k", device=0, stream=7, start=MONO0 + 300, end=MONO0 + 400, corr=5)
+    _write_devices(d, lists)
     want = ["A", "B", "X", "Y"]
     tr = T.load(d)
     assert [x["name"] for x in tr.device_properties] == want

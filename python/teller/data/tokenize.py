@@ -232,7 +232,6 @@ def _labelled_effect(ann: dict[str, Any]) -> tuple[int, float]:
 
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
-    from teller import trace as _trace
     from teller.data.dataset import culprit_mask
     from teller.data.reference import KernelReference, deployment_key, event_residuals
     from teller.data.summary import (  # noqa: PLC0415
@@ -278,12 +277,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
         ann = json.loads((sd / "annotation.json").read_text())
-        tr = _trace.load(
-            sd / "trace.json",
-            step_names=tok.settings.get("step_names"),
-            normalize=tok.settings.get("normalize"),
-            warn=False,
-        )
+        tr = load_sample_trace(sd, tok)
         enc = tok.encode(tr)
         ev = np.asarray(
             enc.events if enc.events is not None else np.full(int(enc.offsets[-1]), -1), dtype=np.int64
@@ -380,6 +374,18 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def load_sample_trace(sample_dir: Path, tok: Any) -> Any:
+    """A sample's trace.json, loaded with the step names and normalization ``tok`` was trained with."""
+    from teller import trace as _trace
+
+    return _trace.load(
+        sample_dir / "trace.json",
+        step_names=tok.settings.get("step_names"),
+        normalize=tok.settings.get("normalize"),
+        warn=False,
+    )
+
+
 def _unit(seed: Any, sample_id: str, salt: str) -> float:
     h = hashlib.sha256(f"{salt}:{seed}:{sample_id}".encode()).digest()
     return int.from_bytes(h[:4], "big") / 2**32
@@ -405,7 +411,6 @@ def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[
     see it, as a val or test sample's do from the full one; in-sample residuals are smaller (a
     deployment with a handful of training captures fits them closely) and would teach a model that
     any residual is a fault."""
-    from teller import trace as _trace
     from teller.data.reference import KernelReference, deployment_key, kernel_points, outside_faults
 
     seed = man.get("seed")
@@ -414,12 +419,7 @@ def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[
         sd = data / sid
         try:
             ann = json.loads((sd / "annotation.json").read_text())
-            tr = _trace.load(
-                sd / "trace.json",
-                step_names=tok.settings.get("step_names"),
-                normalize=tok.settings.get("normalize"),
-                warn=False,
-            )
+            tr = load_sample_trace(sd, tok)
             log_text = (sd / "log.txt").read_text(errors="replace")
         except (OSError, ValueError) as e:
             raise TokenizerError(f"{sd}: cannot read the sample to fit the kernel reference ({e})") from None
