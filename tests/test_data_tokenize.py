@@ -324,6 +324,7 @@ def test_reference_reuse_and_no_hiding(setup, tmp_path):
             == json.loads((out / "manifest.json").read_text())["reference"]["sha256"]
         )
         assert not man["reference"]["out_of_fold"] and not (run / "reference.fold0.json").exists()
+        assert man["reference"]["hidden_train_frac"] == (0.3 if hide else 0.0)
         dman = json.loads((data / "manifest.json").read_text())
         zero = 0
         for sh in man["splits"]["train"]["shards"]:

@@ -619,7 +619,7 @@ def tokenize_dataset(
             "sha256": _sha256(ref_path),
             "deployments": len(ref_table),
             "entries": sum(len(v) for v in ref_table.values()),
-            "hidden_train_frac": REF_HIDE_FRAC,
+            "hidden_train_frac": REF_HIDE_FRAC if hide_reference else 0.0,
             # training samples' residuals from the half of the train split they are not in
             "out_of_fold": own_reference,
         },
