@@ -67,8 +67,8 @@ if [ "$TESTS" = 1 ]; then
   "$CC" "${CFLAGS[@]}" -shared "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/libfake_cupti.so" -pthread
   mkdir -p "$BUILD/fake_cuda" "$BUILD/fake_cu13/lib"
   # a wheel-like layout: libcudart.so.13 and libcupti.so.13 side by side, neither on the search path
-  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcudart.so.13 "$T/fake_cuda.c" -o "$BUILD/fake_cu13/lib/libcudart.so.13"
+  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcudart.so.13 "${INC[@]}" "$T/fake_cuda.c" -o "$BUILD/fake_cu13/lib/libcudart.so.13" -ldl
   "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcupti.so.13 "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/fake_cu13/lib/libcupti.so.13" -pthread
-  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcuda.so.1 "$T/fake_cuda.c" -o "$BUILD/fake_cuda/libcuda.so.1"
+  "$CC" "${CFLAGS[@]}" -shared -Wl,-soname,libcuda.so.1 "${INC[@]}" "$T/fake_cuda.c" -o "$BUILD/fake_cuda/libcuda.so.1" -ldl
   echo "built tests in $BUILD"
 fi

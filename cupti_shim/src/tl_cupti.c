@@ -117,6 +117,100 @@ static const char *cbname(void *ud, CUpti_CallbackDomain dom, uint32_t cbid) {
     return NULL;
 }
 
+/* ---- GPUs for the header: the CUDA driver API, on the writer thread ---- */
+
+/* Resolved from the already loaded libcuda.so.1 (never linked, never loaded by us). By the time a device
+ * id shows up in a record a context exists, so the driver is initialised and these queries need no
+ * context of their own. CUPTI records them as DRIVER activity on this thread: the converter drops those
+ * (self_tid). Failures are a DIAG warning (once each) and leave the field or the device out. */
+static struct {
+    int state; /* 0 not resolved, 1 ok, -1 unusable */
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    int warned_get, warned_total, warned_attr, warned_full;
+    uint32_t n_devices;
+} D;
+
+static const CUdevice_attribute dev_attrs[TL_DEV_NATTR] = {
+    [TL_DEV_COMPUTE_MAJOR] = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+    [TL_DEV_COMPUTE_MINOR] = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+    [TL_DEV_MAX_THREADS_PER_BLOCK] = CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+    [TL_DEV_MAX_THREADS_PER_SM] = CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+    [TL_DEV_REGS_PER_BLOCK] = CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK,
+    [TL_DEV_WARP_SIZE] = CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+    [TL_DEV_SHMEM_PER_BLOCK] = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+    [TL_DEV_NUM_SMS] = CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    [TL_DEV_REGS_PER_SM] = CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+    [TL_DEV_SHMEM_PER_BLOCK_OPTIN] = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    [TL_DEV_SHMEM_PER_SM] = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+};
+
+static int resolve_driver(void) {
+    if (D.state) return D.state;
+    D.state = -1;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); /* kept open: the driver stays anyway */
+    if (!cuda) {
+        tl_diag(TL_WARN, "no libcuda.so.1 in the process (RTLD_NOLOAD): GPU names not recorded");
+        return -1;
+    }
+    *(void **)&D.DeviceGet = dlsym(cuda, "cuDeviceGet");
+    *(void **)&D.DeviceGetName = dlsym(cuda, "cuDeviceGetName");
+    *(void **)&D.DeviceTotalMem = dlsym(cuda, "cuDeviceTotalMem_v2");
+    *(void **)&D.DeviceGetAttribute = dlsym(cuda, "cuDeviceGetAttribute");
+    if (!D.DeviceGet || !D.DeviceGetName) {
+        tl_diag(TL_WARN, "libcuda.so.1 has no %s: GPU names not recorded", D.DeviceGet ? "cuDeviceGetName" : "cuDeviceGet");
+        return -1;
+    }
+    if (!D.DeviceTotalMem) tl_diag(TL_WARN, "libcuda.so.1 has no cuDeviceTotalMem_v2: totalGlobalMem not recorded");
+    if (!D.DeviceGetAttribute) tl_diag(TL_WARN, "libcuda.so.1 has no cuDeviceGetAttribute: device attributes not recorded");
+    D.state = 1;
+    return 1;
+}
+
+static void on_device(void *ud, uint32_t id) {
+    (void)ud;
+    if (resolve_driver() != 1) return;
+    if (D.n_devices >= TL_MAX_DEVICES) {
+        if (!D.warned_full++) tl_diag(TL_WARN, "more than %d GPUs: device %u and later not in the header", TL_MAX_DEVICES, id);
+        return;
+    }
+    tl_device_props p;
+    memset(&p, 0, sizeof p);
+    p.id = id;
+    CUdevice dev = 0;
+    CUresult r = id <= INT_MAX ? D.DeviceGet(&dev, (int)id) : CUDA_ERROR_INVALID_DEVICE;
+    if (r == CUDA_SUCCESS) r = D.DeviceGetName(p.name, (int)sizeof p.name, dev);
+    p.name[sizeof p.name - 1] = 0;
+    if (r != CUDA_SUCCESS || !p.name[0]) {
+        if (!D.warned_get++) tl_diag(TL_WARN, "cuDeviceGet/cuDeviceGetName(%u): CUresult %d: device not in the header", id, (int)r);
+        return;
+    }
+    size_t mem = 0;
+    if (D.DeviceTotalMem) {
+        r = D.DeviceTotalMem(&mem, dev);
+        if (r != CUDA_SUCCESS) {
+            mem = 0;
+            if (!D.warned_total++) tl_diag(TL_WARN, "cuDeviceTotalMem_v2(%u): CUresult %d: totalGlobalMem left out", id, (int)r);
+        }
+    }
+    p.total_mem = mem;
+    for (int i = 0; i < TL_DEV_NATTR; i++) {
+        int v = -1;
+        r = D.DeviceGetAttribute ? D.DeviceGetAttribute(&v, dev_attrs[i], dev) : CUDA_ERROR_NOT_FOUND;
+        if (r != CUDA_SUCCESS || v < 0) {
+            v = -1;
+            if (D.DeviceGetAttribute && !D.warned_attr++)
+                tl_diag(TL_WARN, "cuDeviceGetAttribute(%d, %u): CUresult %d: left out", (int)dev_attrs[i], id, (int)r);
+        }
+        p.attr[i] = v;
+    }
+    D.n_devices++;
+    tl_header_add_device(&p);
+    tl_diag(TL_INFO, "GPU %u: %s", id, p.name);
+}
+
 static void process_buffer(tl_thread *t, tl_buf *q) {
     CUpti_Activity *rec = NULL;
     if (q->valid > 0) {
@@ -135,6 +229,7 @@ static void process_buffer(tl_thread *t, tl_buf *q) {
 static void *writer_main(void *arg) {
     (void)arg;
     pthread_setname_np(pthread_self(), "teller-cupti");
+    C.conv->self_tid = tl_gettid(); /* before any device query of on_device */
     for (;;) {
         pthread_mutex_lock(&C.mu);
         while (!C.head && !C.stop) pthread_cond_wait(&C.cv, &C.mu);
@@ -263,6 +358,9 @@ static void cupti_fork_child(void) {
     pthread_cond_init(&C.cv, NULL);
     tl_ext_push = NULL;
     tl_ext_pop = NULL;
+    /* the converter is not used again here; its device set belongs to the parent anyway */
+    if (C.conv) { C.conv->dev_seen = 0; C.conv->n_dev_big = 0; }
+    D.n_devices = 0;
 }
 
 #define LOAD(field, sym, required)                                                                          \
@@ -366,6 +464,7 @@ static int setup(void) {
     C.conv = calloc(1, sizeof *C.conv);
     if (!C.conv) return -1;
     C.conv->callback_name = cbname;
+    C.conv->on_device = on_device;
     if (C.ActivityGetStructSize) {
         C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 0, &C.conv->size_kernel);
         C.ActivityGetStructSize(CUPTI_ACTIVITY_KIND_MEMCPY, 0, &C.conv->size_memcpy);

@@ -20,6 +20,25 @@ static uint32_t device_of_context(tl_cupti_conv *cv, uint32_t ctx) {
     return 0;
 }
 
+static void note_device_slow(tl_cupti_conv *cv, uint32_t dev) {
+    if (dev < 64) {
+        cv->dev_seen |= 1ull << dev;
+    } else {
+        for (uint32_t i = 0; i < cv->n_dev_big; i++)
+            if (cv->dev_big[i] == dev) return;
+        if (cv->n_dev_big == TL_DEV_BIG) return;
+        cv->dev_big[cv->n_dev_big++] = dev;
+    }
+    if (cv->on_device) cv->on_device(cv->device_ud, dev);
+}
+
+/* Kernel/memcpy/memset records too, not only CONTEXT: one branch per record, and the header still
+ * gets its GPU if the CONTEXT kind could not be enabled. */
+static inline void note_device(tl_cupti_conv *cv, uint32_t dev) {
+    if (TL_LIKELY(dev < 64 && (cv->dev_seen >> dev) & 1)) return;
+    note_device_slow(cv, dev);
+}
+
 static const char *memcpy_kind_name(uint8_t k) {
     switch (k) {
     case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "HtoD";
@@ -100,6 +119,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
         if (cv->skip_kernel) break;
         const CUpti_ActivityKernel11 *k = (const CUpti_ActivityKernel11 *)(const void *)rec;
         const char *nm = k->name ? k->name : "<unknown kernel>";
+        note_device(cv, k->deviceId);
         uint32_t name = tl_intern(t, nm, strlen(nm));
         if (!(c = gpu_head(t, &r, TL_L_KERNEL, name, k->deviceId, k->streamId, k->start, k->end, k->correlationId))) return;
         mp_map(&c, 2);
@@ -112,6 +132,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         if (cv->skip_memcpy) break;
         const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)(const void *)rec;
+        note_device(cv, m->deviceId);
         const char *kn = memcpy_kind_name(m->copyKind);
         char nm[32];
         snprintf(nm, sizeof nm, "Memcpy %s", kn);
@@ -127,6 +148,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
     case CUPTI_ACTIVITY_KIND_MEMSET: {
         if (cv->skip_memset) break;
         const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)(const void *)rec;
+        note_device(cv, m->deviceId);
         uint32_t name = tl_intern(t, "Memset", 6);
         if (!(c = gpu_head(t, &r, TL_L_MEMSET, name, m->deviceId, m->streamId, m->start, m->end, m->correlationId))) return;
         mp_map(&c, 1);
@@ -153,6 +175,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
     case CUPTI_ACTIVITY_KIND_DRIVER: {
         const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)(const void *)rec;
         int rt = rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+        if (cv->self_tid && a->threadId == cv->self_tid) break; /* the device queries of on_device */
         char tmp[48];
         const char *nm = api_name(cv, rt ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, tmp, sizeof tmp);
         uint32_t name = tl_intern(t, nm, strlen(nm));
@@ -184,6 +207,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
     }
     case CUPTI_ACTIVITY_KIND_CONTEXT: {
         const CUpti_ActivityContext4 *x = (const CUpti_ActivityContext4 *)(const void *)rec;
+        note_device(cv, x->deviceId);
         for (uint32_t i = 0; i < cv->n_ctx; i++)
             if (cv->ctx_id[i] == x->contextId) { cv->ctx_dev[i] = x->deviceId; return; }
         if (cv->n_ctx < TL_MAX_CTX) {

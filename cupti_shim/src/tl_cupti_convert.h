@@ -12,9 +12,20 @@
 
 typedef const char *(*tl_cbname_fn)(void *ud, CUpti_CallbackDomain domain, uint32_t cbid);
 
+/* Called (on the converting thread) the first time a device id shows up in a CONTEXT, kernel, memcpy or
+ * memset record. */
+typedef void (*tl_device_fn)(void *ud, uint32_t device_id);
+
+#define TL_DEV_BIG 16 /* device ids >= 64 remembered (later ones are not reported) */
+
 typedef struct tl_cupti_conv {
     tl_cbname_fn callback_name; /* may be NULL: names become "cbid:<n>" */
     void *ud;
+    tl_device_fn on_device; /* may be NULL */
+    void *device_ud;
+    uint32_t self_tid; /* API records of this thread are the shim's own driver queries: not converted */
+    uint64_t dev_seen; /* bit i: device i reported */
+    uint32_t dev_big[TL_DEV_BIG], n_dev_big;
     /* runtime record sizes (0 = unknown: trust the compiled layout) */
     size_t size_kernel, size_memcpy, size_memset, size_sync, size_api;
     uint8_t skip_kernel, skip_memcpy, skip_memset, skip_sync; /* layout too small: conversion disabled */

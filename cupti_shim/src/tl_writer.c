@@ -51,6 +51,8 @@ static struct {
     /* header extras (rewritten in place) */
     uint32_t cupti_version;
     char cupti_error[512];
+    tl_device_props devs[TL_MAX_DEVICES]; /* sorted by id */
+    uint32_t n_devs;
     int verbose;
     void (*fork_child_hooks[4])(void);
     int n_fork_child_hooks;
@@ -150,6 +152,24 @@ static int env_wanted(const char *kv) {
 
 extern char **environ;
 
+/* Kineto's deviceProperties keys, in TL_DEV_* order (after id, name, totalGlobalMem). */
+static const char *const dev_keys[TL_DEV_NATTR] = {
+    "computeMajor", "computeMinor", "maxThreadsPerBlock", "maxThreadsPerMultiprocessor", "regsPerBlock", "warpSize",
+    "sharedMemPerBlock", "numSms", "regsPerMultiprocessor", "sharedMemPerBlockOptin", "sharedMemPerMultiprocessor"};
+/* Upper bound of one encoded device map: keys 215 B, name 257, id 5, 12 values of at most 9, map 1 (586). */
+#define TL_DEV_MAX_BYTES 640u
+
+static void encode_device(uint8_t **c, const tl_device_props *d) {
+    uint32_t n = 2 + (d->total_mem ? 1 : 0);
+    for (int i = 0; i < TL_DEV_NATTR; i++) n += d->attr[i] >= 0;
+    mp_map(c, n);
+    mp_cstr(c, "id"); mp_uint(c, d->id);
+    mp_cstr(c, "name"); mp_str(c, d->name, strnlen(d->name, sizeof d->name - 1));
+    if (d->total_mem) { mp_cstr(c, "totalGlobalMem"); mp_uint(c, d->total_mem); }
+    for (int i = 0; i < TL_DEV_NATTR; i++)
+        if (d->attr[i] >= 0) { mp_cstr(c, dev_keys[i]); mp_int(c, d->attr[i]); }
+}
+
 /* Encode the HEADER into buf (cap bytes); returns length or 0 if it does not fit. */
 static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t real) {
     char host[256] = "unknown";
@@ -168,10 +188,16 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
     if (cmdlen > 0 && cmd[cmdlen - 1] != 0) nargs++; /* truncated last argument */
     uint32_t nenv = 0;
     for (char **e = environ; e && *e; e++) if (env_wanted(*e)) nenv++;
-    if (cap < 4096 + cmdlen + 5 * nargs) return 0;
+    size_t need = 4096 + cmdlen + 5 * nargs;
+    if (cap < need) return 0;
+    /* Devices go last, with their room kept from the env budget; with a huge argv the last ones are
+     * left out rather than the whole header (a process sees a handful: 64 * 640 B fits a normal argv). */
+    uint32_t ndev = g.n_devs;
+    while (ndev && need + ndev * TL_DEV_MAX_BYTES + 32 > cap) ndev--;
+    size_t dev_room = ndev ? ndev * TL_DEV_MAX_BYTES + 32 : 0;
 
     uint8_t *c = buf;
-    uint32_t nkeys = 9 + (g.cupti_version ? 1 : 0) + (g.cupti_error[0] ? 1 : 0);
+    uint32_t nkeys = 9 + (g.cupti_version ? 1 : 0) + (g.cupti_error[0] ? 1 : 0) + (ndev ? 1 : 0);
     mp_arr(&c, 4);
     mp_uint(&c, TL_HEADER);
     mp_cstr(&c, "teller-trace");
@@ -196,7 +222,7 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
         if (!env_wanted(*e)) continue;
         const char *eq = strchr(*e, '=');
         size_t kl = (size_t)(eq - *e), vl = strlen(eq + 1);
-        if ((size_t)(c - buf) + kl + vl + 64 > cap - 600) { /* keep room; env is tiny in practice */
+        if ((size_t)(c - buf) + kl + vl + 64 > cap - 600 - dev_room) { /* keep room; env is tiny in practice */
             mp_str(&c, *e, kl); mp_str(&c, "", 0); continue;
         }
         mp_str(&c, *e, kl); mp_str(&c, eq + 1, vl);
@@ -204,6 +230,11 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
     mp_cstr(&c, "producer"); mp_cstr(&c, TL_PRODUCER);
     if (g.cupti_version) { mp_cstr(&c, "cupti_version"); mp_uint(&c, g.cupti_version); }
     if (g.cupti_error[0]) { mp_cstr(&c, "errors"); mp_arr(&c, 1); mp_cstr(&c, g.cupti_error); }
+    if (ndev) {
+        mp_cstr(&c, "deviceProperties");
+        mp_arr(&c, ndev);
+        for (uint32_t i = 0; i < ndev; i++) encode_device(&c, &g.devs[i]);
+    }
     return (size_t)(c - buf);
 }
 
@@ -356,6 +387,9 @@ static void atfork_child(void) {
     g.dropped_unreported = 0;
     g.cupti_version = 0;
     g.cupti_error[0] = 0;
+    /* The child's file describes the child: the parent's GPUs are not claimed (CUDA is unusable in the
+     * child of an initialised parent). A child whose own cuInit injects CUPTI records its devices. */
+    g.n_devs = 0;
     for (uint32_t i = 0; i < g.strs_cap; i++) free(g.strs[i].text);
     free(g.strs);
     g.strs = NULL;
@@ -621,6 +655,21 @@ void tl_header_set_cupti(uint32_t version, const char *error) {
     if (version) g.cupti_version = version;
     if (error && !g.cupti_error[0]) snprintf(g.cupti_error, sizeof g.cupti_error, "%s", error);
     if (fd_ok_locked()) write_header_locked();
+    pthread_mutex_unlock(&g.mu);
+}
+
+void tl_header_add_device(const tl_device_props *d) {
+    if (!d || !d->name[0] || tl_self() == NULL) return; /* tl_self makes sure the file exists */
+    pthread_mutex_lock(&g.mu);
+    uint32_t at = 0;
+    while (at < g.n_devs && g.devs[at].id < d->id) at++;
+    if ((at == g.n_devs || g.devs[at].id != d->id) && g.n_devs < TL_MAX_DEVICES) {
+        memmove(&g.devs[at + 1], &g.devs[at], (g.n_devs - at) * sizeof g.devs[0]);
+        g.devs[at] = *d;
+        g.devs[at].name[sizeof g.devs[at].name - 1] = 0;
+        g.n_devs++;
+        if (fd_ok_locked()) write_header_locked();
+    }
     pthread_mutex_unlock(&g.mu);
 }
 

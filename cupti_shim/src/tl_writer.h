@@ -66,6 +66,21 @@ typedef struct tl_name {
     uint64_t cache; /* (gen << 32) | sid, accessed atomically */
 } tl_name;
 
+/* One GPU for the HEADER's `deviceProperties` (Kineto's keys). Fields a driver query could not fill
+ * are left out of the map (total_mem 0, attr < 0). The attribute order is Kineto's key order. */
+enum {
+    TL_DEV_COMPUTE_MAJOR, TL_DEV_COMPUTE_MINOR, TL_DEV_MAX_THREADS_PER_BLOCK, TL_DEV_MAX_THREADS_PER_SM,
+    TL_DEV_REGS_PER_BLOCK, TL_DEV_WARP_SIZE, TL_DEV_SHMEM_PER_BLOCK, TL_DEV_NUM_SMS, TL_DEV_REGS_PER_SM,
+    TL_DEV_SHMEM_PER_BLOCK_OPTIN, TL_DEV_SHMEM_PER_SM, TL_DEV_NATTR
+};
+#define TL_MAX_DEVICES 64
+typedef struct tl_device_props {
+    uint32_t id;        /* CUDA device ordinal (CUPTI's deviceId) */
+    char name[256];     /* NUL-terminated; "" = unknown (the device is not recorded) */
+    uint64_t total_mem; /* bytes, 0 = unknown */
+    int64_t attr[TL_DEV_NATTR];
+} tl_device_props;
+
 /* Initialize the writer once per process (idempotent; called from both entry points). 0 = ok. */
 TL_HIDDEN int tl_writer_init(void);
 TL_HIDDEN int tl_writer_enabled(void);
@@ -76,6 +91,9 @@ TL_HIDDEN uint32_t tl_intern_name(tl_thread *t, tl_name *n);
 TL_HIDDEN tl_name *tl_name_new(const char *s, uint32_t magic);
 TL_HIDDEN void tl_diag(int severity, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 TL_HIDDEN void tl_header_set_cupti(uint32_t version, const char *error);
+/* Add a GPU to the HEADER (rewritten in place). The first entry for an id wins; at most
+ * TL_MAX_DEVICES per file. Not from a signal handler (takes the writer lock, pwrite). */
+TL_HIDDEN void tl_header_add_device(const tl_device_props *d);
 TL_HIDDEN void tl_write_thread_name(tl_thread *t, uint32_t tid, const char *name, size_t len);
 TL_HIDDEN void tl_writer_finish(void);
 TL_HIDDEN const char *tl_trace_path(void);

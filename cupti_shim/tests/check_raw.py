@@ -5,6 +5,7 @@ Usage: check_raw.py SCENARIO TRACE_DIR FACTS_JSON
 FACTS_JSON is the JSON line the test program printed (pids, tids, ...). Exit status 0 = pass.
 Also usable as a library: load_file(path) returns a decoded RawFile.
 """
+
 import glob
 import json
 import os
@@ -14,6 +15,23 @@ from collections import defaultdict
 import msgpack
 
 HEADER, STRING, SPAN, GPU, BEGIN, END, MARK, THREAD_NAME, COUNTER, DROPPED, CLOCK_SYNC, DIAG = range(1, 13)
+# Kineto's deviceProperties keys (libkineto CudaDeviceProperties.cpp), in its order
+DEVICE_KEYS = [
+    "id",
+    "name",
+    "totalGlobalMem",
+    "computeMajor",
+    "computeMinor",
+    "maxThreadsPerBlock",
+    "maxThreadsPerMultiprocessor",
+    "regsPerBlock",
+    "warpSize",
+    "sharedMemPerBlock",
+    "numSms",
+    "regsPerMultiprocessor",
+    "sharedMemPerBlockOptin",
+    "sharedMemPerMultiprocessor",
+]
 
 
 class RawFile:
@@ -35,7 +53,7 @@ class RawFile:
             except msgpack.OutOfData:
                 break  # a cut at the end of the file
             except Exception as e:  # noqa: BLE001 - garbage after a torn record
-                raise AssertionError(f"{path}: undecodable data at offset {up.tell()}: {e}")
+                raise AssertionError(f"{path}: undecodable data at offset {up.tell()}: {e}") from e
             if v == 0:
                 in_torn = False
                 continue  # zero padding
@@ -80,9 +98,17 @@ class RawFile:
             if r[0] == BEGIN:
                 rid = r[1]
                 assert rid not in out, f"{self.path}: range id {rid} begun twice"
-                out[rid] = dict(id=rid, layer=r[2], name=self.s(r[3]), tid=r[4], start=r[5],
-                                domain=self.s(r[6]) if len(r) > 6 else None,
-                                args=r[7] if len(r) > 7 else None, end=None, end_tid=None)
+                out[rid] = dict(
+                    id=rid,
+                    layer=r[2],
+                    name=self.s(r[3]),
+                    tid=r[4],
+                    start=r[5],
+                    domain=self.s(r[6]) if len(r) > 6 else None,
+                    args=r[7] if len(r) > 7 else None,
+                    end=None,
+                    end_tid=None,
+                )
         for r in self.records:
             if r[0] == END:
                 rid = r[1]
@@ -120,8 +146,11 @@ def check_header(f, pid, argv1=None):
     check(0 < h["start_ns"] <= h["clock_sync"][0], "start_ns after clock_sync")
     check(isinstance(h["ppid"], int) and h["host"], "ppid/host")
     for k in h["env"]:
-        check(k.startswith("TELLER_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                               "CUDA_VISIBLE_DEVICES"), f"env key {k} leaked")
+        check(
+            k.startswith("TELLER_")
+            or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"),
+            f"env key {k} leaked",
+        )
     if argv1 is not None:
         check(len(h["argv"]) > 1 and h["argv"][1] == argv1, f"argv {h['argv']}")
     base = os.path.basename(f.path)
@@ -130,19 +159,30 @@ def check_header(f, pid, argv1=None):
 
 def check_nesting(ranges, tid):
     """Push/pop ranges on one thread must nest properly (intervals never partially overlap)."""
-    rs = sorted((r for r in ranges if r["tid"] == tid and r["end"] is not None), key=lambda r: (r["start"], -r["end"]))
+    rs = sorted(
+        (r for r in ranges if r["tid"] == tid and r["end"] is not None), key=lambda r: (r["start"], -r["end"])
+    )
     stack = []
     for r in rs:
         while stack and stack[-1]["end"] <= r["start"]:
             stack.pop()
         if stack:
-            check(r["end"] <= stack[-1]["end"], f"range {r['name']} overlaps {stack[-1]['name']} on tid {tid}")
+            check(
+                r["end"] <= stack[-1]["end"], f"range {r['name']} overlaps {stack[-1]['name']} on tid {tid}"
+            )
         stack.append(r)
 
 
 def depth_children(ranges, parent):
-    return [r for r in ranges if r["tid"] == parent["tid"] and r is not parent and r["end"] is not None
-            and parent["start"] <= r["start"] and r["end"] <= parent["end"]]
+    return [
+        r
+        for r in ranges
+        if r["tid"] == parent["tid"]
+        and r is not parent
+        and r["end"] is not None
+        and parent["start"] <= r["start"]
+        and r["end"] <= parent["end"]
+    ]
 
 
 def scenario_basic(d, facts):
@@ -175,12 +215,22 @@ def scenario_basic(d, facts):
     check(all(r["domain"] == "my-domain" for r in reg), "domain of registered ranges")
     dflt = byname["default-outer"][0]
     pushed = sorted((r for r in reg if r["start"] < dflt["end"]), key=lambda r: r["start"])
-    check(len(pushed) == 2 and dflt["start"] < pushed[0]["start"] < pushed[1]["start"] <= pushed[1]["end"]
-          < pushed[0]["end"] < dflt["end"], "domain push/pop nesting")
+    check(
+        len(pushed) == 2
+        and dflt["start"]
+        < pushed[0]["start"]
+        < pushed[1]["start"]
+        <= pushed[1]["end"]
+        < pushed[0]["end"]
+        < dflt["end"],
+        "domain push/pop nesting",
+    )
     check(marks["registered-name"][5] == {"domain": "my-domain"}, f"domain mark {marks['registered-name']}")
     cross = byname["cross-thread"][0]
-    check(cross["tid"] == main and cross["end_tid"] == facts["ender_tid"] and cross["end_tid"] != main,
-          f"cross-thread range tid {cross['tid']} end_tid {cross['end_tid']}")
+    check(
+        cross["tid"] == main and cross["end_tid"] == facts["ender_tid"] and cross["end_tid"] != main,
+        f"cross-thread range tid {cross['tid']} end_tid {cross['end_tid']}",
+    )
     names = f.thread_names()
     check(names.get(main) == "main-thread", f"main thread name {names.get(main)}")
     iters = facts["iters"]
@@ -193,7 +243,9 @@ def scenario_basic(d, facts):
         check_nesting(R, wt)
         for k, o in enumerate(sorted(outers, key=lambda r: r["start"])[:50]):
             kids = depth_children(R, o)
-            check(sorted(c["name"] for c in kids) == sorted([f"w{i}-inner-{k % 3}", "leaf"]), f"children {kids}")
+            check(
+                sorted(c["name"] for c in kids) == sorted([f"w{i}-inner-{k % 3}", "leaf"]), f"children {kids}"
+            )
     check_nesting(R, main)
     # range ids unique across threads, string table complete
     check(len(rg) == len(R), "range ids")
@@ -263,8 +315,28 @@ def scenario_convert(d, facts):
     longname = "void long_kernel<" + "k" * (5000 - 17)
     exp = [
         [SPAN, 4, "cudaLaunchKernel", 4242, 1000, 1100, 42, 777],
-        [GPU, 6, "void gemm<128, 64>(float*)", 3, 7, 2000, 2900, 42, {"grid": [4, 2, 1], "block": [128, 1, 1]}],
-        [GPU, 6, "void gemm<128, 64>(float*)", 3, 7, 3000, 3900, 42, {"grid": [4, 2, 1], "block": [128, 1, 1]}],
+        [
+            GPU,
+            6,
+            "void gemm<128, 64>(float*)",
+            3,
+            7,
+            2000,
+            2900,
+            42,
+            {"grid": [4, 2, 1], "block": [128, 1, 1]},
+        ],
+        [
+            GPU,
+            6,
+            "void gemm<128, 64>(float*)",
+            3,
+            7,
+            3000,
+            3900,
+            42,
+            {"grid": [4, 2, 1], "block": [128, 1, 1]},
+        ],
         [GPU, 6, longname, 0, 13, 5000, 6000, 50, {"grid": [1, 1, 1], "block": [32, 32, 32]}],
         [GPU, 7, "Memcpy HtoD", 3, 7, 6100, 6200, 43, {"bytes": 4096, "kind": "HtoD"}],
         [GPU, 8, "Memset", 3, 7, 6300, 6400, 44, {"bytes": 1024}],
@@ -273,16 +345,45 @@ def scenario_convert(d, facts):
         [SPAN, 4, "runtime_cbid:9999", 4242, 6900, 6950, 47, 0],
         [DROPPED, 5, "CUPTI activity buffer full"],
     ]
-    check(got == exp, "converted records differ:\n" + "\n".join(f"got {g}\nexp {e}" for g, e in zip(got, exp) if g != e)
-          + f"\n(len got {len(got)} exp {len(exp)})")
+    check(
+        got == exp,
+        "converted records differ:\n"
+        + "\n".join(f"got {g}\nexp {e}" for g, e in zip(got, exp, strict=False) if g != e)
+        + f"\n(len got {len(got)} exp {len(exp)})",
+    )
     check(list(f.strings.values()).count("void gemm<128, 64>(float*)") == 1, "kernel name written once")
-    print(f"convert: {len(exp)} records exact OK")
+    # the device hook: once per new id, in record order (CONTEXT 3, kernel 0, CONTEXT 70; repeats ignored)
+    check(facts.get("device_hook") == [3, 0, 70], f"device hook calls {facts.get('device_hook')}")
+    devs = f.header.get("deviceProperties")
+    check(isinstance(devs, list) and len(devs) == 64, f"{len(devs or [])} devices, expected the table's 64")
+    ids = [d["id"] for d in devs]
+    check(ids == [0, 3, 70] + list(range(100, 161)), f"device ids {ids}")
+    check(
+        devs[1]
+        == {"id": 3, "name": "Convert GPU 3", "totalGlobalMem": 4 << 30, "computeMajor": 8, "numSms": 103},
+        f"device 3 {devs[1]}",
+    )
+    check(
+        all(len(d["name"]) == 255 and d["name"].startswith(f"Long GPU {d['id']:03d}") for d in devs[3:]),
+        "long device names",
+    )
+    print(f"convert: {len(exp)} records exact, device hook, {len(devs)} devices in the header OK")
 
 
 def scenario_inject(d, facts, mode):
     fs = load_dir(d)
+    child = [c for c in fs if facts.get("child") and c.header["pid"] == facts["child"]]
+    fs = [x for x in fs if x not in child]
     check(len(fs) == 1, f"expected 1 file, got {len(fs)}")
     f = fs[0]
+    if mode in ("fake", "discover"):  # forked after the devices were recorded
+        check(len(child) == 1, f"{len(child)} files for the forked child {facts.get('child')}")
+        c = child[0]
+        check([r["name"] for r in c.ranges().values()] == ["child-range"], "child range")
+        check(
+            "deviceProperties" not in c.header,
+            f"the child claims the parent's GPUs: {c.header.get('deviceProperties')}",
+        )
     check_header(f, facts["pid"], mode)
     R = {r["name"]: r for r in f.ranges().values()}
     for n in ("step", "inner-step", "after-init"):
@@ -293,22 +394,42 @@ def scenario_inject(d, facts, mode):
         check(len([1 for _, m in diags if "not loaded" in m]) == 1, "init not idempotent (DIAG twice)")
         check(any("not loaded" in e for e in f.header.get("errors", [])), "header errors")
         check(not f.of(GPU) and not f.of(SPAN), "no GPU records without a driver")
+        check(
+            "deviceProperties" not in f.header,
+            f"deviceProperties without a driver: {f.header.get('deviceProperties')}",
+        )
     elif mode == "multi":
-        check(any(sev == 2 and "MULTIPLE_SUBSCRIBERS" in msg and "fake-nsys" in msg for sev, msg in diags),
-              f"multi DIAG (with the holder's name): {diags}")
+        check(
+            any(sev == 2 and "MULTIPLE_SUBSCRIBERS" in msg and "fake-nsys" in msg for sev, msg in diags),
+            f"multi DIAG (with the holder's name): {diags}",
+        )
         check(any("MULTIPLE_SUBSCRIBERS" in e for e in f.header.get("errors", [])), "header errors")
-        check(f.header.get("cupti_version") == facts.get("cupti_api", f.header.get("cupti_version")), "version")
+        check(
+            f.header.get("cupti_version") == facts.get("cupti_api", f.header.get("cupti_version")), "version"
+        )
+        check("deviceProperties" not in f.header, "deviceProperties without CUPTI activity")
     else:  # fake / discover: full pipeline
         if mode == "discover":
-            check(any(m.startswith("libcupti: ") and m.endswith("fake_cu13/lib/libcupti.so.13") for _, m in diags),
-                  f"libcupti not discovered next to libcudart: {diags}")
+            check(
+                any(
+                    m.startswith("libcupti: ") and m.endswith("fake_cu13/lib/libcupti.so.13")
+                    for _, m in diags
+                ),
+                f"libcupti not discovered next to libcudart: {diags}",
+            )
         check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}")
         check("errors" not in f.header, f"errors {f.header.get('errors')}")
         spans = {r[6]: r for r in f.of(SPAN)}
         gpus = {f.s(r[2]): r for r in f.of(GPU)}
         ci, co = facts["corr_in"], facts["corr_out"]
-        check(spans[ci][1] == 4 and f.s(spans[ci][2]) == "cudaLaunchKernel" and spans[ci][3] == facts["tid"], "launch span")
-        check(spans[ci][7] == R["step"]["id"], f"ext of launch in 'step' = {spans[ci][7]}, range id {R['step']['id']}")
+        check(
+            spans[ci][1] == 4 and f.s(spans[ci][2]) == "cudaLaunchKernel" and spans[ci][3] == facts["tid"],
+            "launch span",
+        )
+        check(
+            spans[ci][7] == R["step"]["id"],
+            f"ext of launch in 'step' = {spans[ci][7]}, range id {R['step']['id']}",
+        )
         inner_corr = [c for c, r in spans.items() if r[7] == R["inner-step"]["id"]]
         check(len(inner_corr) == 1, "launch in inner-step maps to the innermost range")
         check(spans[co][7] == 0, "launch outside ranges has no ext")
@@ -316,15 +437,47 @@ def scenario_inject(d, facts, mode):
         k = gpus["kernel_in_step"]
         check(R["step"]["start"] <= spans[ci][4] <= spans[ci][5] <= k[5] <= k[6], "timestamps on one clock")
         sync = [r for r in f.ranges().values() if r["layer"] == 9]
-        check(len(sync) == 1 and sync[0]["name"] == "cudaStreamSynchronize" and sync[0]["args"] == {"corr": facts["corr_sync"]}
-              and sync[0]["end"] is not None, f"sync range {sync}")
+        check(
+            len(sync) == 1
+            and sync[0]["name"] == "cudaStreamSynchronize"
+            and sync[0]["args"] == {"corr": facts["corr_sync"]}
+            and sync[0]["end"] is not None,
+            f"sync range {sync}",
+        )
         dropped = f.of(DROPPED)
         check(len(dropped) == 1 and dropped[0][1] == 3, f"dropped {dropped}")
         names = f.thread_names()
         check("teller-cupti" in names.values(), "writer thread named")
         writer_tid = [t for t, n in names.items() if n == "teller-cupti"][0]
         check(writer_tid != facts["tid"], "activity records written by the writer thread")
+        check_fake_devices(f, facts, writer_tid)
     print(f"inject-{mode}: OK ({len(diags)} diagnostics)")
+
+
+def check_fake_devices(f, facts, writer_tid):
+    """CONTEXT records for devices 0, 1 and 7 of the fake libcuda (tests/fake_cuda.c): the header lists 0
+    and 1 with Kineto's keys (1 without the opt-in shared memory its driver refuses), 7 (unknown to the
+    driver) is left out with a warning, and the shim's own device queries are not recorded as spans."""
+    devs = f.header.get("deviceProperties")
+    check(isinstance(devs, list) and [d.get("id") for d in devs] == [0, 1], f"deviceProperties {devs}")
+    d0, d1 = devs
+    check(list(d0) == DEVICE_KEYS, f"device 0 keys {list(d0)}")
+    check(list(d1) == [k for k in DEVICE_KEYS if k != "sharedMemPerBlockOptin"], f"device 1 keys {list(d1)}")
+    check([d["name"] for d in devs] == ["Teller Fake GPU 0", "Teller Fake GPU 1"], f"names {devs}")
+    check(d0["totalGlobalMem"] == 80 << 30 and d1["totalGlobalMem"] == 81 << 30, "totalGlobalMem")
+    check(
+        (d0["numSms"], d1["numSms"]) == (132, 133) and d0["sharedMemPerBlockOptin"] == 232448, "numSms/optin"
+    )
+    check((d0["computeMajor"], d0["computeMinor"], d0["warpSize"]) == (9, 0, 32), "compute capability/warp")
+    warns = [m for sev, m in f.diags() if sev == 1]
+    check(sum("cuDeviceGet/cuDeviceGetName(7)" in m for m in warns) == 1, f"unknown device warning: {warns}")
+    check(sum("cuDeviceGetAttribute(97, 1)" in m for m in warns) == 1, f"refused attribute warning: {warns}")
+    check(
+        facts.get("driver_calls") == 29,
+        f"the fake driver answered {facts.get('driver_calls')} queries, not 29",
+    )
+    own = [r for r in f.of(SPAN) if r[3] == writer_tid]
+    check(not own, f"the shim's own driver queries recorded as spans: {own[:3]}")
 
 
 def scenario_gpu(d, facts):
@@ -333,7 +486,10 @@ def scenario_gpu(d, facts):
     check(len(fs) == 1, f"{len(fs)} files for the process")
     f = fs[0]
     diags = f.diags()
-    check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}, diags {diags}")
+    check(
+        f.header.get("cupti_version", 0) >= 130000,
+        f"cupti_version {f.header.get('cupti_version')}, diags {diags}",
+    )
     check("errors" not in f.header, f"errors {f.header.get('errors')}")
     check(any("CUPTI collection active" in m for _, m in diags), f"diags {diags}")
     R = {r["name"]: r for r in f.ranges().values() if r["layer"] == 1}
@@ -349,18 +505,41 @@ def scenario_gpu(d, facts):
     check(kernels, "no kernel records")
     check(any(k[7] in in_step for k in kernels), "no kernel correlates with a launch inside 'gpu-step'")
     for k in kernels:
-        check(len(k) > 8 and k[5] <= k[6] and isinstance(f.s(k[2]), str) and "grid" in k[8], f"kernel record {k}")
+        check(
+            len(k) > 8 and k[5] <= k[6] and isinstance(f.s(k[2]), str) and "grid" in k[8],
+            f"kernel record {k}",
+        )
     # one time base: the kernels launched in the step run after the step began, before the process ended
     kin = [k for k in kernels if k[7] in in_step]
     check(all(step["start"] <= k[5] for k in kin), "kernel before its NVTX range: clocks differ")
-    dtoh = [r for r in f.of(GPU) if r[1] == 7 and len(r) > 8 and isinstance(r[8], dict) and r[8].get("kind") == "DtoH"]
+    dtoh = [
+        r
+        for r in f.of(GPU)
+        if r[1] == 7 and len(r) > 8 and isinstance(r[8], dict) and r[8].get("kind") == "DtoH"
+    ]
     check(any(r[8]["bytes"] == 1024 * 1024 * 4 for r in dtoh), f"no 4 MiB DtoH memcpy: {dtoh[:3]}")
     sync = [r for r in f.ranges().values() if r["layer"] == 9]
     check(sync and all(r["end"] is not None for r in sync), f"sync ranges {sync[:3]}")
     names = f.thread_names()
     check("teller-cupti" in names.values(), "writer thread")
-    print(f"gpu: {len(kernels)} kernels, {len(rt)} runtime spans, {len(sync)} sync ranges, "
-          f"{len(dtoh)} DtoH copies OK (cupti {f.header['cupti_version']})")
+    # the header names the GPU (device 0, what torch used) as Kineto does, with the driver's values
+    devs = f.header.get("deviceProperties") or []
+    d0 = next((d for d in devs if d.get("id") == 0), None)
+    check(d0 is not None, f"no device 0 in deviceProperties {devs}, diags {diags}")
+    check(list(d0) == DEVICE_KEYS, f"device 0 keys {list(d0)} (diags {diags})")
+    check(d0["name"] == facts["gpu_name"], f"device name {d0['name']!r}, torch says {facts['gpu_name']!r}")
+    check(d0["totalGlobalMem"] == facts["gpu_mem"] and d0["numSms"] == facts["gpu_sms"], f"device 0 {d0}")
+    check(
+        [d0["computeMajor"], d0["computeMinor"]] == facts["gpu_cc"] and d0["warpSize"] == 32, f"device 0 {d0}"
+    )
+    # the shim's device queries (cuDeviceGet*, on its writer thread) are not in the trace
+    writer_tid = [t for t, n in names.items() if n == "teller-cupti"][0]
+    own = [f.s(r[2]) for r in spans if r[3] == writer_tid]
+    check(not own, f"API spans on the writer thread: {own[:5]}")
+    print(
+        f"gpu: {len(kernels)} kernels, {len(rt)} runtime spans, {len(sync)} sync ranges, "
+        f"{len(dtoh)} DtoH copies, GPU {d0['name']!r} OK (cupti {f.header['cupti_version']})"
+    )
 
 
 def main():

@@ -1,7 +1,10 @@
 /* A fake libcupti (loaded by the shim through TELLER_CUPTI_PATH) that implements the subset of the
  * CUPTI API the shim uses, to test the injection pipeline on a CPU-only machine: subscriber callbacks,
  * activity buffers completed on the caller's thread, external correlation, timestamps, dropped counts,
- * flush at exit. FAKE_CUPTI_MODE=multi makes cuptiSubscribe fail like CUPTI under nsys/torch.profiler.
+ * flush at exit, CONTEXT records (devices 0 and 1 of the fake libcuda, and 7, which it does not know)
+ * ahead of the first API record, DRIVER records for the fake libcuda's device queries (on the querying
+ * thread, as CUPTI records the shim's own calls). FAKE_CUPTI_MODE=multi makes cuptiSubscribe fail like
+ * CUPTI under nsys/torch.profiler.
  * Any cuptiActivityGetNextRecord call made from inside the buffer-completed callback is a violation of
  * the "never parse on CUPTI's thread" rule and is reported on stderr. */
 #define _GNU_SOURCE
@@ -104,8 +107,10 @@ V CUptiResult cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKin
 static size_t rsize(CUpti_ActivityKind k) {
     switch (k) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return sizeof(CUpti_ActivityKernel11);
-    case CUPTI_ACTIVITY_KIND_RUNTIME: return sizeof(CUpti_ActivityAPI);
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: return sizeof(CUpti_ActivityAPI);
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
+    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(CUpti_ActivityContext4);
     default: return 0;
     }
 }
@@ -149,6 +154,24 @@ static void *put(size_t n) {
     return p;
 }
 
+static int g_driver_calls;
+
+/* Called by the fake libcuda for every device query (the shim's on_device, on its writer thread). */
+V void fake_cupti_driver_call(uint32_t cbid, unsigned tid) {
+    pthread_mutex_lock(&g_mu);
+    if (g_req && g_enabled[CUPTI_ACTIVITY_KIND_DRIVER]) {
+        CUpti_ActivityAPI *a = put(sizeof *a);
+        a->kind = CUPTI_ACTIVITY_KIND_DRIVER;
+        a->cbid = cbid;
+        a->start = now();
+        a->end = a->start + 10;
+        a->threadId = tid;
+        a->correlationId = __atomic_add_fetch(&g_corr, 1, __ATOMIC_RELAXED);
+    }
+    g_driver_calls++;
+    pthread_mutex_unlock(&g_mu);
+}
+
 V CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     (void)flag;
     pthread_mutex_lock(&g_mu);
@@ -177,6 +200,17 @@ static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kern
     d.callbackSite = CUPTI_API_EXIT;
     if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
     pthread_mutex_lock(&g_mu);
+    static int ctx_done;
+    if (!ctx_done && g_enabled[CUPTI_ACTIVITY_KIND_CONTEXT]) { /* as CUPTI: the contexts before their work */
+        static const uint32_t devs[] = {0, 1, 7, 0};
+        ctx_done = 1;
+        for (uint32_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
+            CUpti_ActivityContext4 *c = put(sizeof *c);
+            c->kind = CUPTI_ACTIVITY_KIND_CONTEXT;
+            c->contextId = 1 + i;
+            c->deviceId = devs[i];
+        }
+    }
     if (t_ext_n > 0 && g_enabled[CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION]) {
         CUpti_ActivityExternalCorrelation *x = put(sizeof *x);
         x->kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
@@ -214,3 +248,14 @@ V uint32_t fake_cupti_sync(unsigned tid) {
     return api_call(CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, "cudaStreamSynchronize", 0, NULL, tid);
 }
 V void fake_cupti_complete_now(void) { cuptiActivityFlushAll(0); }
+/* Wait (at most timeout_ms) until the fake libcuda has answered n device queries; returns the count. */
+V int fake_cupti_wait_driver_calls(int n, int timeout_ms) {
+    for (int waited = 0;; waited += 10) {
+        pthread_mutex_lock(&g_mu);
+        int k = g_driver_calls;
+        pthread_mutex_unlock(&g_mu);
+        if (k >= n || waited >= timeout_ms) return k;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}

@@ -2,6 +2,7 @@
 
 Run by gpu_check.sh with CUDA_INJECTION64_PATH, NVTX_INJECTION64_PATH and TELLER_TRACE_DIR set.
 Prints one JSON line of facts for `check_raw.py gpu`."""
+
 import json
 import os
 import threading
@@ -17,4 +18,8 @@ with nvtx.annotate("gpu-step", domain="smoke"):
 with nvtx.annotate("gpu-copy", domain="smoke"):
     c = b.cpu()
     torch.cuda.synchronize()
-print(json.dumps({"pid": os.getpid(), "tid": threading.get_native_id(), "checksum": float(c.sum())}))
+props = torch.cuda.get_device_properties(0)  # for the header's deviceProperties (device 0)
+facts = {"pid": os.getpid(), "tid": threading.get_native_id(), "checksum": float(c.sum())}
+facts.update(gpu_name=props.name, gpu_mem=props.total_memory, gpu_sms=props.multi_processor_count)
+facts.update(gpu_cc=[props.major, props.minor])
+print(json.dumps(facts))

@@ -2,7 +2,10 @@
  * buffer, walks it, and feeds every record to the shim's converter. check_raw.py then checks the
  * trace. The walk uses libcupti's cuptiActivityGetNextRecord when a CUDA driver is present; without
  * one (libcupti 13.2 crashes when called without libcuda.so.1) it uses a walker that advances by the
- * compiled struct sizes, which is how CUPTI lays out records of the version it was built with. */
+ * compiled struct sizes, which is how CUPTI lays out records of the version it was built with.
+ * The device hook must fire once per new device id (CONTEXT and kernel records, ids >= 64 too); it adds
+ * made-up devices to the header, then a duplicate id (ignored) and 100 more with 255-character names to
+ * fill the 64-device table. */
 #define _GNU_SOURCE
 #include "tl_cupti_convert.h"
 #include "tl_writer.h"
@@ -45,6 +48,34 @@ static CUptiResult own_next(uint8_t *buf, size_t valid, CUpti_Activity **rec) {
     if (record_size(((CUpti_Activity *)(void *)p)->kind) == 0) return CUPTI_ERROR_INVALID_KIND;
     *rec = (CUpti_Activity *)(void *)p;
     return CUPTI_SUCCESS;
+}
+
+static uint32_t g_hook[16];
+static int g_nhook;
+
+static void fake_props(uint32_t id, int longname) {
+    tl_device_props p;
+    memset(&p, 0, sizeof p);
+    p.id = id;
+    if (longname) {
+        char pre[16];
+        int k = snprintf(pre, sizeof pre, "Long GPU %03u", id);
+        memset(p.name, 'n', 255);
+        memcpy(p.name, pre, (size_t)k);
+    }
+    else snprintf(p.name, sizeof p.name, "Convert GPU %u", id);
+    p.total_mem = (uint64_t)(id + 1) << 30;
+    for (int i = 0; i < TL_DEV_NATTR; i++) p.attr[i] = -1; /* unknown: left out */
+    p.attr[TL_DEV_COMPUTE_MAJOR] = 8;
+    p.attr[TL_DEV_NUM_SMS] = 100 + id;
+    tl_header_add_device(&p);
+}
+
+static void on_device(void *ud, uint32_t id) {
+    (void)ud;
+    if (g_nhook < 16) g_hook[g_nhook] = id;
+    g_nhook++;
+    fake_props(id, 0);
 }
 
 static const char *names(void *ud, CUpti_CallbackDomain d, uint32_t cbid) {
@@ -102,6 +133,15 @@ int main(void) {
     unk->kind = CUPTI_ACTIVITY_KIND_RUNTIME; unk->cbid = 9999; unk->start = 6900; unk->end = 6950; unk->threadId = 4242;
     unk->correlationId = 47;
 
+    static const uint32_t more_ctx[][2] = {{2, 70}, {3, 70}, {1, 3}}; /* new id >= 64, again, again */
+    for (int i = 0; i < 3; i++) {
+        CUpti_ActivityContext4 *c2 = put(sizeof *c2);
+        c2->kind = CUPTI_ACTIVITY_KIND_CONTEXT; c2->contextId = more_ctx[i][0]; c2->deviceId = more_ctx[i][1];
+    }
+    CUpti_ActivityAPI *own = put(sizeof *own); /* the converting thread's own driver call: dropped */
+    own->kind = CUPTI_ACTIVITY_KIND_DRIVER; own->cbid = CUPTI_DRIVER_TRACE_CBID_cuDeviceGetAttribute;
+    own->start = 7000; own->end = 7010; own->threadId = 4244; own->correlationId = 48;
+
     CUpti_ActivityMarker2 *mk = put(sizeof *mk); /* a kind the converter does not handle */
     mk->kind = CUPTI_ACTIVITY_KIND_MARKER;
 
@@ -118,6 +158,8 @@ int main(void) {
 
     tl_cupti_conv *cv = calloc(1, sizeof *cv);
     cv->callback_name = names;
+    cv->on_device = on_device;
+    cv->self_tid = 4244;
     tl_cupti_conv_check_sizes(cv);
     tl_thread *t = tl_self();
     if (!t) { fprintf(stderr, "cannot open trace file\n"); return 1; }
@@ -130,9 +172,14 @@ int main(void) {
     }
     if (r != CUPTI_ERROR_MAX_LIMIT_REACHED) { fprintf(stderr, "walk ended with %d\n", (int)r); return 1; }
     tl_cupti_write_dropped(t, 5, "CUPTI activity buffer full");
+    fake_props(3, 1); /* an id already known: the first entry stays */
+    for (uint32_t id = 100; id < 200; id++) fake_props(id, 1); /* 61 fit in the 64-device table */
     fprintf(stderr, "walker: %s; %d records, %llu converted, %llu ignored\n", walker, n,
             (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored);
-    printf("{\"records\": %d, \"converted\": %llu, \"ignored\": %llu, \"kernel11_size\": %zu, \"cupti_api\": %d}\n", n,
-           (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored, sizeof(CUpti_ActivityKernel11), CUPTI_API_VERSION);
-    return (n == 12 && cv->n_ignored == 1) ? 0 : 1;
+    printf("{\"records\": %d, \"converted\": %llu, \"ignored\": %llu, \"kernel11_size\": %zu, \"cupti_api\": %d, "
+           "\"device_hook\": [", n, (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored,
+           sizeof(CUpti_ActivityKernel11), CUPTI_API_VERSION);
+    for (int i = 0; i < g_nhook && i < 16; i++) printf("%s%u", i ? ", " : "", g_hook[i]);
+    printf("]}\n");
+    return (n == 16 && cv->n_ignored == 2) ? 0 : 1;
 }

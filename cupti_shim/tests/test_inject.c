@@ -2,6 +2,10 @@
  *   nodriver: InitializeInjection without a CUDA driver must return, log a DIAG, and NVTX keeps working.
  *   fake:     a fake libcuda.so.1 is loaded and TELLER_CUPTI_PATH names a fake libcupti: full pipeline.
  *   multi:    the fake cuptiSubscribe fails with MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED.
+ * With the fake CUPTI active, the first buffer (CONTEXT records for devices 0, 1, 7) is completed early
+ * and the program waits for the shim's device queries to the fake libcuda (14 for each of devices 0
+ * and 1, 1 for the unknown 7), so that the DRIVER records CUPTI makes of them are flushed at exit; then
+ * it forks a child that records one NVTX range: the child's file must not claim the parent's GPUs.
  * Prints one JSON line of facts for check_raw.py. */
 #define _GNU_SOURCE
 #include <nvtx3/nvToolsExt.h>
@@ -12,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static unsigned tid(void) { return (unsigned)syscall(SYS_gettid); }
@@ -34,11 +39,15 @@ int main(int argc, char **argv) {
     uint32_t corr_in = 0, corr_out = 0, corr_sync = 0;
     uint32_t (*launch)(const char *, unsigned) = NULL;
     uint32_t (*sync)(unsigned) = NULL;
+    void (*complete)(void) = NULL;
+    int (*wait_driver)(int, int) = NULL;
     if (fake) {
         void *fc = dlopen(discover ? "libcupti.so.13" : getenv("TELLER_CUPTI_PATH"), RTLD_NOW | RTLD_NOLOAD);
         if (fc) {
             *(void **)&launch = dlsym(fc, "fake_cupti_launch");
             *(void **)&sync = dlsym(fc, "fake_cupti_sync");
+            *(void **)&complete = dlsym(fc, "fake_cupti_complete_now");
+            *(void **)&wait_driver = dlsym(fc, "fake_cupti_wait_driver_calls");
         }
     }
     nvtxRangePushA("step");
@@ -49,9 +58,25 @@ int main(int argc, char **argv) {
     nvtxRangePop();
     if (launch) corr_out = launch("kernel_outside", tid());
     if (sync) corr_sync = sync(tid());
+    int driver_calls = -1, child = 0;
+    if (corr_in && complete && wait_driver) {
+        complete();
+        driver_calls = wait_driver(2 * 14 + 1, 10000);
+        child = (int)fork();
+        if (child == 0) {
+            nvtxRangePushA("child-range");
+            nvtxRangePop();
+            _exit(0);
+        }
+        int st = 0;
+        if (child < 0 || waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "forked child failed\n");
+            return 1;
+        }
+    }
     nvtxRangePushA("after-init");
     nvtxRangePop();
-    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u}\n", (int)getpid(), tid(),
-           corr_in, corr_out, corr_sync);
+    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u, \"driver_calls\": %d, \"child\": %d}\n",
+           (int)getpid(), tid(), corr_in, corr_out, corr_sync, driver_calls, child);
     return 0; /* exit(): the shim flushes CUPTI and joins its writer thread in atexit */
 }
