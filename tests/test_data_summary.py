@@ -459,3 +459,54 @@ def test_transfer_instance_needs_every_process():
     _transfer(row, x, w, b, pid, sord, pos)
     assert row[14] == pytest.approx(math.log1p(0.01))  # only steps 0-2 are instances
     assert row[15] == 0.0  # (three steps: no scan either way, and no jump at step 3)
+
+
+def test_reference_columns_hand_computed(tmp_path):
+    # columns 17-19 from per-event residuals against a deployment's kernel reference: gemm has a
+    # residual on 15 of its 20 events (rank 1: 0.5 x 10, rank 2: 0.1 x 5), norm on none (every
+    # position new to the reference: a launch storm's extra kernels), and a host operator is no
+    # kernel at all
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": pid, "tid": 7, "ts": 100 * k, "dur": 10}
+        for pid in (1, 2)
+        for k in range(10)
+    ]
+    ev += [
+        {"ph": "X", "cat": "kernel", "name": "norm", "pid": 1, "tid": 7, "ts": 100 * k + 50, "dur": 5}
+        for k in range(8)
+    ]
+    ev += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100 * k, "dur": 3}
+        for k in range(4)
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    tok = tpe.train(tpe.corpus_from_symbols([["kernel:gemm", "kernel:norm"]]), vocab_size=0)
+    names = np.asarray(tr.symbols)[np.asarray(tr.symbol)]
+    pid = np.asarray(tr.pid)
+    r = np.full(len(tr), np.nan)
+    g1 = np.flatnonzero((names == "kernel:gemm") & (pid == 1))
+    g2 = np.flatnonzero((names == "kernel:gemm") & (pid == 2))
+    assert len(g1) == len(g2) == 10
+    r[g1] = 0.5
+    r[g2[:5]] = 0.1
+    host = np.flatnonzero(tr.layer_mask("host_op"))
+    assert len(host) == 4
+
+    def rows(**kw):
+        ids, f = symbol_summary(tr, tok, **kw)
+        return {tok.token_str(int(i)): row for i, row in zip(ids, f, strict=True)}
+
+    ids, f = symbol_summary(tr, tok, ref_resid=r)
+    rows = {tok.token_str(int(i)): row for i, row in zip(ids, f, strict=True)}
+    gemm, norm = rows["kernel:gemm"], rows["kernel:norm"]
+    (hk,) = [k for k in rows if k not in ("kernel:gemm", "kernel:norm")]
+    assert gemm[17] == pytest.approx(0.5)  # median of 0.5 x 10, 0.1 x 5
+    assert gemm[18] == pytest.approx(0.5)  # rank 1's median
+    assert gemm[19] == pytest.approx(0.75)  # 15 of 20 events with a residual
+    assert not norm[17:].any()  # no residual at all: as an unknown deployment
+    assert not rows[hk][17:].any()
+    # no reference (an unknown deployment, a hidden training sample): all three 0
+    _, f0 = symbol_summary(tr, tok)
+    assert not f0[:, 17:].any()
