@@ -133,6 +133,9 @@ static struct {
     uint32_t n_devices;
 } D;
 
+static int D_abandoned; /* set when exit stops waiting for the writer thread: no more driver calls */
+static int tid_system;  /* CUPTI reports gettid() thread ids (SetThreadIdType succeeded) */
+
 static const CUdevice_attribute dev_attrs[TL_DEV_NATTR] = {
     [TL_DEV_COMPUTE_MAJOR] = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     [TL_DEV_COMPUTE_MINOR] = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
@@ -171,7 +174,7 @@ static int resolve_driver(void) {
 
 static void on_device(void *ud, uint32_t id) {
     (void)ud;
-    if (resolve_driver() != 1) return;
+    if (__atomic_load_n(&D_abandoned, __ATOMIC_ACQUIRE) || resolve_driver() != 1) return;
     if (D.n_devices >= TL_MAX_DEVICES) {
         if (!D.warned_full++) tl_diag(TL_WARN, "more than %d GPUs: device %u and later not in the header", TL_MAX_DEVICES, id);
         return;
@@ -229,7 +232,8 @@ static void process_buffer(tl_thread *t, tl_buf *q) {
 static void *writer_main(void *arg) {
     (void)arg;
     pthread_setname_np(pthread_self(), "teller-cupti");
-    C.conv->self_tid = tl_gettid(); /* before any device query of on_device */
+    /* before any device query of on_device; only when CUPTI's thread ids are gettid()'s */
+    if (__atomic_load_n(&tid_system, __ATOMIC_ACQUIRE)) C.conv->self_tid = tl_gettid();
     for (;;) {
         pthread_mutex_lock(&C.mu);
         while (!C.head && !C.stop) pthread_cond_wait(&C.cv, &C.mu);
@@ -339,7 +343,11 @@ static void cupti_atexit(void) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 10; /* never hang the host's exit */
-        if (pthread_timedjoin_np(C.thread, NULL, &ts) != 0) tl_diag(TL_WARN, "CUPTI writer thread did not finish in 10 s");
+        if (pthread_timedjoin_np(C.thread, NULL, &ts) != 0) {
+            /* exit() goes on into the driver's destructors: the thread must not call the driver now */
+            __atomic_store_n(&D_abandoned, 1, __ATOMIC_RELEASE);
+            tl_diag(TL_WARN, "CUPTI writer thread did not finish in 10 s");
+        }
         else C.thread_running = 0;
     }
     tl_diag(TL_INFO, "CUPTI: %llu activity records converted, %llu ignored", (unsigned long long)C.conv->n_converted,
@@ -504,7 +512,10 @@ static int setup(void) {
         tl_header_set_cupti(C.version, msg);
         return -1;
     }
-    if (C.SetThreadIdType) C.SetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM); /* gettid(), as NVTX */
+    if (C.SetThreadIdType && C.SetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM) == CUPTI_SUCCESS) /* gettid(), as NVTX */
+        __atomic_store_n(&tid_system, 1, __ATOMIC_RELEASE);
+    else
+        tl_diag(TL_WARN, "cuptiSetThreadIdType(SYSTEM) failed: API records carry CUPTI's default thread ids");
     if (C.ActivityRegisterTimestampCallback) {
         r = C.ActivityRegisterTimestampCallback(ts_callback);
         if (r != CUPTI_SUCCESS) tl_diag(TL_ERROR, "cuptiActivityRegisterTimestampCallback: %s: GPU timestamps not on CLOCK_MONOTONIC", result_str(r));

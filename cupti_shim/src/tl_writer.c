@@ -170,8 +170,19 @@ static void encode_device(uint8_t **c, const tl_device_props *d) {
         if (d->attr[i] >= 0) { mp_cstr(c, dev_keys[i]); mp_int(c, d->attr[i]); }
 }
 
-/* Encode the HEADER into buf (cap bytes); returns length or 0 if it does not fit. */
-static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t real) {
+/* The HEADER is the process's fixed facts (pid, ppid, host, argv, clock, env: encoded ONCE, when the
+ * file is opened) followed by the extras that arrive later (CUPTI version, errors, GPUs), and is
+ * rewritten in place when an extra arrives. Later rewrites run on the CUPTI writer thread at
+ * arbitrary times, so they must not read environ (another thread's setenv may free it mid-read),
+ * /proc/self/cmdline (setproctitle) or getppid() (a dead launcher) again: they copy the cached bytes. */
+#define TL_HDR_EXTRA_MIN (600u + 8u * TL_DEV_MAX_BYTES + 32u) /* room kept for extras: 8 GPUs at least */
+static uint8_t *g_fixed;   /* the fixed key/value pairs (no map header) */
+static size_t g_fixed_len;
+static uint32_t g_fixed_keys;
+static size_t g_hdr_len;   /* bytes of the header written so far (the longest) */
+
+/* Encode the fixed pairs into buf (at most cap bytes); returns the length, *nkeys the pair count. */
+static size_t encode_fixed(uint8_t *buf, size_t cap, uint64_t mono, uint64_t real, uint32_t *nkeys) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
@@ -186,23 +197,9 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
     uint32_t nargs = 0;
     for (size_t i = 0; i < cmdlen; i++) if (cmd[i] == 0) nargs++;
     if (cmdlen > 0 && cmd[cmdlen - 1] != 0) nargs++; /* truncated last argument */
-    uint32_t nenv = 0;
-    for (char **e = environ; e && *e; e++) if (env_wanted(*e)) nenv++;
-    size_t need = 4096 + cmdlen + 5 * nargs;
-    if (cap < need) return 0;
-    /* Devices go last, with their room kept from the env budget; with a huge argv the last ones are
-     * left out rather than the whole header (a process sees a handful: 64 * 640 B fits a normal argv). */
-    uint32_t ndev = g.n_devs;
-    while (ndev && need + ndev * TL_DEV_MAX_BYTES + 32 > cap) ndev--;
-    size_t dev_room = ndev ? ndev * TL_DEV_MAX_BYTES + 32 : 0;
-
+    /* argv: 16 KiB of text at most, 5 B of string header per argument at most; the rest is small */
+    if (cap < 2048 + cmdlen + 5 * (size_t)nargs) { cmdlen = 0; nargs = 0; } /* no argv rather than no header */
     uint8_t *c = buf;
-    uint32_t nkeys = 9 + (g.cupti_version ? 1 : 0) + (g.cupti_error[0] ? 1 : 0) + (ndev ? 1 : 0);
-    mp_arr(&c, 4);
-    mp_uint(&c, TL_HEADER);
-    mp_cstr(&c, "teller-trace");
-    mp_uint(&c, 1);
-    mp_map(&c, nkeys);
     mp_cstr(&c, "pid"); mp_uint(&c, (uint64_t)getpid());
     mp_cstr(&c, "ppid"); mp_uint(&c, (uint64_t)getppid());
     mp_cstr(&c, "host"); mp_cstr(&c, host);
@@ -217,17 +214,52 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
     mp_cstr(&c, "clock"); mp_cstr(&c, "CLOCK_MONOTONIC");
     mp_cstr(&c, "clock_sync"); mp_arr(&c, 2); mp_uint(&c, mono); mp_uint(&c, real);
     mp_cstr(&c, "start_ns"); mp_uint(&c, g.start_ns);
-    mp_cstr(&c, "env"); mp_map(&c, nenv);
-    for (char **e = environ; e && *e; e++) {
+    /* env: one pass collects the wanted entries (those with a '='), then as many as fit are written,
+     * a value that does not fit as "" (the key still says the variable was set); the map's count is
+     * the number written */
+    const char *kv[256];
+    size_t kl[256], vl[256];
+    uint32_t nkv = 0;
+    for (char **e = environ; e && *e && nkv < 256; e++) {
         if (!env_wanted(*e)) continue;
         const char *eq = strchr(*e, '=');
-        size_t kl = (size_t)(eq - *e), vl = strlen(eq + 1);
-        if ((size_t)(c - buf) + kl + vl + 64 > cap - 600 - dev_room) { /* keep room; env is tiny in practice */
-            mp_str(&c, *e, kl); mp_str(&c, "", 0); continue;
-        }
-        mp_str(&c, *e, kl); mp_str(&c, eq + 1, vl);
+        if (!eq || eq - *e > 255) continue;
+        kv[nkv] = *e;
+        kl[nkv] = (size_t)(eq - *e);
+        vl[nkv] = strlen(eq + 1);
+        nkv++;
     }
+    size_t at = (size_t)(c - buf) + 64; /* + the "env" key, the map header and "producer" */
+    uint32_t nenv = 0;
+    for (uint32_t i = 0; i < nkv; i++) {
+        if (at + kl[i] + vl[i] + 16 > cap) vl[i] = 0;
+        if (at + kl[i] + vl[i] + 16 > cap) break;
+        at += kl[i] + vl[i] + 16;
+        nenv++;
+    }
+    mp_cstr(&c, "env"); mp_map(&c, nenv);
+    for (uint32_t i = 0; i < nenv; i++) { mp_str(&c, kv[i], kl[i]); mp_str(&c, kv[i] + kl[i] + 1, vl[i]); }
     mp_cstr(&c, "producer"); mp_cstr(&c, TL_PRODUCER);
+    *nkeys = 9; /* pid ppid host argv clock clock_sync start_ns env producer */
+    return (size_t)(c - buf);
+}
+
+/* The whole HEADER record from the cached fixed pairs and the current extras; 0 if nothing cached. */
+static size_t encode_header(uint8_t *buf, size_t cap) {
+    if (!g_fixed) return 0;
+    /* GPUs go last; with a huge argv the last ones are left out rather than the whole header */
+    uint32_t ndev = g.n_devs;
+    size_t base = 16 + g_fixed_len + 600;
+    while (ndev && base + ndev * TL_DEV_MAX_BYTES + 32 > cap) ndev--;
+    uint8_t *c = buf;
+    uint32_t nkeys = g_fixed_keys + (g.cupti_version ? 1 : 0) + (g.cupti_error[0] ? 1 : 0) + (ndev ? 1 : 0);
+    mp_arr(&c, 4);
+    mp_uint(&c, TL_HEADER);
+    mp_cstr(&c, "teller-trace");
+    mp_uint(&c, 1);
+    mp_map(&c, nkeys);
+    memcpy(c, g_fixed, g_fixed_len);
+    c += g_fixed_len;
     if (g.cupti_version) { mp_cstr(&c, "cupti_version"); mp_uint(&c, g.cupti_version); }
     if (g.cupti_error[0]) { mp_cstr(&c, "errors"); mp_arr(&c, 1); mp_cstr(&c, g.cupti_error); }
     if (ndev) {
@@ -240,15 +272,31 @@ static size_t encode_header(uint8_t *buf, size_t cap, uint64_t mono, uint64_t re
 
 static uint64_t g_hdr_mono, g_hdr_real;
 
-static int write_header_locked(void) {
+/* Called with g.mu held. The first call of a file generation (fixed == 1) encodes the fixed pairs. */
+static int write_header_locked(int fixed) {
+    if (fixed || !g_fixed) {
+        free(g_fixed);
+        g_fixed = malloc(TL_HEADER_REGION);
+        g_fixed_len = 0;
+        if (!g_fixed) return -1;
+        g_fixed_len = encode_fixed(g_fixed, TL_HEADER_REGION - 16 - TL_HDR_EXTRA_MIN, g_hdr_mono, g_hdr_real,
+                                   &g_fixed_keys);
+        g_hdr_len = 0;
+    }
     uint8_t *buf = calloc(1, TL_HEADER_REGION);
     if (!buf) return -1;
-    size_t n = encode_header(buf, TL_HEADER_REGION, g_hdr_mono, g_hdr_real);
+    size_t n = encode_header(buf, TL_HEADER_REGION);
     int rc = -1;
     if (n > 0) {
-        /* Write the whole region: bytes after the header are zero padding. */
-        ssize_t w = pwrite(g.fd, buf, TL_HEADER_REGION, 0);
-        rc = (w == (ssize_t)TL_HEADER_REGION) ? 0 : -1;
+        /* Only the header's bytes (up to the longest written: a shorter header leaves zeros after it,
+         * the padding readers skip), not the whole region. Pages after the first go first and the
+         * first page last: a header within one page (the usual case) is then old or new, never torn. */
+        size_t len = n > g_hdr_len ? n : g_hdr_len, pg = 4096;
+        rc = 0;
+        if (len > pg && pwrite(g.fd, buf + pg, len - pg, (off_t)pg) != (ssize_t)(len - pg)) rc = -1;
+        size_t first = len < pg ? len : pg;
+        if (rc == 0 && pwrite(g.fd, buf, first, 0) != (ssize_t)first) rc = -1;
+        if (rc == 0) g_hdr_len = n;
     }
     free(buf);
     return rc;
@@ -319,7 +367,7 @@ static int open_file_locked(void) {
     g.last_sync = g_hdr_mono;
     g.size = 0;
     g.next_off = TL_HEADER_REGION;
-    if (grow_locked(TL_HEADER_REGION) != 0 || write_header_locked() != 0) {
+    if (grow_locked(TL_HEADER_REGION) != 0 || write_header_locked(1) != 0) {
         close(fd);
         unlink(g.path);
         g.fd = -1;
@@ -654,7 +702,7 @@ void tl_header_set_cupti(uint32_t version, const char *error) {
     pthread_mutex_lock(&g.mu);
     if (version) g.cupti_version = version;
     if (error && !g.cupti_error[0]) snprintf(g.cupti_error, sizeof g.cupti_error, "%s", error);
-    if (fd_ok_locked()) write_header_locked();
+    if (fd_ok_locked()) write_header_locked(0);
     pthread_mutex_unlock(&g.mu);
 }
 
@@ -668,7 +716,7 @@ void tl_header_add_device(const tl_device_props *d) {
         g.devs[at] = *d;
         g.devs[at].name[sizeof g.devs[at].name - 1] = 0;
         g.n_devs++;
-        if (fd_ok_locked()) write_header_locked();
+        if (fd_ok_locked()) write_header_locked(0);
     }
     pthread_mutex_unlock(&g.mu);
 }
