@@ -494,10 +494,6 @@ def test_reference_columns_hand_computed(tmp_path):
     host = np.flatnonzero(tr.layer_mask("host_op"))
     assert len(host) == 4
 
-    def rows(**kw):
-        ids, f = symbol_summary(tr, tok, **kw)
-        return {tok.token_str(int(i)): row for i, row in zip(ids, f, strict=True)}
-
     ids, f = symbol_summary(tr, tok, ref_resid=r)
     rows = {tok.token_str(int(i)): row for i, row in zip(ids, f, strict=True)}
     gemm, norm = rows["kernel:gemm"], rows["kernel:norm"]
