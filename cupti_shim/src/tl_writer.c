@@ -274,7 +274,8 @@ static uint64_t g_hdr_mono, g_hdr_real;
 
 /* Called with g.mu held. The first call of a file generation (fixed == 1) encodes the fixed pairs. */
 static int write_header_locked(int fixed) {
-    if (fixed || !g_fixed) {
+    if (!fixed && !g_fixed) return -1; /* (no fixed part cached: never re-read environ off the opening thread) */
+    if (fixed) {
         free(g_fixed);
         g_fixed = malloc(TL_HEADER_REGION);
         g_fixed_len = 0;
