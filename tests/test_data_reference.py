@@ -39,6 +39,20 @@ def test_deployment_key_from_device_properties_and_the_vllm_args_line(tiny):
         assert deployment_key(tr, None) is None
         assert deployment_key(tr, "INFO no engine arguments here") is None
         assert deployment_key(tr, "args: Namespace(model='m/x', dtype=auto)").endswith("|m/x|tp1")
+    # what else changes a kernel's time: keyed only when not the default, the last line naming it
+    key = deployment_key(
+        tr, "args: Namespace(model='m/x', tensor_parallel_size=2, dtype='auto', quantization=None)"
+    )
+    assert key.endswith("|m/x|tp2")
+    log = (
+        "args: Namespace(model='m/x', dtype='auto', quantization='fp8', kv_cache_dtype='auto')\n"
+        "Initializing a V1 LLM engine (v0.10.1) with config: model='m/x', dtype=torch.float16, "
+        "quantization=fp8, kv_cache_dtype=fp8_e5m2, quantization_param_path=None"
+    )
+    assert deployment_key(tr, log).endswith("|m/x|tp1|dtype=float16|q=fp8|kv=fp8_e5m2")
+    assert deployment_key(tr, "config: model='m/x', dtype=torch.bfloat16, kv_cache_dtype=auto").endswith(
+        "|m/x|tp1"
+    )
 
 
 def test_no_device_properties_no_key(tmp_path):
@@ -83,7 +97,8 @@ def test_kernel_points_number_each_symbol_within_its_process_and_step(tmp_path):
                     corr=c,
                 )
     tr = T.load(d, step_names=["engine_step"])
-    idx, pk, w, x = kernel_points(tr)
+    idx, pk, w, s, x = kernel_points(tr)
+    np.testing.assert_array_equal(s, 0.0)  # the steps record no num_seqs
     got = sorted((int(tr.ts[i]), k, round(float(ww), 4)) for i, k, ww in zip(idx, pk, w, strict=True))
     names = [k for _, k, _ in got]
     assert names == ["kernel:gemm\t0", "kernel:norm\t0", "kernel:gemm\t1"] * 2
@@ -117,46 +132,130 @@ def test_kernel_points_number_each_symbol_within_its_process_and_step(tmp_path):
 
 
 def test_fit_and_residuals_hand_computed():
+    # an exact quadratic in w: the held-out half prefers the quadratic, which recovers it
     rng = np.random.default_rng(0)
     w = rng.uniform(1, 8, 200)
-    x = 0.05 * w**2 + 0.3 * w + 1.0  # exact quadratic
+    s = np.zeros(200)
+    x = 0.05 * w**2 + 0.3 * w + 1.0
+    z = np.zeros(3)
     ref = KernelReference.fit(
-        [
-            ("A|m|tp1", ["k\t0"] * 200, w, x),
-            ("A|m|tp1", ["k\t1"] * 3, np.array([1.0, 2, 3]), np.array([2.0, 3, 4])),
-        ]
+        [("A|m|tp1", ["k\t0"] * 100, w[:100], s[:100], x[:100])]
+        + [("A|m|tp1", ["k\t0"] * 100, w[100:], s[100:], x[100:])]
+        + [("A|m|tp1", ["k\t1"] * 3, np.array([1.0, 2, 3]), z, np.array([2.0, 3, 4]))]
     )
-    c2, c1, c0, lo, hi, n = ref.table["A|m|tp1"]["k\t0"]
-    assert (c2, c1, c0) == pytest.approx((0.05, 0.3, 1.0), abs=1e-9)
-    assert (lo, hi, n) == (w.min(), w.max(), 200)
-    assert ref.table["A|m|tp1"]["k\t1"][:3] == pytest.approx([0.0, 1.0, 1.0])  # a line through 3 points
+    row = ref.table["A|m|tp1"]["k\t0"]
+    assert row["kind"] == "quad" and row["n"] == 200
+    np.testing.assert_allclose(row["coef"], [1.0, 0.3, 0.05, 0, 0, 0], atol=1e-5)
+    assert row["w"] == pytest.approx([w.min(), w.max()], abs=1e-6)
+    # 3 events of one capture: nothing to hold out, a line through them
+    row1 = ref.table["A|m|tp1"]["k\t1"]
+    assert row1["kind"] == "quad" and row1["coef"] == pytest.approx([1.0, 1.0, 0, 0, 0, 0], abs=1e-9)
     r = ref.residuals(
         "A|m|tp1",
         ["k\t0", "k\t0", "k\t1", "other\t0"],
         np.array([2.0, 100.0, 2.0, 2.0]),
+        np.zeros(4),
         np.array([2.0, 9.0, 3.5, 1.0]),
     )
     want0 = 2.0 - (0.05 * 4 + 0.6 + 1.0)
     want1 = 9.0 - (0.05 * w.max() ** 2 + 0.3 * w.max() + 1.0)  # the load clipped to the fitted range
-    np.testing.assert_allclose(r[:3], [want0, want1, 0.5])
+    np.testing.assert_allclose(r[:3], [want0, want1, 0.5], atol=1e-4)
     assert np.isnan(r[3])
-    assert np.isnan(ref.residuals("B|m|tp1", ["k\t0"], np.array([2.0]), np.array([2.0]))).all()
-    assert np.isnan(ref.residuals(None, ["k\t0"], np.array([2.0]), np.array([2.0]))).all()
+    assert np.isnan(ref.residuals("B|m|tp1", ["k\t0"], np.array([2.0]), z[:1], np.array([2.0]))).all()
+    assert np.isnan(ref.residuals(None, ["k\t0"], np.array([2.0]), z[:1], np.array([2.0]))).all()
     # too few events: no fit; a single load: the median
+    o = np.ones(4)
     ref2 = KernelReference.fit(
         [
-            ("K", ["a\t0"] * 2, np.ones(2), np.ones(2)),
-            ("K", ["b\t0"] * 4, np.ones(4), np.array([1.0, 2, 3, 10])),
+            ("K", ["a\t0"] * 2, o[:2], o[:2], o[:2]),
+            ("K", ["b\t0"] * 4, o, o, np.array([1.0, 2, 3, 10])),
         ]
     )
-    assert "a\t0" not in ref2.table["K"] and ref2.table["K"]["b\t0"][:3] == [0.0, 0.0, 2.5]
-    assert KernelReference.fit([(None, ["k\t0"] * 5, np.ones(5), np.ones(5))]).table == {}
+    assert "a\t0" not in ref2.table["K"] and ref2.table["K"]["b\t0"]["coef"] == [2.5, 0, 0, 0, 0, 0]
+    assert KernelReference.fit([(None, ["k\t0"] * 5, o[:1].repeat(5), np.ones(5), np.ones(5))]).table == {}
+
+
+def test_a_kinked_load_curve_gets_a_table_and_a_sequence_bound_kernel_its_axis():
+    # a roofline: flat (memory-bound) up to w = 4, then slope 1 (compute-bound); 40 captures
+    # alternating between the halves; a quadratic misses the kink, the table follows it
+    rng = np.random.default_rng(1)
+    pts = []
+    for _c in range(40):
+        w = np.round(rng.uniform(1, 8, 30), 1)
+        sq = np.round(rng.uniform(0.5, 5, 30), 1)
+        x = np.maximum(w, 4.0) + rng.normal(0, 0.01, 30)
+        xs = 2.0 * sq + rng.normal(0, 0.01, 30)  # a sampling kernel: the sequence count alone
+        pts.append(("K", ["gemm\t0"] * 30 + ["softmax\t0"] * 30, np.r_[w, w], np.r_[sq, sq], np.r_[x, xs]))
+    ref = KernelReference.fit(pts)
+    g, sm = ref.table["K"]["gemm\t0"], ref.table["K"]["softmax\t0"]
+    assert g["kind"] == "table" and g["axis"] == "w"
+    assert np.all(np.diff(g["knots"]) > 0) and len(g["knots"]) == len(g["values"]) <= 71
+    q = np.array([1.5, 3.95, 4.0, 6.0, 7.55])
+    r = ref.residuals("K", ["gemm\t0"] * 5, q, np.ones(5), np.maximum(q, 4.0))
+    assert np.abs(r).max() < 0.05
+    assert sm["kind"] == "quad" or sm["axis"] == "s"
+    r = ref.residuals(
+        "K",
+        ["softmax\t0"] * 3,
+        np.array([7.0, 2.0, 5.0]),
+        np.array([1.0, 2.0, 4.0]),
+        np.array([2.0, 4.0, 8.0]),
+    )
+    assert np.abs(r).max() < 0.05
+
+
+def test_table_cells_hand_computed():
+    from teller.data.reference import _cells, _fit_table, _predict
+
+    v = np.array([1.0, 1.02, 2.0, 2.96, 3.04])
+    x = np.array([1.0, 3.0, 5.0, 7.0, 8.0])
+    knots, med, spread = _cells(v, x)
+    # cells of 0.1 centred on multiples of 0.1: {1.0, 1.02}, {2.0}, {2.96, 3.04}
+    np.testing.assert_allclose(knots, [1.01, 2.0, 3.0])
+    np.testing.assert_allclose(med, [2.0, 5.0, 7.5])
+    assert spread == pytest.approx(0.75)  # the median of |1 - 2|, |3 - 2|, |7 - 7.5|, |8 - 7.5|
+    row = _fit_table(v, np.zeros(5), x)
+    assert row["axis"] == "w"
+    np.testing.assert_allclose(
+        _predict(row, np.array([0.0, 1.5, 3.0, 9.0]), np.zeros(4)), [2.0, 2.0 + 3 * 0.49 / 0.99, 7.5, 7.5]
+    )
 
 
 def test_file_round_trip_and_errors(tmp_path):
-    ref = KernelReference({"A|m|tp1": {"k\t0": [0.0, 0.5, 1.0, 1.0, 2.0, 9]}})
+    # version 1 (a quadratic in w per row) still reads, and computes what it did
+    v1 = tmp_path / "v1.json"
+    v1.write_text(
+        json.dumps(
+            {
+                "format": "teller-kernel-reference",
+                "version": 1,
+                "table": {"A|m|tp1": {"k\t0": [0.0, 0.5, 1.0, 1.0, 2.0, 9]}},
+            }
+        )
+    )
+    old = KernelReference.load(v1)
+    assert old.version == 1 and len(old) == 1
+    r = old.residuals(
+        "A|m|tp1", ["k\t0"] * 2, np.array([1.5, 5.0]), np.array([3.0, 3.0]), np.array([2.0, 2.0])
+    )
+    np.testing.assert_allclose(r, [2.0 - 1.75, 2.0 - 2.0])
+    p = old.save(tmp_path / "reference.json")
+    assert json.loads(p.read_text())["version"] == 1
+    ref = KernelReference(
+        {
+            "A|m|tp1": {
+                "k\t0": {"kind": "table", "axis": "s", "knots": [1.0, 2.0], "values": [3.0, 5.0], "n": 9},
+                "k\t1": {"kind": "quad", "coef": [1, 0, 0, 1, 0, 0], "w": [0, 9], "s": [0, 2], "n": 4},
+            }
+        }
+    )
     p = ref.save(tmp_path / "reference.json")
-    assert KernelReference.load(p).table == ref.table and len(KernelReference.load(p)) == 1
+    back = KernelReference.load(p)
+    assert back.table == ref.table and len(back) == 2 and back.version == 2
+    r = back.residuals(
+        "A|m|tp1", ["k\t0", "k\t1"], np.array([0.0, 0.0]), np.array([1.5, 5.0]), np.array([4.0, 4.0])
+    )
+    np.testing.assert_allclose(r, [0.0, 4.0 - 3.0])  # s clipped to 2
     with pytest.raises(TellerFileNotFoundError, match="no kernel reference"):
         KernelReference.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
@@ -165,6 +264,20 @@ def test_file_round_trip_and_errors(tmp_path):
         ('{"format": "x"}', "not a teller kernel reference"),
         ('{"format": "teller-kernel-reference", "version": 9, "table": {}}', "version 9"),
         ('{"format": "teller-kernel-reference", "version": 1, "table": {"A": {"k": [1, 2]}}}', "malformed"),
+        (
+            '{"format": "teller-kernel-reference", "version": 2, "table": {"A": {"k": [1, 2, 3, 4, 5, 6]}}}',
+            "malformed",
+        ),
+        (
+            '{"format": "teller-kernel-reference", "version": 2, "table": {"A": {"k": '
+            '{"kind": "table", "axis": "w", "knots": [2, 1], "values": [0, 0], "n": 2}}}}',
+            "malformed",
+        ),
+        (
+            '{"format": "teller-kernel-reference", "version": 2, "table": {"A": {"k": '
+            '{"kind": "quad", "coef": [1, 2], "w": [0, 1], "s": [0, 1], "n": 2}}}}',
+            "malformed",
+        ),
     ):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=msg) as e:
@@ -179,7 +292,7 @@ def test_fault_windows_are_left_out_and_healthy_residuals_are_small(tiny):
         sd = tiny / sid
         ann = json.loads((sd / "annotation.json").read_text())
         tr = T.load(sd / "trace.json")
-        idx, pk, w, x = kernel_points(tr)
+        idx, pk, w, s, x = kernel_points(tr)
         keep = outside_faults(tr, idx, ann)
         if ann["faults"]:
             f = ann["faults"][0]
@@ -194,6 +307,7 @@ def test_fault_windows_are_left_out_and_healthy_residuals_are_small(tiny):
                 deployment_key(tr, (sd / "log.txt").read_text()),
                 [k for k, ok in zip(pk, keep, strict=True) if ok],
                 w[keep],
+                s[keep],
                 x[keep],
             )
         )

@@ -16,11 +16,29 @@ capture does not have to contain.
   (no device properties, no model in the log): no reference, the columns read "unknown".
 * **Reference**: per key, per kernel symbol (its normalized name) and position (the occurrence
   index within its process's step, as the per-position fit of :mod:`teller.data.summary`), a
-  least-squares fit of x = ln(1 + duration in us) on the step's load w (a quadratic with >= 5
-  distinct loads and >= 8 events, a line with >= 2 and >= 3, else the median), over the training
-  split's events outside every labelled fault window. Stored as JSON next to the shards
-  (``reference.json``); a query's load is clipped to the fitted range.
-* **Residual** of an event: x - fit(w), NaN where the key, symbol or position has no fit.
+  function of the step's load that predicts x = ln(1 + duration in us), fitted over the training
+  split's events outside every labelled fault window. The load is two numbers of the step's
+  range: w = ln(1 + ``num_tokens``) (what a GEMM scales with) and s = ln(1 + ``num_seqs``) (what
+  the sampling kernels scale with). Each row is one of two forms, whichever predicts the held-out
+  half of the row's training captures better (median absolute error, captures alternating between
+  two halves in the order given):
+
+  - ``table``: along one axis (w or s: the one whose 0.1-wide cells leave the smaller spread of x
+    within a cell), knots at each cell's mean load and the median x of the cell, linearly
+    interpolated, clipped at the ends. A roofline has a kink where a kernel turns compute-bound,
+    and the GEMM tile a normalized name stands for changes with the batch; a table follows both.
+  - ``quad``: a least-squares quadratic in (w, s) with the cross term (in w only where s has a
+    single value; a line in w with >= 2 distinct loads and >= 3 events, else the median), the load
+    clipped to the fitted range. Smoother where the cells are sparse or x depends on what the step
+    does not record (attention on the context length).
+
+  Measured on ``default`` (normal val/test/test_ood captures, median |residual|): version 1's
+  quadratic in w alone read 0.048 / 0.047 (A100 / H100 GEMMs), 0.153 (softmax), 0.112 (sampling
+  reduce), 0.36 (FlashAttention, sm90); this form 0.042 / 0.038, 0.034, 0.034, 0.25; a mild power
+  cap's GEMMs stopped reading -0.1 outside the fault's window (docs/models.md, "Latest round").
+  Stored as JSON next to the shards (``reference.json``); version 1 files (a quadratic in w per
+  row) still read.
+* **Residual** of an event: x - fit(w, s), NaN where the key, symbol or position has no fit.
 
 Measured before building it (a probe on ``default``, docs/models.md "Latest round"): the GBDT with
 reference columns keyed by an oracle deployment went from 0.860 to 0.890 test category accuracy.
@@ -40,17 +58,34 @@ import numpy as np
 from teller.errors import ConfigError, TellerFileNotFoundError
 
 REF_FORMAT = "teller-kernel-reference"
-REF_VERSION = 1
+REF_VERSION = 2
+# 1: a quadratic in w per row ([c2, c1, c0, w_lo, w_hi, n]); 2: a table or a quadratic in (w, s)
+# per row, chosen out of fold (rows are dicts). Both read.
+READ_VERSIONS = (1, 2)
 FILE_NAME = "reference.json"
+CELL = 0.1  # width of a table's cells in ln(1 + load): 10 % more tokens or sequences
 
 _MODEL = re.compile(r"\bmodel='([^'\n]+)'")
 _TP = re.compile(r"\btensor_parallel_size=(\d+)")
+# what else changes a kernel's time on the same GPUs, model and TP size, as vLLM's args line
+# (``dtype='half'``, ``quantization='fp8'``) or engine-config line (``dtype=torch.float16``,
+# ``quantization=fp8``, ``kv_cache_dtype=fp8_e5m2``) names it; keyed only when not the default
+# (bf16 weights, no quantization, the KV cache in the model's dtype), so the keys of the common
+# case, and every reference fitted before these parts, stay as they were
+_EXTRA = (
+    ("dtype", re.compile(r"\bdtype=(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16", "bf16"}),
+    ("q", re.compile(r"\bquantization='?([A-Za-z0-9_\-]+)"), {"None", "none", "null"}),
+    ("kv", re.compile(r"\bkv_cache_dtype='?([A-Za-z0-9_]+)"), {"auto"}),
+)
 
 
 def deployment_key(tr: Any, log_text: str | None) -> str | None:
     """``"<GPU name(s)>|<model>|tp<N>"`` for a trace and its log text, or None when either the GPUs
     (``tr.device_properties``) or the model (the log) are unknown. TP defaults to 1 when the log
-    names the model but not the size."""
+    names the model but not the size. A weight dtype other than bf16, a quantization method or a
+    KV-cache dtype other than the model's, where the log names one, is appended
+    (``|dtype=float16``, ``|q=fp8``, ``|kv=fp8_e5m2``): a reference fitted on bf16 weights says
+    nothing of an fp8 model's kernels."""
     names = sorted({str(d["name"]) for d in tr.device_properties if d.get("name")})
     if not names or not log_text:
         return None
@@ -58,30 +93,40 @@ def deployment_key(tr: Any, log_text: str | None) -> str | None:
     if not m:
         return None
     t = _TP.search(log_text)
-    return f"{'+'.join(names)}|{m.group(1)}|tp{int(t.group(1)) if t else 1}"
+    key = f"{'+'.join(names)}|{m.group(1)}|tp{int(t.group(1)) if t else 1}"
+    for tag, rx, default in _EXTRA:
+        # the engine-config line (resolved: dtype=torch.float16) comes after the args line
+        # (dtype='auto'): the last one the log names counts
+        vals = rx.findall(log_text)
+        if vals and vals[-1] not in default:
+            key += f"|{tag}={vals[-1]}"
+    return key
 
 
 def kernel_points(
-    tr: Any, w: np.ndarray | None = None
-) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
-    """The kernel events of ``tr``: ``(event index, "symbol\\tposition" per event, load w, x)``.
+    tr: Any, w: np.ndarray | None = None, s: np.ndarray | None = None
+) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel events of ``tr``: ``(event index, "symbol\\tposition" per event, w, s, x)``.
     The position counts a symbol's events within its (process, step) in time order (the 2nd GEMM of
     a step is another shape than the 1st); ``*`` outside every step and in traces with fewer than
-    two steps; ``w`` is :func:`teller.data.summary.step_work` (computed when not given)."""
-    from teller.data.summary import step_work
+    two steps; ``w`` is :func:`teller.data.summary.step_work` and ``s``
+    :func:`teller.data.summary.step_seqs` (computed when not given)."""
+    from teller.data.summary import step_seqs, step_work
 
     idx = np.flatnonzero(tr.layer_mask("kernel"))
     if w is None:
         w = step_work(tr)
+    if s is None:
+        s = step_seqs(tr)
     if len(idx) == 0:
-        return idx, [], np.zeros(0), np.zeros(0)
+        return idx, [], np.zeros(0), np.zeros(0), np.zeros(0)
     sym = np.asarray(tr.symbol, dtype=np.int64)[idx]
     pid = np.asarray(tr.pid, dtype=np.int64)[idx]
     step = np.asarray(tr.step, dtype=np.int64)[idx]
     ts = np.asarray(tr.ts, dtype=np.int64)[idx]
     o = np.lexsort((ts, step, pid, sym))
-    s, p, st = sym[o], pid[o], step[o]
-    new = np.r_[True, (s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (st[1:] != st[:-1])]
+    sy, p, st = sym[o], pid[o], step[o]
+    new = np.r_[True, (sy[1:] != sy[:-1]) | (p[1:] != p[:-1]) | (st[1:] != st[:-1])]
     start = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
     pos = np.empty(len(o), np.int64)
     pos[o] = np.arange(len(o)) - start
@@ -95,38 +140,152 @@ def kernel_points(
     keys = [f"{names[a]}\t{b if b >= 0 else '*'}" for a, b in zip(sym.tolist(), pos.tolist(), strict=True)]
     dur = np.asarray(tr.dur, dtype=np.float64)[idx]
     x = np.log1p(np.maximum(dur, 0.0) / 1000.0)
-    return idx, keys, np.asarray(w, np.float64)[idx], x
+    return idx, keys, np.asarray(w, np.float64)[idx], np.asarray(s, np.float64)[idx], x
 
 
-def _fit(w: np.ndarray, x: np.ndarray) -> list[float]:
-    """``[c2, c1, c0, w_lo, w_hi, n]``: the fit of x on w (see the module docstring)."""
+def _r(v: float) -> float:
+    return round(float(v), 6)
+
+
+def _fit_quad(w: np.ndarray, s: np.ndarray, x: np.ndarray) -> dict[str, Any]:
+    """The ``quad`` row: coefficients of [1, w, w^2, s, s^2, w*s] (zeros where a term is left out,
+    see the module docstring) and the fitted ranges."""
     nd = len(np.unique(np.round(w, 2)))
-    if nd >= 5 and len(w) >= 8:
-        c = np.polyfit(w, x, 2)
-    elif nd >= 2 and len(w) >= 3:
-        c = np.r_[0.0, np.polyfit(w, x, 1)]
+    nd2 = len(np.unique(np.round(np.c_[w, s], 2), axis=0))
+    cols = [0, 1, 2, 3, 4, 5] if nd2 >= 8 and len(w) >= 12 and nd2 > nd else []
+    if not cols:
+        cols = [0, 1, 2] if nd >= 5 and len(w) >= 8 else [0, 1] if nd >= 2 and len(w) >= 3 else []
+    coef = np.zeros(6)
+    if cols:
+        c, *_ = np.linalg.lstsq(_design(w, s)[:, cols], x, rcond=None)
+        coef[cols] = c
     else:
-        c = np.array([0.0, 0.0, float(np.median(x))])
-    return [float(c[0]), float(c[1]), float(c[2]), float(w.min()), float(w.max()), int(len(w))]
+        coef[0] = float(np.median(x))
+    return {
+        "kind": "quad",
+        "coef": [_r(c) for c in coef],
+        "w": [_r(w.min()), _r(w.max())],
+        "s": [_r(s.min()), _r(s.max())],
+        "n": len(w),
+    }
+
+
+def _design(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return np.stack([np.ones_like(w), w, w * w, s, s * s, w * s], 1)
+
+
+def _cells(v: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Knots (each CELL-wide cell's mean load), the cell's median x, and the spread of x within
+    the cells (median |x - its cell's median| over cells with >= 2 events; inf without any)."""
+    c = np.floor(v / CELL + 0.5).astype(np.int64)
+    o = np.lexsort((x, c))  # by cell, x sorted within
+    c, vv, xx = c[o], v[o], x[o]
+    bounds = np.flatnonzero(c[1:] != c[:-1]) + 1
+    starts = np.r_[0, bounds]
+    cnt = np.diff(np.r_[starts, len(c)])
+    knots = np.add.reduceat(vv, starts) / cnt
+    lo, hi = starts + (cnt - 1) // 2, starts + cnt // 2  # the median of a sorted cell
+    med = 0.5 * (xx[lo] + xx[hi])
+    many = np.repeat(cnt >= 2, cnt)
+    spread = float(np.median(np.abs(xx - np.repeat(med, cnt))[many])) if many.any() else float("inf")
+    return knots, med, spread
+
+
+def _fit_table(w: np.ndarray, s: np.ndarray, x: np.ndarray) -> dict[str, Any]:
+    """The ``table`` row along the axis that leaves the smaller spread within its cells (w on a
+    tie)."""
+    kw, mw, sw = _cells(w, x)
+    ks, ms, ss = _cells(s, x)
+    axis, k, m = ("w", kw, mw) if sw <= ss else ("s", ks, ms)
+    return {
+        "kind": "table",
+        "axis": axis,
+        "knots": [_r(v) for v in k],
+        "values": [_r(v) for v in m],
+        "n": len(w),
+    }
+
+
+def _predict(row: Any, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """A row's prediction of x at loads (w, s); a version-1 row (a list) reads w only."""
+    if isinstance(row, list):  # version 1: [c2, c1, c0, w_lo, w_hi, n]
+        c2, c1, c0, lo, hi, _n = row
+        u = np.clip(w, lo, hi)
+        return c2 * u * u + c1 * u + c0
+    if row["kind"] == "table":
+        return np.interp(w if row["axis"] == "w" else s, row["knots"], row["values"])
+    (wl, wh), (sl, sh) = row["w"], row["s"]
+    return _design(np.clip(w, wl, wh), np.clip(s, sl, sh)) @ np.asarray(row["coef"])
+
+
+def _fit(w: np.ndarray, s: np.ndarray, x: np.ndarray, half: np.ndarray) -> dict[str, Any]:
+    """One row: the form (``table`` or ``quad``) with the smaller median absolute error on the
+    held-out half, fitted on the other (``half``: 0/1 per event, by capture); ``quad`` when the
+    events come from one half only (a single capture: nothing to hold out)."""
+    forms = (_fit_table, _fit_quad)
+    if len(np.unique(half)) < 2 or len(w) < 6:
+        return _fit_quad(w, s, x)
+    err = []
+    for f in forms:
+        e = [
+            np.abs(
+                x[half == g]
+                - _predict(f(w[half != g], s[half != g], x[half != g]), w[half == g], s[half == g])
+            )
+            for g in (0, 1)
+        ]
+        err.append(float(np.median(np.concatenate(e))))
+    # (measured on default: 599 of 1 035 rows took the table; the softmax, norm and GEMM rows the
+    # table, the attention rows the quadratic)
+    return forms[int(np.argmin(err))](w, s, x)
+
+
+def _valid_row(r: Any, version: int) -> bool:
+    if version == 1:
+        return isinstance(r, list) and len(r) == 6
+    if not isinstance(r, dict):
+        return False
+    try:
+        if r.get("kind") == "table":
+            k, v = np.asarray(r["knots"], float), np.asarray(r["values"], float)
+            return (
+                r["axis"] in ("w", "s")
+                and k.ndim == 1
+                and len(k) == len(v) >= 1
+                and bool(np.all(np.diff(k) > 0))
+            )
+        if r.get("kind") == "quad":
+            return (
+                len(np.asarray(r["coef"], float)) == 6
+                and len(np.asarray(r["w"], float)) == 2
+                and len(np.asarray(r["s"], float)) == 2
+            )
+    except (KeyError, TypeError, ValueError):
+        return False
+    return False
 
 
 class KernelReference:
     """Fitted per (deployment key, ``symbol\\tposition``); see the module docstring."""
 
-    def __init__(self, table: dict[str, dict[str, list[float]]] | None = None) -> None:
-        self.table: dict[str, dict[str, list[float]]] = table or {}
+    def __init__(self, table: dict[str, dict[str, Any]] | None = None, version: int = REF_VERSION) -> None:
+        self.table: dict[str, dict[str, Any]] = table or {}
+        self.version = version
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.table.values())
 
     @classmethod
     def fit(
-        cls, points: Iterable[tuple[str | None, list[str], np.ndarray, np.ndarray]], min_events: int = 3
+        cls,
+        points: Iterable[tuple[str | None, list[str], np.ndarray, np.ndarray, np.ndarray]],
+        min_events: int = 3,
     ) -> KernelReference:
-        """From ``(key, point keys, w, x)`` per training capture (events inside fault windows
-        already left out); a (key, symbol, position) needs ``min_events`` events."""
-        acc: dict[str, dict[str, tuple[list[np.ndarray], list[np.ndarray]]]] = {}
-        for key, pk, w, x in points:
+        """From ``(key, point keys, w, s, x)`` per training capture (events inside fault windows
+        already left out); a (key, symbol, position) needs ``min_events`` events. Captures alternate
+        between the two halves that choose each row's form, in the order given."""
+        acc: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]]] = {}
+        for ci, (key, pk, w, s, x) in enumerate(points):
             if key is None or not len(pk):
                 continue
             arr = np.asarray(pk)
@@ -135,53 +294,63 @@ class KernelReference:
             bounds = np.flatnonzero(a[1:] != a[:-1]) + 1
             d = acc.setdefault(key, {})
             for g in np.split(order, bounds):
-                ww, xx = d.setdefault(str(arr[g[0]]), ([], []))
-                ww.append(np.asarray(w)[g])
-                xx.append(np.asarray(x)[g])
-        table: dict[str, dict[str, list[float]]] = {}
+                d.setdefault(str(arr[g[0]]), []).append(
+                    (np.asarray(w)[g], np.asarray(s)[g], np.asarray(x)[g], ci % 2)
+                )
+        table: dict[str, dict[str, Any]] = {}
         for key in sorted(acc):
             rows = {}
             for pk in sorted(acc[key]):
-                ww = np.concatenate(acc[key][pk][0])
-                xx = np.concatenate(acc[key][pk][1])
+                parts = acc[key][pk]
+                ww = np.concatenate([p[0] for p in parts])
                 if len(ww) >= min_events:
-                    rows[pk] = _fit(ww, xx)
+                    rows[pk] = _fit(
+                        ww,
+                        np.concatenate([p[1] for p in parts]),
+                        np.concatenate([p[2] for p in parts]),
+                        np.concatenate([np.full(len(p[0]), p[3]) for p in parts]),
+                    )
             if rows:
                 table[key] = rows
         return cls(table)
 
-    def residuals(self, key: str | None, pk: list[str], w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """x - fit(w) per point (w clipped to the fitted range); NaN where nothing was fitted."""
+    def residuals(
+        self, key: str | None, pk: list[str], w: np.ndarray, s: np.ndarray, x: np.ndarray
+    ) -> np.ndarray:
+        """x - fit(w, s) per point (see the module docstring); NaN where nothing was fitted."""
         out = np.full(len(pk), np.nan)
         rows = self.table.get(key) if key is not None else None
-        if not rows:
+        if not rows or not len(pk):
             return out
-        for i, k in enumerate(pk):
-            f = rows.get(k)
-            if f is not None:
-                c2, c1, c0, lo, hi, _n = f
-                u = min(max(float(w[i]), lo), hi)
-                out[i] = float(x[i]) - (c2 * u * u + c1 * u + c0)
+        arr = np.asarray(pk)
+        order = np.argsort(arr, kind="stable")
+        bounds = np.flatnonzero(arr[order][1:] != arr[order][:-1]) + 1
+        w, s, x = (np.asarray(v, np.float64) for v in (w, s, x))
+        for g in np.split(order, bounds):
+            row = rows.get(str(arr[g[0]]))
+            if row is not None:
+                out[g] = x[g] - _predict(row, w[g], s[g])
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": REF_FORMAT, "version": REF_VERSION, "table": self.table}
+        return {"format": REF_FORMAT, "version": self.version, "table": self.table}
 
     @classmethod
     def from_dict(cls, d: Any, *, path: str = "<dict>") -> KernelReference:
         if not isinstance(d, dict) or d.get("format") != REF_FORMAT:
             raise ConfigError(f"{path}: not a teller kernel reference (format {REF_FORMAT!r})", path=path)
-        if d.get("version") != REF_VERSION:
+        version = d.get("version")
+        if version not in READ_VERSIONS:
             raise ConfigError(
-                f"{path}: kernel reference version {d.get('version')!r}, expected {REF_VERSION}", path=path
+                f"{path}: kernel reference version {version!r}, expected one of {list(READ_VERSIONS)}",
+                path=path,
             )
         table = d.get("table")
         if not isinstance(table, dict) or not all(
-            isinstance(v, dict) and all(isinstance(r, list) and len(r) == 6 for r in v.values())
-            for v in table.values()
+            isinstance(v, dict) and all(_valid_row(r, version) for r in v.values()) for v in table.values()
         ):
             raise ConfigError(f"{path}: malformed kernel reference table", path=path)
-        return cls(table)
+        return cls(table, version)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         p = Path(path)
@@ -225,7 +394,7 @@ def event_residuals(
     a fit); None when there is no reference or no key."""
     if ref is None or key is None or key not in ref.table:
         return None
-    idx, pk, ww, x = kernel_points(tr, w)
+    idx, pk, ww, ss, x = kernel_points(tr, w)
     out = np.full(len(tr), np.nan)
-    out[idx] = ref.residuals(key, pk, ww, x)
+    out[idx] = ref.residuals(key, pk, ww, ss, x)
     return out

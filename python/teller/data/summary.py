@@ -125,21 +125,33 @@ N_BINS = 16  # time bins of the window scan (about one per engine step at the de
 N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
 
 
-def step_work(tr: Any) -> np.ndarray:
-    """Per event, ln(1 + ``num_tokens``) of its step's range (``num_seqs`` for a range that records
-    no token count, a coarser measure of the same load; 0 where the step has neither or the event
-    has no step)."""
+def _step_arg(tr: Any, keys: tuple[str, ...]) -> np.ndarray:
+    """Per event, ln(1 + the first of ``keys`` its step's range records); 0 where the step records
+    none of them or the event has no step."""
     steps = tr.steps()
     w = np.zeros(len(steps) + 1)
     for s in steps:
         if s.event >= 0:
             a = tr.args(s.event)
-            v = a.get("num_tokens", a.get("num_seqs"))
+            v = next((a[k] for k in keys if k in a), None)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 w[s.index] = np.log1p(max(float(v), 0.0))
     st = np.asarray(tr.step, dtype=np.int64)
     st = np.where((st >= 0) & (st < len(steps)), st, len(steps))
     return w[st]
+
+
+def step_work(tr: Any) -> np.ndarray:
+    """Per event, ln(1 + ``num_tokens``) of its step's range (``num_seqs`` for a range that records
+    no token count, a coarser measure of the same load; 0 where the step has neither or the event
+    has no step)."""
+    return _step_arg(tr, ("num_tokens", "num_seqs"))
+
+
+def step_seqs(tr: Any) -> np.ndarray:
+    """Per event, ln(1 + ``num_seqs``) of its step's range: the batch's sequence count, what the
+    sampling kernels (one row per sequence) scale with; 0 where the step records none."""
+    return _step_arg(tr, ("num_seqs",))
 
 
 def step_ordinal(tr: Any) -> np.ndarray:

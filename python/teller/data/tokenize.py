@@ -38,8 +38,10 @@ SHARDS_FORMAT = "teller-shards"
 # summary rows changed); 7: + summary columns 14-16, a collective's transfer apart from its waiting
 # (teller.data.summary; columns 0-13 unchanged, so a version-6 model reads version-7 shards);
 # 8: + summary columns 17-19, kernels against the deployment's reference (teller.data.reference,
-# reference.json beside the shards; columns 0-16 unchanged)
-SHARDS_VERSION = 8
+# reference.json beside the shards; columns 0-16 unchanged); 10: columns 17-19 against a version-2
+# reference (load in tokens and sequences, a table or a quadratic per row; same columns, smaller
+# residuals; 9 was an inverted column 19, tried and never shipped, docs/models.md)
+SHARDS_VERSION = 10
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
 # dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side
@@ -426,12 +428,12 @@ def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[
         key = deployment_key(tr, log_text)
         if key is None:
             continue
-        idx, pk, w, x = kernel_points(tr)
+        idx, pk, w, s, x = kernel_points(tr)
         keep = outside_faults(tr, idx, ann)
         pts.append(
             (
                 reference_fold(seed, sid),
-                (key, [k for k, ok in zip(pk, keep, strict=True) if ok], w[keep], x[keep]),
+                (key, [k for k, ok in zip(pk, keep, strict=True) if ok], w[keep], s[keep], x[keep]),
             )
         )
     full = KernelReference.fit(p for _, p in pts)
@@ -519,6 +521,15 @@ def tokenize_dataset(
         tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
         os.replace(tmp, lt_path)
     ref_path = out / REFERENCE_FILE
+    if reference is None and ref_path.is_file():
+        from teller.data.reference import REF_VERSION
+
+        try:
+            stale = json.loads(ref_path.read_text()).get("version") != REF_VERSION
+        except (OSError, ValueError, AttributeError):
+            stale = True
+        if stale:  # fitted here by an older teller (a reused --run-id): fitted again
+            ref_path.unlink()
     if not ref_path.is_file():
         if reference is not None:
             tmp = out / f".{REFERENCE_FILE}.tmp"
