@@ -24,7 +24,7 @@ help:
 	@echo "make demo   - create .venv, install pinned deps, build (release), run the main job"
 	@echo "make test   - the full test suite (cargo test + pytest)"
 	@echo "make bench  - benchmarks against the peers (results in docs/benchmarks.md)"
-	@echo "make lint   - ruff, cargo fmt --check, clippy -D warnings"
+	@echo "make lint   - ruff check + format --check, cargo fmt --check, clippy -D warnings"
 
 # --- environment -------------------------------------------------------------------------------
 # torch is installed first and alone from requirements/torch.txt (the one place it is pinned);
@@ -147,11 +147,13 @@ bench: build $(VENV)/.bench-deps
 # --- lint ----------------------------------------------------------------------------------------
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
 fmt: $(VENV)/.deps
 	$(VENV)/bin/ruff check --fix python tests benches
+	$(VENV)/bin/ruff format python tests benches
 	cargo fmt --all
 
 clean:

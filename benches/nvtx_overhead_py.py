@@ -1,4 +1,5 @@
 """ns per Python `nvtx.push_range`/`pop_range` pair (run with and without NVTX_INJECTION64_PATH)."""
+
 import sys
 import time
 
