@@ -10,6 +10,7 @@ from teller import trace as T
 from teller.data import generate
 from teller.data.reference import (
     KernelReference,
+    base_key,
     deployment_key,
     event_residuals,
     kernel_points,
@@ -53,6 +54,25 @@ def test_deployment_key_from_device_properties_and_the_vllm_args_line(tiny):
     assert deployment_key(tr, "config: model='m/x', dtype=torch.bfloat16, kv_cache_dtype=auto").endswith(
         "|m/x|tp1"
     )
+    # spellings of one thing are one key; a dtype named outside the configuration lines (a fused-MoE
+    # config file) is not the model's
+    half = deployment_key(tr, "args: Namespace(model='m/x', dtype='half', kv_cache_dtype='fp8')")
+    assert half.endswith("|m/x|tp1|dtype=float16|kv=fp8_e4m3")
+    assert (
+        deployment_key(
+            tr, "config: model='m/x', dtype=torch.float16, kv_cache_dtype=fp8_e4m3, quantization=None"
+        )
+        == half
+    )
+    moe = (
+        "args: Namespace(model='m/x', quantization='fp8')\n"
+        "config: model='m/x', dtype=torch.bfloat16, quantization=fp8\n"
+        "Using configuration from /c/E=8,N=14336,device_name=NVIDIA_H100,dtype=fp8_w8a8.json for MoE layer."
+    )
+    assert deployment_key(tr, moe).endswith("|m/x|tp1|q=fp8")
+    # the first model's lines: a second engine start of another model does not mix in
+    two = "args: Namespace(model='m/x', tensor_parallel_size=2)\nargs: Namespace(model='m/y', dtype='half')"
+    assert deployment_key(tr, two).endswith("|m/x|tp2")
 
 
 def test_no_device_properties_no_key(tmp_path):
@@ -204,6 +224,78 @@ def test_a_kinked_load_curve_gets_a_table_and_a_sequence_bound_kernel_its_axis()
     assert np.abs(r).max() < 0.05
 
 
+def test_halves_alternate_per_deployment():
+    # two deployments interleaved in the training order: each still alternates its own captures
+    # between the halves (globally alternating, each would sit in one half and get no table)
+    rng = np.random.default_rng(1)
+    pts = []
+    for c in range(40):
+        w = np.round(rng.uniform(1, 8, 30), 1)
+        pts.append(
+            ("AB"[c % 2], ["gemm\t0"] * 30, w, np.zeros(30), np.maximum(w, 4.0) + rng.normal(0, 0.01, 30))
+        )
+    ref = KernelReference.fit(pts)
+    assert ref.table["A"]["gemm\t0"]["kind"] == ref.table["B"]["gemm\t0"]["kind"] == "table"
+    # deterministic: the same file twice
+    assert json.dumps(KernelReference.fit(pts).to_dict(), sort_keys=True) == json.dumps(
+        ref.to_dict(), sort_keys=True
+    )
+
+
+def test_a_fitted_reference_reads_back(tmp_path):
+    from teller.data.reference import _fit_table
+
+    # non-integer loads whose cell means round to the same knot: merged, and the file loads
+    w = np.array([0.2499996] * 3 + [0.2500004] * 3 + [0.9] * 3)
+    x = np.array([1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 5.0, 5.0, 5.0])
+    row = _fit_table(w, np.zeros(9), x)
+    assert row["knots"] == [0.25, 0.9] and row["values"] == [2.0, 5.0]
+    rng = np.random.default_rng(3)
+    pts = []
+    for _c in range(10):
+        ww = rng.uniform(1, 6, 20)
+        ss = rng.uniform(0.5, 3, 20)
+        pts.append(
+            ("K", ["a\t0"] * 20 + ["b\t0"] * 20, np.r_[ww, ww], np.r_[ss, ss], np.r_[np.sqrt(ww), ww * ss])
+        )
+    ref = KernelReference.fit(pts)
+    back = KernelReference.load(ref.save(tmp_path / "reference.json"))
+    assert back.table == ref.table
+    q = (["a\t0", "b\t0"], np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([1.5, 6.5]))
+    np.testing.assert_array_equal(back.residuals("K", *q), ref.residuals("K", *q))
+
+
+def test_the_quadratic_in_both_loads_hand_computed():
+    from teller.data.reference import _fit_quad, _predict
+
+    rng = np.random.default_rng(4)
+    w, s = rng.uniform(1, 6, 60), rng.uniform(0.5, 3, 60)
+    c = np.array([0.5, 0.2, 0.03, 0.4, -0.05, 0.07])
+    x = c[0] + c[1] * w + c[2] * w * w + c[3] * s + c[4] * s * s + c[5] * w * s
+    row = _fit_quad(w, s, x)
+    np.testing.assert_allclose(row["coef"], c, atol=1e-5)
+    assert row["s"] == pytest.approx([s.min(), s.max()], abs=1e-6)
+    # outside the fitted ranges the loads are clipped
+    np.testing.assert_allclose(
+        _predict(row, np.array([100.0]), np.array([-5.0])),
+        _predict(row, np.array([w.max()]), np.array([s.min()])),
+    )
+
+
+def test_a_version_1_reference_reads_a_deployment_with_a_dtype_part():
+    # keys fitted before the dtype / quantization parts have none: a version-1 table is looked up
+    # by the key without them
+    old = KernelReference({"A|m|tp1": {"k\t0": [0.0, 0.0, 1.0, 0.0, 9.0, 3]}}, version=1)
+    key = "A|m|tp1|dtype=float16|kv=fp8_e4m3"
+    assert base_key(key) == "A|m|tp1" and old.knows(key)
+    r = old.residuals(key, ["k\t0"], np.array([1.0]), np.array([1.0]), np.array([1.5]))
+    np.testing.assert_allclose(r, [0.5])
+    new = KernelReference(
+        {"A|m|tp1": {"k\t0": {"kind": "quad", "coef": [1, 0, 0, 0, 0, 0], "w": [0, 9], "s": [0, 9], "n": 3}}}
+    )
+    assert not new.knows(key) and np.isnan(new.residuals(key, ["k\t0"], *np.ones((3, 1)))).all()
+
+
 def test_table_cells_hand_computed():
     from teller.data.reference import _cells, _fit_table, _predict
 
@@ -259,7 +351,7 @@ def test_file_round_trip_and_errors(tmp_path):
     with pytest.raises(TellerFileNotFoundError, match="no kernel reference"):
         KernelReference.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
-    for text, msg in (
+    cases = [
         ("{", "not JSON"),
         ('{"format": "x"}', "not a teller kernel reference"),
         ('{"format": "teller-kernel-reference", "version": 9, "table": {}}', "version 9"),
@@ -278,7 +370,28 @@ def test_file_round_trip_and_errors(tmp_path):
             '{"kind": "quad", "coef": [1, 2], "w": [0, 1], "s": [0, 1], "n": 2}}}}',
             "malformed",
         ),
-    ):
+        ('{"format": "teller-kernel-reference", "version": true, "table": {}}', "version True"),
+    ]
+    cases += [
+        (
+            '{"format": "teller-kernel-reference", "version": 2, "table": {"A": {"k": '
+            + json.dumps(row)
+            + "}}}",
+            "malformed",
+        )
+        for row in (
+            {"kind": "table", "axis": "w", "knots": [1, 2], "values": [[1], [2]], "n": 2},
+            {"kind": "table", "axis": "w", "knots": ["1", "2"], "values": [1, 2], "n": 2},
+            {"kind": "table", "axis": "x", "knots": [1, 2], "values": [1, 2], "n": 2},
+            {"kind": "quad", "coef": ["1", 0, 0, 0, 0, 0], "w": [0, 1], "s": [0, 1], "n": 2},
+            {"kind": "quad", "coef": [[1], [0], [0], [0], [0], [0]], "w": [0, 1], "s": [0, 1], "n": 2},
+            {"kind": "quad", "coef": [1, 0, 0, 0, 0, True], "w": [0, 1], "s": [0, 1], "n": 2},
+            {"kind": "quad", "coef": [1, 0, 0, 0, 0, 0], "w": [1, 0], "s": [0, 1], "n": 2},
+            {"kind": "quad", "coef": [1, 0, 0, 0, 0, 0], "w": [0, 1], "n": 2},
+            {"kind": "cubic"},
+        )
+    ]
+    for text, msg in cases:
         bad.write_text(text)
         with pytest.raises(ConfigError, match=msg) as e:
             KernelReference.load(bad)

@@ -218,7 +218,7 @@ def test_shift_fitted_per_position(tmp_path):
 
 
 def test_work_normalized_columns(tmp_path):
-    from teller.data.summary import step_work
+    from teller.data.summary import step_seqs, step_work
 
     names = list(SUMMARY_FEATURE_NAMES)
     # no fault: the durations follow the load exactly. The opening-window columns see a slower gemm
@@ -244,6 +244,10 @@ def test_work_normalized_columns(tmp_path):
     tr = teller.trace.load(tmp_path / "engine.json", warn=False)
     w = step_work(tr)
     assert sorted(set(np.round(w, 6))) == [round(math.log1p(100), 6), round(math.log1p(1000), 6)]
+    # and its sequence count (the range records both), 0 outside the steps
+    s = step_seqs(tr)
+    inside = np.asarray(tr.step) >= 0
+    assert inside.any() and np.allclose(s[inside], math.log1p(8)) and not s[~inside].any()
 
 
 def test_process_log_levels_and_token_process_log():

@@ -340,3 +340,45 @@ def test_reference_reuse_and_no_hiding(setup, tmp_path):
                 else:
                     assert covered == known, sid
         assert (zero > 0) == hide
+
+
+def test_a_stale_reference_is_refitted_only_when_this_run_fitted_it(setup, tmp_path):
+    """A reused --run-id whose own reference.json (fitted here, fold files beside it) is of another
+    version is fitted again and every shard encoded again; one copied in (--reference, no fold
+    files) is not replaced; another --reference than the run's is refused."""
+    import shutil
+
+    from teller.errors import ConfigError
+
+    data, tdir, out = setup
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    old_ref = {
+        "format": "teller-kernel-reference",
+        "version": 1,
+        "table": {"A|m|tp1": {"k\t0": [0, 0, 1, 0, 1, 3]}},
+    }
+    (run / "reference.json").write_text(json.dumps(old_ref))
+    done = sorted(run.glob("shards/*/done.json"))
+    before = {f: f.stat().st_mtime_ns for f in done}
+    tokenize_dataset(data, tdir, tmp_path, run_id="run", shard_size=6, workers=1, log_vocab_size=512)
+    assert (
+        KernelReference.load(run / "reference.json").table
+        == KernelReference.load(out / "reference.json").table
+    )
+    assert all(f.is_file() and f.stat().st_mtime_ns != before[f] for f in done)  # encoded again
+    # copied in by an earlier run (no fold files): refused, and nothing is deleted
+    for g in (0, 1):
+        (run / f"reference.fold{g}.json").unlink()
+    (run / "reference.json").write_text(json.dumps(old_ref))
+    with pytest.raises(ConfigError, match="copied in by an earlier run") as e:
+        tokenize_dataset(data, tdir, tmp_path, run_id="run", shard_size=6, workers=1, log_vocab_size=512)
+    assert str(run / "reference.json") in str(e.value)
+    assert json.loads((run / "reference.json").read_text()) == old_ref
+    # another --reference into a run id that holds one
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({**old_ref, "table": {"B|m|tp1": {"k\t0": [0, 0, 2, 0, 1, 3]}}}))
+    with pytest.raises(ConfigError, match="already holds another kernel reference"):
+        tokenize_dataset(
+            data, tdir, tmp_path, run_id="run", shard_size=6, workers=1, log_vocab_size=512, reference=v1
+        )

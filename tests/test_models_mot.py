@@ -974,3 +974,33 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
         evaluate(r_all, old, "train")
     with pytest.raises(ConfigError, match=msg):
         evaluate_baselines(b_all, old, "train")
+
+
+def test_diagnose_warns_when_the_reference_file_is_not_the_trained_one(shards, tmp_path) -> None:
+    """A checkpoint names its reference.json by path and records its SHA-256: a file replaced
+    since (tokenize re-run into the same run id) is used with a warning, not silently."""
+    import hashlib
+    import shutil
+    import warnings
+
+    from teller import trace as _trace
+    from teller.data.tokenize import parse_log
+    from teller.models.diagnose import reference_residuals
+
+    _root, data, _tdir, out = shards
+    ref = tmp_path / "reference.json"
+    shutil.copyfile(out / "reference.json", ref)
+    sid = json.loads((data / "manifest.json").read_text())["splits"]["train"][0]
+    tr = _trace.load(data / sid / "trace.json", warn=False)
+    lines = parse_log(data / sid / "log.txt")
+    cfg = {"shards_version": 10, "model": {"n_summary_features": 20}, "reference": str(ref)}
+    good = {**cfg, "reference_sha256": hashlib.sha256(ref.read_bytes()).hexdigest()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = reference_residuals(good, tr, lines)
+    assert r is not None and np.isfinite(r).any()
+    cfg2 = {**cfg, "reference": str(tmp_path / "other.json"), "reference_sha256": "0" * 64}
+    shutil.copyfile(ref, tmp_path / "other.json")
+    with pytest.warns(UserWarning, match="not the kernel reference the checkpoint was trained with"):
+        r2 = reference_residuals(cfg2, tr, lines)
+    np.testing.assert_array_equal(r, r2)

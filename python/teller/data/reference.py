@@ -12,35 +12,39 @@ capture does not have to contain.
 
 * **Deployment key**: the GPU name(s) the trace's ``deviceProperties`` list (Kineto's, and the
   simulator's since generator version 2), and the model and tensor-parallel size from vLLM's
-  ``args: Namespace(model='...', tensor_parallel_size=N, ...)`` / engine-config log line. No key
-  (no device properties, no model in the log): no reference, the columns read "unknown".
+  ``args: Namespace(model='...', tensor_parallel_size=N, ...)`` / engine-config log line, with a
+  non-default weight dtype, quantization method and KV-cache dtype from the same lines
+  (:func:`deployment_key`). No key (no device properties, no model in the log): no reference, the
+  columns read "unknown".
 * **Reference**: per key, per kernel symbol (its normalized name) and position (the occurrence
   index within its process's step, as the per-position fit of :mod:`teller.data.summary`), a
   function of the step's load that predicts x = ln(1 + duration in us), fitted over the training
   split's events outside every labelled fault window. The load is two numbers of the step's
   range: w = ln(1 + ``num_tokens``) (what a GEMM scales with) and s = ln(1 + ``num_seqs``) (what
   the sampling kernels scale with). Each row is one of two forms, whichever predicts the held-out
-  half of the row's training captures better (median absolute error, captures alternating between
-  two halves in the order given):
+  half of the row's training captures better (median absolute error; a deployment's captures
+  alternate between two halves in the order given; a tie goes to the table; fewer than 6 events
+  or one capture: the quadratic):
 
   - ``table``: along one axis (w or s: the one whose 0.1-wide cells leave the smaller spread of x
     within a cell), knots at each cell's mean load and the median x of the cell, linearly
     interpolated, clipped at the ends. A roofline has a kink where a kernel turns compute-bound,
     and the GEMM tile a normalized name stands for changes with the batch; a table follows both.
-  - ``quad``: a least-squares quadratic in (w, s) with the cross term (in w only where s has a
-    single value; a line in w with >= 2 distinct loads and >= 3 events, else the median), the load
-    clipped to the fitted range. Smoother where the cells are sparse or x depends on what the step
-    does not record (attention on the context length).
+  - ``quad``: a least-squares quadratic in (w, s) with the cross term where the (w, s) pairs are
+    not one curve (>= 8 distinct pairs, more than distinct w, >= 12 events); else a quadratic in w
+    (>= 5 distinct loads, >= 8 events), a line in w (>= 2, >= 3), or the median; the loads
+    clipped to the fitted ranges. Smoother where the cells are sparse or x depends on what the
+    step does not record (attention on the context length).
 
   Measured on ``default`` (normal val/test/test_ood captures, median |residual|): version 1's
   quadratic in w alone read 0.048 / 0.047 (A100 / H100 GEMMs), 0.153 (softmax), 0.112 (sampling
-  reduce), 0.36 (FlashAttention, sm90); this form 0.042 / 0.038, 0.034, 0.034, 0.25; a mild power
-  cap's GEMMs stopped reading -0.1 outside the fault's window (docs/models.md, "Latest round").
-  Stored as JSON next to the shards (``reference.json``); version 1 files (a quadratic in w per
-  row) still read.
+  reduce), 0.36 (FlashAttention, sm90); this form 0.042 / 0.038, 0.034, 0.035, 0.30; a mild power
+  cap's GEMMs stopped reading -0.1 outside the fault's window (docs/models.md, the shards-v10
+  round). Stored as JSON next to the shards (``reference.json``); version 1 files (a quadratic in
+  w per row) still read.
 * **Residual** of an event: x - fit(w, s), NaN where the key, symbol or position has no fit.
 
-Measured before building it (a probe on ``default``, docs/models.md "Latest round"): the GBDT with
+Measured before building it (a probe on ``default``, docs/models.md, the shards-v8 round): the GBDT with
 reference columns keyed by an oracle deployment went from 0.860 to 0.890 test category accuracy.
 """
 
@@ -73,10 +77,22 @@ _TP = re.compile(r"\btensor_parallel_size=(\d+)")
 # (bf16 weights, no quantization, the KV cache in the model's dtype), so the keys of the common
 # case, and every reference fitted before these parts, stay as they were
 _EXTRA = (
-    ("dtype", re.compile(r"\bdtype=(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16", "bf16"}),
-    ("q", re.compile(r"\bquantization='?([A-Za-z0-9_\-]+)"), {"None", "none", "null"}),
+    ("dtype", re.compile(r"\bdtype=(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16"}),
+    ("q", re.compile(r"\bquantization='?([A-Za-z0-9_\-]+)"), {"none", "null"}),
     ("kv", re.compile(r"\bkv_cache_dtype='?([A-Za-z0-9_]+)"), {"auto"}),
 )
+# the spellings vLLM accepts for one thing, as the key writes it (``--dtype half`` and the resolved
+# ``torch.float16`` are one deployment; ``--kv-cache-dtype fp8`` is e4m3 on CUDA)
+_ALIAS = {
+    "dtype": {
+        "half": "float16",
+        "fp16": "float16",
+        "float": "float32",
+        "fp32": "float32",
+        "bf16": "bfloat16",
+    },
+    "kv": {"fp8": "fp8_e4m3"},
+}
 
 
 def deployment_key(tr: Any, log_text: str | None) -> str | None:
@@ -84,23 +100,38 @@ def deployment_key(tr: Any, log_text: str | None) -> str | None:
     (``tr.device_properties``) or the model (the log) are unknown. TP defaults to 1 when the log
     names the model but not the size. A weight dtype other than bf16, a quantization method or a
     KV-cache dtype other than the model's, where the log names one, is appended
-    (``|dtype=float16``, ``|q=fp8``, ``|kv=fp8_e5m2``): a reference fitted on bf16 weights says
-    nothing of an fp8 model's kernels."""
+    (``|dtype=float16``, ``|q=fp8``, ``|kv=fp8_e5m2``; aliases such as ``half`` written as one
+    name): a reference fitted on bf16 weights says nothing of an fp8 model's kernels. Read from
+    the lines that name the (first) model, the args and engine-config lines; the last of them that
+    names a part counts."""
     names = sorted({str(d["name"]) for d in tr.device_properties if d.get("name")})
     if not names or not log_text:
         return None
     m = _MODEL.search(log_text)
     if not m:
         return None
-    t = _TP.search(log_text)
-    key = f"{'+'.join(names)}|{m.group(1)}|tp{int(t.group(1)) if t else 1}"
+    model = m.group(1)
+    # only the configuration lines of that model's (first) start count: another line can name a
+    # dtype (a fused-MoE config file ``...,dtype=fp8_w8a8.json``), a restart another configuration
+    conf = [ln for ln in log_text.splitlines() if (c := _MODEL.search(ln)) and c.group(1) == model]
+    t = next((t for ln in conf if (t := _TP.search(ln))), None)
+    key = f"{'+'.join(names)}|{model}|tp{int(t.group(1)) if t else 1}"
     for tag, rx, default in _EXTRA:
         # the engine-config line (resolved: dtype=torch.float16) comes after the args line
-        # (dtype='auto'): the last one the log names counts
-        vals = rx.findall(log_text)
-        if vals and vals[-1] not in default:
-            key += f"|{tag}={vals[-1]}"
+        # (dtype='auto'): the last of these lines that names it counts
+        vals = [v for ln in conf for v in rx.findall(ln)]
+        if vals:
+            v = vals[-1].lower() if tag == "q" else vals[-1]
+            v = _ALIAS.get(tag, {}).get(v, v)
+            if v not in default:
+                key += f"|{tag}={v}"
     return key
+
+
+def base_key(key: str) -> str:
+    """The key without its dtype / quantization / KV-cache parts: what a version-1 reference (fitted
+    before they were keyed) calls the deployment."""
+    return key.split("|dtype=")[0].split("|q=")[0].split("|kv=")[0]
 
 
 def kernel_points(
@@ -197,11 +228,16 @@ def _fit_table(w: np.ndarray, s: np.ndarray, x: np.ndarray) -> dict[str, Any]:
     kw, mw, sw = _cells(w, x)
     ks, ms, ss = _cells(s, x)
     axis, k, m = ("w", kw, mw) if sw <= ss else ("s", ks, ms)
+    # knots are stored rounded; two cell means closer than that (only with non-integer loads)
+    # become one knot with the mean of their values, so that the file reads back
+    kr = np.round(k, 6)
+    u, inv = np.unique(kr, return_inverse=True)
+    mv = np.bincount(inv, weights=m) / np.bincount(inv)
     return {
         "kind": "table",
         "axis": axis,
-        "knots": [_r(v) for v in k],
-        "values": [_r(v) for v in m],
+        "knots": [_r(v) for v in u],
+        "values": [_r(v) for v in mv],
         "n": len(w),
     }
 
@@ -235,33 +271,42 @@ def _fit(w: np.ndarray, s: np.ndarray, x: np.ndarray, half: np.ndarray) -> dict[
             for g in (0, 1)
         ]
         err.append(float(np.median(np.concatenate(e))))
-    # (measured on default: 599 of 1 035 rows took the table; the softmax, norm and GEMM rows the
-    # table, the attention rows the quadratic)
+    # (measured on default: 588 of 1 035 rows took the table, 8 of them along s; the softmax, norm
+    # and GEMM rows mostly the table, the attention rows mostly the quadratic)
     return forms[int(np.argmin(err))](w, s, x)
 
 
+def _nums(v: Any, n: int | None = None) -> bool:
+    """A flat list of finite real numbers (not bools, not strings), of length ``n`` if given."""
+    return (
+        isinstance(v, list)
+        and (n is None or len(v) == n)
+        and all(isinstance(c, (int, float)) and not isinstance(c, bool) and np.isfinite(c) for c in v)
+    )
+
+
 def _valid_row(r: Any, version: int) -> bool:
-    if version == 1:
-        return isinstance(r, list) and len(r) == 6
+    if version == 1:  # [c2, c1, c0, w_lo, w_hi, n]
+        return _nums(r, 6) and r[3] <= r[4]
     if not isinstance(r, dict):
         return False
-    try:
-        if r.get("kind") == "table":
-            k, v = np.asarray(r["knots"], float), np.asarray(r["values"], float)
-            return (
-                r["axis"] in ("w", "s")
-                and k.ndim == 1
-                and len(k) == len(v) >= 1
-                and bool(np.all(np.diff(k) > 0))
-            )
-        if r.get("kind") == "quad":
-            return (
-                len(np.asarray(r["coef"], float)) == 6
-                and len(np.asarray(r["w"], float)) == 2
-                and len(np.asarray(r["s"], float)) == 2
-            )
-    except (KeyError, TypeError, ValueError):
-        return False
+    if r.get("kind") == "table":
+        k, v = r.get("knots"), r.get("values")
+        return (
+            r.get("axis") in ("w", "s")
+            and _nums(k)
+            and _nums(v)
+            and len(k) == len(v) >= 1
+            and all(a < b for a, b in zip(k, k[1:], strict=False))
+        )
+    if r.get("kind") == "quad":
+        return (
+            _nums(r.get("coef"), 6)
+            and _nums(r.get("w"), 2)
+            and _nums(r.get("s"), 2)
+            and r["w"][0] <= r["w"][1]
+            and r["s"][0] <= r["s"][1]
+        )
     return False
 
 
@@ -283,11 +328,15 @@ class KernelReference:
     ) -> KernelReference:
         """From ``(key, point keys, w, s, x)`` per training capture (events inside fault windows
         already left out); a (key, symbol, position) needs ``min_events`` events. Captures alternate
-        between the two halves that choose each row's form, in the order given."""
+        between the two halves that choose each row's form, in the order given, per key (a
+        deployment's halves do not depend on the other deployments' captures)."""
         acc: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]]] = {}
-        for ci, (key, pk, w, s, x) in enumerate(points):
+        seen: dict[str, int] = {}
+        for key, pk, w, s, x in points:
             if key is None or not len(pk):
                 continue
+            ci = seen.get(key, 0)
+            seen[key] = ci + 1
             arr = np.asarray(pk)
             order = np.argsort(arr, kind="stable")
             a = arr[order]
@@ -319,7 +368,7 @@ class KernelReference:
     ) -> np.ndarray:
         """x - fit(w, s) per point (see the module docstring); NaN where nothing was fitted."""
         out = np.full(len(pk), np.nan)
-        rows = self.table.get(key) if key is not None else None
+        rows = self.table.get(self.table_key(key)) if key is not None else None
         if not rows or not len(pk):
             return out
         arr = np.asarray(pk)
@@ -332,6 +381,16 @@ class KernelReference:
                 out[g] = x[g] - _predict(row, w[g], s[g])
         return out
 
+    def table_key(self, key: str | None) -> str | None:
+        """The table's name for a deployment key: a version-1 reference's keys have no dtype /
+        quantization / KV-cache parts (:func:`base_key`)."""
+        if key is None or self.version != 1:
+            return key
+        return base_key(key)
+
+    def knows(self, key: str | None) -> bool:
+        return key is not None and self.table_key(key) in self.table
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": REF_FORMAT, "version": self.version, "table": self.table}
 
@@ -340,7 +399,7 @@ class KernelReference:
         if not isinstance(d, dict) or d.get("format") != REF_FORMAT:
             raise ConfigError(f"{path}: not a teller kernel reference (format {REF_FORMAT!r})", path=path)
         version = d.get("version")
-        if version not in READ_VERSIONS:
+        if isinstance(version, bool) or version not in READ_VERSIONS:
             raise ConfigError(
                 f"{path}: kernel reference version {version!r}, expected one of {list(READ_VERSIONS)}",
                 path=path,
@@ -392,7 +451,7 @@ def event_residuals(
 ) -> np.ndarray | None:
     """Per trace event, its residual against ``ref`` (NaN for non-kernel events and kernels without
     a fit); None when there is no reference or no key."""
-    if ref is None or key is None or key not in ref.table:
+    if ref is None or not ref.knows(key):
         return None
     idx, pk, ww, ss, x = kernel_points(tr, w)
     out = np.full(len(tr), np.nan)

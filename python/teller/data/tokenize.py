@@ -416,7 +416,7 @@ def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[
     from teller.data.reference import KernelReference, deployment_key, kernel_points, outside_faults
 
     seed = man.get("seed")
-    pts: list[tuple[int, tuple[str | None, list[str], np.ndarray, np.ndarray]]] = []
+    pts: list[tuple[int, tuple[str | None, list[str], np.ndarray, np.ndarray, np.ndarray]]] = []
     for sid in man["splits"].get("train", []):
         sd = data / sid
         try:
@@ -521,6 +521,7 @@ def tokenize_dataset(
         tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
         os.replace(tmp, lt_path)
     ref_path = out / REFERENCE_FILE
+    fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
     if reference is None and ref_path.is_file():
         from teller.data.reference import REF_VERSION
 
@@ -528,8 +529,25 @@ def tokenize_dataset(
             stale = json.loads(ref_path.read_text()).get("version") != REF_VERSION
         except (OSError, ValueError, AttributeError):
             stale = True
-        if stale:  # fitted here by an older teller (a reused --run-id): fitted again
-            ref_path.unlink()
+        if stale and not all(p.is_file() for p in fold_paths):
+            # copied in by an earlier run of this run id (--reference / --log-tokenizer): its shards
+            # were encoded against it, and it is not ours to replace
+            raise ConfigError(
+                f"{ref_path}: a kernel reference of another version, copied in by an earlier run of "
+                f"run id {run_id!r}; pass the same --reference (or --log-tokenizer) again, or use a "
+                "new --run-id",
+                path=str(ref_path),
+            )
+        if stale:  # fitted here by an older teller (a reused --run-id): fitted again, and every
+            # shard encoded against the old one is encoded again
+            for p in [ref_path, *fold_paths, *(out / "shards").glob("*/done.json")]:
+                p.unlink()
+    elif reference is not None and ref_path.is_file() and _sha256(ref_path) != settings["reference_sha256"]:
+        raise ConfigError(
+            f"{ref_path}: run id {run_id!r} already holds another kernel reference than {reference}; "
+            "its shards were encoded against that one: use a new --run-id",
+            path=str(ref_path),
+        )
     if not ref_path.is_file():
         if reference is not None:
             tmp = out / f".{REFERENCE_FILE}.tmp"
@@ -552,7 +570,6 @@ def tokenize_dataset(
             for g, r in enumerate(folds):
                 r.save(out / f"reference.fold{g}.json")
             full.save(ref_path)  # (last: its presence marks the three as complete)
-    fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
     own_reference = all(p.is_file() for p in fold_paths)
     jobs = []
     splits: dict[str, Any] = {}

@@ -10,6 +10,7 @@ lines that mention warnings or errors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -55,13 +56,23 @@ def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str
 
     path = cfg.get("reference") or str(Path(cfg.get("data_dir", "")) / "reference.json")
     if path not in _REFERENCES:
+        import warnings
+
         try:
             _REFERENCES[path] = KernelReference.load(path)
         except TellerError as e:
-            import warnings
-
             warnings.warn(f"{e}: the reference columns read as unknown", stacklevel=2)
             _REFERENCES[path] = None
+        else:
+            # the checkpoint records the reference it was trained with; a file replaced since (a
+            # re-run of `teller tokenize` into the same run id) computes other columns
+            want = cfg.get("reference_sha256")
+            if want and hashlib.sha256(Path(path).read_bytes()).hexdigest() != want:
+                warnings.warn(
+                    f"{path}: not the kernel reference the checkpoint was trained with (SHA-256 differs); "
+                    "summary columns 17-19 are computed against it anyway",
+                    stacklevel=2,
+                )
     key = deployment_key(tr, "\n".join(t for _, _, t in lines))
     return event_residuals(tr, _REFERENCES[path], key)
 
