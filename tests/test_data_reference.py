@@ -224,6 +224,21 @@ def test_a_kinked_load_curve_gets_a_table_and_a_sequence_bound_kernel_its_axis()
     assert np.abs(r).max() < 0.05
 
 
+def test_a_load_that_is_not_a_finite_number_reads_as_none(tmp_path):
+    with RawWriter(tmp_path / "teller-h-1-0.tmsgpack", pid=1, host="h", clock_sync=(MONO0, REAL0)) as w:
+        for s, args in enumerate(
+            ({"num_tokens": float("nan"), "num_seqs": float("inf")}, {"num_tokens": 3, "num_seqs": 2})
+        ):
+            t = MONO0 + s * 100_000
+            w.span("annotation", "engine_step", tid=1, start=t, end=t + 50_000, args=args)
+            w.span("runtime", "cudaLaunchKernel", tid=1, start=t + 100, end=t + 200, corr=s + 1)
+            w.gpu("kernel", "gemm", device=0, stream=7, start=t + 5000, end=t + 7000, corr=s + 1)
+    tr = T.load(tmp_path, step_names=["engine_step"])
+    idx, _pk, w, s, _x = kernel_points(tr)
+    got = sorted(zip(tr.ts[idx].tolist(), w.tolist(), s.tolist(), strict=True))
+    assert [g[1:] for g in got] == [(0.0, 0.0), (pytest.approx(np.log1p(3)), pytest.approx(np.log1p(2)))]
+
+
 def test_halves_alternate_per_deployment():
     # two deployments interleaved in the training order: each still alternates its own captures
     # between the halves (globally alternating, each would sit in one half and get no table)

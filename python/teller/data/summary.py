@@ -127,14 +127,14 @@ N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
 
 def _step_arg(tr: Any, keys: tuple[str, ...]) -> np.ndarray:
     """Per event, ln(1 + the first of ``keys`` its step's range records); 0 where the step records
-    none of them or the event has no step."""
+    none of them (or not a finite number) or the event has no step."""
     steps = tr.steps()
     w = np.zeros(len(steps) + 1)
     for s in steps:
         if s.event >= 0:
             a = tr.args(s.event)
             v = next((a[k] for k in keys if k in a), None)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
                 w[s.index] = np.log1p(max(float(v), 0.0))
     st = np.asarray(tr.step, dtype=np.int64)
     st = np.where((st >= 0) & (st < len(steps)), st, len(steps))
