@@ -256,8 +256,9 @@ def _predict(row: Any, w: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 def _fit(w: np.ndarray, s: np.ndarray, x: np.ndarray, half: np.ndarray) -> dict[str, Any]:
     """One row: the form (``table`` or ``quad``) with the smaller median absolute error on the
-    held-out half, fitted on the other (``half``: 0/1 per event, by capture); ``quad`` when the
-    events come from one half only (a single capture: nothing to hold out)."""
+    held-out half, fitted on the other (``half``: 0/1 per event, by capture; a tie goes to the
+    table); ``quad`` when the events come from one half only (nothing to hold out) or are fewer
+    than 6."""
     forms = (_fit_table, _fit_quad)
     if len(np.unique(half)) < 2 or len(w) < 6:
         return _fit_quad(w, s, x)
