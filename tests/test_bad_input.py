@@ -196,6 +196,25 @@ def test_directory_without_traces(tmp_path):
         T.load(tmp_path)
 
 
+def test_run_directory_with_empty_raw_says_so(tmp_path):
+    # a `teller collect` run whose program made no NVTX/CUDA call: run.json and logs, raw/ empty
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "run.json").write_text('{"exit_code": 1}')
+    (tmp_path / "log.txt").write_text("boom\n")
+    with pytest.raises(EmptyTraceError, match="raw/ is empty") as e:
+        T.load(tmp_path)
+    assert str(tmp_path) in str(e.value)
+
+
+def test_sample_directory_reads_trace_not_annotation(tmp_path):
+    # a dataset sample: trace.json beside annotation.json (and a run's summary.json): only the trace is read
+    src = TRACES / "mi250_rocm62_tiny.kineto.json.gz"
+    (tmp_path / "trace.json.gz").write_bytes(src.read_bytes())
+    (tmp_path / "annotation.json").write_text('{"label": "normal"}')
+    (tmp_path / "summary.json").write_text("{}")
+    assert len(T.load(tmp_path, warn=False)) == len(T.load(src, warn=False)) > 0
+
+
 def test_bad_options():
     with pytest.raises(ConfigError):
         T.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", step_names=[])

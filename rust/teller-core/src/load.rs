@@ -31,6 +31,14 @@ fn is_trace_file(p: &Path) -> bool {
     s.ends_with(".tmsgpack") || s.ends_with(".json") || s.ends_with(".json.gz")
 }
 
+/// The JSON files teller itself writes next to traces (run and sample directories): never traces.
+fn is_teller_metadata(p: &Path) -> bool {
+    matches!(
+        p.file_name().and_then(|s| s.to_str()),
+        Some("run.json" | "summary.json" | "annotation.json" | "manifest.json")
+    )
+}
+
 /// Expands one input into the files to read. A directory is a teller run directory (raw files in
 /// `raw/` or at its top) or a directory of Chrome traces; raw files win over JSON (a run directory's
 /// `trace.json` is our own output of those raw files).
@@ -51,7 +59,7 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
         for e in rd {
             let e = e.map_err(|e| Error::io(&d.display().to_string(), &e))?;
             let path = e.path();
-            if path.is_file() && is_trace_file(&path) {
+            if path.is_file() && is_trace_file(&path) && !is_teller_metadata(&path) {
                 if path.to_string_lossy().ends_with(".tmsgpack") {
                     raw.push(path);
                 } else {
@@ -66,9 +74,16 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
     let mut files = if !raw.is_empty() { raw } else { json };
     files.sort();
     if files.is_empty() {
+        let msg = if p.join("run.json").is_file() {
+            // a `teller collect` run whose program made no NVTX/CUDA call the shim saw
+            "run directory holds no trace files: raw/ is empty (the program made no NVTX or CUDA \
+             calls, or the collector shim was not loaded; see run.json and stderr.log)"
+        } else {
+            "directory holds no trace files (*.tmsgpack, *.json, *.json.gz, also looked in raw/)"
+        };
         return Err(Error::Empty {
             path: input.to_string(),
-            msg: "directory holds no trace files (*.tmsgpack, *.json, *.json.gz, also looked in raw/)".into(),
+            msg: msg.into(),
         });
     }
     Ok(files)
