@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One prepared GPU-machine check of the collector, run from the repository root:
+#   bash tests/gpu/device_check.sh OUT_DIR [WHEEL_DIR]
+# WHEEL_DIR (optional) holds wheels to install first with --no-deps into a private --target (a teller
+# wheel built for that machine's Python, the `nvtx` package), for machines whose Python has torch and
+# transformers but not teller. Every step runs under its own time limit and failures do not stop the
+# next one; the console goes to OUT_DIR/console.txt and each capture to OUT_DIR/NAME.tgz.
+#   1. environment: GPU, torch, CUDA; `teller doctor`; `teller shim build` (wheels, then CUDA_HOME)
+#   2. cupti_shim/tests/gpu_check.sh: the record walker under the real libcupti, a smoke capture
+#   3. tests/gpu (pytest): a transformers generate collected, kernels linked to calls and NVTX ranges
+#   4. tests/gpu/llm_decode.py (a Llama serving loop): plain; under `teller collect`; under
+#      torch.profiler (the peer capture of the same workload); under `teller collect` with a
+#      noisy neighbour (another process copying HBM), a real hbm_contention-like fault; with --torch-nvtx
+set -uo pipefail
+OUT="${1:?usage: device_check.sh OUT_DIR [WHEEL_DIR]}"
+WHL="${2:-}"
+mkdir -p "$OUT"
+CAP="$(mktemp -d)/captures"
+mkdir -p "$CAP"
+exec > >(tee "$OUT/console.txt") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+PY="${PYTHON:-python3}"
+step() { echo; echo "=== $(date +%T) $*"; }
+if [ -n "$WHL" ]; then
+  step "install wheels from $WHL"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/teller-site "$WHL"/*.whl ||
+    for w in "$WHL"/*.whl; do "$PY" -m zipfile -e "$w" /tmp/teller-site; done  # a wheel is a zip
+  export PYTHONPATH="/tmp/teller-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+TELLER=("$PY" -m teller)
+
+step "environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+timeout 60 "${TELLER[@]}" doctor
+CUDA_ARGS=()
+if ! timeout 120 "${TELLER[@]}" shim build; then
+  for h in "${CUDA_HOME:-}" /usr/local/cuda; do
+    [ -n "$h" ] && [ -d "$h" ] || continue
+    step "shim build --cuda-home $h"
+    if timeout 120 "${TELLER[@]}" shim build --cuda-home "$h"; then CUDA_ARGS=(--cuda-home "$h"); break; fi
+  done
+fi
+
+step "cupti_shim/tests/gpu_check.sh"
+inc=$("$PY" -c "import json,sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
+TELLER_CUDA_INCLUDE="$inc" timeout 400 bash cupti_shim/tests/gpu_check.sh /tmp/shim-gpu "$PY"
+cp -r /tmp/shim-gpu/gpu-work "$CAP/shim-gpu-work" 2>/dev/null
+
+step "pytest tests/gpu"
+timeout 400 "$PY" -m pytest -q -p no:cacheprovider -x tests/gpu -k cuda_inference -o addopts="" -rA
+
+W="tests/gpu/llm_decode.py"
+step "llm_decode plain"
+mkdir -p "$CAP/plain" "$CAP/kineto"
+timeout 300 "$PY" "$W" | tee "$CAP/plain/plain.txt"
+step "llm_decode under teller collect"
+timeout 300 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller" --nvtx-json transformers -- "$PY" "$W"
+step "llm_decode under torch.profiler (the peer)"
+timeout 300 "$PY" "$W" --reps 1 --kineto "$CAP/kineto/kineto.json" | tee "$CAP/kineto/kineto-run.txt"
+step "llm_decode under teller collect, with a noisy neighbour copying HBM in another process"
+"$PY" - <<'EOF' &
+import time, torch
+a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+print("neighbour: copying 4 GiB buffers", flush=True)
+t = time.time()
+while time.time() - t < 90:
+    b.copy_(a)
+    torch.cuda.synchronize()
+EOF
+HOG=$!
+sleep 8
+timeout 300 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller-hog" --nvtx-json transformers -- "$PY" "$W"
+kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null
+
+step "llm_decode under teller collect --torch-nvtx (torch's own per-operator ranges), one rep"
+timeout 200 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
+
+step "summaries"
+for r in "$CAP"/teller/run-* "$CAP"/teller-hog/run-* "$CAP"/teller-torchnvtx/run-*; do
+  [ -d "$r" ] && timeout 120 "${TELLER[@]}" trace summary "$r" --top 8
+done
+[ -f "$CAP/kineto/kineto.json" ] && timeout 120 "${TELLER[@]}" trace summary "$CAP/kineto/kineto.json" --top 8
+gzip -f "$CAP/kineto/kineto.json" 2>/dev/null
+step "pack"  # one archive per capture (the device tool returns files of at most 16 MiB)
+for d in "$CAP"/*/; do tar -C "$CAP" -czf "$OUT/$(basename "$d").tgz" "$(basename "$d")"; done
+ls -la "$OUT"
