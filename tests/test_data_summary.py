@@ -510,3 +510,56 @@ def test_reference_columns_hand_computed(tmp_path):
     # no reference (an unknown deployment, a hidden training sample): all three 0
     _, f0 = symbol_summary(tr, tok)
     assert not f0[:, 17:].any()
+
+
+def test_family_reference_columns_hand_computed(tmp_path):
+    # columns 20-22 pool the residuals of a kernel family across its symbols. Two GEMM kernels (two
+    # shapes: two names) every 100 us for 16 steps: gemm_a on rank 1 reads 0 for 8 events, then 0.2
+    # (a slowdown in the second half), gemm_b on rank 2 reads 0.05 throughout. rms_norm is its own
+    # family; "foo" has no known family (its own); a host operator has no residual.
+    ev = []
+    for k in range(16):
+        ev.append(
+            {"ph": "X", "cat": "kernel", "name": "gemm_a", "pid": 1, "tid": 7, "ts": 100 * k, "dur": 10}
+        )
+        ev.append(
+            {"ph": "X", "cat": "kernel", "name": "gemm_b", "pid": 2, "tid": 7, "ts": 100 * k + 20, "dur": 10}
+        )
+    for k in range(4):
+        ev.append(
+            {"ph": "X", "cat": "kernel", "name": "rms_norm", "pid": 1, "tid": 7, "ts": 100 * k + 50, "dur": 5}
+        )
+        ev.append(
+            {"ph": "X", "cat": "kernel", "name": "foo", "pid": 1, "tid": 7, "ts": 100 * k + 60, "dur": 5}
+        )
+        ev.append(
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100 * k, "dur": 3}
+        )
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    syms = ["kernel:gemm_a", "kernel:gemm_b", "kernel:rms_norm", "kernel:foo"]
+    tok = tpe.train(tpe.corpus_from_symbols([syms]), vocab_size=0)
+    names = np.asarray(tr.symbols)[np.asarray(tr.symbol)]
+    ts = np.asarray(tr.ts)
+    r = np.full(len(tr), np.nan)
+    a = np.flatnonzero(names == "kernel:gemm_a")
+    r[a] = np.where(ts[a] >= 800_000, 0.2, 0.0)  # trace time is in ns
+    r[names == "kernel:gemm_b"] = 0.05
+    r[names == "kernel:rms_norm"] = 0.3
+    r[names == "kernel:foo"] = -0.1
+
+    ids, f = symbol_summary(tr, tok, ref_resid=r)
+    rows = {tok.token_str(int(i)): row for i, row in zip(ids, f, strict=True)}
+    for g in ("kernel:gemm_a", "kernel:gemm_b"):
+        assert rows[g][20] == pytest.approx(0.05)  # median of 0 x 8, 0.05 x 16, 0.2 x 8
+        assert rows[g][21] == pytest.approx(0.1)  # rank 1's median (0 and 0.2) over rank 2's 0.05
+        # per time bin the mean of one gemm_a and one gemm_b: 0.025 in bins 0-7, 0.125 in 8-15
+        assert rows[g][22] == pytest.approx(0.1)
+    assert rows["kernel:gemm_a"][17] == pytest.approx(0.1)  # its own column 17 is per symbol
+    assert rows["kernel:rms_norm"][20] == pytest.approx(0.3)
+    assert rows["kernel:rms_norm"][21] == pytest.approx(0.3)
+    assert rows["kernel:foo"][20] == pytest.approx(-0.1)  # no known family: its own
+    (hk,) = [k for k in rows if k not in syms]
+    assert not rows[hk][17:].any()
+    assert N_SUMMARY_FEATURES == len(SUMMARY_FEATURE_NAMES) == 23

@@ -40,8 +40,9 @@ SHARDS_FORMAT = "teller-shards"
 # 8: + summary columns 17-19, kernels against the deployment's reference (teller.data.reference,
 # reference.json beside the shards; columns 0-16 unchanged); 10: columns 17-19 against a version-2
 # reference (load in tokens and sequences, a table or a quadratic per row; same columns, smaller
-# residuals; 9 was an inverted column 19, tried and never shipped, docs/models.md)
-SHARDS_VERSION = 10
+# residuals; 9 was an inverted column 19, tried and never shipped, docs/models.md); 11: + summary
+# columns 20-22, the reference residuals pooled over the kernel's family (columns 0-19 unchanged)
+SHARDS_VERSION = 11
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
 # dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side
@@ -562,7 +563,7 @@ def tokenize_dataset(
 
                 warnings.warn(
                     f"{data}: no training capture names its GPU (deviceProperties) and its model "
-                    "(vLLM's args line), so the kernel reference is empty and summary columns 17-19 "
+                    "(vLLM's args line), so the kernel reference is empty and summary columns 17-22 "
                     "stay 0 (a dataset of simulator version 1 predates deviceProperties: regenerate it)",
                     TellerWarning,
                     stacklevel=2,

@@ -422,7 +422,7 @@ def train_baselines(
                 "train_samples": len(train),
                 "shards_version": int(man.get("version", 1)),
                 "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
-                # the kernel reference its summary columns 17-19 were computed with (shards >= 8)
+                # the kernel reference its summary columns 17-22 were computed with (shards >= 8)
                 "reference": str((run_dir / "reference.json").resolve())
                 if (run_dir / "reference.json").is_file()
                 else None,

@@ -45,7 +45,7 @@ _REFERENCES: dict[str, Any] = {}
 def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str, str]]) -> np.ndarray | None:
     """Per event of ``tr``, its residual against the kernel reference of the shards a run
     (checkpoint or baselines configuration ``cfg``) was trained on, as ``teller tokenize`` computes
-    it for summary columns 17-19; None for runs on shards older than version 8 or that read only
+    it for summary columns 17-22; None for runs on shards older than version 8 or that read only
     columns 0-16, or when the reference is missing (a warning) or knows nothing of this
     deployment."""
     mc = cfg.get("model") or {}
@@ -70,7 +70,7 @@ def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str
             if want and hashlib.sha256(Path(path).read_bytes()).hexdigest() != want:
                 warnings.warn(
                     f"{path}: not the kernel reference the checkpoint was trained with (SHA-256 differs); "
-                    "summary columns 17-19 are computed against it anyway",
+                    "summary columns 17-22 are computed against it anyway",
                     stacklevel=2,
                 )
     key = deployment_key(tr, "\n".join(t for _, _, t in lines))

@@ -45,7 +45,7 @@ def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int
         tpe_path, log_tok = cfg["tpe_dir"], cfg["log_tokenizer"]
     need = [("TPE tokenizer", tpe_path), ("log tokenizer", log_tok)]
     ref = cfg.get("reference")
-    if int(cfg.get("shards_version") or 4) >= 8:  # (its summary columns 17-19 were computed against it)
+    if int(cfg.get("shards_version") or 4) >= 8:  # (its summary columns 17-22 were computed against it)
         ref = ref or str(shards_run_dir(cfg["data_dir"]) / "reference.json")
         need.append(("kernel reference", ref))
     for what, q in need:

@@ -327,7 +327,7 @@ def train(
         "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
         "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
         "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
-        # the kernel reference of summary columns 17-19 (shards >= 8), for diagnose
+        # the kernel reference of summary columns 17-22 (shards >= 8), for diagnose
         "reference": str((run_dir / "reference.json").resolve())
         if (run_dir / "reference.json").is_file()
         else None,
@@ -450,7 +450,7 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     reads_ref = int(need or 0) > 17
     if trace_side and reads_ref and ref_have and ref_trained and ref_have != ref_trained:
         warnings.warn(
-            f"{run_dir}: its kernel reference (summary columns 17-19) is not the one the checkpoint "
+            f"{run_dir}: its kernel reference (summary columns 17-22) is not the one the checkpoint "
             "was trained with; encode the data with `teller tokenize --log-tokenizer "
             "TRAINING_RUN/log_tokenizer.json` (which takes that run's reference.json)",
             stacklevel=2,
