@@ -468,6 +468,11 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
 
     assert all(x["transfer_shift"] is not None for x in syms)
     assert all(_COLLECTIVE.match(x["symbol"]) or x["transfer_shift"] == 0 for x in syms)
+    # reference evidence: None for host symbols (no reference residual), a ratio for a known kernel
+    for x in syms:
+        assert "vs_reference" in x and "family_vs_reference" in x
+        if not x["symbol"].startswith("kernel:"):
+            assert x["vs_reference"] is None and x["family_vs_reference"] is None
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), "--checkpoint", str(run)],
         check=True,

@@ -342,9 +342,21 @@ def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, An
                 "rank_spread": get(r, "shift_pid_spread"),
                 # a collective's transfer (its fastest rank's time), apart from waiting for peers
                 "transfer_shift": get(r, "xfer_shift"),
+                # against the deployment's kernel reference at the same load: the symbol, and its
+                # whole family in the capture (e.g. +0.03: 3 % slower; None: no reference for it)
+                "vs_reference": _ratio(get(r, "ref_dev"), get(r, "ref_cov")),
+                "family_vs_reference": _ratio(get(r, "ref_fam_dev"), get(r, "ref_cov")),
             }
         )
     return rows
+
+
+def _ratio(resid: float | None, cov: float | None) -> float | None:
+    """A median residual x - reference(x), x = ln(1 + dur_us), as a relative change of the duration
+    (exact for durations well above 1 us), or None where the row had no reference residual."""
+    if resid is None or not cov:
+        return None
+    return float(np.expm1(resid))
 
 
 def render(d: dict[str, Any], console: Any) -> None:
@@ -373,11 +385,15 @@ def render(d: dict[str, Any], console: Any) -> None:
     if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
         # (the head is trained on faulty samples only: for a run called normal its ranking means little)
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
-        for c in ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift"):
+        cols = ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift")
+        for c in (*cols, "vs ref", "family vs ref"):
             y.add_column(c)
 
         def _f(v: float | None) -> str:
             return "-" if v is None else f"{v:+.2f}"
+
+        def _pct(v: float | None) -> str:
+            return "-" if v is None else f"{100 * v:+.1f}%"
 
         for r in d["culprit_symbols"]:
             y.add_row(
@@ -388,6 +404,8 @@ def render(d: dict[str, Any], console: Any) -> None:
                 _f(r["shift_z"]),
                 _f(r["rank_spread"]),
                 _f(r["transfer_shift"]) if r["transfer_shift"] else "-",
+                _pct(r.get("vs_reference")),
+                _pct(r.get("family_vs_reference")),
             )
         console.print(y)
     if d["log_evidence"]:
