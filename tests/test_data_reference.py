@@ -448,3 +448,13 @@ def test_fault_windows_are_left_out_and_healthy_residuals_are_small(tiny):
     assert np.isnan(r[~tr.layer_mask("kernel")]).all()
     assert abs(float(np.nanmedian(r))) < 0.1
     assert event_residuals(tr, ref, None) is None and event_residuals(tr, None, "x") is None
+
+
+def test_reference_numbers_are_finite_reals():
+    # the load-time check of every number of a reference.json: finite, real, in float range
+    import numpy as np
+    from teller.data.reference import _nums
+
+    assert _nums([1, -2.5, np.float64(3.0)]) and _nums([], 0) and not _nums([1.0], 2)
+    for bad in (True, float("nan"), float("inf"), 10**400, "1", None, [1.0]):
+        assert not _nums([0.0, bad]), bad

@@ -51,6 +51,7 @@ reference columns keyed by an oracle deployment went from 0.860 to 0.890 test ca
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -277,13 +278,19 @@ def _fit(w: np.ndarray, s: np.ndarray, x: np.ndarray, half: np.ndarray) -> dict[
     return forms[int(np.argmin(err))](w, s, x)
 
 
+def _finite(c: Any) -> bool:
+    """A finite real number that fits a float (not a bool, not a string)."""
+    if isinstance(c, bool):
+        return False
+    if isinstance(c, int):
+        return -1e308 < c < 1e308  # (an int past float range would overflow later)
+    # math.isfinite, not np.isfinite: a reference holds ~60 000 numbers, checked at every load
+    return isinstance(c, float) and math.isfinite(c)
+
+
 def _nums(v: Any, n: int | None = None) -> bool:
     """A flat list of finite real numbers (not bools, not strings), of length ``n`` if given."""
-    return (
-        isinstance(v, list)
-        and (n is None or len(v) == n)
-        and all(isinstance(c, (int, float)) and not isinstance(c, bool) and np.isfinite(c) for c in v)
-    )
+    return isinstance(v, list) and (n is None or len(v) == n) and all(_finite(c) for c in v)
 
 
 def _valid_row(r: Any, version: int) -> bool:
