@@ -563,3 +563,22 @@ def test_family_reference_columns_hand_computed(tmp_path):
     (hk,) = [k for k in rows if k not in syms]
     assert not rows[hk][17:].any()
     assert N_SUMMARY_FEATURES == len(SUMMARY_FEATURE_NAMES) == 23
+
+
+def test_family_shift_ignores_bins_without_the_family():
+    # a family present in the first half of the capture only, with the same skewed residuals in every
+    # bin it occupies (median 0, mean 0.1): it never changed, so column 22 reads 0; an unrelated
+    # kernel keeps the capture running to the end
+    from teller.data.summary import _family_reference
+
+    tbin = np.repeat(np.arange(8), 3)
+    r = np.tile([0.0, 0.0, 0.3], 8)
+    fam = np.zeros(len(r), np.int64)
+    pid = np.ones(len(r), np.int64)
+    out = _family_reference(fam, r, pid, tbin)
+    med, pmax, shift = out[0]
+    assert med == pytest.approx(0.0) and pmax == pytest.approx(0.0)
+    assert shift == pytest.approx(0.0)
+    # a real change inside the occupied bins is still found: bins 4-7 read 0.2 more
+    r2 = r + np.where(tbin >= 4, 0.2, 0.0)
+    assert _family_reference(fam, r2, pid, tbin)[0][2] == pytest.approx(0.2)

@@ -78,12 +78,13 @@ stores it). They are what a fault spanning most of a capture, or one that coinci
 leaves: every column above compares within the capture and absorbs it. Columns 20-22 pool the
 residuals of a kernel's whole family (:func:`teller.data.dataset.kernel_family`: ``gemm``,
 ``attention_prefill``, ``rms_norm``...; a kernel of no known family is its own) across the capture's
-symbols. One GEMM name runs one shape, so a per-symbol row holds a few dozen events whose 3-10 %
+symbols. One GEMM name runs one shape, so a per-symbol row holds a few dozen events whose 2-4 %
 slowdown under a mild power cap sits inside the row's spread; the median over every GEMM of a
 capture separated ``gpu_throttle`` from ``normal`` with AUC 0.975 / 0.988 (val / test, shards
 version 10; every normal test capture below 0.01). Column 22 finds a fault that covers part of the
-capture (a thermal throttle ramping in on one GPU). A capture of a deployment
-without a reference (an unseen GPU or model, no ``deviceProperties``) reads 0 in all of 17-22, and
+capture (a throttle ramping in; pooled over the processes, so one GPU of several moves it less).
+A capture of a deployment without a reference (an unseen GPU or model, no ``deviceProperties``)
+reads 0 in all of 17-22, and
 ``teller tokenize`` leaves them 0 for a fixed 30 % of the training samples (``REF_HIDE_FRAC``) so
 that a model learns to do without them.
 
@@ -408,9 +409,9 @@ def _family_reference(
         cnt = np.bincount(bf, minlength=N_BINS)
         tot = np.bincount(bf, weights=rf, minlength=N_BINS)
         have = cnt > 0
-        # bins without the family's events read as its median: no evidence either way
-        v = np.where(have, tot / np.maximum(cnt, 1), med)
-        shift = window_scan(v)[0] if have.sum() >= 4 else 0.0
+        # over the bins that hold the family's events, as column 9 (a filler value for the empty
+        # ones would read as a change wherever the family's mean and the filler differ)
+        shift = window_scan(tot[have] / cnt[have])[0] if have.sum() >= 4 else 0.0
         out[int(f)] = np.array([med, pmax, shift])
     return out
 
