@@ -17,7 +17,7 @@ WHL="${2:-}"
 mkdir -p "$OUT"
 CAP="$(mktemp -d)/captures"
 mkdir -p "$CAP"
-exec > >(tee "$OUT/console.txt") 2>&1
+main() {
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY="${PYTHON:-python3}"
 step() { echo; echo "=== $(date +%T) $*"; }
@@ -43,7 +43,7 @@ if ! timeout 120 "${TELLER[@]}" shim build; then
 fi
 
 step "cupti_shim/tests/gpu_check.sh"
-inc=$("$PY" -c "import json,sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
+inc=$("$PY" -c "import sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
 TELLER_CUDA_INCLUDE="$inc" timeout 400 bash cupti_shim/tests/gpu_check.sh /tmp/shim-gpu "$PY"
 cp -r /tmp/shim-gpu/gpu-work "$CAP/shim-gpu-work" 2>/dev/null
 
@@ -55,26 +55,25 @@ step "llm_decode plain"
 mkdir -p "$CAP/plain" "$CAP/kineto"
 timeout 300 "$PY" "$W" | tee "$CAP/plain/plain.txt"
 step "llm_decode under teller collect"
-timeout 300 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller" --nvtx-json transformers -- "$PY" "$W"
+timeout 300 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller" --nvtx-json transformers -- "$PY" "$W"
 step "llm_decode under torch.profiler (the peer)"
 timeout 300 "$PY" "$W" --reps 1 --kineto "$CAP/kineto/kineto.json" | tee "$CAP/kineto/kineto-run.txt"
 step "llm_decode under teller collect, with a noisy neighbour copying HBM in another process"
 "$PY" - <<'EOF' &
-import time, torch
+import torch
 a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
 print("neighbour: copying 4 GiB buffers", flush=True)
-t = time.time()
-while time.time() - t < 90:
+while True:  # killed when the capture beside it ends
     b.copy_(a)
     torch.cuda.synchronize()
 EOF
 HOG=$!
 sleep 8
-timeout 300 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller-hog" --nvtx-json transformers -- "$PY" "$W"
+timeout 300 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-hog" --nvtx-json transformers -- "$PY" "$W"
 kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null
 
 step "llm_decode under teller collect --torch-nvtx (torch's own per-operator ranges), one rep"
-timeout 200 "${TELLER[@]}" collect "${CUDA_ARGS[@]}" --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
+timeout 200 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
 
 step "summaries"
 for r in "$CAP"/teller/run-* "$CAP"/teller-hog/run-* "$CAP"/teller-torchnvtx/run-*; do
@@ -85,3 +84,6 @@ gzip -f "$CAP/kineto/kineto.json" 2>/dev/null
 step "pack"  # one archive per capture (the device tool returns files of at most 16 MiB)
 for d in "$CAP"/*/; do tar -C "$CAP" -czf "$OUT/$(basename "$d").tgz" "$(basename "$d")"; done
 ls -la "$OUT"
+}
+# (a pipe rather than exec > >(tee ...): the script ends only after tee has written everything)
+main 2>&1 | tee "$OUT/console.txt"

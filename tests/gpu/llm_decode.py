@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--kineto", default=None, help="also profile one rep with torch.profiler, export here")
     a = ap.parse_args()
+    if a.reps < 1:
+        ap.error("--reps must be at least 1")
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(asctime)s [%(name)s] %(message)s"
     )
@@ -44,10 +46,11 @@ def main() -> int:
         num_key_value_heads=4,
         vocab_size=32000,
         max_position_embeddings=1024,
+        attn_implementation="sdpa",
     )
-    cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(0, cfg.vocab_size, (a.batch, a.prompt), device="cuda")
+    mask = torch.ones_like(ids)  # (token 0, the pad id, occurs in random prompts: nothing is padding)
     log.info(
         "model llama layers=%d hidden=%d dtype=bfloat16 device=%s pid=%d",
         a.layers,
@@ -60,7 +63,12 @@ def main() -> int:
         t = time.perf_counter()
         with torch.no_grad():
             out = model.generate(
-                ids, max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False, pad_token_id=0
+                ids,
+                attention_mask=mask,
+                max_new_tokens=a.new,
+                min_new_tokens=a.new,
+                do_sample=False,
+                pad_token_id=0,
             )
         torch.cuda.synchronize()
         assert out.shape == (a.batch, a.prompt + a.new), out.shape
