@@ -201,7 +201,7 @@ def test_run_directory_with_empty_raw_says_so(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "run.json").write_text('{"exit_code": 1}')
     (tmp_path / "log.txt").write_text("boom\n")
-    with pytest.raises(EmptyTraceError, match="raw/ is empty") as e:
+    with pytest.raises(EmptyTraceError, match="no raw files in raw/") as e:
         T.load(tmp_path)
     assert str(tmp_path) in str(e.value)
 

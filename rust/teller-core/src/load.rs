@@ -28,15 +28,12 @@ fn is_trace_file(p: &Path) -> bool {
         .file_name()
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_default();
-    s.ends_with(".tmsgpack") || s.ends_with(".json") || s.ends_with(".json.gz")
-}
-
-/// The JSON files teller itself writes next to traces (run and sample directories): never traces.
-fn is_teller_metadata(p: &Path) -> bool {
-    matches!(
-        p.file_name().and_then(|s| s.to_str()),
-        Some("run.json" | "summary.json" | "annotation.json" | "manifest.json")
-    )
+    // the JSON files teller itself writes next to traces (run and sample directories) are not traces
+    let metadata = matches!(
+        s.as_str(),
+        "run.json" | "summary.json" | "annotation.json" | "manifest.json"
+    );
+    !metadata && (s.ends_with(".tmsgpack") || s.ends_with(".json") || s.ends_with(".json.gz"))
 }
 
 /// Expands one input into the files to read. A directory is a teller run directory (raw files in
@@ -59,7 +56,7 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
         for e in rd {
             let e = e.map_err(|e| Error::io(&d.display().to_string(), &e))?;
             let path = e.path();
-            if path.is_file() && is_trace_file(&path) && !is_teller_metadata(&path) {
+            if path.is_file() && is_trace_file(&path) {
                 if path.to_string_lossy().ends_with(".tmsgpack") {
                     raw.push(path);
                 } else {
@@ -76,8 +73,8 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
     if files.is_empty() {
         let msg = if p.join("run.json").is_file() {
             // a `teller collect` run whose program made no NVTX/CUDA call the shim saw
-            "run directory holds no trace files: raw/ is empty (the program made no NVTX or CUDA \
-             calls, or the collector shim was not loaded; see run.json and stderr.log)"
+            "run directory holds no trace files: no raw files in raw/ (the program made no NVTX or \
+             CUDA calls, or the collector shim was not loaded; see run.json and stderr.log)"
         } else {
             "directory holds no trace files (*.tmsgpack, *.json, *.json.gz, also looked in raw/)"
         };
