@@ -32,7 +32,9 @@ static struct {
     CUptiResult (*GetResultString)(CUptiResult, const char **);
     CUptiResult (*GetCallbackName)(CUpti_CallbackDomain, uint32_t, const char **);
     CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+#ifdef CUpti_SubscriberParams_STRUCT_SIZE /* CUPTI 13.0+ headers */
     CUptiResult (*Subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+#endif
     CUptiResult (*EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
     CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
     CUptiResult (*SetThreadIdType)(CUpti_ActivityThreadIdType);
@@ -423,7 +425,9 @@ static int load_cupti(void) {
     LOAD(GetResultString, "cuptiGetResultString", 0);
     LOAD(GetCallbackName, "cuptiGetCallbackName", 0);
     LOAD(Subscribe, "cuptiSubscribe", 1);
+#ifdef CUpti_SubscriberParams_STRUCT_SIZE
     LOAD(Subscribe_v2, "cuptiSubscribe_v2", 0);
+#endif
     LOAD(EnableDomain, "cuptiEnableDomain", 1);
     LOAD(EnableCallback, "cuptiEnableCallback", 0);
     LOAD(SetThreadIdType, "cuptiSetThreadIdType", 0);
@@ -482,11 +486,12 @@ static int setup(void) {
     tl_cupti_conv_check_sizes(C.conv);
     if (C.conv->skip_kernel || C.conv->skip_memcpy || C.conv->skip_memset || C.conv->skip_sync)
         tl_diag(TL_ERROR, "CUPTI %u record layouts are older than the headers this shim was built with: some kinds skipped", C.version);
-    else if (C.conv->size_kernel && C.conv->size_kernel != sizeof(CUpti_ActivityKernel11))
+    else if (C.conv->size_kernel && C.conv->size_kernel != sizeof(tl_kernel_rec))
         tl_diag(TL_INFO, "CUPTI kernel record is %zu bytes (built with %zu): reading the common prefix", C.conv->size_kernel,
-                sizeof(CUpti_ActivityKernel11));
+                sizeof(tl_kernel_rec));
 
     char holder[128] = "";
+#ifdef CUpti_SubscriberParams_STRUCT_SIZE
     if (C.Subscribe_v2) { /* 13.x: same semantics, but tells who holds CUPTI */
         CUpti_SubscriberParams sp;
         memset(&sp, 0, sizeof sp);
@@ -494,10 +499,14 @@ static int setup(void) {
         sp.subscriberName = "teller";
         sp.oldSubscriberName = holder;
         sp.oldSubscriberSize = sizeof holder;
+#if CUPTI_API_VERSION >= 130200 /* the field is new in 13.2; older headers: 0 from the memset, as asked */
         sp.allowMultipleSubscribers = 0;
+#endif
         r = C.Subscribe_v2(&C.sub, (CUpti_CallbackFunc)api_callback, NULL, &sp);
         holder[sizeof holder - 1] = 0;
-    } else {
+    } else
+#endif
+    {
         r = C.Subscribe(&C.sub, (CUpti_CallbackFunc)api_callback, NULL);
     }
     if (r != CUPTI_SUCCESS) {

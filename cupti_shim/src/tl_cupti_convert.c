@@ -8,7 +8,7 @@
 #define END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
 void tl_cupti_conv_check_sizes(tl_cupti_conv *cv) {
-    cv->skip_kernel = cv->size_kernel && cv->size_kernel < END_OF(CUpti_ActivityKernel11, name);
+    cv->skip_kernel = cv->size_kernel && cv->size_kernel < END_OF(tl_kernel_rec, name);
     cv->skip_memcpy = cv->size_memcpy && cv->size_memcpy < END_OF(CUpti_ActivityMemcpy6, correlationId);
     cv->skip_memset = cv->size_memset && cv->size_memset < END_OF(CUpti_ActivityMemset4, correlationId);
     cv->skip_sync = cv->size_sync && cv->size_sync < END_OF(CUpti_ActivitySynchronization2, streamId);
@@ -117,7 +117,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         if (cv->skip_kernel) break;
-        const CUpti_ActivityKernel11 *k = (const CUpti_ActivityKernel11 *)(const void *)rec;
+        const tl_kernel_rec *k = (const tl_kernel_rec *)(const void *)rec;
         const char *nm = k->name ? k->name : "<unknown kernel>";
         note_device(cv, k->deviceId);
         uint32_t name = tl_intern(t, nm, strlen(nm));
@@ -206,7 +206,7 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
         return;
     }
     case CUPTI_ACTIVITY_KIND_CONTEXT: {
-        const CUpti_ActivityContext4 *x = (const CUpti_ActivityContext4 *)(const void *)rec;
+        const tl_context_rec *x = (const tl_context_rec *)(const void *)rec;
         note_device(cv, x->deviceId);
         for (uint32_t i = 0; i < cv->n_ctx; i++)
             if (cv->ctx_id[i] == x->contextId) { cv->ctx_dev[i] = x->deviceId; return; }

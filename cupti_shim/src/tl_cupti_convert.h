@@ -6,6 +6,32 @@
 #include <stdint.h>
 #include "tl_writer.h"
 
+/* The newest kernel and context record versions the headers declare: CUPTI 13.1+ (API 130101) has
+ * Kernel11 / Context4, 13.0 (130001) Kernel10 / Context3, 12.x Kernel9 / Context3. Every field read here
+ * sits at the same offset in all of them (checked against the 12.8, 13.0, 13.1, 13.2 and 13.5 headers;
+ * the asserts below pin it), so one build reads the records of any of these libcupti versions. */
+#if CUPTI_API_VERSION >= 130101
+typedef CUpti_ActivityKernel11 tl_kernel_rec;
+typedef CUpti_ActivityContext4 tl_context_rec;
+#elif CUPTI_API_VERSION >= 130001
+typedef CUpti_ActivityKernel10 tl_kernel_rec;
+typedef CUpti_ActivityContext3 tl_context_rec;
+#else
+typedef CUpti_ActivityKernel9 tl_kernel_rec;
+typedef CUpti_ActivityContext3 tl_context_rec;
+#endif
+#define TL_SAME_OFFSET(a, b, f) _Static_assert(offsetof(a, f) == offsetof(b, f), #f " moved between " #a " and " #b)
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, start);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, end);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, deviceId);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, streamId);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, gridX);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, blockZ);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, correlationId);
+TL_SAME_OFFSET(tl_kernel_rec, CUpti_ActivityKernel9, name);
+TL_SAME_OFFSET(tl_context_rec, CUpti_ActivityContext3, contextId);
+TL_SAME_OFFSET(tl_context_rec, CUpti_ActivityContext3, deviceId);
+
 #define TL_EXT_MAP 65536 /* corr -> external id, direct mapped */
 #define TL_MAX_CTX 256
 #define TL_CBID_CACHE 4096

@@ -9,6 +9,7 @@
  * the "never parse on CUPTI's thread" rule and is reported on stderr. */
 #define _GNU_SOURCE
 #include <cupti.h>
+#include "../src/tl_cupti_convert.h" /* tl_kernel_rec, tl_context_rec: the record versions the headers declare */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ V CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, v
     *h = (CUpti_SubscriberHandle)(void *)&g_cb;
     return CUPTI_SUCCESS;
 }
+#ifdef CUpti_SubscriberParams_STRUCT_SIZE
 V CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, void *ud, CUpti_SubscriberParams *p) {
     if (!p || p->structSize < CUpti_SubscriberParams_STRUCT_SIZE) return CUPTI_ERROR_INVALID_PARAMETER;
     const char *m = getenv("FAKE_CUPTI_MODE");
@@ -64,6 +66,7 @@ V CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb
         snprintf(p->oldSubscriberName, p->oldSubscriberSize, "fake-nsys");
     return cuptiSubscribe(h, cb, ud);
 }
+#endif
 V CUptiResult cuptiEnableDomain(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d) {
     (void)h;
     if (d == CUPTI_CB_DOMAIN_RUNTIME_API) g_domain_enabled = (int)en;
@@ -83,7 +86,7 @@ V CUptiResult cuptiActivityFlushPeriod(uint32_t ms) { (void)ms; return CUPTI_SUC
 V CUptiResult cuptiActivityGetStructSize(CUpti_ActivityKind k, uint32_t v, size_t *s) {
     (void)v;
     switch (k) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: *s = sizeof(CUpti_ActivityKernel11); return CUPTI_SUCCESS;
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: *s = sizeof(tl_kernel_rec); return CUPTI_SUCCESS;
     case CUPTI_ACTIVITY_KIND_MEMCPY: *s = sizeof(CUpti_ActivityMemcpy6); return CUPTI_SUCCESS;
     case CUPTI_ACTIVITY_KIND_MEMSET: *s = sizeof(CUpti_ActivityMemset4); return CUPTI_SUCCESS;
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: *s = sizeof(CUpti_ActivitySynchronization2); return CUPTI_SUCCESS;
@@ -106,11 +109,11 @@ V CUptiResult cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKin
 
 static size_t rsize(CUpti_ActivityKind k) {
     switch (k) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return sizeof(CUpti_ActivityKernel11);
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return sizeof(tl_kernel_rec);
     case CUPTI_ACTIVITY_KIND_RUNTIME:
     case CUPTI_ACTIVITY_KIND_DRIVER: return sizeof(CUpti_ActivityAPI);
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
-    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(CUpti_ActivityContext4);
+    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(tl_context_rec);
     default: return 0;
     }
 }
@@ -205,7 +208,7 @@ static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kern
         static const uint32_t devs[] = {0, 1, 7, 0};
         ctx_done = 1;
         for (uint32_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
-            CUpti_ActivityContext4 *c = put(sizeof *c);
+            tl_context_rec *c = put(sizeof *c);
             c->kind = CUPTI_ACTIVITY_KIND_CONTEXT;
             c->contextId = 1 + i;
             c->deviceId = devs[i];
@@ -226,7 +229,7 @@ static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kern
     a->threadId = tid;
     a->correlationId = corr;
     if (with_kernel) {
-        CUpti_ActivityKernel11 *k = put(sizeof *k);
+        tl_kernel_rec *k = put(sizeof *k);
         k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
         k->name = kname;
         k->deviceId = 0;

@@ -28,14 +28,14 @@ static void *put(size_t size) {
 static size_t record_size(CUpti_ActivityKind k) {
     switch (k) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-    case CUPTI_ACTIVITY_KIND_KERNEL: return sizeof(CUpti_ActivityKernel11);
+    case CUPTI_ACTIVITY_KIND_KERNEL: return sizeof(tl_kernel_rec);
     case CUPTI_ACTIVITY_KIND_MEMCPY: return sizeof(CUpti_ActivityMemcpy6);
     case CUPTI_ACTIVITY_KIND_MEMSET: return sizeof(CUpti_ActivityMemset4);
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: return sizeof(CUpti_ActivitySynchronization2);
     case CUPTI_ACTIVITY_KIND_RUNTIME:
     case CUPTI_ACTIVITY_KIND_DRIVER: return sizeof(CUpti_ActivityAPI);
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
-    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(CUpti_ActivityContext4);
+    case CUPTI_ACTIVITY_KIND_CONTEXT: return sizeof(tl_context_rec);
     case CUPTI_ACTIVITY_KIND_MARKER: return sizeof(CUpti_ActivityMarker2);
     default: return 0;
     }
@@ -91,7 +91,7 @@ int main(void) {
     memset(longname, 'k', 5000);
     memcpy(longname, "void long_kernel<", 17);
 
-    CUpti_ActivityContext4 *ctx = put(sizeof *ctx);
+    tl_context_rec *ctx = put(sizeof *ctx);
     ctx->kind = CUPTI_ACTIVITY_KIND_CONTEXT; ctx->contextId = 1; ctx->deviceId = 3;
 
     CUpti_ActivityExternalCorrelation *x = put(sizeof *x);
@@ -103,12 +103,12 @@ int main(void) {
     api->start = 1000; api->end = 1100; api->processId = 1; api->threadId = 4242; api->correlationId = 42;
 
     for (int i = 0; i < 2; i++) {
-        CUpti_ActivityKernel11 *k = put(sizeof *k);
+        tl_kernel_rec *k = put(sizeof *k);
         k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL; k->name = "void gemm<128, 64>(float*)";
         k->deviceId = 3; k->streamId = 7; k->start = 2000 + 1000u * (unsigned)i; k->end = 2900 + 1000u * (unsigned)i;
         k->correlationId = 42; k->gridX = 4; k->gridY = 2; k->gridZ = 1; k->blockX = 128; k->blockY = 1; k->blockZ = 1;
     }
-    CUpti_ActivityKernel11 *kl = put(sizeof *kl);
+    tl_kernel_rec *kl = put(sizeof *kl);
     kl->kind = CUPTI_ACTIVITY_KIND_KERNEL; kl->name = longname; kl->deviceId = 0; kl->streamId = 13;
     kl->start = 5000; kl->end = 6000; kl->correlationId = 50; kl->gridX = kl->gridY = kl->gridZ = 1;
     kl->blockX = kl->blockY = kl->blockZ = 32;
@@ -135,7 +135,7 @@ int main(void) {
 
     static const uint32_t more_ctx[][2] = {{2, 70}, {3, 70}, {1, 3}}; /* new id >= 64, again, again */
     for (int i = 0; i < 3; i++) {
-        CUpti_ActivityContext4 *c2 = put(sizeof *c2);
+        tl_context_rec *c2 = put(sizeof *c2);
         c2->kind = CUPTI_ACTIVITY_KIND_CONTEXT; c2->contextId = more_ctx[i][0]; c2->deviceId = more_ctx[i][1];
     }
     CUpti_ActivityAPI *own = put(sizeof *own); /* the converting thread's own driver call: dropped */
@@ -178,7 +178,7 @@ int main(void) {
             (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored);
     printf("{\"records\": %d, \"converted\": %llu, \"ignored\": %llu, \"kernel11_size\": %zu, \"cupti_api\": %d, "
            "\"device_hook\": [", n, (unsigned long long)cv->n_converted, (unsigned long long)cv->n_ignored,
-           sizeof(CUpti_ActivityKernel11), CUPTI_API_VERSION);
+           sizeof(tl_kernel_rec), CUPTI_API_VERSION);
     for (int i = 0; i < g_nhook && i < 16; i++) printf("%s%u", i ? ", " : "", g_hook[i]);
     printf("]}\n");
     return (n == 16 && cv->n_ignored == 2) ? 0 : 1;

@@ -6,11 +6,13 @@
 # transformers but not teller. Every step runs under its own time limit and failures do not stop the
 # next one; the console goes to OUT_DIR/console.txt and each capture to OUT_DIR/NAME.tgz.
 #   1. environment: GPU, torch, CUDA; `teller doctor`; `teller shim build` (wheels, then CUDA_HOME)
-#   2. cupti_shim/tests/gpu_check.sh: the record walker under the real libcupti, a smoke capture
-#   3. tests/gpu (pytest): a transformers generate collected, kernels linked to calls and NVTX ranges
-#   4. tests/gpu/llm_decode.py (a Llama serving loop): plain; under `teller collect`; under
+#   2. tests/gpu/llm_decode.py (a Llama serving loop): plain; under `teller collect`; under
 #      torch.profiler (the peer capture of the same workload); under `teller collect` with a
 #      noisy neighbour (another process copying HBM), a real hbm_contention-like fault; with --torch-nvtx
+#   3. cupti_shim/tests/gpu_check.sh: the record walker under the real libcupti, a smoke capture
+#   4. tests/gpu (pytest): a transformers generate collected, kernels linked to calls and NVTX ranges
+# Each capture is packed as soon as it is written, so a run stopped at its limit returns what it made.
+# The summaries are made afterwards, off the GPU machine.
 set -uo pipefail
 OUT="${1:?usage: device_check.sh OUT_DIR [WHEEL_DIR]}"
 WHL="${2:-}"
@@ -21,6 +23,7 @@ main() {
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY="${PYTHON:-python3}"
 step() { echo; echo "=== $(date +%T) $*"; }
+pack() { [ -d "$CAP/$1" ] && tar -C "$CAP" -czf "$OUT/$1.tgz" "$1"; }  # one archive per capture, written at once
 if [ -n "$WHL" ]; then
   step "install wheels from $WHL"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/teller-site "$WHL"/*.whl ||
@@ -42,22 +45,18 @@ if ! timeout 120 "${TELLER[@]}" shim build; then
   done
 fi
 
-step "cupti_shim/tests/gpu_check.sh"
-inc=$("$PY" -c "import sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
-TELLER_CUDA_INCLUDE="$inc" timeout 400 bash cupti_shim/tests/gpu_check.sh /tmp/shim-gpu "$PY"
-cp -r /tmp/shim-gpu/gpu-work "$CAP/shim-gpu-work" 2>/dev/null
-
-step "pytest tests/gpu"
-timeout 400 "$PY" -m pytest -q -p no:cacheprovider -x tests/gpu -k cuda_inference -o addopts="" -rA
-
 W="tests/gpu/llm_decode.py"
 step "llm_decode plain"
 mkdir -p "$CAP/plain" "$CAP/kineto"
-timeout 300 "$PY" "$W" | tee "$CAP/plain/plain.txt"
+timeout 120 "$PY" "$W" | tee "$CAP/plain/plain.txt"
+pack plain
 step "llm_decode under teller collect"
-timeout 300 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller" --nvtx-json transformers -- "$PY" "$W"
+timeout 150 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller" --nvtx-json transformers -- "$PY" "$W"
+pack teller
 step "llm_decode under torch.profiler (the peer)"
-timeout 300 "$PY" "$W" --reps 1 --kineto "$CAP/kineto/kineto.json" | tee "$CAP/kineto/kineto-run.txt"
+timeout 150 "$PY" "$W" --reps 1 --kineto "$CAP/kineto/kineto.json" | tee "$CAP/kineto/kineto-run.txt"
+gzip -f "$CAP/kineto/kineto.json" 2>/dev/null
+pack kineto
 step "llm_decode under teller collect, with a noisy neighbour copying HBM in another process"
 "$PY" - <<'EOF' &
 import torch
@@ -69,20 +68,22 @@ while True:  # killed when the capture beside it ends
 EOF
 HOG=$!
 sleep 8
-timeout 300 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-hog" --nvtx-json transformers -- "$PY" "$W"
+timeout 150 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-hog" --nvtx-json transformers -- "$PY" "$W"
 kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null
+pack teller-hog
 
 step "llm_decode under teller collect --torch-nvtx (torch's own per-operator ranges), one rep"
-timeout 200 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
+timeout 120 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
+pack teller-torchnvtx
+step "cupti_shim/tests/gpu_check.sh"
+inc=$("$PY" -c "import sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
+TELLER_CUDA_INCLUDE="$inc" timeout 200 bash cupti_shim/tests/gpu_check.sh /tmp/shim-gpu "$PY"
+cp -r /tmp/shim-gpu/gpu-work "$CAP/shim-gpu-work" 2>/dev/null; pack shim-gpu-work
 
-step "summaries"
-for r in "$CAP"/teller/run-* "$CAP"/teller-hog/run-* "$CAP"/teller-torchnvtx/run-*; do
-  [ -d "$r" ] && timeout 120 "${TELLER[@]}" trace summary "$r" --top 8
-done
-[ -f "$CAP/kineto/kineto.json" ] && timeout 120 "${TELLER[@]}" trace summary "$CAP/kineto/kineto.json" --top 8
-gzip -f "$CAP/kineto/kineto.json" 2>/dev/null
-step "pack"  # one archive per capture (the device tool returns files of at most 16 MiB)
-for d in "$CAP"/*/; do tar -C "$CAP" -czf "$OUT/$(basename "$d").tgz" "$(basename "$d")"; done
+step "pytest tests/gpu"
+timeout 180 "$PY" -m pytest -q -p no:cacheprovider -x tests/gpu -k cuda_inference -o addopts="" -rA
+
+
 ls -la "$OUT"
 }
 # (a pipe rather than exec > >(tee ...): the script ends only after tee has written everything)
