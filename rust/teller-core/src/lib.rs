@@ -14,6 +14,7 @@ pub mod error;
 pub mod json;
 pub mod load;
 pub mod model;
+pub mod names;
 pub mod normalize;
 pub mod raw;
 pub mod sequence;

@@ -802,6 +802,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         Some(MVal::Str(s)) => Some(s.to_string()),
         _ => None,
     };
+    kineto_names(&mut t);
     t.warnings = warnings;
     let mut metadata = vec![("header".to_string(), meta.to_json())];
     // A producer that knows its GPUs writes them as Kineto does (`deviceProperties`: a list of
@@ -821,6 +822,34 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         metadata,
     });
     Ok((t, ProcessKey { host, pid, start_ns }))
+}
+
+/// Kineto's names for what CUPTI recorded raw (see `names`): kernels demangled, API calls without their
+/// version suffix. Once per distinct name id: a file has thousands of events but tens of names.
+fn kineto_names(t: &mut Trace) {
+    let mut renamed: HashMap<(u8, u32), u32> = HashMap::new();
+    for i in 0..t.len() {
+        let layer = t.layer[i];
+        let api = layer == Layer::Runtime as u8 || layer == Layer::Driver as u8;
+        if !(api || layer == Layer::Kernel as u8) {
+            continue;
+        }
+        let id = t.name[i];
+        let new = *renamed.entry((layer, id)).or_insert_with(|| {
+            let s = t.strings.get(id);
+            let n = if api {
+                let x = crate::names::strip_api_version(s);
+                (x.len() != s.len()).then(|| x.to_string())
+            } else {
+                crate::names::demangle_kernel(s)
+            };
+            match n {
+                Some(n) => t.strings.intern(&n),
+                None => id,
+            }
+        });
+        t.name[i] = new;
+    }
 }
 
 /// A minimal MessagePack encoder for raw records (tests, tools and benchmarks write raw files with it;
@@ -981,6 +1010,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn kernels_are_demangled_and_api_names_lose_their_version() {
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 0);
+        let (rt, drv, k) = (Layer::Runtime as i64, Layer::Driver as i64, Layer::Kernel as i64);
+        span(&mut b, rt, "cudaLaunchKernel_v7000", 1, 0, 5);
+        span(&mut b, rt, "cudaLaunchKernel_v7000", 1, 10, 15);
+        span(&mut b, drv, "cuMemAlloc_v2", 1, 20, 25);
+        span(&mut b, k, "_Z6kernelPfi", 7, 30, 35);
+        span(&mut b, k, "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT", 7, 40, 45);
+        span(&mut b, Layer::Annotation as i64, "_Z6kernelPfi_v1234", 1, 50, 55);
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        let names: Vec<&str> = (0..t.len()).map(|i| t.name_of(i)).collect();
+        assert_eq!(
+            names,
+            [
+                "cudaLaunchKernel",
+                "cudaLaunchKernel",
+                "cuMemAlloc_v2",
+                "kernel(float*, int)",
+                "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT",
+                "_Z6kernelPfi_v1234" // an annotation is the user's text
+            ]
+        );
     }
 
     #[test]
