@@ -67,6 +67,27 @@ def test_convert_then_summary(tmp_path):
     assert s1["events"] == s2["events"] and s1["by_category"] == s2["by_category"]
 
 
+def test_summary_keeps_collector_notes_apart_from_warnings(tmp_path):
+    from teller.rawfmt import RawWriter
+
+    f = tmp_path / "p.tmsgpack"
+    w = RawWriter(f, pid=7, clock_sync=(0, 0))
+    w.span("runtime", "cudaLaunchKernel_v7000", tid=7, start=10, end=20)
+    w.diag(5, 0, "CUPTI version 130001 (built against 130001)")
+    w.diag(6, 1, "cuptiActivityEnable(DRIVER): not supported")
+    w.close()
+    out = run("trace", "summary", str(f)).stdout
+    notes, _, warns = out.partition("parse warning(s):")
+    assert "1 collector note(s):" in notes and "CUPTI version 130001" in notes
+    assert "collector info" not in out
+    assert "collector warning: cuptiActivityEnable(DRIVER)" in warns and "CUPTI version" not in warns
+    # the API version suffix is dropped at load, as Kineto names the call
+    import teller.trace as T
+
+    tr = T.load(f, warn=False)
+    assert [tr.name_of(i) for i in range(len(tr.ts))] == ["cudaLaunchKernel"]
+
+
 def test_tree():
     out = run("trace", "tree", str(TRACES / "mi250_rocm62_tiny.kineto.json.gz"), "--max-lines", "20").stdout
     assert "ProfilerStep#1" in out and "runtime: hipMemcpyWithStream" in out

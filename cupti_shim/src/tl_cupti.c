@@ -39,6 +39,8 @@ static struct {
     CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
     CUptiResult (*SetThreadIdType)(CUpti_ActivityThreadIdType);
     CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
+    CUptiResult (*ActivityEnableRuntimeApi)(CUpti_CallbackId, uint8_t);
+    CUptiResult (*ActivityEnableDriverApi)(CUpti_CallbackId, uint8_t);
     CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
     CUptiResult (*ActivityRegisterTimestampCallback)(CUpti_TimestampCallbackFunc);
     CUptiResult (*ActivityGetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
@@ -352,8 +354,9 @@ static void cupti_atexit(void) {
         }
         else C.thread_running = 0;
     }
-    tl_diag(TL_INFO, "CUPTI: %llu activity records converted, %llu ignored", (unsigned long long)C.conv->n_converted,
-            (unsigned long long)C.conv->n_ignored);
+    tl_diag(TL_INFO, "CUPTI: %llu activity records converted, %llu ignored, %llu query API records dropped",
+            (unsigned long long)C.conv->n_converted, (unsigned long long)C.conv->n_ignored,
+            (unsigned long long)C.conv->n_quiet);
     C.active = 0;
 }
 
@@ -441,6 +444,8 @@ static int load_cupti(void) {
     LOAD(ActivityPushExternalCorrelationId, "cuptiActivityPushExternalCorrelationId", 1);
     LOAD(ActivityPopExternalCorrelationId, "cuptiActivityPopExternalCorrelationId", 1);
     LOAD(ActivityGetStructSize, "cuptiActivityGetStructSize", 0);
+    LOAD(ActivityEnableRuntimeApi, "cuptiActivityEnableRuntimeApi", 0);
+    LOAD(ActivityEnableDriverApi, "cuptiActivityEnableDriverApi", 0);
     return 0;
 }
 
@@ -560,6 +565,7 @@ static int setup(void) {
         r = C.EnableDomain(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API);
         if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiEnableDomain(RUNTIME_API): %s", result_str(r));
     }
+    int driver_on = !env_off("TELLER_CUPTI_DRIVER");
     struct { CUpti_ActivityKind k; const char *name; int on; } kinds[] = {
         {CUPTI_ACTIVITY_KIND_CONTEXT, "CONTEXT", 1},
         {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "CONCURRENT_KERNEL", 1},
@@ -567,7 +573,7 @@ static int setup(void) {
         {CUPTI_ACTIVITY_KIND_MEMSET, "MEMSET", 1},
         {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "SYNCHRONIZATION", 1},
         {CUPTI_ACTIVITY_KIND_RUNTIME, "RUNTIME", 1},
-        {CUPTI_ACTIVITY_KIND_DRIVER, "DRIVER", !env_off("TELLER_CUPTI_DRIVER")},
+        {CUPTI_ACTIVITY_KIND_DRIVER, "DRIVER", driver_on},
         {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, "EXTERNAL_CORRELATION", 1},
     };
     int enabled = 0;
@@ -576,6 +582,20 @@ static int setup(void) {
         r = C.ActivityEnable(kinds[i].k);
         if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiActivityEnable(%s): %s", kinds[i].name, result_str(r));
         else enabled++;
+    }
+    /* The query calls (tl_quiet_*): not recorded unless TELLER_CUPTI_API=all. Asked of CUPTI after the
+     * RUNTIME/DRIVER kinds are enabled (enabling a kind resets the per-API choice), so that CUPTI makes
+     * no record at all; the converter drops any that still come (libcupti < 12.x, or a failed call). */
+    const char *api_mode = getenv("TELLER_CUPTI_API");
+    if (!(api_mode && strcmp(api_mode, "all") == 0)) {
+        tl_cupti_conv_quiet_defaults(C.conv);
+        int asked = 0, told = 0;
+        for (const CUpti_CallbackId *c = tl_quiet_runtime; *c && C.ActivityEnableRuntimeApi; c++, asked++)
+            told += C.ActivityEnableRuntimeApi(*c, 0) == CUPTI_SUCCESS;
+        for (const CUpti_CallbackId *c = tl_quiet_driver; *c && C.ActivityEnableDriverApi && driver_on; c++, asked++)
+            told += C.ActivityEnableDriverApi(*c, 0) == CUPTI_SUCCESS;
+        tl_diag(TL_INFO, "query API calls not recorded (cudaGetDevice, cudaGetLastError, cuDevicePrimaryCtxGetState, ...; "
+                         "%d of %d skipped by CUPTI itself); TELLER_CUPTI_API=all records them", told, asked);
     }
     if (C.ActivityFlushPeriod) C.ActivityFlushPeriod((uint32_t)(getenv("TELLER_CUPTI_FLUSH_MS") ? strtoul(getenv("TELLER_CUPTI_FLUSH_MS"), NULL, 10) : 1000));
     C.active = enabled > 0;

@@ -14,6 +14,42 @@ void tl_cupti_conv_check_sizes(tl_cupti_conv *cv) {
     cv->skip_sync = cv->size_sync && cv->size_sync < END_OF(CUpti_ActivitySynchronization2, streamId);
 }
 
+const CUpti_CallbackId tl_quiet_runtime[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaPeekAtLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaDeviceGetAttribute_v5000,
+    0};
+const CUpti_CallbackId tl_quiet_driver[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuDevicePrimaryCtxGetState,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetDevice,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetId,
+    CUPTI_DRIVER_TRACE_CBID_cuDeviceGet,
+    CUPTI_DRIVER_TRACE_CBID_cuDeviceGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuKernelGetName,
+    CUPTI_DRIVER_TRACE_CBID_cuKernelGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuFuncGetName,
+    CUPTI_DRIVER_TRACE_CBID_cuFuncGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuGetErrorString,
+    CUPTI_DRIVER_TRACE_CBID_cuGetErrorName,
+    CUPTI_DRIVER_TRACE_CBID_cuPointerGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuPointerGetAttributes,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetId,
+    CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetLimit,
+    CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress,
+    CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress_v2,
+    0};
+
+void tl_cupti_conv_quiet_defaults(tl_cupti_conv *cv) {
+    for (const CUpti_CallbackId *c = tl_quiet_runtime; *c; c++)
+        if (*c < TL_CBID_CACHE) cv->quiet[0][*c] = 1;
+    for (const CUpti_CallbackId *c = tl_quiet_driver; *c; c++)
+        if (*c < TL_CBID_CACHE) cv->quiet[1][*c] = 1;
+}
+
 static uint32_t device_of_context(tl_cupti_conv *cv, uint32_t ctx) {
     for (uint32_t i = 0; i < cv->n_ctx; i++)
         if (cv->ctx_id[i] == ctx) return cv->ctx_dev[i];
@@ -176,6 +212,10 @@ void tl_cupti_convert(tl_cupti_conv *cv, tl_thread *t, const CUpti_Activity *rec
         const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)(const void *)rec;
         int rt = rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
         if (cv->self_tid && a->threadId == cv->self_tid) break; /* the device queries of on_device */
+        if (a->cbid < TL_CBID_CACHE && cv->quiet[!rt][a->cbid]) {
+            cv->n_quiet++;
+            return;
+        }
         char tmp[48];
         const char *nm = api_name(cv, rt ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, tmp, sizeof tmp);
         uint32_t name = tl_intern(t, nm, strlen(nm));

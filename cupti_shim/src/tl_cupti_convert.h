@@ -60,8 +60,20 @@ typedef struct tl_cupti_conv {
     uint32_t ctx_id[TL_MAX_CTX], ctx_dev[TL_MAX_CTX];
     uint32_t n_ctx;
     const char *cbname_rt[TL_CBID_CACHE], *cbname_drv[TL_CBID_CACHE];
-    uint64_t n_converted, n_ignored;
+    /* API calls not recorded (tl_cupti_conv_quiet_defaults): [0] runtime, [1] driver, by cbid */
+    uint8_t quiet[2][TL_CBID_CACHE];
+    uint64_t n_converted, n_ignored, n_quiet;
 } tl_cupti_conv;
+
+/* The query calls that the CUDA runtime and libraries make around every launch (cudaGetDevice,
+ * cudaGetLastError, cuDevicePrimaryCtxGetState, cuKernelGetName, ...): on an H200 Llama decode they were
+ * 90% of all API records (14 per kernel) and launch nothing. Kineto drops cudaGetDevice and
+ * cudaGetLastError as well and records no driver queries. Lists of cbids, 0-terminated. */
+extern const CUpti_CallbackId tl_quiet_runtime[], tl_quiet_driver[];
+
+/* Mark the quiet lists in cv->quiet (the converter drops them even where libcupti could not be told to
+ * skip them). */
+void tl_cupti_conv_quiet_defaults(tl_cupti_conv *cv);
 
 /* Check runtime struct sizes (from cuptiActivityGetStructSize) against the fields this converter
  * reads; kinds whose records are too small are skipped (and reported by the caller). */

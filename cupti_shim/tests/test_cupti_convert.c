@@ -142,6 +142,14 @@ int main(void) {
     own->kind = CUPTI_ACTIVITY_KIND_DRIVER; own->cbid = CUPTI_DRIVER_TRACE_CBID_cuDeviceGetAttribute;
     own->start = 7000; own->end = 7010; own->threadId = 4244; own->correlationId = 48;
 
+    /* query calls: dropped (tl_cupti_conv_quiet_defaults) */
+    CUpti_ActivityAPI *q1 = put(sizeof *q1);
+    q1->kind = CUPTI_ACTIVITY_KIND_RUNTIME; q1->cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
+    q1->start = 7100; q1->end = 7110; q1->threadId = 4242; q1->correlationId = 49;
+    CUpti_ActivityAPI *q2 = put(sizeof *q2);
+    q2->kind = CUPTI_ACTIVITY_KIND_DRIVER; q2->cbid = CUPTI_DRIVER_TRACE_CBID_cuDevicePrimaryCtxGetState;
+    q2->start = 7120; q2->end = 7130; q2->threadId = 4242; q2->correlationId = 50;
+
     CUpti_ActivityMarker2 *mk = put(sizeof *mk); /* a kind the converter does not handle */
     mk->kind = CUPTI_ACTIVITY_KIND_MARKER;
 
@@ -161,6 +169,7 @@ int main(void) {
     cv->on_device = on_device;
     cv->self_tid = 4244;
     tl_cupti_conv_check_sizes(cv);
+    tl_cupti_conv_quiet_defaults(cv);
     tl_thread *t = tl_self();
     if (!t) { fprintf(stderr, "cannot open trace file\n"); return 1; }
     CUpti_Activity *rec = NULL;
@@ -181,5 +190,5 @@ int main(void) {
            sizeof(tl_kernel_rec), CUPTI_API_VERSION);
     for (int i = 0; i < g_nhook && i < 16; i++) printf("%s%u", i ? ", " : "", g_hook[i]);
     printf("]}\n");
-    return (n == 16 && cv->n_ignored == 2) ? 0 : 1;
+    return (n == 18 && cv->n_ignored == 2 && cv->n_quiet == 2) ? 0 : 1;
 }

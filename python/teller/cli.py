@@ -289,10 +289,25 @@ def trace_summary(
                 _fmt_ns(k["max_ns"]),
             )
         console.print(kt)
-    if s["warnings"]:
-        console.print(f"[yellow]{len(s['warnings'])} parse warning(s):[/]")
-        for w in s["warnings"]:
+    notes, warnings = _split_collector_notes(s["warnings"])
+    if notes:
+        console.print(f"{len(notes)} collector note(s):")
+        for w in notes:
+            console.print(f"  - {w}", highlight=False, soft_wrap=True, style="dim")
+    if warnings:
+        console.print(f"[yellow]{len(warnings)} parse warning(s):[/]")
+        for w in warnings:
             console.print(f"  - {w}", highlight=False, soft_wrap=True)
+
+
+_COLLECTOR_INFO = ": collector info: "
+
+
+def _split_collector_notes(warnings: list[str]) -> tuple[list[str], list[str]]:
+    """The collector's info-level diagnostics (libcupti path, CUPTI version, record counts) are notes,
+    not warnings: (notes as 'FILE: message', the rest)."""
+    notes = [w.replace(_COLLECTOR_INFO, ": ", 1) for w in warnings if _COLLECTOR_INFO in w]
+    return notes, [w for w in warnings if _COLLECTOR_INFO not in w]
 
 
 @trace_app.command("tree")
@@ -360,7 +375,10 @@ def _collect(
         )
     except TellerError as e:
         raise _fail(e) from None
-    for w in res.warnings:
+    notes, warnings = _split_collector_notes(list(res.warnings))
+    for w in notes:
+        err_console.print(f"teller: collector: {w}", highlight=False, soft_wrap=True, style="dim")
+    for w in warnings:
         err_console.print(f"[yellow]teller warning:[/] {w}", highlight=False, soft_wrap=True)
     s = res.summary
     if s is not None:
