@@ -14,7 +14,23 @@
 //!   is dropped; shorter suffixes (`cuMemAlloc_v2`, `cuCtxCreate_v4`) are part of the driver function's
 //!   name and stay.
 
+//! * torch's own NVTX ranges (`torch.autograd.profiler.emit_nvtx`, `teller collect --torch-nvtx`) are
+//!   its operators: `aten::mul, seq = 12, op_id = 345, sizes = [...]`. Kineto records the same
+//!   operators as `cpu_op` named `aten::mul`; such a range becomes a host operator of that name.
+
 use cpp_demangle::{DemangleOptions, Symbol};
+
+/// The operator name of a torch `emit_nvtx` range (`aten::mul, seq = 12, op_id = 345` -> `aten::mul`),
+/// or `None` for any other range name.
+pub fn torch_nvtx_op(name: &str) -> Option<&str> {
+    let (op, rest) = name.split_once(", ")?;
+    if !(rest.starts_with("seq = ") || rest.starts_with("op_id = ")) {
+        return None;
+    }
+    let (ns, f) = op.split_once("::")?;
+    let ident = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    (ident(ns) && ident(f)).then_some(op)
+}
 
 /// The demangled kernel name, or `None` when `name` is not an Itanium-mangled symbol.
 pub fn demangle_kernel(name: &str) -> Option<String> {
@@ -55,6 +71,23 @@ mod tests {
         assert_eq!(strip_api_version("cuLaunchKernelEx"), "cuLaunchKernelEx");
         assert_eq!(strip_api_version("_v1234"), "_v1234");
         assert_eq!(strip_api_version("x_v12a4"), "x_v12a4");
+    }
+
+    #[test]
+    fn torch_ops() {
+        assert_eq!(torch_nvtx_op("aten::mul, seq = 12, op_id = 345"), Some("aten::mul"));
+        assert_eq!(
+            torch_nvtx_op("torchvision::_cuda_version, op_id = 1"),
+            Some("torchvision::_cuda_version")
+        );
+        assert_eq!(
+            torch_nvtx_op("aten::linear, op_id = 9, sizes = [[2, 3], [4, 3]], input_op_ids = [1, 2]"),
+            Some("aten::linear")
+        );
+        assert_eq!(torch_nvtx_op("LlamaAttention"), None);
+        assert_eq!(torch_nvtx_op("a::b, c = 1"), None);
+        assert_eq!(torch_nvtx_op("layers.3, seq = 1"), None);
+        assert_eq!(torch_nvtx_op("my op::x, seq = 1"), None);
     }
 
     #[test]

@@ -825,30 +825,42 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
 }
 
 /// Kineto's names for what CUPTI recorded raw (see `names`): kernels demangled, API calls without their
-/// version suffix. Once per distinct name id: a file has thousands of events but tens of names.
+/// version suffix, torch's operator NVTX ranges as host operators. Once per distinct name id: a file
+/// has thousands of events but tens of names.
 fn kineto_names(t: &mut Trace) {
-    let mut renamed: HashMap<(u8, u32), u32> = HashMap::new();
+    let host_op_cat = t.strings.intern(LAYER_DEFAULT_CATS[Layer::HostOp as usize]);
+    let mut renamed: HashMap<(u8, u32), (u8, u32)> = HashMap::new();
     for i in 0..t.len() {
         let layer = t.layer[i];
         let api = layer == Layer::Runtime as u8 || layer == Layer::Driver as u8;
-        if !(api || layer == Layer::Kernel as u8) {
+        let ann = layer == Layer::Annotation as u8;
+        if !(api || ann || layer == Layer::Kernel as u8) {
             continue;
         }
         let id = t.name[i];
-        let new = *renamed.entry((layer, id)).or_insert_with(|| {
+        let (l, new) = *renamed.entry((layer, id)).or_insert_with(|| {
             let s = t.strings.get(id);
-            let n = if api {
+            let (l, n) = if api {
                 let x = crate::names::strip_api_version(s);
-                (x.len() != s.len()).then(|| x.to_string())
+                (layer, (x.len() != s.len()).then(|| x.to_string()))
+            } else if ann {
+                match crate::names::torch_nvtx_op(s) {
+                    Some(op) => (Layer::HostOp as u8, Some(op.to_string())),
+                    None => (layer, None),
+                }
             } else {
-                crate::names::demangle_kernel(s)
+                (layer, crate::names::demangle_kernel(s))
             };
             match n {
-                Some(n) => t.strings.intern(&n),
-                None => id,
+                Some(n) => (l, t.strings.intern(&n)),
+                None => (l, id),
             }
         });
         t.name[i] = new;
+        if l != layer {
+            t.layer[i] = l;
+            t.cat[i] = host_op_cat;
+        }
     }
 }
 
@@ -1023,7 +1035,18 @@ mod tests {
         span(&mut b, k, "_Z6kernelPfi", 7, 30, 35);
         span(&mut b, k, "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT", 7, 40, 45);
         span(&mut b, Layer::Annotation as i64, "_Z6kernelPfi_v1234", 1, 50, 55);
+        span(
+            &mut b,
+            Layer::Annotation as i64,
+            "aten::mul, seq = 3, op_id = 7",
+            1,
+            60,
+            65,
+        );
         let (t, _) = read_raw("p", &b, 0).unwrap();
+        assert_eq!(t.layer_of(6), Layer::HostOp);
+        assert_eq!(t.strings.get(t.cat[6]), LAYER_DEFAULT_CATS[Layer::HostOp as usize]);
+        assert_eq!(t.layer_of(5), Layer::Annotation);
         let names: Vec<&str> = (0..t.len()).map(|i| t.name_of(i)).collect();
         assert_eq!(
             names,
@@ -1033,7 +1056,8 @@ mod tests {
                 "cuMemAlloc_v2",
                 "kernel(float*, int)",
                 "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT",
-                "_Z6kernelPfi_v1234" // an annotation is the user's text
+                "_Z6kernelPfi_v1234", // an annotation is the user's text
+                "aten::mul"           // torch's operator range: a host operator
             ]
         );
     }
