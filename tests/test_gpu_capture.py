@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import teller.trace as T
 
 GPU = Path(__file__).parent / "data" / "gpu"
@@ -58,7 +57,9 @@ def test_shim_and_kineto_see_the_same_gpu_work(shim, kineto):
     launches = ("runtime:cudaLaunchKernel", "runtime:cudaLaunchKernelExC", "runtime:cudaMemcpyAsync")
     rs, rk = _symbols(shim, "runtime", req), _symbols(kineto, "runtime")
     assert [rs[x] for x in launches] == [rk[x] for x in launches] == [383, 5, 40]
-    assert _symbols(shim, "driver", req)["driver:cuLaunchKernelEx"] == 36 == _symbols(kineto, "driver").total()
+    assert (
+        _symbols(shim, "driver", req)["driver:cuLaunchKernelEx"] == 36 == _symbols(kineto, "driver").total()
+    )
 
 
 def test_no_mangled_or_versioned_names_reach_the_model(shim):
@@ -78,3 +79,28 @@ def test_every_kernel_sits_under_the_module_that_launched_it(shim):
         owners[shim.name_of(p)] += 1
     for module in ("LlamaAttention", "LlamaRMSNorm", "LlamaRotaryEmbedding", "Linear"):
         assert owners[module] > 0, owners
+
+
+def test_summary_reports_launch_delay_and_sync_wait(shim, tmp_path):
+    (d,) = shim.summary()["devices"]
+    assert d["launches"] == 948  # one launching call per GPU activity in this capture
+    assert 0 < d["launch_delay_p50_ns"] < 50_000 and d["launch_delay_p99_ns"] >= d["launch_delay_p50_ns"]
+    assert d["sync_ns"] > 0
+    # hand-made: one kernel starts 2 ms after its launch returned, one as it returns; a 0.5 us sync
+    from teller.rawfmt import RawWriter
+
+    f = tmp_path / "p.tmsgpack"
+    with RawWriter(f, pid=7, clock_sync=(0, 0)) as w:
+        w.span("runtime", "cudaLaunchKernel", tid=7, start=0, end=10, corr=1)
+        w.gpu("kernel", "k", device=0, stream=7, start=2_010, end=2_020, corr=1)
+        w.gpu("kernel", "k", device=0, stream=7, start=3_000, end=3_020, corr=1)  # same launch: later
+        w.span("runtime", "cudaLaunchKernel", tid=7, start=100, end=110, corr=2)
+        w.gpu("kernel", "k", device=0, stream=7, start=105, end=120, corr=2)  # before the call returned
+        w.gpu("sync", "cudaStreamSynchronize", device=0, stream=7, start=200, end=700)
+    (d,) = T.load(f, warn=False).summary()["devices"]
+    assert (d["launches"], d["launch_delay_p50_ns"], d["launch_delay_p99_ns"], d["sync_ns"]) == (
+        2,
+        0,
+        2_000,
+        500,
+    )

@@ -235,7 +235,7 @@ def trace_summary(
     top: Annotated[int, typer.Option(help="How many kernels to list.")] = 10,
     step_name: StepOpt = None,
 ) -> None:
-    """Events per layer and category, top kernels by GPU time, GPU busy/idle, steps, linking, warnings."""
+    """Events per layer and category, top kernels, GPU busy/idle, launch delay, sync wait, steps, warnings."""
     try:
         tr = _load(inputs, step_name)
     except TellerError as e:
@@ -266,12 +266,21 @@ def trace_summary(
     pct = f"{100 * linked / gpu:.1f}%" if gpu else "n/a"
     console.print(f"GPU activities: {gpu}, linked to their launching call: {linked} ({pct})")
     if s["devices"]:
-        dt = Table(title="GPU busy/idle", title_justify="left")
-        for c in ("device", "busy", "idle", "busy %"):
+        dt = Table(title="GPU busy/idle, launch delay, sync wait", title_justify="left")
+        for c in ("device", "busy", "idle", "busy %", "launch delay p50", "p99", "sync wait"):
             dt.add_column(c, justify="right")
         for d in s["devices"]:
             busy_pct = 100 * d["busy_ns"] / d["span_ns"] if d["span_ns"] else 0.0
-            dt.add_row(str(d["device"]), _fmt_ns(d["busy_ns"]), _fmt_ns(d["idle_ns"]), f"{busy_pct:.1f}")
+            has = d["launches"] > 0
+            dt.add_row(
+                str(d["device"]),
+                _fmt_ns(d["busy_ns"]),
+                _fmt_ns(d["idle_ns"]),
+                f"{busy_pct:.1f}",
+                _fmt_ns(d["launch_delay_p50_ns"]) if has else "-",
+                _fmt_ns(d["launch_delay_p99_ns"]) if has else "-",
+                _fmt_ns(d["sync_ns"]),
+            )
         console.print(dt)
     if s["top_kernels"]:
         kt = Table(title=f"top {len(s['top_kernels'])} kernels by GPU time", title_justify="left")

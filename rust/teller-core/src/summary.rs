@@ -19,6 +19,15 @@ pub struct DeviceStat {
     pub device: i32,
     pub busy_ns: i64,
     pub span_ns: i64,
+    /// Launch delay: from the end of a launching call to the start of the first GPU activity it
+    /// launched (0 when the work starts before the call returns), over every linked launch on the
+    /// device. Microseconds when the GPU is free; a GPU shared with another process (time slicing) or a
+    /// deep queue makes it grow (an H200 beside an HBM-copying process: p50 2 us -> 1.3 ms).
+    pub launch_delay_p50_ns: i64,
+    pub launch_delay_p99_ns: i64,
+    pub launches: u64,
+    /// Time in CUPTI synchronization records on the device (host threads waiting for its work).
+    pub sync_ns: i64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -60,6 +69,15 @@ fn union_len(iv: &mut [(i64, i64)]) -> i64 {
     total
 }
 
+/// Nearest-rank percentile of sorted values (0 when empty).
+fn percentile(sorted: &[i64], q: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let k = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[k - 1]
+}
+
 pub fn summarize(t: &Trace, top: usize) -> Summary {
     let n = t.len();
     let mut s = Summary {
@@ -74,6 +92,9 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut kern: HashMap<u32, KernelStat> = HashMap::new();
     let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
     let mut dev: HashMap<i32, Vec<(i64, i64)>> = HashMap::new();
+    // launching call -> (device, earliest start of the GPU work it launched)
+    let mut first_work: HashMap<i64, (i32, i64)> = HashMap::new();
+    let mut sync: HashMap<i32, i64> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
     for i in 0..n {
@@ -89,9 +110,16 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             s.gpu_events += 1;
             if !t.link.is_empty() && t.link[i] >= 0 {
                 s.linked_gpu_events += 1;
+                let e = first_work.entry(t.link[i]).or_insert((t.device[i], t.ts[i]));
+                if t.ts[i] < e.1 {
+                    *e = (t.device[i], t.ts[i]);
+                }
             }
             dev.entry(t.device[i]).or_default().push((t.ts[i], t.end(i)));
         } else if !l.on_gpu() {
+            if l == Layer::Sync && t.device[i] >= 0 {
+                *sync.entry(t.device[i]).or_insert(0) += t.dur[i];
+            }
             threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
             procs.insert((t.source[i], t.pid[i]), ());
         }
@@ -142,15 +170,28 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     k.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     k.truncate(top);
     s.top_kernels = k;
+    let mut delays: HashMap<i32, Vec<i64>> = HashMap::new();
+    for (&call, &(device, start)) in &first_work {
+        delays
+            .entry(device)
+            .or_default()
+            .push((start - t.end(call as usize)).max(0));
+    }
     let mut d: Vec<DeviceStat> = dev
         .into_iter()
         .map(|(device, mut iv)| {
             let st = iv.iter().map(|x| x.0).min().unwrap_or(0);
             let en = iv.iter().map(|x| x.1).max().unwrap_or(0);
+            let mut dl = delays.remove(&device).unwrap_or_default();
+            dl.sort_unstable();
             DeviceStat {
                 device,
                 busy_ns: union_len(&mut iv),
                 span_ns: en - st,
+                launch_delay_p50_ns: percentile(&dl, 0.50),
+                launch_delay_p99_ns: percentile(&dl, 0.99),
+                launches: dl.len() as u64,
+                sync_ns: sync.get(&device).copied().unwrap_or(0),
             }
         })
         .collect();
@@ -163,6 +204,15 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn percentiles() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(super::percentile(&v, 0.5), 50);
+        assert_eq!(super::percentile(&v, 0.99), 99);
+        assert_eq!(super::percentile(&[7], 0.99), 7);
+        assert_eq!(super::percentile(&[], 0.5), 0);
+    }
+
     #[test]
     fn union() {
         let mut v = vec![(5, 10), (0, 3), (2, 4), (10, 11)];

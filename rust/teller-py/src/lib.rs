@@ -338,6 +338,10 @@ impl NativeTrace {
             dd.set_item("busy_ns", x.busy_ns)?;
             dd.set_item("span_ns", x.span_ns)?;
             dd.set_item("idle_ns", x.span_ns - x.busy_ns)?;
+            dd.set_item("launches", x.launches)?;
+            dd.set_item("launch_delay_p50_ns", x.launch_delay_p50_ns)?;
+            dd.set_item("launch_delay_p99_ns", x.launch_delay_p99_ns)?;
+            dd.set_item("sync_ns", x.sync_ns)?;
             dv.append(dd)?;
         }
         d.set_item("devices", dv)?;
