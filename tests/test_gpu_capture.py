@@ -71,6 +71,7 @@ def test_no_mangled_or_versioned_names_reach_the_model(shim):
 def test_every_kernel_sits_under_the_module_that_launched_it(shim):
     gpu = np.flatnonzero(shim.layer_mask("kernel") & _last_request(shim))
     owners = collections.Counter()
+    assert (shim.link[gpu] >= 0).all()
     for i in gpu:
         p = int(shim.parent[int(shim.link[i])])
         while p >= 0 and shim.layer_name(p) != "annotation":

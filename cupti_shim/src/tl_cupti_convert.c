@@ -37,6 +37,15 @@ const CUpti_CallbackId tl_quiet_driver[] = {
     CUPTI_DRIVER_TRACE_CBID_cuPointerGetAttributes,
     CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx,
     CUPTI_DRIVER_TRACE_CBID_cuStreamGetId,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetId_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetDevice,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetDevice_ptsz,
+#if CUPTI_API_VERSION >= 130001
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetDevice_v2,
+#endif
     CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion,
     CUPTI_DRIVER_TRACE_CBID_cuCtxGetLimit,
     CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress,

@@ -7,9 +7,12 @@
 #include "tl_writer.h"
 
 /* The newest kernel and context record versions the headers declare: CUPTI 13.1+ (API 130101) has
- * Kernel11 / Context4, 13.0 (130001) Kernel10 / Context3, 12.x Kernel9 / Context3. Every field read here
+ * Kernel11 / Context4, 13.0 (130001) Kernel10 / Context3, 12.8 (26) Kernel9 / Context3. Every field read here
  * sits at the same offset in all of them (checked against the 12.8, 13.0, 13.1, 13.2 and 13.5 headers;
  * the asserts below pin it), so one build reads the records of any of these libcupti versions. */
+#if CUPTI_API_VERSION < 26 /* 12.8's; older 12.x headers lack Memcpy6, Synchronization2, Context3 */
+#error "teller's shim needs CUPTI headers from CUDA 12.8 or newer (CUPTI_API_VERSION >= 26): use --cuda-home, or the nvidia-cuda-cupti(-cu12) 12.8+ wheel"
+#endif
 #if CUPTI_API_VERSION >= 130101
 typedef CUpti_ActivityKernel11 tl_kernel_rec;
 typedef CUpti_ActivityContext4 tl_context_rec;

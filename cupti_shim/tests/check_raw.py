@@ -9,6 +9,7 @@ Also usable as a library: load_file(path) returns a decoded RawFile.
 import glob
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -426,6 +427,13 @@ def scenario_inject(d, facts, mode):
             )
         check(f.header.get("cupti_version", 0) >= 130000, f"cupti_version {f.header.get('cupti_version')}")
         check("errors" not in f.header, f"errors {f.header.get('errors')}")
+        # the query calls: every per-API switch asked after its kind was enabled, all accepted
+        quiet = [m for _, m in diags if m.startswith("query API calls not recorded")]
+        told = re.search(r"(\d+) of (\d+) skipped by CUPTI itself", quiet[0]) if quiet else None
+        check(
+            told is not None and told[1] == told[2] and int(told[2]) >= 20,
+            f"query-call switches: {quiet}",
+        )
         spans = {r[6]: r for r in f.of(SPAN)}
         gpus = {f.s(r[2]): r for r in f.of(GPU)}
         ci, co = facts["corr_in"], facts["corr_out"]

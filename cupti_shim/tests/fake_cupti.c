@@ -80,6 +80,16 @@ V CUptiResult cuptiEnableCallback(uint32_t en, CUpti_SubscriberHandle h, CUpti_C
 }
 V CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType t) { (void)t; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityEnable(CUpti_ActivityKind k) { if ((int)k < 64) g_enabled[k] = 1; return CUPTI_SUCCESS; }
+/* Per-API switches (12.6+): as the real one, enabling the kind afterwards would reset them, so the fake
+ * refuses a switch asked before its kind is enabled (the shim's DIAG then counts fewer than asked). */
+V CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t en) {
+    (void)cbid; (void)en;
+    return g_enabled[CUPTI_ACTIVITY_KIND_RUNTIME] ? CUPTI_SUCCESS : CUPTI_ERROR_NOT_INITIALIZED;
+}
+V CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t en) {
+    (void)cbid; (void)en;
+    return g_enabled[CUPTI_ACTIVITY_KIND_DRIVER] ? CUPTI_SUCCESS : CUPTI_ERROR_NOT_INITIALIZED;
+}
 V CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, CUpti_BuffersCallbackCompleteFunc d) { g_req = r; g_done = d; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc f) { g_ts = f; return CUPTI_SUCCESS; }
 V CUptiResult cuptiActivityFlushPeriod(uint32_t ms) { (void)ms; return CUPTI_SUCCESS; }

@@ -325,7 +325,8 @@ def load(
     ``step_names``: glob patterns of the ranges that delimit steps (first pattern with matches wins).
     ``normalize``: symbol normalization options (strip_namespaces, collapse_tiles, collapse_digits, max_len).
     Problems that do not prevent loading (a truncated raw file, unknown categories) are emitted as
-    :class:`teller.TellerWarning` and kept in ``Trace.warnings``.
+    :class:`teller.TellerWarning` and kept in ``Trace.warnings``; the collector's info notes
+    (``FILE: collector info: ...``) are only kept there.
     """
     if isinstance(paths, (str, os.PathLike)):
         plist = [os.fspath(paths)]
@@ -335,6 +336,8 @@ def load(
     tr = Trace(native)
     if warn:
         for w in tr.warnings:
+            if ": collector info: " in w:  # the collector's notes (libcupti path, versions, counts)
+                continue
             warnings.warn(w, TellerWarning, stacklevel=2)
     return tr
 

@@ -15,21 +15,39 @@
 //!   name and stay.
 
 //! * torch's own NVTX ranges (`torch.autograd.profiler.emit_nvtx`, `teller collect --torch-nvtx`) are
-//!   its operators: `aten::mul, seq = 12, op_id = 345, sizes = [...]`. Kineto records the same
-//!   operators as `cpu_op` named `aten::mul`; such a range becomes a host operator of that name.
+//!   mostly its operators: `aten::mul, seq = 12, op_id = 345, sizes = [...]`. Kineto records the same
+//!   operators as `cpu_op` named `aten::mul`; such a range becomes a host operator of that name (see
+//!   `torch_nvtx_range`).
 
 use cpp_demangle::{DemangleOptions, Symbol};
 
-/// The operator name of a torch `emit_nvtx` range (`aten::mul, seq = 12, op_id = 345` -> `aten::mul`),
-/// or `None` for any other range name.
-pub fn torch_nvtx_op(name: &str) -> Option<&str> {
-    let (op, rest) = name.split_once(", ")?;
-    if !(rest.starts_with("seq = ") || rest.starts_with("op_id = ")) {
+/// A torch `emit_nvtx` range name split into (is an operator, name without torch's suffix), or `None`
+/// when the name has no such suffix. Torch appends `, seq = N`, `, op_id = N`, then `sizes`/`input_op_ids`
+/// lists, to the operator's name. Operators (`aten::mul`, `torch::autograd::AccumulateGrad`, the
+/// `MulBackward0` autograd nodes, `autograd::engine::evaluate_function: MulBackward0`) become host
+/// operators, as Kineto records them (`cpu_op`); anything else (a `record_function` scope) stays an
+/// annotation, under its name without the suffix (Kineto's `user_annotation`).
+pub fn torch_nvtx_range(name: &str) -> Option<(bool, &str)> {
+    let cut = [", seq = ", ", op_id = "]
+        .iter()
+        .filter_map(|m| name.find(m).filter(|&p| digits_follow(&name[p + m.len()..])))
+        .min()?;
+    let head = &name[..cut];
+    if head.is_empty() {
         return None;
     }
-    let (ns, f) = op.split_once("::")?;
-    let ident = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
-    (ident(ns) && ident(f)).then_some(op)
+    let op = head.contains("::") || is_backward_node(head);
+    Some((op, head))
+}
+
+fn digits_follow(s: &str) -> bool {
+    s.bytes().next().is_some_and(|b| b.is_ascii_digit())
+}
+
+/// `MulBackward0`, `AddmmBackward1`: an autograd node name.
+fn is_backward_node(s: &str) -> bool {
+    let t = s.trim_end_matches(|c: char| c.is_ascii_digit());
+    t.len() < s.len() && t.ends_with("Backward") && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// The demangled kernel name, or `None` when `name` is not an Itanium-mangled symbol.
@@ -37,11 +55,15 @@ pub fn demangle_kernel(name: &str) -> Option<String> {
     if !name.starts_with("_Z") {
         return None;
     }
-    let sym = Symbol::new(name.as_bytes()).ok()?;
-    // (a recursion limit keeps a hostile name from exhausting the stack; real kernels stay far below)
-    let opts = DemangleOptions::new().recursion_limit(256);
-    let s = sym.demangle_with_options(&opts).ok()?;
-    (!s.is_empty()).then_some(s)
+    // cpp_demangle's default recursion limits guard the stack; a panic inside it (a name it does not
+    // expect) must not fail the whole file: the raw name is kept.
+    std::panic::catch_unwind(|| {
+        let sym = Symbol::new(name.as_bytes()).ok()?;
+        let s = sym.demangle_with_options(&DemangleOptions::new()).ok()?;
+        (!s.is_empty()).then_some(s)
+    })
+    .ok()
+    .flatten()
 }
 
 /// A CUPTI callback name without its API-version suffix: `cudaLaunchKernel_v7000` -> `cudaLaunchKernel`.
@@ -74,20 +96,31 @@ mod tests {
     }
 
     #[test]
-    fn torch_ops() {
-        assert_eq!(torch_nvtx_op("aten::mul, seq = 12, op_id = 345"), Some("aten::mul"));
+    fn torch_ranges() {
+        let f = torch_nvtx_range;
+        assert_eq!(f("aten::mul, seq = 12, op_id = 345"), Some((true, "aten::mul")));
         assert_eq!(
-            torch_nvtx_op("torchvision::_cuda_version, op_id = 1"),
-            Some("torchvision::_cuda_version")
+            f("torchvision::_cuda_version, op_id = 1"),
+            Some((true, "torchvision::_cuda_version"))
         );
         assert_eq!(
-            torch_nvtx_op("aten::linear, op_id = 9, sizes = [[2, 3], [4, 3]], input_op_ids = [1, 2]"),
-            Some("aten::linear")
+            f("aten::linear, op_id = 9, sizes = [[2, 3], [4, 3]], input_op_ids = [1, 2]"),
+            Some((true, "aten::linear"))
         );
-        assert_eq!(torch_nvtx_op("LlamaAttention"), None);
-        assert_eq!(torch_nvtx_op("a::b, c = 1"), None);
-        assert_eq!(torch_nvtx_op("layers.3, seq = 1"), None);
-        assert_eq!(torch_nvtx_op("my op::x, seq = 1"), None);
+        assert_eq!(
+            f("torch::autograd::AccumulateGrad, op_id = 10"),
+            Some((true, "torch::autograd::AccumulateGrad"))
+        );
+        assert_eq!(f("MulBackward0, seq = 12, op_id = 9"), Some((true, "MulBackward0")));
+        assert_eq!(
+            f("autograd::engine::evaluate_function: MulBackward0, op_id = 3"),
+            Some((true, "autograd::engine::evaluate_function: MulBackward0"))
+        );
+        assert_eq!(f("my_scope, op_id = 11"), Some((false, "my_scope")));
+        assert_eq!(f("LlamaAttention"), None);
+        assert_eq!(f("a::b, c = 1"), None);
+        assert_eq!(f("a::b, seq = x"), None);
+        assert_eq!(f(", seq = 1"), None);
     }
 
     #[test]

@@ -844,8 +844,9 @@ fn kineto_names(t: &mut Trace) {
                 let x = crate::names::strip_api_version(s);
                 (layer, (x.len() != s.len()).then(|| x.to_string()))
             } else if ann {
-                match crate::names::torch_nvtx_op(s) {
-                    Some(op) => (Layer::HostOp as u8, Some(op.to_string())),
+                match crate::names::torch_nvtx_range(s) {
+                    Some((true, op)) => (Layer::HostOp as u8, Some(op.to_string())),
+                    Some((false, scope)) => (layer, Some(scope.to_string())),
                     None => (layer, None),
                 }
             } else {
@@ -1043,10 +1044,12 @@ mod tests {
             60,
             65,
         );
+        span(&mut b, Layer::Annotation as i64, "my_scope, op_id = 8", 1, 70, 75);
         let (t, _) = read_raw("p", &b, 0).unwrap();
         assert_eq!(t.layer_of(6), Layer::HostOp);
         assert_eq!(t.strings.get(t.cat[6]), LAYER_DEFAULT_CATS[Layer::HostOp as usize]);
         assert_eq!(t.layer_of(5), Layer::Annotation);
+        assert_eq!(t.layer_of(7), Layer::Annotation);
         let names: Vec<&str> = (0..t.len()).map(|i| t.name_of(i)).collect();
         assert_eq!(
             names,
@@ -1057,7 +1060,8 @@ mod tests {
                 "kernel(float*, int)",
                 "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT",
                 "_Z6kernelPfi_v1234", // an annotation is the user's text
-                "aten::mul"           // torch's operator range: a host operator
+                "aten::mul",          // torch's operator range: a host operator
+                "my_scope"            // torch's record_function scope: an annotation, suffix dropped
             ]
         );
     }
