@@ -8,7 +8,8 @@
 #   1. environment: GPU, torch, CUDA; `teller doctor`; `teller shim build` (wheels, then CUDA_HOME)
 #   2. tests/gpu/llm_decode.py (a Llama serving loop): plain; under `teller collect`; under
 #      torch.profiler (the peer capture of the same workload); under `teller collect` with a
-#      noisy neighbour (another process copying HBM), a real hbm_contention-like fault; with --torch-nvtx
+#      noisy neighbour (another process copying HBM), a real hbm_contention-like fault; with --torch-nvtx;
+#      then plain and collected twice more, interleaved, for the cost (timings only)
 #   3. cupti_shim/tests/gpu_check.sh: the record walker under the real libcupti, a smoke capture
 #   4. tests/gpu (pytest): a transformers generate collected, kernels linked to calls and NVTX ranges
 # Each capture is packed as soon as it is written, so a run stopped at its limit returns what it made.
@@ -75,6 +76,13 @@ pack teller-hog
 step "llm_decode under teller collect --torch-nvtx (torch's own per-operator ranges), one rep"
 timeout 120 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir "$CAP/teller-torchnvtx" --torch-nvtx -- "$PY" "$W" --reps 1
 pack teller-torchnvtx
+step "overhead: llm_decode --reps 10, plain and under teller collect, interleaved (timings only)"
+for i in 1 2; do
+  timeout 90 "$PY" "$W" --reps 10 | tail -1 | sed 's/^/plain: /'
+  timeout 120 "${TELLER[@]}" collect ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} --trace-dir /tmp/overhead --nvtx-json transformers \
+    -- "$PY" "$W" --reps 10 2>/dev/null | tail -1 | sed 's/^/collect: /'
+done
+
 step "cupti_shim/tests/gpu_check.sh"
 inc=$("$PY" -c "import sys; from teller.cuda import find_cuda; print(':'.join(find_cuda(sys.argv[1] or None).include_dirs))" "${CUDA_ARGS[1]:-}")
 TELLER_CUDA_INCLUDE="$inc" timeout 200 bash cupti_shim/tests/gpu_check.sh /tmp/shim-gpu "$PY"
