@@ -121,6 +121,32 @@ def test_hbm_contention_slows_memory_bound_kernels_and_shows_foreign_kernels(tmp
     assert (ok.layer_mask("kernel") & (ok.tid != 7)).sum() == 0
 
 
+def test_a_time_sliced_neighbour_delays_kernels_without_slowing_them(tmp_path):
+    """Another process on the GPU without MPS (measured on an H200, docs/faults.md): the victim's
+    kernels keep their durations but start late, its syncs wait, nothing foreign is recorded."""
+    params = {"sharing": "time_slice", "period_ns": 4e6, "phase": 0.3}
+    ok, _ = run(tmp_path, STEADY, None)
+    bad, res = run(tmp_path, STEADY, "hbm_contention", rank=0, params=params)
+    for fam in ("rms_norm", "gemm"):
+        assert ratio(kernels(bad, fam, device=0), kernels(ok, fam, device=0)) < 1.08, fam
+
+    def launch_delay(tr, device):  # launch call's end -> start of the first kernel it launched
+        k = np.flatnonzero(tr.layer_mask("kernel") & (tr.device == device) & (tr.link >= 0))
+        first = {}
+        for i in k[np.argsort(tr.ts[k], kind="stable")]:
+            first.setdefault(int(tr.link[i]), int(tr.ts[i]))
+        return np.array([t - (tr.ts[c] + tr.dur[c]) for c, t in first.items()])
+
+    # (CUDA graphs: the host runs ahead, so a healthy launch already waits ~0.3-0.5 ms for the queue)
+    assert np.percentile(launch_delay(bad, 0), 90) > np.percentile(launch_delay(ok, 0), 90) + 1e6
+    # the host waits for it where it waits for the GPU: the copy of the sampled ids, the stream sync
+    waits = ("cudaMemcpyAsync", "cudaStreamSynchronize")
+    assert sum(runtime(bad, w).sum() for w in waits) > 2 * sum(runtime(ok, w).sum() for w in waits)
+    assert (bad.layer_mask("kernel") & (bad.tid != 7)).sum() == 0
+    eff = res.faults[0].effect
+    assert eff.events > 0 and eff.extra_ns > 0
+
+
 def test_nccl_straggler_slows_one_rank_and_the_others_wait_in_all_reduce(tmp_path):
     ok, _ = run(tmp_path, PREFILL, None)
     bad, _ = run(tmp_path, PREFILL, "nccl_straggler", rank=1)

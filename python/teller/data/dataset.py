@@ -31,7 +31,7 @@ from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
 
 GENERATOR = "teller-sim"
 # 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3  # 3: hbm_contention may be a time-sliced neighbour process
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"
@@ -696,6 +696,11 @@ def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
         t = f["type"]
         if t == "gpu_throttle":
             sel = kern & np.isin(fam, ["gemm", "attention_prefill"])
+        elif t == "hbm_contention" and f.get("params", {}).get("sharing") == "time_slice":
+            # every kernel of the rank started late; the host's waits for the GPU took the delay
+            sel = kern | (
+                (layer == L["runtime"]) & np.isin(ev_name, ["cudaStreamSynchronize", "cudaMemcpyAsync"])
+            )
         elif t == "hbm_contention":
             sel = kern & (np.isin(fam, list(_MEMORY_BOUND)) | (tid != 7))
         elif t == "pcie_degradation":

@@ -110,6 +110,10 @@ class Fault:
         return list(range(tp)) if r is None else [int(r)]
 
 
+def _time_sliced(f: Fault) -> bool:
+    return f.params.get("sharing") == "time_slice"
+
+
 def draw_fault(
     ftype: str, rng: np.random.Generator, *, steps: int, tp: int, severity_range: tuple[float, float]
 ) -> Fault:
@@ -133,8 +137,19 @@ def draw_fault(
         params["cause"] = "power_cap" if rank is None else "thermal"
     elif ftype == "hbm_contention":
         rank = int(rng.integers(tp))
-        target = {"kind": "kernel_family", "name": "memory_bound", "rank": rank}
-        params["foreign_visible"] = bool(rng.random() < 0.6)
+        # Half the neighbours share the GPU's bandwidth (another stream of the process, or MPS): slower
+        # memory-bound kernels. The other half are another process without MPS: the GPU time-slices
+        # between the two contexts, the victim's kernels keep their durations and start late (measured
+        # on an H200 beside an HBM-copying process: launch delay p50 2 us -> 1.3 ms, docs/faults.md).
+        if rng.random() < 0.5:
+            target = {"kind": "rank", "name": "time_slice", "rank": rank}
+            params["sharing"] = "time_slice"
+            params["period_ns"] = float(rng.uniform(3e6, 6e6))
+            params["phase"] = float(rng.uniform(0.0, 1.0))  # a fraction of the period
+        else:
+            target = {"kind": "kernel_family", "name": "memory_bound", "rank": rank}
+            params["sharing"] = "bandwidth"
+            params["foreign_visible"] = bool(rng.random() < 0.6)
     elif ftype == "pcie_degradation":
         rank = None if rng.random() < 0.5 else int(rng.integers(tp))
         target = {"kind": "kernel_family", "name": "memcpy", "rank": rank}
@@ -260,7 +275,7 @@ class Effects:
         if f is not None and f is not skip:
             c *= 1.0 / (1.0 + 1.2 * f.severity)
         f = self._active("hbm_contention", rank)
-        if f is not None and f is not skip:
+        if f is not None and f is not skip and not _time_sliced(f):
             c *= 1.0 - 0.08 * f.severity
         return c
 
@@ -269,7 +284,8 @@ class Effects:
         m = 1.0
         f = self._active("hbm_contention", rank)
         if f is not None and f is not skip:
-            m *= 1.0 - 0.6 * f.severity
+            # time-sliced: only the L2/TLB state the neighbour leaves behind (+0-8 % measured)
+            m *= 1.0 - (0.05 if _time_sliced(f) else 0.6) * f.severity
         f = self._active("nccl_straggler", rank)
         if f is not None and f is not skip:
             m *= 1.0 / (1.0 + 1.2 * f.severity)
@@ -287,12 +303,30 @@ class Effects:
         f = self._active("pcie_degradation", rank)
         return 1.0 if f is None else 1.0 / (1.0 + 12.0 * f.severity)
 
+    def waited(self, rank: int, wait: float, work: float) -> None:
+        """GPU work of ``work`` ns on ``rank`` started ``wait`` ns late because a time-sliced neighbour
+        held the GPU: credited to that fault (an event it delayed, the delay its extra time)."""
+        f = self._active("hbm_contention", rank)
+        if f is not None and wait > 1e-6:
+            f.effect.add("gpu", wait, work)
+
     def foreign_rate(self, rank: int) -> float:
         """Visible foreign kernels per ms on the rank's GPU (noisy neighbour sharing the device)."""
         f = self._active("hbm_contention", rank)
-        if f is None or not f.params.get("foreign_visible"):
-            return 0.0
+        if f is None or _time_sliced(f) or not f.params.get("foreign_visible"):
+            return 0.0  # (a neighbour in another process is never in this process's CUPTI records)
         return 0.3 + 1.5 * f.severity
+
+    def slice_start(self, rank: int, t: float) -> float:
+        """The earliest start >= ``t`` of GPU work on ``rank`` when a time-sliced neighbour holds the GPU
+        for a share 0.25 + 0.45 * severity of every period (``t`` itself without one)."""
+        f = self._active("hbm_contention", rank)
+        if f is None or not _time_sliced(f):
+            return t
+        period = float(f.params.get("period_ns", 4e6))
+        held = (0.25 + 0.45 * f.severity) * period
+        _, into = divmod(t - float(f.params.get("phase", 0.0)) * period, period)
+        return t if into >= held else t + (held - into)
 
     def launch_storm(self) -> int:
         """Extra tiny kernels launched per layer by a pathological op."""

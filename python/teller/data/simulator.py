@@ -724,9 +724,11 @@ class EngineSim:
         s = h + self._host(rk, 2e3, h)
         pf = self.fx.pcie(rk.r)
         lat_f = 1.0 + 3.0 * (1.0 / pf - 1.0) / 12.0
-        gs = max(s + 3e3, rk.gpu)
+        gs0 = max(s + 3e3, rk.gpu)
+        gs = self.fx.slice_start(rk.r, gs0)
         jj = self.j()
         gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf) * jj * lat_f
+        self.fx.waited(rk.r, gs - gs0, gd)
         clean = gd if pf == 1.0 else K.memcpy_ns(self.gpu, nbytes) * jj
         self.fx.charge("gpu", rk.r, clean, gd, ("pcie_degradation",))
         rk.gpu_rec(
@@ -772,6 +774,10 @@ class EngineSim:
             starts.append(st)
             corrs.append(c)
         if kc.family == "all_reduce":
+            for i, rk in enumerate(ranks):
+                st = self.fx.slice_start(rk.r, starts[i])
+                self.fx.waited(rk.r, st - starts[i], 0.0)
+                starts[i] = st
             t_all = max(starts)
             link = self.fx.link()
             base = K.all_reduce_ns(self.gpu, kc.bytes, self.wl.tp, link=link)
@@ -801,6 +807,8 @@ class EngineSim:
                     KERNEL_FAULTS,
                     self._kernel_without(kc, rk.r, jj),
                 )
+            st0, st = st, self.fx.slice_start(rk.r, st)  # a time-sliced neighbour may hold the GPU
+            self.fx.waited(rk.r, st - st0, d)
             rk.gpu_rec("kernel", kc.name, st, st + d, c)
             rk.gpu = st + d
 
