@@ -511,12 +511,15 @@ def test_minilm_init_fills_only_the_log_side() -> None:
 @pytest.mark.slow
 def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
     """Train the demo configuration on a few hundred tiny samples, then diagnose fresh samples of the
-    faults with a clear signature: each must be in the top 3."""
+    faults with a clear signature: each must be in the top 3. (400 samples: on 260, about 180 for
+    training, the model sat at the edge, a fresh eager-mode sample 4th after the generator's
+    version-3 hbm_contention samples changed; on 400, training seed 0 puts five of the six 1st with
+    0.98-1.0 and one eager-mode sample 2nd, seed 1 all six 1st.)"""
     from teller.models.diagnose import diagnose
     from teller.models.train import load_config
 
     data = tmp_path / "ds"
-    generate(data, num_samples=260, seed=0, preset="tiny")
+    generate(data, num_samples=400, seed=0, preset="tiny")
     tok = tpe.train(data, vocab_size=512)
     tok.save(tmp_path / "tpe")
     out = tokenize_dataset(data, tmp_path / "tpe", tmp_path / "tok", shard_size=128, workers=1)
