@@ -145,6 +145,18 @@ def test_a_time_sliced_neighbour_delays_kernels_without_slowing_them(tmp_path):
     assert (bad.layer_mask("kernel") & (bad.tid != 7)).sum() == 0
     eff = res.faults[0].effect
     assert eff.events > 0 and eff.extra_ns > 0
+    # culprits: the rank's kernels and its host waits for them, nothing of the other rank
+    ann = {
+        "faults": [_fault_json(res.faults[0], REAL, res.pids)],
+        "workload": {"processes": [{"rank": r, "pid": p, "device": r} for r, p in enumerate(res.pids)]},
+    }
+    m = culprit_mask(bad, ann)
+    names = np.array(bad.strings, dtype=object)[bad.name]
+    kern = bad.layer_mask("kernel") & m
+    assert kern.sum() > 0 and set(np.unique(bad.device[kern])) == {0}
+    waits = m & bad.layer_mask("runtime")
+    assert set(names[waits]) <= {"cudaMemcpyAsync", "cudaStreamSynchronize"} and waits.sum() > 0
+    assert set(np.unique(bad.pid[waits])) == {res.pids[0]}
 
 
 def test_nccl_straggler_slows_one_rank_and_the_others_wait_in_all_reduce(tmp_path):
