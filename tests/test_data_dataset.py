@@ -311,8 +311,9 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 # per class, recorded when the simulator first counted fault effects (and equal to the samples
 # generated before that), updated when the traces gained deviceProperties (generator version 2: the
 # same bytes without that line), and for hbm_contention when half its neighbours became time-sliced
-# processes (generator version 3; the other classes' bytes unchanged). A change here changes the standard benchmark: make it on purpose,
-# bump GENERATOR_VERSION and say so in docs/dataset.md, then update the digests.
+# processes (generator version 3; the other classes' bytes unchanged). A change here changes the
+# standard benchmark: make it on purpose, bump GENERATOR_VERSION and say so in docs/dataset.md, then
+# update the digests.
 BENCHMARK_DIGESTS = {
     0: ("normal", "3e00b3016874487a"),  # tp 1
     20: ("kv_cache_exhaustion", "c941d382803718a9"),  # tp 1
