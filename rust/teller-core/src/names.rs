@@ -13,7 +13,6 @@
 //!   `cudaGetDevice_v3020`); Kineto writes `cudaLaunchKernel`. A trailing `_v` plus four or more digits
 //!   is dropped; shorter suffixes (`cuMemAlloc_v2`, `cuCtxCreate_v4`) are part of the driver function's
 //!   name and stay.
-
 //! * torch's own NVTX ranges (`torch.autograd.profiler.emit_nvtx`, `teller collect --torch-nvtx`) are
 //!   mostly its operators: `aten::mul, seq = 12, op_id = 345, sizes = [...]`. Kineto records the same
 //!   operators as `cpu_op` named `aten::mul`; such a range becomes a host operator of that name (see
