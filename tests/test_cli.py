@@ -86,6 +86,16 @@ def test_summary_keeps_collector_notes_apart_from_warnings(tmp_path):
 
     tr = T.load(f, warn=False)
     assert [tr.name_of(i) for i in range(len(tr.ts))] == ["cudaLaunchKernel"]
+    # load(warn=True) raises the warning, not the note (both stay in Trace.warnings)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        tr = T.load(f)
+    assert [str(w.message).split(": ", 1)[1] for w in got] == [
+        "collector warning: cuptiActivityEnable(DRIVER): not supported"
+    ]
+    assert len(tr.warnings) == 2
 
 
 def test_tree():

@@ -298,7 +298,9 @@ def trace_summary(
                 _fmt_ns(k["max_ns"]),
             )
         console.print(kt)
-    notes, warnings = _split_collector_notes(s["warnings"])
+    from teller.trace import split_collector_notes
+
+    notes, warnings = split_collector_notes(s["warnings"])
     if notes:
         console.print(f"{len(notes)} collector note(s):")
         for w in notes:
@@ -307,16 +309,6 @@ def trace_summary(
         console.print(f"[yellow]{len(warnings)} parse warning(s):[/]")
         for w in warnings:
             console.print(f"  - {w}", highlight=False, soft_wrap=True)
-
-
-_COLLECTOR_INFO = ": collector info: "
-
-
-def _split_collector_notes(warnings: list[str]) -> tuple[list[str], list[str]]:
-    """The collector's info-level diagnostics (libcupti path, CUPTI version, record counts) are notes,
-    not warnings: (notes as 'FILE: message', the rest)."""
-    notes = [w.replace(_COLLECTOR_INFO, ": ", 1) for w in warnings if _COLLECTOR_INFO in w]
-    return notes, [w for w in warnings if _COLLECTOR_INFO not in w]
 
 
 @trace_app.command("tree")
@@ -384,7 +376,9 @@ def _collect(
         )
     except TellerError as e:
         raise _fail(e) from None
-    notes, warnings = _split_collector_notes(list(res.warnings))
+    from teller.trace import split_collector_notes
+
+    notes, warnings = split_collector_notes(list(res.warnings))
     for w in notes:
         err_console.print(f"teller: collector: {w}", highlight=False, soft_wrap=True, style="dim")
     for w in warnings:

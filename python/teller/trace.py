@@ -335,11 +335,19 @@ def load(
     native = _native.load(plist, None if step_names is None else list(step_names), normalize)
     tr = Trace(native)
     if warn:
-        for w in tr.warnings:
-            if ": collector info: " in w:  # the collector's notes (libcupti path, versions, counts)
-                continue
+        for w in split_collector_notes(tr.warnings)[1]:
             warnings.warn(w, TellerWarning, stacklevel=2)
     return tr
+
+
+_COLLECTOR_INFO = ": collector info: "  # how the raw reader words a collector's info-level DIAG
+
+
+def split_collector_notes(messages: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``Trace.warnings`` split into the collector's info-level notes (libcupti path, CUPTI version,
+    record counts), each as ``FILE: message``, and the real warnings."""
+    notes = [w.replace(_COLLECTOR_INFO, ": ", 1) for w in messages if _COLLECTOR_INFO in w]
+    return notes, [w for w in messages if _COLLECTOR_INFO not in w]
 
 
 def symbol(layer: str, name: str, normalize: dict[str, Any] | None = None) -> str:
