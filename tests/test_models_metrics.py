@@ -177,3 +177,34 @@ def test_per_severity_hand_computed():
         "0.6-1.0": {"n": 1, "category_accuracy": 1.0, "ac@1": 1.0},
     }
     assert compute_metrics(preds, ["normal", "a", "b"])["per_severity"] == out
+
+
+def test_sample_records_and_paired_difference() -> None:
+    from teller.models.metrics import paired_difference, sign_test
+
+    one, zero = np.array([1]), np.array([0.0])
+    preds = [
+        Prediction(0, np.array([0.9, 0.1]), one, zero, np.array([False]), sample_id="s1"),
+        Prediction(1, np.array([0.7, 0.3]), one, zero, np.array([True]), sample_id="s2"),
+    ]
+    m = compute_metrics(preds, ["normal", "a"])
+    assert m["samples"] == [
+        {"id": "s1", "label": "normal", "pred": "normal", "p": 0.9, "rank": 1},
+        {"id": "s2", "label": "a", "pred": "normal", "p": 0.7, "rank": 2},
+    ]
+    # sign test: 1 vs 4 discordant -> P(X <= 1) = (1 + 5) / 32, two-sided 12 / 32
+    assert sign_test(1, 4) == pytest.approx(12 / 32)
+    assert sign_test(4, 1) == pytest.approx(12 / 32)
+    assert sign_test(0, 0) == 1.0 and sign_test(3, 3) == 1.0
+    assert sign_test(0, 10) == pytest.approx(2 / 1024)
+    a = np.array([1, 1, 1, 1, 0, 1, 0, 1.0])
+    b = np.array([1, 0, 0, 0, 0, 1, 1, 0.5])
+    d = paired_difference(a, b)
+    assert d["n"] == 8 and d["diff"] == pytest.approx((6 - 3.5) / 8)
+    assert (d["better"], d["worse"]) == (4, 1) and d["p_sign"] == pytest.approx(12 / 32)
+    assert -1.0 <= d["lo"] < d["diff"] < d["hi"] <= 1.0
+    assert paired_difference(a, b) == d  # seeded
+    same = paired_difference(a, a)
+    assert same["diff"] == same["lo"] == same["hi"] == 0.0 and same["p_sign"] == 1.0
+    with pytest.raises(ValueError):
+        paired_difference(a, b[:3])

@@ -126,3 +126,56 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     assert isinstance(ConfigError("x"), ValueError) and isinstance(
         TellerFileNotFoundError("x"), FileNotFoundError
     )
+
+
+def _with_samples(run: Path, model: str, split: str, hits: list[bool]) -> None:
+    """An evaluation file with per-sample records: sample i right (rank 1) where hits[i]."""
+    _eval(run, model, split, sum(hits) / len(hits), {"normal": 0.5})
+    f = run / f"eval-{split}-{model}.json"
+    m = json.loads(f.read_text())
+    m["samples"] = [
+        {"id": f"s{i:03d}", "label": "normal", "pred": "normal", "p": 0.9, "rank": 1 if h else 3}
+        for i, h in enumerate(hits)
+    ]
+    f.write_text(json.dumps(m))
+
+
+def test_seeds_pooled_and_paired_per_sample(tmp_path: Path) -> None:
+    # mot: two seeds; single: one run. 20 samples
+    a0 = [True] * 18 + [False, False]
+    a1 = [True] * 16 + [False, False, True, False]
+    b = [False] * 4 + [True] * 16
+    _with_samples(tmp_path / "mot-0", "mot", "test", a0)
+    _with_samples(tmp_path / "mot-1", "mot", "test", a1)
+    _with_samples(tmp_path / "single-0", "single", "test", b)
+    out = tmp_path / "out"
+    text = summarize([tmp_path / "mot-0", tmp_path / "mot-1", tmp_path / "single-0"], out)
+    g = json.loads((out / "results-paired.json").read_text())
+    assert [m["model"] for m in g[0]["models"]] == ["mot", "single"]
+    mot = g[0]["models"][0]
+    assert mot["runs"] == 2 and mot["ac@1_mean"] == pytest.approx(0.875)
+    assert mot["ac@1_sd"] == pytest.approx(0.0353553, abs=1e-6)
+    (c,) = g[0]["paired"]
+    # per-sample mot scores: 1 (s000-s015), 0.5 (s016-s018), 0 (s019); single: 0 for s000-s003, else 1
+    assert c["reference"] == "mot" and c["model"] == "single" and c["n"] == 20
+    assert c["diff"] == pytest.approx(0.875 - 0.8)
+    assert (c["better"], c["worse"]) == (4, 4)  # s000-s003 vs s016-s019
+    assert c["p_sign"] == pytest.approx(1.0)
+    assert c["lo"] < c["diff"] < c["hi"]
+    assert "## Paired differences in AC@1" in text and "| test | mot | single | 20 | +0.075 |" in text
+    assert "| test | mot | 2 | 0.875 ± 0.035 |" in text
+    # an evaluation without per-sample records is pooled but not paired
+    _eval(tmp_path / "old", "gbdt", "test", 0.5, {"normal": 0.5})
+    summarize([tmp_path / "mot-0", tmp_path / "old"], tmp_path / "out2")
+    g = json.loads((tmp_path / "out2" / "results-paired.json").read_text())
+    assert g[0]["paired"] == [] and {m["model"] for m in g[0]["models"]} == {"mot", "gbdt"}
+
+
+def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
+    _with_samples(tmp_path / "r", "mot", "test", [True, False])
+    f = tmp_path / "r" / "eval-test-mot.json"
+    m = json.loads(f.read_text())
+    m["samples"][1]["rank"] = "first"
+    f.write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'samples'"):
+        summarize([tmp_path / "r"], tmp_path / "out")

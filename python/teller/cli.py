@@ -959,7 +959,7 @@ def evaluate_cmd(
     for m in results:
         write_metrics(m, out)
     if as_json:
-        keep = [{k: v for k, v in m.items() if k != "confusion"} for m in results]
+        keep = [{k: v for k, v in m.items() if k not in ("confusion", "samples")} for m in results]
         print(json.dumps(keep[0] if len(keep) == 1 else keep, indent=1))
     else:
         for m in results:
@@ -972,8 +972,9 @@ def results_summarize_cmd(
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
 ) -> None:
     """Compare every model on every evaluated split: OUTPUT/results.md (the main table; F1 per fault
-    type, AC@1 by severity and by effect per split), results.json and results-*.png plots (with
-    matplotlib)."""
+    type, AC@1 by severity and by effect per split; each model kind over its runs, e.g. seeds, and
+    paired per-sample differences from the MoT with bootstrap intervals and sign tests),
+    results.json, results-paired.json and results-*.png plots (with matplotlib)."""
     from teller.models.report import summarize
 
     try:

@@ -43,6 +43,7 @@ class RawSample:
     severity: float = float("nan")
     effect_events: int = -1
     effect_share: float = float("nan")
+    sample_id: str = ""
 
 
 def load_raw(run_dir: str | Path, split: str) -> tuple[list[RawSample], list[str]]:
@@ -69,6 +70,7 @@ def _raw(d: dict[str, Any]) -> RawSample:
         severity=float(d.get("severity", np.nan)),
         effect_events=int(d.get("effect_events", -1)),
         effect_share=float(d.get("effect_share", np.nan)),
+        sample_id=str(d.get("sample_id", "")),
     )
 
 
@@ -361,6 +363,7 @@ class Baselines:
                     severity=s.severity,
                     effect_events=s.effect_events,
                     effect_share=s.effect_share,
+                    sample_id=s.sample_id,
                 )
             )
         return out, (time.perf_counter() - t0) / max(1, len(samples))

@@ -35,6 +35,7 @@ class Prediction:
     severity: float = float("nan")  # the injected fault's severity, when known (per_severity)
     effect_events: int = -1  # what the fault did, when known (per_effect): annotation effect.events
     effect_share: float = float("nan")  # ... and effect.share
+    sample_id: str = ""  # the sample's id in its dataset (the per-sample records of an evaluation)
 
 
 def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.ndarray) -> np.ndarray:
@@ -260,8 +261,66 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "ac@1_with_effect": ac_with_effect(preds, ranks, normal),
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
+        "samples": sample_records(preds, yp, ranks, label_names),
     }
     return out
+
+
+def sample_records(
+    preds: Sequence[Prediction], yp: Sequence[int], ranks: Sequence[int], label_names: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One record per sample: ``id``, true ``label``, predicted ``pred`` (its probability ``p``) and
+    the ``rank`` of the first correct candidate. Two evaluations on the same split are compared sample
+    by sample from these (``teller results summarize``: paired differences)."""
+    return [
+        {
+            "id": p.sample_id,
+            "label": label_names[p.label],
+            "pred": label_names[k],
+            "p": round(float(p.probs[k]), 4),
+            "rank": int(r),
+        }
+        for p, k, r in zip(preds, yp, ranks, strict=True)
+    ]
+
+
+def paired_difference(
+    a: np.ndarray, b: np.ndarray, *, resamples: int = 2000, seed: int = 0
+) -> dict[str, float | int]:
+    """Paired comparison of two models' per-sample scores on the same samples (``a[i]`` and ``b[i]``
+    in 0..1: a hit, or the share of a model's runs that got sample i right). ``diff`` = mean(a) -
+    mean(b) with a 95 % percentile bootstrap interval over samples (``lo``, ``hi``; seeded), the
+    samples where ``a`` is ahead (``better``) and behind (``worse``), and the exact two-sided sign-test
+    p-value on those (McNemar's exact test when the scores are single runs' hits)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError("paired_difference needs two score vectors of the same length")
+    n = len(a)
+    d = a - b
+    out: dict[str, float | int] = {"n": n, "diff": float(d.mean()) if n else 0.0}
+    if n:
+        rng = np.random.default_rng(seed)
+        boots = d[rng.integers(0, n, size=(resamples, n))].mean(1)
+        out["lo"], out["hi"] = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
+    else:
+        out["lo"] = out["hi"] = 0.0
+    better, worse = int((d > 0).sum()), int((d < 0).sum())
+    out["better"], out["worse"] = better, worse
+    out["p_sign"] = sign_test(better, worse)
+    return out
+
+
+def sign_test(k: int, m: int) -> float:
+    """Exact two-sided binomial p-value of ``k`` successes against ``m`` failures at p = 1/2."""
+    from math import comb
+
+    n = k + m
+    if n == 0:
+        return 1.0
+    lo = min(k, m)
+    tail = sum(comb(n, i) for i in range(lo + 1)) / 2.0**n
+    return float(min(1.0, 2.0 * tail))
 
 
 def metrics_for(
@@ -302,6 +361,7 @@ def metrics_across_label_sets(
                     severity=p.severity,
                     effect_events=p.effect_events,
                     effect_share=p.effect_share,
+                    sample_id=p.sample_id,
                 )
             )
             continue

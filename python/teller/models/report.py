@@ -226,13 +226,25 @@ def _load_eval(f: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{f}: not an evaluation file (no 'model' and 'split'; written by teller evaluate?)"
         )
+    recs = m.get("samples")
+    if recs is not None and not (
+        isinstance(recs, list)
+        and all(
+            isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("rank"), int)
+            for r in recs
+        )
+    ):
+        raise ConfigError(
+            f"{f}: 'samples' must be a list of records with a string 'id' and an integer 'rank'"
+        )
     return m
 
 
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     """Collect every ``eval-*.json`` of the runs into one comparison: ``results.md`` (the main table,
-    F1 per fault type, AC@1 by severity and by effect per split), ``results.json`` and, where matplotlib is
-    installed, ``results-*.png`` plots."""
+    each model kind over its runs and paired per-sample differences (:func:`_model_groups`), F1 per
+    fault type, AC@1 by severity and by effect per split), ``results.json``, ``results-paired.json``
+    and, where matplotlib is installed, ``results-*.png`` plots."""
     rows: list[dict[str, Any]] = []
     for r in runs:
         p = Path(r)
@@ -249,6 +261,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     "per_class_f1": {c: v.get("f1") for c, v in (m.get("per_class") or {}).items()},
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
                     "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
+                    "_samples": m.get("samples"),
                 }
             )
     if not rows:
@@ -258,14 +271,17 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     order = {"test": 0, "test_ood": 1}
     rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
     _label_rows(rows)
+    groups = _model_groups(rows)
     for x in rows:
-        del x["_dir"]
+        del x["_dir"], x["_samples"]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "results-paired.json").write_text(json.dumps(groups, indent=1))
     # the results table leaves the detection metrics to the per-run files
     cols = ("run", "model", "split", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
     md = ["# Results", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(_fmt(x[c]) for c in cols) + " |" for x in rows]
     splits = list(dict.fromkeys(str(x["split"]) for x in rows))
+    md += _group_tables(groups)
     for split in splits:
         part = [x for x in rows if str(x["split"]) == split]
         for key, title, head in (
@@ -290,6 +306,98 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
     return text
+
+
+def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per split, the runs of each model kind pooled (seeds of one recipe: mean and spread of AC@1 and
+    category accuracy), and every kind compared sample by sample with the reference kind (``mot``
+    where evaluated, else the kind with the best mean AC@1) on the samples both were evaluated on: a
+    sample's score is the share of the kind's runs whose first candidate was right (rank 1), and
+    :func:`teller.models.metrics.paired_difference` gives the difference with its bootstrap interval
+    and sign test. Evaluations written before per-sample records existed are pooled but not paired."""
+    from teller.models.metrics import paired_difference
+
+    out: list[dict[str, Any]] = []
+    for split in dict.fromkeys(str(x["split"]) for x in rows):
+        kinds: dict[str, list[dict[str, Any]]] = {}
+        for x in rows:
+            if str(x["split"]) == split:
+                kinds.setdefault(str(x["model"]), []).append(x)
+        stats: dict[str, dict[str, Any]] = {}
+        hits: dict[str, dict[str, float]] = {}
+        for kind, xs in kinds.items():
+            ac = np.array([x["ac@1"] for x in xs if isinstance(x["ac@1"], (int, float))], dtype=float)
+            ca = [x["category_accuracy"] for x in xs if isinstance(x["category_accuracy"], (int, float))]
+            stats[kind] = {
+                "model": kind,
+                "runs": len(xs),
+                "ac@1_mean": float(ac.mean()) if len(ac) else None,
+                "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
+                "category_accuracy_mean": float(np.mean(ca)) if ca else None,
+            }
+            recs = [x["_samples"] for x in xs]
+            if all(recs):  # every run of the kind has per-sample records
+                ids = set.intersection(*({r["id"] for r in rec} for rec in recs))
+                # (the same samples in every run, each named once; otherwise the kind is not paired)
+                if ids and all(ids) and all(len(ids) == len(rec) for rec in recs):
+                    hits[kind] = _mean_hits(recs)
+        ranked = sorted(stats, key=lambda k: -(stats[k]["ac@1_mean"] or 0.0))
+        ref = "mot" if "mot" in stats else (ranked[0] if ranked else None)
+        paired = []
+        for kind in ranked:
+            if kind == ref or ref not in hits or kind not in hits:
+                continue
+            common = sorted(set(hits[ref]) & set(hits[kind]))
+            if not common:
+                continue
+            a = np.array([hits[ref][i] for i in common])
+            b = np.array([hits[kind][i] for i in common])
+            paired.append({"reference": ref, "model": kind, **paired_difference(a, b)})
+        out.append({"split": split, "models": [stats[k] for k in ranked], "paired": paired})
+    return out
+
+
+def _mean_hits(recs: list[list[dict[str, Any]]]) -> dict[str, float]:
+    acc: dict[str, list[float]] = {}
+    for rec in recs:
+        for r in rec:
+            acc.setdefault(r["id"], []).append(float(r["rank"] == 1))
+    return {i: float(np.mean(v)) for i, v in acc.items()}
+
+
+def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
+    """``results.md`` sections of :func:`_model_groups`: the kinds over their runs, and the paired
+    differences where more than one kind has per-sample records."""
+    md: list[str] = []
+    if any(g["models"] and max(m["runs"] for m in g["models"]) > 1 for g in groups):
+        md += ["", "## Models over their runs (mean ± sd of AC@1 where a kind has several runs)", ""]
+        md += ["| split | model | runs | ac@1 | category_accuracy |", "|---|---|---|---|---|"]
+        for g in groups:
+            for m in g["models"]:
+                sd = f" ± {m['ac@1_sd']:.3f}" if m["ac@1_sd"] is not None else ""
+                md.append(
+                    f"| {g['split']} | {m['model']} | {m['runs']} | {_fmt(m['ac@1_mean'])}{sd} | "
+                    f"{_fmt(m['category_accuracy_mean'])} |"
+                )
+    if any(g["paired"] for g in groups):
+        md += [
+            "",
+            "## Paired differences in AC@1 (same samples)",
+            "",
+            "A sample's score is the share of a model's runs that ranked a correct candidate first; "
+            "diff = reference - model, a 95 % bootstrap interval over samples; better / worse: the "
+            "samples where the reference scores higher / lower; p: exact two-sided sign test on them.",
+            "",
+            "| split | reference | model | n | diff | 95 % interval | better | worse | p |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for g in groups:
+            for c in g["paired"]:
+                md.append(
+                    f"| {g['split']} | {c['reference']} | {c['model']} | {c['n']} | {c['diff']:+.3f} | "
+                    f"{c['lo']:+.3f} .. {c['hi']:+.3f} | {c['better']} | {c['worse']} | {c['p_sign']:.3g} |"
+                )
+    return md
 
 
 def _label_rows(rows: list[dict[str, Any]]) -> None:

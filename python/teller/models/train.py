@@ -210,6 +210,7 @@ def predict(
                     effect_events=s.effect_events,
                     effect_share=s.effect_share,
                     culprit=s.culprit,
+                    sample_id=s.sample_id,
                 )
             )
     dt = (time.perf_counter() - t0) / max(1, len(samples))
