@@ -553,6 +553,44 @@ def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+def test_weight_ema_average_and_resume(shards) -> None:
+    from safetensors.torch import load_file
+    from teller.errors import ConfigError
+    from teller.models.train import WeightEMA
+
+    # the average by hand: one float weight, decay capped at 0.5 (ramp (1+n)/(10+n) is lower at first)
+    lin = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(0.0)
+    ema = WeightEMA(lin, 0.5)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    ema.update(lin)  # d = min(0.5, 2 / 11)
+    assert float(ema.shadow["weight"]) == pytest.approx(1 - 2 / 11)
+    raw = ema.swap(lin)
+    assert float(lin.weight) == pytest.approx(1 - 2 / 11) and float(raw["weight"]) == 1.0
+    with pytest.raises(ConfigError, match="train.ema"):
+        WeightEMA(lin, 1.0)
+
+    root, _data, tdir, out = shards
+    cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "ema": 0.9}}
+    full = train(cfg, out, root / "ema-full", tpe_dir=tdir)
+    # the saved model is the average, the last state the raw weights
+    kept, last = load_file(str(full / "model.safetensors")), _state(full)
+    assert any(not torch.equal(kept[k], last[k]) for k in kept if kept[k].is_floating_point())
+    cut = {"model": CFG["model"], "train": {**cfg["train"], "max_minutes": 0.0}}
+    part = train(cut, out, root / "ema-part", tpe_dir=tdir)  # stops after the first epoch
+    train(cfg, out, root / "ema-part", tpe_dir=tdir, resume=True)
+    a, b = _state(full), _state(part)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    st_a = torch.load(full / "state.pt", weights_only=False)["ema"]
+    st_b = torch.load(part / "state.pt", weights_only=False)["ema"]
+    assert st_a["n"] == st_b["n"] > 0
+    for k in st_a["shadow"]:
+        assert torch.equal(st_a["shadow"][k], st_b["shadow"][k]), k
+
+
 def test_relative_token_features_hand_computed() -> None:
     from teller.models.data import relative_token_features
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
+from torch import nn
 
 from teller.errors import ConfigError, TellerFileNotFoundError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
@@ -50,6 +51,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # mixed precision (bf16) on CUDA
     max_train_samples: int | None = None
+    # decay of an exponential moving average of the weights (0: off). When on, validation, early
+    # stopping and model.safetensors use the averaged weights; last.safetensors keeps the raw ones
+    ema: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -245,6 +249,43 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
     return model, cfg
 
 
+class WeightEMA:
+    """Exponential moving average of a model's floating-point weights (non-float buffers are copied).
+    The decay ramps up as ``min(decay, (1 + n) / (10 + n))`` over the first updates, so that the
+    average is not dominated by the initial weights."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ConfigError(f"train.ema must be in (0, 1) (0 turns it off), got {decay}")
+        self.decay = decay
+        self.n = 0
+        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.n += 1
+        d = min(self.decay, (1.0 + self.n) / (10.0 + self.n))
+        for k, v in model.state_dict().items():
+            sh = self.shadow[k]
+            if sh.dtype.is_floating_point:
+                sh.mul_(d).add_(v.detach(), alpha=1.0 - d)
+            else:
+                sh.copy_(v)
+
+    def swap(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Load the averaged weights into ``model``; returns its own weights (load them back after)."""
+        raw = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(self.shadow)
+        return raw
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "shadow": self.shadow}
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.n = int(st["n"])
+        self.shadow = {k: v.clone() for k, v in st["shadow"].items()}
+
+
 def train(
     config: dict[str, Any],
     data_dir: str | Path,
@@ -348,6 +389,11 @@ def train(
         sched.load_state_dict(st["sched"])
         start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
         torch.set_rng_state(st["torch_rng"])
+    ema = WeightEMA(model, tc.ema) if tc.ema else None
+    if ema is not None and resume and (out / "state.pt").is_file():
+        if st.get("ema") is None:
+            raise ConfigError(f"{out / 'state.pt'}: the run was started without train.ema; resume it without")
+        ema.load_state_dict(st["ema"])
     use_amp = tc.amp and dev.type == "cuda"
     normal = label_names.index("normal") if "normal" in label_names else 0
     t_start = time.perf_counter()
@@ -365,6 +411,8 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             opt.step()
             sched.step()
+            if ema is not None:
+                ema.update(model)
             tot += float(loss.detach()) * len(bs)
             n += len(bs)
             if progress:
@@ -374,6 +422,7 @@ def train(
             "train_loss": tot / max(1, n),
             "elapsed_s": time.perf_counter() - t_start,
         }
+        raw = ema.swap(model) if ema is not None else None  # validate (and keep) the averaged weights
         if val_s:
             preds, _ = predict(model, val_s, device=dev)
             m = compute_metrics(preds, label_names)
@@ -390,6 +439,8 @@ def train(
             save_checkpoint(model, out / "model.safetensors")
         else:
             bad_epochs += 1
+        if raw is not None:
+            model.load_state_dict(raw)
         save_checkpoint(model, out / "last.safetensors")
         torch.save(
             {
@@ -400,6 +451,7 @@ def train(
                 "bad_epochs": bad_epochs,
                 "history": history,
                 "torch_rng": torch.get_rng_state(),
+                "ema": ema.state_dict() if ema is not None else None,
             },
             out / "state.pt",
         )
@@ -409,6 +461,8 @@ def train(
         if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
             break
     if not (out / "model.safetensors").exists():
+        if ema is not None:
+            ema.swap(model)
         save_checkpoint(model, out / "model.safetensors")
     return out
 
