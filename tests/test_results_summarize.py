@@ -133,8 +133,9 @@ def _with_samples(run: Path, model: str, split: str, hits: list[bool]) -> None:
     _eval(run, model, split, sum(hits) / len(hits), {"normal": 0.5})
     f = run / f"eval-{split}-{model}.json"
     m = json.loads(f.read_text())
-    m["samples"] = [
-        {"id": f"s{i:03d}", "label": "normal", "pred": "normal", "p": 0.9, "rank": 1 if h else 3}
+    m["samples"] = [  # (the category is right on every other miss: rank 3 with the right cause)
+        {"id": f"s{i:03d}", "label": "normal", "pred": "normal" if h or i % 2 else "oom", "p": 0.9}
+        | {"rank": 1 if h else 3}
         for i, h in enumerate(hits)
     ]
     f.write_text(json.dumps(m))
@@ -155,15 +156,22 @@ def test_seeds_pooled_and_paired_per_sample(tmp_path: Path) -> None:
     mot = g[0]["models"][0]
     assert mot["runs"] == 2 and mot["ac@1_mean"] == pytest.approx(0.875)
     assert mot["ac@1_sd"] == pytest.approx(0.0353553, abs=1e-6)
-    (c,) = g[0]["paired"]
+    c, cat = g[0]["paired"]
+    assert c["metric"] == "ac@1" and cat["metric"] == "category_accuracy"
     # per-sample mot scores: 1 (s000-s015), 0.5 (s016-s018), 0 (s019); single: 0 for s000-s003, else 1
     assert c["reference"] == "mot" and c["model"] == "single" and c["n"] == 20
     assert c["diff"] == pytest.approx(0.875 - 0.8)
     assert (c["better"], c["worse"]) == (4, 4)  # s000-s003 vs s016-s019
     assert c["p_sign"] == pytest.approx(1.0)
     assert c["lo"] < c["diff"] < c["hi"]
-    assert "## Paired differences in AC@1" in text and "| test | mot | single | 20 | +0.075 |" in text
-    assert "| test | mot | 2 | 0.875 ± 0.035 |" in text
+    # category (misses at odd ids keep the right cause): mot seed 0 misses s018, s019 (s019 odd),
+    # seed 1 misses s016, s017, s019 (s017, s019 odd) -> 1 except s016 and s018 at 0.5; single misses
+    # s000-s003 (s001, s003 odd) -> 0 at s000 and s002
+    assert cat["diff"] == pytest.approx(19 / 20 - 18 / 20)
+    assert (cat["better"], cat["worse"]) == (2, 2) and cat["p_sign"] == pytest.approx(1.0)
+    assert "## Paired differences (same samples)" in text
+    assert "| test | ac@1 | mot | single | 20 | +0.075 |" in text
+    assert "| test | mot | 2 | 0.875 ± 0.035 | 0.925 ± 0.035 |"  # (the files' own accuracy) in text
     # an evaluation without per-sample records is pooled but not paired
     _eval(tmp_path / "old", "gbdt", "test", 0.5, {"normal": 0.5})
     summarize([tmp_path / "mot-0", tmp_path / "old"], tmp_path / "out2")
@@ -175,7 +183,8 @@ def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
     _with_samples(tmp_path / "r", "mot", "test", [True, False])
     f = tmp_path / "r" / "eval-test-mot.json"
     m = json.loads(f.read_text())
-    m["samples"][1]["rank"] = "first"
-    f.write_text(json.dumps(m))
-    with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'samples'"):
-        summarize([tmp_path / "r"], tmp_path / "out")
+    for bad in ({"rank": "first"}, {"pred": None}, {"id": 7}):
+        m["samples"][1] = {**m["samples"][0], **bad}
+        f.write_text(json.dumps(m))
+        with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'samples'"):
+            summarize([tmp_path / "r"], tmp_path / "out")

@@ -230,12 +230,17 @@ def _load_eval(f: Path) -> dict[str, Any]:
     if recs is not None and not (
         isinstance(recs, list)
         and all(
-            isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("rank"), int)
+            isinstance(r, dict)
+            and isinstance(r.get("id"), str)
+            and isinstance(r.get("rank"), int)
+            and isinstance(r.get("label"), str)
+            and isinstance(r.get("pred"), str)
             for r in recs
         )
     ):
         raise ConfigError(
-            f"{f}: 'samples' must be a list of records with a string 'id' and an integer 'rank'"
+            f"{f}: 'samples' must be a list of records with string 'id', 'label' and 'pred' and an "
+            "integer 'rank'"
         )
     return m
 
@@ -311,8 +316,9 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
 def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per split, the runs of each model kind pooled (seeds of one recipe: mean and spread of AC@1 and
     category accuracy), and every kind compared sample by sample with the reference kind (``mot``
-    where evaluated, else the kind with the best mean AC@1) on the samples both were evaluated on: a
-    sample's score is the share of the kind's runs whose first candidate was right (rank 1), and
+    where evaluated, else the kind with the best mean AC@1) on the samples both were evaluated on, in
+    AC@1 and in category accuracy: a sample's score is the share of the kind's runs that got it right
+    (a correct candidate ranked first; the predicted cause), and
     :func:`teller.models.metrics.paired_difference` gives the difference with its bootstrap interval
     and sign test. Evaluations written before per-sample records existed are pooled but not paired."""
     from teller.models.metrics import paired_difference
@@ -324,7 +330,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if str(x["split"]) == split:
                 kinds.setdefault(str(x["model"]), []).append(x)
         stats: dict[str, dict[str, Any]] = {}
-        hits: dict[str, dict[str, float]] = {}
+        hits: dict[str, dict[str, dict[str, float]]] = {}  # kind -> metric -> sample id -> score
         for kind, xs in kinds.items():
             ac = np.array([x["ac@1"] for x in xs if isinstance(x["ac@1"], (int, float))], dtype=float)
             ca = [x["category_accuracy"] for x in xs if isinstance(x["category_accuracy"], (int, float))]
@@ -334,6 +340,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ac@1_mean": float(ac.mean()) if len(ac) else None,
                 "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
                 "category_accuracy_mean": float(np.mean(ca)) if ca else None,
+                "category_accuracy_sd": float(np.std(ca, ddof=1)) if len(ca) > 1 else None,
             }
             recs = [x["_samples"] for x in xs]
             if all(recs):  # every run of the kind has per-sample records
@@ -347,22 +354,26 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for kind in ranked:
             if kind == ref or ref not in hits or kind not in hits:
                 continue
-            common = sorted(set(hits[ref]) & set(hits[kind]))
-            if not common:
-                continue
-            a = np.array([hits[ref][i] for i in common])
-            b = np.array([hits[kind][i] for i in common])
-            paired.append({"reference": ref, "model": kind, **paired_difference(a, b)})
+            for metric in ("ac@1", "category_accuracy"):
+                ha, hb = hits[ref][metric], hits[kind][metric]
+                common = sorted(set(ha) & set(hb))
+                if not common:
+                    continue
+                a = np.array([ha[i] for i in common])
+                b = np.array([hb[i] for i in common])
+                paired.append({"metric": metric, "reference": ref, "model": kind, **paired_difference(a, b)})
         out.append({"split": split, "models": [stats[k] for k in ranked], "paired": paired})
     return out
 
 
-def _mean_hits(recs: list[list[dict[str, Any]]]) -> dict[str, float]:
-    acc: dict[str, list[float]] = {}
+def _mean_hits(recs: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per metric, each sample's share of runs that got it right."""
+    acc: dict[str, dict[str, list[float]]] = {"ac@1": {}, "category_accuracy": {}}
     for rec in recs:
         for r in rec:
-            acc.setdefault(r["id"], []).append(float(r["rank"] == 1))
-    return {i: float(np.mean(v)) for i, v in acc.items()}
+            acc["ac@1"].setdefault(r["id"], []).append(float(r["rank"] == 1))
+            acc["category_accuracy"].setdefault(r["id"], []).append(float(r["pred"] == r["label"]))
+    return {m: {i: float(np.mean(v)) for i, v in d.items()} for m, d in acc.items()}
 
 
 def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
@@ -370,31 +381,34 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
     differences where more than one kind has per-sample records."""
     md: list[str] = []
     if any(g["models"] and max(m["runs"] for m in g["models"]) > 1 for g in groups):
-        md += ["", "## Models over their runs (mean ± sd of AC@1 where a kind has several runs)", ""]
+        md += ["", "## Models over their runs (mean ± sd where a kind has several runs)", ""]
         md += ["| split | model | runs | ac@1 | category_accuracy |", "|---|---|---|---|---|"]
         for g in groups:
             for m in g["models"]:
                 sd = f" ± {m['ac@1_sd']:.3f}" if m["ac@1_sd"] is not None else ""
+                sdc = f" ± {m['category_accuracy_sd']:.3f}" if m["category_accuracy_sd"] is not None else ""
                 md.append(
                     f"| {g['split']} | {m['model']} | {m['runs']} | {_fmt(m['ac@1_mean'])}{sd} | "
-                    f"{_fmt(m['category_accuracy_mean'])} |"
+                    f"{_fmt(m['category_accuracy_mean'])}{sdc} |"
                 )
     if any(g["paired"] for g in groups):
         md += [
             "",
-            "## Paired differences in AC@1 (same samples)",
+            "## Paired differences (same samples)",
             "",
-            "A sample's score is the share of a model's runs that ranked a correct candidate first; "
-            "diff = reference - model, a 95 % bootstrap interval over samples; better / worse: the "
-            "samples where the reference scores higher / lower; p: exact two-sided sign test on them.",
+            "A sample's score is the share of a model's runs that got it right (ac@1: a correct "
+            "candidate ranked first; category_accuracy: the predicted cause); diff = reference - model, "
+            "a 95 % bootstrap interval over samples; better / worse: the samples where the reference "
+            "scores higher / lower; p: exact two-sided sign test on them.",
             "",
-            "| split | reference | model | n | diff | 95 % interval | better | worse | p |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| split | metric | reference | model | n | diff | 95 % interval | better | worse | p |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for g in groups:
             for c in g["paired"]:
                 md.append(
-                    f"| {g['split']} | {c['reference']} | {c['model']} | {c['n']} | {c['diff']:+.3f} | "
+                    f"| {g['split']} | {c['metric']} | {c['reference']} | {c['model']} | {c['n']} | "
+                    f"{c['diff']:+.3f} | "
                     f"{c['lo']:+.3f} .. {c['hi']:+.3f} | {c['better']} | {c['worse']} | {c['p_sign']:.3g} |"
                 )
     return md
