@@ -414,6 +414,11 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
         assert k in m
     assert (run / "eval-test-mot-confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the file keeps one record per test sample (the printed object does not)
+    recs = json.loads((run / "eval-test-mot.json").read_text())["samples"]
+    test_ids = json.loads((out / "manifest.json").read_text())["splits"]["test"]["samples"]
+    assert "samples" not in m and sorted(r["id"] for r in recs) == sorted(test_ids)
+    assert sum(r["rank"] == 1 for r in recs) == round(m["ac@1"] * m["n"])
     # a fresh, untokenized dataset: encoded with the checkpoint's tokenizers and evaluated whole
     fresh = tmp_path / "fresh"
     generate(fresh, num_samples=6, seed=11, preset="tiny")
