@@ -197,6 +197,9 @@ def test_sample_records_and_paired_difference() -> None:
     assert sign_test(4, 1) == pytest.approx(12 / 32)
     assert sign_test(0, 0) == 1.0 and sign_test(3, 3) == 1.0
     assert sign_test(0, 10) == pytest.approx(2 / 1024)
+    # large counts stay exact (2 ** n overflows a float past n = 1023): normal approximation as a check
+    assert sign_test(600, 500) == pytest.approx(0.0029, abs=0.0005)
+    assert sign_test(1500, 1500) == 1.0
     a = np.array([1, 1, 1, 1, 0, 1, 0, 1.0])
     b = np.array([1, 0, 0, 0, 0, 1, 1, 0.5])
     d = paired_difference(a, b)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -415,7 +416,9 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         assert k in m
     assert (run / "eval-test-mot-confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the file keeps one record per test sample (the printed object does not)
-    recs = json.loads((run / "eval-test-mot.json").read_text())["samples"]
+    ev = json.loads((run / "eval-test-mot.json").read_text())
+    recs = ev["samples"]
+    assert ev["data"] == str(Path(out).resolve()) and len(ev["recipe"]) == 8
     test_ids = json.loads((out / "manifest.json").read_text())["splits"]["test"]["samples"]
     assert "samples" not in m and sorted(r["id"] for r in recs) == sorted(test_ids)
     assert sum(r["rank"] == 1 for r in recs) == round(m["ac@1"] * m["n"])
@@ -558,9 +561,10 @@ def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-def test_weight_ema_average_and_resume(shards) -> None:
+def test_weight_ema_average_and_resume(shards, monkeypatch) -> None:
     from safetensors.torch import load_file
     from teller.errors import ConfigError
+    from teller.models.metrics import compute_metrics
     from teller.models.train import WeightEMA
 
     # the average by hand: one float weight, decay capped at 0.5 (ramp (1+n)/(10+n) is lower at first)
@@ -594,6 +598,38 @@ def test_weight_ema_average_and_resume(shards) -> None:
     assert st_a["n"] == st_b["n"] > 0
     for k in st_a["shadow"]:
         assert torch.equal(st_a["shadow"][k], st_b["shadow"][k]), k
+    # one epoch: the kept model is exactly the average (what val scored), not the raw weights. (This
+    # tiny dataset's val split is empty: the train samples stand in for it.)
+    import teller.models.train as tr
+
+    real = tr.load_model_split
+    monkeypatch.setattr(tr, "load_model_split", lambda d, sp, mc: real(d, "train" if sp == "val" else sp, mc))
+    one = train(
+        {"model": CFG["model"], "train": {**cfg["train"], "epochs": 1}}, out, root / "ema-1", tpe_dir=tdir
+    )
+    avg = torch.load(one / "state.pt", weights_only=False)["ema"]["shadow"]
+    kept, last = load_file(str(one / "model.safetensors")), _state(one)
+    for k in kept:
+        assert torch.equal(kept[k], avg[k]), k
+    assert any(not torch.equal(kept[k], last[k]) for k in kept)
+    model, ck = load_checkpoint(one)
+    samples, _ = real(out, "train", ck["model"])
+    h = json.loads((one / "history.json").read_text())[-1]
+    val = compute_metrics(predict(model, samples)[0], ck["label_names"])
+    assert val["ac@1"] == pytest.approx(h["val_ac@1"]) and val["macro_f1"] == pytest.approx(h["val_macro_f1"])
+    monkeypatch.undo()
+    # resuming with another setting is refused before anything is rewritten
+    before = (part / "config.json").read_bytes()
+    for other in (0.0, 0.5):
+        with pytest.raises(ConfigError, match="resume it with the same setting"):
+            train(
+                {"model": CFG["model"], "train": {**cfg["train"], "ema": other}},
+                out,
+                part,
+                tpe_dir=tdir,
+                resume=True,
+            )
+    assert (part / "config.json").read_bytes() == before
 
 
 def test_relative_token_features_hand_computed() -> None:

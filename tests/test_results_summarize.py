@@ -128,11 +128,12 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     )
 
 
-def _with_samples(run: Path, model: str, split: str, hits: list[bool]) -> None:
-    """An evaluation file with per-sample records: sample i right (rank 1) where hits[i]."""
+def _with_samples(run: Path, model: str, split: str, hits: list[bool], **tags: str) -> None:
+    """An evaluation file with per-sample records: sample i right (rank 1) where hits[i]; ``tags``:
+    ``recipe`` and ``data`` as teller evaluate writes them."""
     _eval(run, model, split, sum(hits) / len(hits), {"normal": 0.5})
     f = run / f"eval-{split}-{model}.json"
-    m = json.loads(f.read_text())
+    m = json.loads(f.read_text()) | tags
     m["samples"] = [  # (the category is right on every other miss: rank 3 with the right cause)
         {"id": f"s{i:03d}", "label": "normal", "pred": "normal" if h or i % 2 else "oom", "p": 0.9}
         | {"rank": 1 if h else 3}
@@ -171,12 +172,44 @@ def test_seeds_pooled_and_paired_per_sample(tmp_path: Path) -> None:
     assert (cat["better"], cat["worse"]) == (2, 2) and cat["p_sign"] == pytest.approx(1.0)
     assert "## Paired differences (same samples)" in text
     assert "| test | ac@1 | mot | single | 20 | +0.075 |" in text
-    assert "| test | mot | 2 | 0.875 ± 0.035 | 0.925 ± 0.035 |"  # (the files' own accuracy) in text
+    assert (
+        "| test | mot | 2: mot-0, mot-1 | 0.875 ± 0.035 | 0.925 ± 0.035 |" in text
+    )  # (the files' own accuracy)
     # an evaluation without per-sample records is pooled but not paired
     _eval(tmp_path / "old", "gbdt", "test", 0.5, {"normal": 0.5})
     summarize([tmp_path / "mot-0", tmp_path / "old"], tmp_path / "out2")
     g = json.loads((tmp_path / "out2" / "results-paired.json").read_text())
     assert g[0]["paired"] == [] and {m["model"] for m in g[0]["models"]} == {"mot", "gbdt"}
+    assert "no per-sample records" in g[0]["not_paired"]["gbdt"]
+
+
+def test_recipes_and_data_are_kept_apart(tmp_path: Path) -> None:
+    h = [True] * 8 + [False, False]
+    # two MoT recipes (e.g. with and without a weight average), one dataset: two kinds, paired
+    _with_samples(tmp_path / "a0", "mot", "test", h, recipe="aaaa", data="/d/one")
+    _with_samples(tmp_path / "a1", "mot", "test", h, recipe="aaaa", data="/d/one")
+    _with_samples(tmp_path / "b0", "mot", "test", [True] * 10, recipe="bbbb", data="/d/one")
+    # the same split name on other data: never pooled or paired with the first
+    _with_samples(tmp_path / "c0", "mot", "test", [False] * 10, recipe="aaaa", data="/d/two")
+    _with_samples(tmp_path / "c1", "single", "test", [True] * 10, recipe="cccc", data="/d/two")
+    runs = [tmp_path / n for n in ("a0", "a1", "b0", "c0", "c1")]
+    text = summarize(runs, tmp_path / "out")
+    one, two = json.loads((tmp_path / "out" / "results-paired.json").read_text())
+    assert one["split"] == "test (one)" and two["split"] == "test (two)"
+    assert [(m["model"], m["runs"]) for m in one["models"]] == [("mot [bbbb]", 1), ("mot [aaaa]", 2)]
+    assert {(c["reference"], c["model"]) for c in one["paired"]} == {("mot [bbbb]", "mot [aaaa]")}
+    assert one["paired"][0]["diff"] == pytest.approx(0.2)
+    assert [m["model"] for m in two["models"]] == ["single", "mot"]
+    assert {(c["metric"], c["reference"], c["model"], c["diff"]) for c in two["paired"]} == {
+        ("ac@1", "mot", "single", -1.0),
+        ("category_accuracy", "mot", "single", -0.5),  # (odd misses keep the right cause)
+    }
+    assert "| test (one) | mot [aaaa] | 2: a0, a1 |" in text
+    # a kind whose runs saw different samples is named, not paired
+    _with_samples(tmp_path / "d0", "gbdt", "test", h[:9], recipe="dddd", data="/d/one")
+    _with_samples(tmp_path / "d1", "gbdt", "test", h, recipe="dddd", data="/d/one")
+    text = summarize([*runs[:3], tmp_path / "d0", tmp_path / "d1"], tmp_path / "out2")
+    assert "* test: gbdt: its runs were evaluated on different samples" in text
 
 
 def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
@@ -188,3 +221,28 @@ def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
         f.write_text(json.dumps(m))
         with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'samples'"):
             summarize([tmp_path / "r"], tmp_path / "out")
+    m["samples"][1] = m["samples"][0] | {"id": "s001"}
+    m["recipe"] = ["x"]
+    f.write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'recipe' must be a string"):
+        summarize([tmp_path / "r"], tmp_path / "out")
+
+
+def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
+    from teller.models.report import recipe_id
+
+    base = {"format": "teller-rca-checkpoint", "model": {"arch": "mot"}, "train": {"seed": 0, "ema": 0.0}}
+    seed1 = {**base, "train": {"seed": 1, "ema": 0.0}}
+    ema = {**base, "train": {"seed": 0, "ema": 0.999}}
+    assert recipe_id(base) == recipe_id(seed1) != recipe_id(ema)
+    assert base["train"]["seed"] == 0  # (not modified)
+    gb = {"format": "teller-baselines", "data_dir": "/d", "info": {"gbdt": {"lr": 0.1}}}
+    assert recipe_id(gb) == recipe_id({**gb, "info": {"gbdt": {"lr": 0.05}}})
+    # an ensemble: its MoT's recipe, not its path or the weight val chose
+    for name, cfg in (("m0", base), ("m1", seed1), ("m2", ema)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    ens = {"format": "teller-ensemble", "baselines": "/b"}
+    e0 = recipe_id({**ens, "mot": str(tmp_path / "m0"), "weight": 0.25})
+    assert e0 == recipe_id({**ens, "mot": str(tmp_path / "m1"), "weight": 0.5})
+    assert e0 != recipe_id({**ens, "mot": str(tmp_path / "m2"), "weight": 0.25})

@@ -301,7 +301,13 @@ def paired_difference(
     out: dict[str, float | int] = {"n": n, "diff": float(d.mean()) if n else 0.0}
     if n:
         rng = np.random.default_rng(seed)
-        boots = d[rng.integers(0, n, size=(resamples, n))].mean(1)
+        step = max(1, 4_000_000 // n)  # resamples per chunk: the index array stays ~32 MB
+        boots = np.concatenate(
+            [
+                d[rng.integers(0, n, size=(min(step, resamples - i), n))].mean(1)
+                for i in range(0, resamples, step)
+            ]
+        )
         out["lo"], out["hi"] = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
     else:
         out["lo"] = out["hi"] = 0.0
@@ -313,14 +319,14 @@ def paired_difference(
 
 def sign_test(k: int, m: int) -> float:
     """Exact two-sided binomial p-value of ``k`` successes against ``m`` failures at p = 1/2."""
+    from fractions import Fraction
     from math import comb
 
     n = k + m
     if n == 0:
         return 1.0
-    lo = min(k, m)
-    tail = sum(comb(n, i) for i in range(lo + 1)) / 2.0**n
-    return float(min(1.0, 2.0 * tail))
+    tail = sum(comb(n, i) for i in range(min(k, m) + 1))  # exact integers: 2**n overflows a float
+    return float(min(Fraction(1), Fraction(2 * tail, 2**n)))
 
 
 def metrics_for(

@@ -87,21 +87,53 @@ def evaluate_any(
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
         for m in res:
             m["split"] = sp.name
-            m["dataset"] = str(sp.resolve())
+            m["dataset"] = m["data"] = str(sp.resolve())
         return res
     if fmt == "teller-baselines":
         from teller.models.baselines import evaluate_baselines
 
-        return list(evaluate_baselines(p, data_dir, split).values())
-    if fmt == "teller-rca-checkpoint":
+        res = list(evaluate_baselines(p, data_dir, split).values())
+    elif fmt == "teller-rca-checkpoint":
         from teller.models.train import evaluate
 
-        return [evaluate(p, data_dir, split)]
-    if fmt == "teller-ensemble":
+        res = [evaluate(p, data_dir, split)]
+    elif fmt == "teller-ensemble":
         from teller.models.ensemble import evaluate_ensemble
 
-        return [evaluate_ensemble(p, data_dir, split)]
-    raise ConfigError(f"{cfgp}: unknown checkpoint format {fmt!r}")
+        res = [evaluate_ensemble(p, data_dir, split)]
+    else:
+        raise ConfigError(f"{cfgp}: unknown checkpoint format {fmt!r}")
+    from teller.models.train import shards_run_dir
+
+    data = str(shards_run_dir(data_dir or cfg["data_dir"]).resolve())  # (evaluate read it: it exists)
+    for m in res:  # what summarize pools and pairs by: the recipe and the data evaluated
+        m["recipe"] = recipe_id(cfg)
+        m["data"] = data
+    return res
+
+
+# fields of a run's config.json that a fit produced, not chose: runs of one recipe differ in them
+_FITTED = ("info", "weight", "val_ac@1", "chosen_on")
+
+
+def recipe_id(cfg: dict[str, Any]) -> str:
+    """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
+    with different seeds share it (``teller results summarize`` pools them). An ensemble's recipe
+    includes its MoT's."""
+    import hashlib
+
+    c = json.loads(json.dumps(cfg))
+    if c.get("format") == "teller-ensemble" and c.get("mot"):
+        mot = Path(c.pop("mot"))
+        try:
+            c["mot_recipe"] = recipe_id(json.loads((mot / "config.json").read_text()))
+        except (OSError, ValueError):
+            c["mot_recipe"] = str(mot)
+    for k in _FITTED:
+        c.pop(k, None)
+    if isinstance(c.get("train"), dict):
+        c["train"].pop("seed", None)
+    return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def png_heatmap(m: np.ndarray, path: Path, cell: int = 24) -> None:
@@ -226,6 +258,9 @@ def _load_eval(f: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{f}: not an evaluation file (no 'model' and 'split'; written by teller evaluate?)"
         )
+    for k in ("recipe", "data"):
+        if not isinstance(m.get(k), (str, type(None))):
+            raise ConfigError(f"{f}: {k!r} must be a string")
     recs = m.get("samples")
     if recs is not None and not (
         isinstance(recs, list)
@@ -267,6 +302,8 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
                     "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
                     "_samples": m.get("samples"),
+                    "_recipe": m.get("recipe"),
+                    "_data": m.get("data"),
                 }
             )
     if not rows:
@@ -278,7 +315,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     _label_rows(rows)
     groups = _model_groups(rows)
     for x in rows:
-        del x["_dir"], x["_samples"]
+        del x["_dir"], x["_samples"], x["_recipe"], x["_data"]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "results-paired.json").write_text(json.dumps(groups, indent=1))
     # the results table leaves the detection metrics to the per-run files
@@ -314,55 +351,86 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
 
 
 def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per split, the runs of each model kind pooled (seeds of one recipe: mean and spread of AC@1 and
-    category accuracy), and every kind compared sample by sample with the reference kind (``mot``
-    where evaluated, else the kind with the best mean AC@1) on the samples both were evaluated on, in
-    AC@1 and in category accuracy: a sample's score is the share of the kind's runs that got it right
-    (a correct candidate ranked first; the predicted cause), and
+    """Per evaluated set (split name and data: the shards or dataset an evaluation read), the runs of
+    each *kind* pooled: a kind is a model trained by one recipe (``recipe_id``: same configuration
+    and data, any seed), named by the model, plus the recipe where one model has several. Mean and
+    spread of AC@1 and category accuracy per kind; then every kind compared sample by sample with the
+    reference kind (the MoT; of several MoT recipes the best on mean AC@1; without a MoT the best kind
+    with per-sample records), in AC@1 and in category accuracy: a sample's score is the share of the
+    kind's runs that got it right (a correct candidate ranked first; the predicted cause), and
     :func:`teller.models.metrics.paired_difference` gives the difference with its bootstrap interval
-    and sign test. Evaluations written before per-sample records existed are pooled but not paired."""
+    and sign test. Kinds that cannot be paired are listed with the reason. The interval and the test
+    are over samples, for these trained runs: they do not cover what another set of seeds would do."""
     from teller.models.metrics import paired_difference
 
     out: list[dict[str, Any]] = []
-    for split in dict.fromkeys(str(x["split"]) for x in rows):
-        kinds: dict[str, list[dict[str, Any]]] = {}
-        for x in rows:
-            if str(x["split"]) == split:
-                kinds.setdefault(str(x["model"]), []).append(x)
+    sets = dict.fromkeys((str(x["split"]), x["_data"]) for x in rows)
+    names_per_split: dict[str, int] = {}
+    for split, _data in sets:
+        names_per_split[split] = names_per_split.get(split, 0) + 1
+    for split, data in sets:
+        part = [x for x in rows if str(x["split"]) == split and x["_data"] == data]
+        by_kind: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+        for x in part:
+            by_kind.setdefault((str(x["model"]), x["_recipe"]), []).append(x)
+        recipes_of: dict[str, int] = {}
+        for model, _r in by_kind:
+            recipes_of[model] = recipes_of.get(model, 0) + 1
         stats: dict[str, dict[str, Any]] = {}
         hits: dict[str, dict[str, dict[str, float]]] = {}  # kind -> metric -> sample id -> score
-        for kind, xs in kinds.items():
+        unpaired: dict[str, str] = {}
+        for (model, recipe), xs in by_kind.items():
+            kind = model if recipes_of[model] == 1 else f"{model} [{recipe or 'unknown recipe'}]"
             ac = np.array([x["ac@1"] for x in xs if isinstance(x["ac@1"], (int, float))], dtype=float)
             ca = [x["category_accuracy"] for x in xs if isinstance(x["category_accuracy"], (int, float))]
             stats[kind] = {
                 "model": kind,
+                "arch": model,
+                "recipe": recipe,
                 "runs": len(xs),
+                "run_names": [x["run"] for x in xs],
                 "ac@1_mean": float(ac.mean()) if len(ac) else None,
                 "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
                 "category_accuracy_mean": float(np.mean(ca)) if ca else None,
                 "category_accuracy_sd": float(np.std(ca, ddof=1)) if len(ca) > 1 else None,
             }
             recs = [x["_samples"] for x in xs]
-            if all(recs):  # every run of the kind has per-sample records
-                ids = set.intersection(*({r["id"] for r in rec} for rec in recs))
-                # (the same samples in every run, each named once; otherwise the kind is not paired)
-                if ids and all(ids) and all(len(ids) == len(rec) for rec in recs):
-                    hits[kind] = _mean_hits(recs)
+            if not all(recs):
+                unpaired[kind] = "no per-sample records (evaluated before they were written)"
+                continue
+            ids = [[r["id"] for r in rec] for rec in recs]
+            if any(len(set(i)) != len(i) or not all(i) for i in ids):
+                unpaired[kind] = "a sample id is empty or repeated"
+            elif any(set(i) != set(ids[0]) for i in ids):
+                unpaired[kind] = "its runs were evaluated on different samples"
+            else:
+                hits[kind] = _mean_hits(recs)
         ranked = sorted(stats, key=lambda k: -(stats[k]["ac@1_mean"] or 0.0))
-        ref = "mot" if "mot" in stats else (ranked[0] if ranked else None)
+        mots = [k for k in ranked if stats[k]["arch"] == "mot" and k in hits]
+        ref = mots[0] if mots else next((k for k in ranked if k in hits), None)
         paired = []
         for kind in ranked:
-            if kind == ref or ref not in hits or kind not in hits:
+            if kind == ref or kind not in hits or ref is None:
                 continue
             for metric in ("ac@1", "category_accuracy"):
                 ha, hb = hits[ref][metric], hits[kind][metric]
                 common = sorted(set(ha) & set(hb))
                 if not common:
+                    unpaired.setdefault(kind, "no sample in common with the reference")
                     continue
                 a = np.array([ha[i] for i in common])
                 b = np.array([hb[i] for i in common])
                 paired.append({"metric": metric, "reference": ref, "model": kind, **paired_difference(a, b)})
-        out.append({"split": split, "models": [stats[k] for k in ranked], "paired": paired})
+        label = split if names_per_split[split] == 1 or not data else f"{split} ({Path(str(data)).name})"
+        out.append(
+            {
+                "split": label,
+                "data": data,
+                "models": [stats[k] for k in ranked],
+                "paired": paired,
+                "not_paired": unpaired,
+            }
+        )
     return out
 
 
@@ -384,11 +452,12 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
         md += ["", "## Models over their runs (mean ± sd where a kind has several runs)", ""]
         md += ["| split | model | runs | ac@1 | category_accuracy |", "|---|---|---|---|---|"]
         for g in groups:
-            for m in g["models"]:
+            for m in g["models"]:  # (runs: their directory names)
                 sd = f" ± {m['ac@1_sd']:.3f}" if m["ac@1_sd"] is not None else ""
                 sdc = f" ± {m['category_accuracy_sd']:.3f}" if m["category_accuracy_sd"] is not None else ""
                 md.append(
-                    f"| {g['split']} | {m['model']} | {m['runs']} | {_fmt(m['ac@1_mean'])}{sd} | "
+                    f"| {g['split']} | {m['model']} | {m['runs']}: {', '.join(m['run_names'])} | "
+                    f"{_fmt(m['ac@1_mean'])}{sd} | "
                     f"{_fmt(m['category_accuracy_mean'])}{sdc} |"
                 )
     if any(g["paired"] for g in groups):
@@ -411,6 +480,9 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
                     f"{c['diff']:+.3f} | "
                     f"{c['lo']:+.3f} .. {c['hi']:+.3f} | {c['better']} | {c['worse']} | {c['p_sign']:.3g} |"
                 )
+    notes = [f"* {g['split']}: {k}: {why}" for g in groups for k, why in g["not_paired"].items()]
+    if notes and any(len(g["models"]) > 1 for g in groups):
+        md += ["", "Not paired:", "", *notes]
     return md
 
 

@@ -250,15 +250,17 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
 
 
 class WeightEMA:
-    """Exponential moving average of a model's floating-point weights (non-float buffers are copied).
-    The decay ramps up as ``min(decay, (1 + n) / (10 + n))`` over the first updates, so that the
-    average is not dominated by the initial weights."""
+    """Exponential moving average of a model's parameters; buffers (the fitted feature norms and bin
+    edges, fixed during training) are copied, not averaged. The decay ramps up as
+    ``min(decay, (1 + n) / (10 + n))`` over the first updates, so that the average is not dominated
+    by the initial weights."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         if not 0.0 < decay < 1.0:
             raise ConfigError(f"train.ema must be in (0, 1) (0 turns it off), got {decay}")
         self.decay = decay
         self.n = 0
+        self.params = {k for k, _ in model.named_parameters()}
         self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     @torch.no_grad()
@@ -267,7 +269,7 @@ class WeightEMA:
         d = min(self.decay, (1.0 + self.n) / (10.0 + self.n))
         for k, v in model.state_dict().items():
             sh = self.shadow[k]
-            if sh.dtype.is_floating_point:
+            if k in self.params and sh.dtype.is_floating_point:
                 sh.mul_(d).add_(v.detach(), alpha=1.0 - d)
             else:
                 sh.copy_(v)
@@ -279,11 +281,14 @@ class WeightEMA:
         return raw
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "shadow": self.shadow}
+        return {"n": self.n, "decay": self.decay, "shadow": self.shadow}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
+        if set(st["shadow"]) != set(self.shadow):
+            raise ConfigError("the saved weight average does not match this model's weights")
         self.n = int(st["n"])
-        self.shadow = {k: v.clone() for k, v in st["shadow"].items()}
+        # (onto the model's device: a run saved on one device may resume on another)
+        self.shadow = {k: v.to(self.shadow[k].device).clone() for k, v in st["shadow"].items()}
 
 
 def train(
@@ -375,24 +380,31 @@ def train(
         else None,
         "reference_sha256": (man.get("reference") or {}).get("sha256"),
     }
+    st: dict[str, Any] | None = None
+    if resume and (out / "state.pt").is_file():
+        # (CPU first: a run saved on one device may resume on another; load_state_dict moves it)
+        st = torch.load(out / "state.pt", weights_only=False, map_location="cpu")
+        saved = st.get("ema")
+        if (saved is None) != (not tc.ema) or (saved and float(saved.get("decay", tc.ema)) != tc.ema):
+            was = f"with train.ema {saved.get('decay')}" if saved else "without train.ema"
+            raise ConfigError(
+                f"{out / 'state.pt'}: the run was started {was}; resume it with the same setting"
+            )
     (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
     history: list[dict[str, float]] = []
     start_epoch = 0
     best = -1.0
     bad_epochs = 0
-    if resume and (out / "state.pt").is_file():
+    if st is not None:
         from safetensors.torch import load_file
 
-        st = torch.load(out / "state.pt", weights_only=False)
         model.load_state_dict(load_file(str(out / "last.safetensors")))
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
         torch.set_rng_state(st["torch_rng"])
     ema = WeightEMA(model, tc.ema) if tc.ema else None
-    if ema is not None and resume and (out / "state.pt").is_file():
-        if st.get("ema") is None:
-            raise ConfigError(f"{out / 'state.pt'}: the run was started without train.ema; resume it without")
+    if ema is not None and st is not None:
         ema.load_state_dict(st["ema"])
     use_amp = tc.amp and dev.type == "cuda"
     normal = label_names.index("normal") if "normal" in label_names else 0
