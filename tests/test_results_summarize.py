@@ -210,6 +210,13 @@ def test_recipes_and_data_are_kept_apart(tmp_path: Path) -> None:
     _with_samples(tmp_path / "d1", "gbdt", "test", h, recipe="dddd", data="/d/one")
     text = summarize([*runs[:3], tmp_path / "d0", tmp_path / "d1"], tmp_path / "out2")
     assert "* test: gbdt: its runs were evaluated on different samples" in text
+    # data directories with one name in two places, and an evaluation that does not say its data
+    _with_samples(tmp_path / "e0", "mot", "test", h, recipe="aaaa", data="/x/fresh")
+    _with_samples(tmp_path / "e1", "mot", "test", h, recipe="aaaa", data="/y/fresh")
+    _eval(tmp_path / "e2", "mot", "test", 0.5, {"normal": 0.5})
+    summarize([tmp_path / n for n in ("e0", "e1", "e2")], tmp_path / "out3")
+    sets = json.loads((tmp_path / "out3" / "results-paired.json").read_text())
+    assert [g["split"] for g in sets] == ["test (x/fresh)", "test (y/fresh)", "test (data unknown)"]
 
 
 def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
@@ -222,10 +229,11 @@ def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'samples'"):
             summarize([tmp_path / "r"], tmp_path / "out")
     m["samples"][1] = m["samples"][0] | {"id": "s001"}
-    m["recipe"] = ["x"]
-    f.write_text(json.dumps(m))
-    with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'recipe' must be a string"):
-        summarize([tmp_path / "r"], tmp_path / "out")
+    for bad_recipe in (["x"], ""):
+        m["recipe"] = bad_recipe
+        f.write_text(json.dumps(m))
+        with pytest.raises(ConfigError, match=r"eval-test-mot.json: 'recipe' must be a non-empty string"):
+            summarize([tmp_path / "r"], tmp_path / "out")
 
 
 def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
@@ -246,3 +254,15 @@ def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
     e0 = recipe_id({**ens, "mot": str(tmp_path / "m0"), "weight": 0.25})
     assert e0 == recipe_id({**ens, "mot": str(tmp_path / "m1"), "weight": 0.5})
     assert e0 != recipe_id({**ens, "mot": str(tmp_path / "m2"), "weight": 0.25})
+    # where files lie is not the recipe: shards by their content-addressed name, no tokenizer paths
+    where = {**base, "data_dir": "/a/tok-123", "extra_train": ["/a/tok-9"], "tpe_dir": "/a/tpe"}
+    moved = {**base, "data_dir": "/b/tok-123", "extra_train": ["/c/tok-9"], "tpe_dir": "/b/t/tpe.json"}
+    assert recipe_id(where) == recipe_id(moved) != recipe_id({**moved, "data_dir": "/b/tok-456"})
+    # an ensemble on another fit of the same baselines recipe
+    for name in ("b1", "b2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**gb, "info": {"fit": name}}))
+    mot0 = {"format": "teller-ensemble", "mot": str(tmp_path / "m0")}
+    assert recipe_id({**mot0, "baselines": str(tmp_path / "b1")}) == recipe_id(
+        {**mot0, "baselines": str(tmp_path / "b2")}
+    )

@@ -320,12 +320,14 @@ def paired_difference(
 def sign_test(k: int, m: int) -> float:
     """Exact two-sided binomial p-value of ``k`` successes against ``m`` failures at p = 1/2."""
     from fractions import Fraction
-    from math import comb
 
     n = k + m
     if n == 0:
         return 1.0
-    tail = sum(comb(n, i) for i in range(min(k, m) + 1))  # exact integers: 2**n overflows a float
+    tail, c = 0, 1  # exact integers (2**n overflows a float); C(n, i) built up term by term
+    for i in range(min(k, m) + 1):
+        tail += c
+        c = c * (n - i) // (i + 1)
     return float(min(Fraction(1), Fraction(2 * tail, 2**n)))
 
 

@@ -112,25 +112,33 @@ def evaluate_any(
     return res
 
 
-# fields of a run's config.json that a fit produced, not chose: runs of one recipe differ in them
-_FITTED = ("info", "weight", "val_ac@1", "chosen_on")
+# fields of a run's config.json that its fit produced or that only say where files lie (the shards'
+# content-addressed names and the reference's hash pin the same things)
+_NOT_RECIPE = ("info", "weight", "val_ac@1", "chosen_on", "tpe_dir", "log_tokenizer", "reference")
 
 
 def recipe_id(cfg: dict[str, Any]) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
-    with different seeds share it (``teller results summarize`` pools them). An ensemble's recipe
-    includes its MoT's."""
+    with different seeds share it (``teller results summarize`` pools them). Shards count by their
+    directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie; an
+    ensemble's recipe is made of its MoT's and its baselines' recipes."""
     import hashlib
 
     c = json.loads(json.dumps(cfg))
-    if c.get("format") == "teller-ensemble" and c.get("mot"):
-        mot = Path(c.pop("mot"))
-        try:
-            c["mot_recipe"] = recipe_id(json.loads((mot / "config.json").read_text()))
-        except (OSError, ValueError):
-            c["mot_recipe"] = str(mot)
-    for k in _FITTED:
+    if c.get("format") == "teller-ensemble":
+        for key in ("mot", "baselines"):
+            if c.get(key):
+                run = Path(c.pop(key))
+                try:
+                    c[f"{key}_recipe"] = recipe_id(json.loads((run / "config.json").read_text()))
+                except (OSError, ValueError):
+                    c[f"{key}_recipe"] = run.name
+    for k in _NOT_RECIPE:
         c.pop(k, None)
+    if isinstance(c.get("data_dir"), str):
+        c["data_dir"] = Path(c["data_dir"]).name
+    if isinstance(c.get("extra_train"), list):
+        c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
@@ -259,8 +267,8 @@ def _load_eval(f: Path) -> dict[str, Any]:
             f"{f}: not an evaluation file (no 'model' and 'split'; written by teller evaluate?)"
         )
     for k in ("recipe", "data"):
-        if not isinstance(m.get(k), (str, type(None))):
-            raise ConfigError(f"{f}: {k!r} must be a string")
+        if not (m.get(k) is None or (isinstance(m[k], str) and m[k])):
+            raise ConfigError(f"{f}: {k!r} must be a non-empty string")
     recs = m.get("samples")
     if recs is not None and not (
         isinstance(recs, list)
@@ -365,9 +373,9 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     sets = dict.fromkeys((str(x["split"]), x["_data"]) for x in rows)
-    names_per_split: dict[str, int] = {}
-    for split, _data in sets:
-        names_per_split[split] = names_per_split.get(split, 0) + 1
+    datas_of: dict[str, list[Any]] = {}
+    for split, data in sets:
+        datas_of.setdefault(split, []).append(data)
     for split, data in sets:
         part = [x for x in rows if str(x["split"]) == split and x["_data"] == data]
         by_kind: dict[tuple[str, Any], list[dict[str, Any]]] = {}
@@ -380,7 +388,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         hits: dict[str, dict[str, dict[str, float]]] = {}  # kind -> metric -> sample id -> score
         unpaired: dict[str, str] = {}
         for (model, recipe), xs in by_kind.items():
-            kind = model if recipes_of[model] == 1 else f"{model} [{recipe or 'unknown recipe'}]"
+            kind = model if recipes_of[model] == 1 else f"{model} [{recipe if recipe is not None else '?'}]"
             ac = np.array([x["ac@1"] for x in xs if isinstance(x["ac@1"], (int, float))], dtype=float)
             ca = [x["category_accuracy"] for x in xs if isinstance(x["category_accuracy"], (int, float))]
             stats[kind] = {
@@ -421,7 +429,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 a = np.array([ha[i] for i in common])
                 b = np.array([hb[i] for i in common])
                 paired.append({"metric": metric, "reference": ref, "model": kind, **paired_difference(a, b)})
-        label = split if names_per_split[split] == 1 or not data else f"{split} ({Path(str(data)).name})"
+        label = split if len(datas_of[split]) == 1 else f"{split} ({_data_tail(data, datas_of[split])})"
         out.append(
             {
                 "split": label,
@@ -432,6 +440,18 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _data_tail(data: str | None, others: list[str | None]) -> str:
+    """The shortest tail of ``data``'s path that no other data directory of the split shares."""
+    if data is None:
+        return "data unknown"
+    parts = Path(data).parts
+    paths = [Path(o).parts for o in others if o is not None and o != data]
+    for k in range(1, len(parts) + 1):
+        if all(o[-k:] != parts[-k:] for o in paths):
+            return "/".join(parts[-k:])
+    return data
 
 
 def _mean_hits(recs: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
