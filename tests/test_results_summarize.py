@@ -205,6 +205,10 @@ def test_recipes_and_data_are_kept_apart(tmp_path: Path) -> None:
         ("category_accuracy", "mot", "single", -0.5),  # (odd misses keep the right cause)
     }
     assert "| test (one) | mot [aaaa] | 2: a0, a1 |" in text
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {(r["run"], r["recipe"], r["data"]) for r in rows if r["run"] == "c1"} == {
+        ("c1", "cccc", "/d/two")
+    }
     # a kind whose runs saw different samples is named, not paired
     _with_samples(tmp_path / "d0", "gbdt", "test", h[:9], recipe="dddd", data="/d/one")
     _with_samples(tmp_path / "d1", "gbdt", "test", h, recipe="dddd", data="/d/one")

@@ -310,8 +310,8 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
                     "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
                     "_samples": m.get("samples"),
-                    "_recipe": m.get("recipe"),
-                    "_data": m.get("data"),
+                    "recipe": m.get("recipe"),
+                    "data": m.get("data"),
                 }
             )
     if not rows:
@@ -323,7 +323,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     _label_rows(rows)
     groups = _model_groups(rows)
     for x in rows:
-        del x["_dir"], x["_samples"], x["_recipe"], x["_data"]
+        del x["_dir"], x["_samples"]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "results-paired.json").write_text(json.dumps(groups, indent=1))
     # the results table leaves the detection metrics to the per-run files
@@ -372,15 +372,15 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from teller.models.metrics import paired_difference
 
     out: list[dict[str, Any]] = []
-    sets = dict.fromkeys((str(x["split"]), x["_data"]) for x in rows)
+    sets = dict.fromkeys((str(x["split"]), x["data"]) for x in rows)
     datas_of: dict[str, list[Any]] = {}
     for split, data in sets:
         datas_of.setdefault(split, []).append(data)
     for split, data in sets:
-        part = [x for x in rows if str(x["split"]) == split and x["_data"] == data]
+        part = [x for x in rows if str(x["split"]) == split and x["data"] == data]
         by_kind: dict[tuple[str, Any], list[dict[str, Any]]] = {}
         for x in part:
-            by_kind.setdefault((str(x["model"]), x["_recipe"]), []).append(x)
+            by_kind.setdefault((str(x["model"]), x["recipe"]), []).append(x)
         recipes_of: dict[str, int] = {}
         for model, _r in by_kind:
             recipes_of[model] = recipes_of.get(model, 0) + 1
