@@ -555,7 +555,12 @@ def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
     cut = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 0.0}}
     part = train(cut, out, root / "part", tpe_dir=tdir)  # stops after the first epoch
     assert len(json.loads((part / "history.json").read_text())) == 1
+    assert json.loads((full / "config.json").read_text())["trained_on"] == "cpu"
+    # (as if the first part had run on a GPU: the resumed run names both devices)
+    c = json.loads((part / "config.json").read_text())
+    (part / "config.json").write_text(json.dumps(c | {"trained_on": "cuda"}))
     train(cfg, out, root / "part", tpe_dir=tdir, resume=True)
+    assert json.loads((part / "config.json").read_text())["trained_on"] == "cpu+cuda"
     a, b = _state(full), _state(part)
     for k in a:
         assert torch.equal(a[k], b[k]), k

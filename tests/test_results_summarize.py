@@ -107,6 +107,9 @@ def test_same_model_in_two_runs_is_named_by_run(tmp_path: Path) -> None:
     summarize([tmp_path / "a" / "mot", tmp_path / "b" / "mot"], tmp_path / "out2")
     rows = json.loads((tmp_path / "out2" / "results.json").read_text())
     assert [r["label"] for r in rows] == ["a/mot/mot", "b/mot/mot"]
+    # the pooled table lists the runs by those tails too, not by their (equal) directory names
+    g = json.loads((tmp_path / "out2" / "results-paired.json").read_text())
+    assert g[0]["models"][0]["run_names"] == ["a/mot", "b/mot"]
 
 
 def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
@@ -223,6 +226,33 @@ def test_recipes_and_data_are_kept_apart(tmp_path: Path) -> None:
     assert [g["split"] for g in sets] == ["test (x/fresh)", "test (y/fresh)", "test (data unknown)"]
 
 
+def test_per_split_tables_and_plots_keep_data_apart(tmp_path: Path) -> None:
+    # one split name, two datasets: every section and plot is per (split, data), never a mix
+    _with_samples(tmp_path / "a", "mot", "test", [True] * 4, recipe="aaaa", data="/d/one")
+    _with_samples(tmp_path / "b", "mot", "test", [False] * 4, recipe="aaaa", data="/d/two")
+    text = summarize([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    assert "## F1 per fault type (test (one))" in text and "## F1 per fault type (test (two))" in text
+    assert "## F1 per fault type (test)" not in text
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {(r["run"], r["split"], r["set"]) for r in rows} == {
+        ("a", "test", "test (one)"),
+        ("b", "test", "test (two)"),
+    }
+    assert "| a | mot | test (one) | 1.000 |" in text
+    if "matplotlib is not installed" not in text:
+        pngs = {p.name for p in (tmp_path / "out").glob("results-per-class-*.png")}
+        assert pngs == {"results-per-class-test_one.png", "results-per-class-test_two.png"}
+
+
+def test_empty_sample_list_is_named(tmp_path: Path) -> None:
+    _with_samples(tmp_path / "m", "mot", "test", [True, False])
+    _with_samples(tmp_path / "s", "single", "test", [True, True])
+    f = tmp_path / "s" / "eval-test-single.json"
+    f.write_text(json.dumps(json.loads(f.read_text()) | {"samples": []}))
+    text = summarize([tmp_path / "m", tmp_path / "s"], tmp_path / "out")
+    assert "* test: single: an evaluation of it has an empty list of samples" in text
+
+
 def test_bad_sample_records_name_the_file(tmp_path: Path) -> None:
     _with_samples(tmp_path / "r", "mot", "test", [True, False])
     f = tmp_path / "r" / "eval-test-mot.json"
@@ -270,3 +300,8 @@ def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
     assert recipe_id({**mot0, "baselines": str(tmp_path / "b1")}) == recipe_id(
         {**mot0, "baselines": str(tmp_path / "b2")}
     )
+    # the device a run trained on, not how it was asked for
+    cpu = {**base, "train": {"seed": 0, "ema": 0.0, "device": "auto"}, "trained_on": "cpu"}
+    cuda = {**cpu, "trained_on": "cuda"}
+    asked_cpu = {**cpu, "train": {"seed": 0, "ema": 0.0, "device": "cpu"}}
+    assert recipe_id(cpu) == recipe_id(asked_cpu) != recipe_id(cuda)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from collections.abc import Sequence
@@ -120,7 +121,8 @@ _NOT_RECIPE = ("info", "weight", "val_ac@1", "chosen_on", "tpe_dir", "log_tokeni
 def recipe_id(cfg: dict[str, Any]) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
-    directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie; an
+    directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie; the device
+    counts as the one it ran on (``trained_on``: ``auto`` on CPU and on CUDA are two recipes); an
     ensemble's recipe is made of its MoT's and its baselines' recipes."""
     import hashlib
 
@@ -141,6 +143,8 @@ def recipe_id(cfg: dict[str, Any]) -> str:
         c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
+        if c.get("trained_on"):  # (what train.device resolved to counts, not how it was asked for)
+            c["train"].pop("device", None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -321,19 +325,22 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     order = {"test": 0, "test_ood": 1}
     rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
     _label_rows(rows)
+    _set_labels(rows)
     groups = _model_groups(rows)
     for x in rows:
-        del x["_dir"], x["_samples"]
+        del x["_dir"], x["_samples"], x["_run"]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     (out / "results-paired.json").write_text(json.dumps(groups, indent=1))
-    # the results table leaves the detection metrics to the per-run files
-    cols = ("run", "model", "split", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
-    md = ["# Results", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    # the results table leaves the detection metrics to the per-run files; its split column names the
+    # evaluated set (the split, and its data where one split name was evaluated on several)
+    cols = ("run", "model", "set", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
+    md = ["# Results", "", "| " + " | ".join(("run", "model", "split", *cols[3:])) + " |"]
+    md += ["|" + "---|" * len(cols)]
     md += ["| " + " | ".join(_fmt(x[c]) for c in cols) + " |" for x in rows]
-    splits = list(dict.fromkeys(str(x["split"]) for x in rows))
+    splits = list(dict.fromkeys(x["set"] for x in rows))
     md += _group_tables(groups)
     for split in splits:
-        part = [x for x in rows if str(x["split"]) == split]
+        part = [x for x in rows if x["set"] == split]
         for key, title, head in (
             ("per_class_f1", "F1 per fault type", "class"),
             ("per_severity_ac@1", "AC@1 of faulty samples by injected severity", "severity"),
@@ -372,12 +379,9 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from teller.models.metrics import paired_difference
 
     out: list[dict[str, Any]] = []
-    sets = dict.fromkeys((str(x["split"]), x["data"]) for x in rows)
-    datas_of: dict[str, list[Any]] = {}
-    for split, data in sets:
-        datas_of.setdefault(split, []).append(data)
-    for split, data in sets:
-        part = [x for x in rows if str(x["split"]) == split and x["data"] == data]
+    for label in dict.fromkeys(x["set"] for x in rows):
+        part = [x for x in rows if x["set"] == label]
+        data = part[0]["data"]
         by_kind: dict[tuple[str, Any], list[dict[str, Any]]] = {}
         for x in part:
             by_kind.setdefault((str(x["model"]), x["recipe"]), []).append(x)
@@ -396,15 +400,18 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "arch": model,
                 "recipe": recipe,
                 "runs": len(xs),
-                "run_names": [x["run"] for x in xs],
+                "run_names": [x["_run"] for x in xs],
                 "ac@1_mean": float(ac.mean()) if len(ac) else None,
                 "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
                 "category_accuracy_mean": float(np.mean(ca)) if ca else None,
                 "category_accuracy_sd": float(np.std(ca, ddof=1)) if len(ca) > 1 else None,
             }
             recs = [x["_samples"] for x in xs]
-            if not all(recs):
+            if any(r is None for r in recs):
                 unpaired[kind] = "no per-sample records (evaluated before they were written)"
+                continue
+            if not all(recs):
+                unpaired[kind] = "an evaluation of it has an empty list of samples"
                 continue
             ids = [[r["id"] for r in rec] for rec in recs]
             if any(len(set(i)) != len(i) or not all(i) for i in ids):
@@ -429,7 +436,6 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 a = np.array([ha[i] for i in common])
                 b = np.array([hb[i] for i in common])
                 paired.append({"metric": metric, "reference": ref, "model": kind, **paired_difference(a, b)})
-        label = split if len(datas_of[split]) == 1 else f"{split} ({_data_tail(data, datas_of[split])})"
         out.append(
             {
                 "split": label,
@@ -440,6 +446,20 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _set_labels(rows: list[dict[str, Any]]) -> None:
+    """``set``: the evaluated set a row belongs to, its split name, followed by the shortest tail of
+    its data path that tells it apart where one split name was evaluated on several data (the same
+    name on other data is another set: never pooled, paired or tabulated together)."""
+    datas_of: dict[str, list[Any]] = {}
+    for x in rows:
+        d = datas_of.setdefault(str(x["split"]), [])
+        if x["data"] not in d:
+            d.append(x["data"])
+    for x in rows:
+        split, datas = str(x["split"]), datas_of[str(x["split"])]
+        x["set"] = split if len(datas) == 1 else f"{split} ({_data_tail(x['data'], datas)})"
 
 
 def _data_tail(data: str | None, others: list[str | None]) -> str:
@@ -515,12 +535,13 @@ def _label_rows(rows: list[dict[str, Any]]) -> None:
     for x in rows:
         dirs = sorted(dirs_of[x["model"]])
         if len(dirs) == 1:
-            x["label"] = x["model"]
+            x["label"], x["_run"] = x["model"], x["run"]
             continue
         depth = 1
         while depth < max(len(d.parts) for d in dirs) and len({d.parts[-depth:] for d in dirs}) < len(dirs):
             depth += 1
-        x["label"] = "/".join((*x["_dir"].parts[-depth:], x["model"]))
+        x["_run"] = "/".join(x["_dir"].parts[-depth:])  # (the runs column of the pooled table)
+        x["label"] = f"{x['_run']}/{x['model']}"
 
 
 def _row_order(key: str, names: list[str]) -> list[str]:
@@ -555,7 +576,7 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     fig = Figure(figsize=(max(6, 1.1 * len(rows)) + 2, 4))
     axes = fig.subplots(1, len(splits), squeeze=False)
     for ax, split in zip(axes[0], splits, strict=True):
-        part = [x for x in rows if str(x["split"]) == split]
+        part = [x for x in rows if x["set"] == split]
         width = 0.8 / len(metrics)
         xs = np.arange(len(part))
         for k, key in enumerate(metrics):
@@ -570,7 +591,7 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     written.append(out / "results-metrics.png")
     fig.savefig(written[-1], dpi=110)
     for split in splits:
-        part = [x for x in rows if str(x["split"]) == split and x["per_class_f1"]]
+        part = [x for x in rows if x["set"] == split and x["per_class_f1"]]
         names = list(dict.fromkeys(n for x in part for n in x["per_class_f1"]))
         if not names:
             continue
@@ -595,6 +616,9 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
         ax.set_title(f"F1 per fault type ({split})")
         fig.colorbar(im, ax=ax, fraction=0.04)
         fig.tight_layout()
-        written.append(out / f"results-per-class-{Path(split).name}.png")
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", split).strip("_") or "split"
+        while out / f"results-per-class-{slug}.png" in written:  # (two sets, one file name)
+            slug += "_"
+        written.append(out / f"results-per-class-{slug}.png")
         fig.savefig(written[-1], dpi=110)
     return written

@@ -379,6 +379,9 @@ def train(
         if (run_dir / "reference.json").is_file()
         else None,
         "reference_sha256": (man.get("reference") or {}).get("sha256"),
+        # the device it ran on (train.device may say auto): part of the recipe, since CUDA trains
+        # with mixed precision; a run resumed on another device names both ("cpu+cuda")
+        "trained_on": dev.type,
     }
     st: dict[str, Any] | None = None
     if resume and (out / "state.pt").is_file():
@@ -390,6 +393,12 @@ def train(
             raise ConfigError(
                 f"{out / 'state.pt'}: the run was started {was}; resume it with the same setting"
             )
+        try:
+            before = json.loads((out / "config.json").read_text()).get("trained_on")
+        except (OSError, ValueError, AttributeError):
+            before = None
+        if isinstance(before, str) and before:
+            cfg_json["trained_on"] = "+".join(sorted({*before.split("+"), dev.type}))
     (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
     history: list[dict[str, float]] = []
     start_epoch = 0
