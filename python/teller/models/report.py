@@ -115,15 +115,27 @@ def evaluate_any(
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)
-_NOT_RECIPE = ("info", "weight", "val_ac@1", "chosen_on", "tpe_dir", "log_tokenizer", "reference")
+# (trained_on, where a run ran, is not hashed: a recipe's hash must not change under runs and
+# evaluations made before it was recorded; train.device is, as given)
+_NOT_RECIPE = (
+    "info",
+    "weight",
+    "val_ac@1",
+    "chosen_on",
+    "tpe_dir",
+    "log_tokenizer",
+    "reference",
+    "trained_on",
+)
 
 
 def recipe_id(cfg: dict[str, Any]) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
-    directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie; the device
-    counts as the one it ran on (``trained_on``: ``auto`` on CPU and on CUDA are two recipes); an
-    ensemble's recipe is made of its MoT's and its baselines' recipes."""
+    directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie;
+    ``train.device`` counts as given (``auto`` on CPU and on CUDA is one recipe: ``trained_on`` in
+    the run's config says where it ran); an ensemble's recipe is made of its MoT's and its
+    baselines' recipes."""
     import hashlib
 
     c = json.loads(json.dumps(cfg))
@@ -143,8 +155,6 @@ def recipe_id(cfg: dict[str, Any]) -> str:
         c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
-        if c.get("trained_on"):  # (what train.device resolved to counts, not how it was asked for)
-            c["train"].pop("device", None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
