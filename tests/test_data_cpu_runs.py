@@ -34,6 +34,11 @@ def test_slow_operator_and_contention_runs(tmp_path):
     assert inside.sum() >= 8 and (~inside).sum() >= 8
     delay_ns = f["params"]["delay_ms"] * 1e6
     assert np.median(tr.dur[mlp][inside]) > np.median(tr.dur[mlp][~inside]) + 0.8 * delay_ns
+    # its culprit events (what localization trains on): exactly the slowed GPT2MLP ranges
+    from teller.data import culprit_mask
+
+    m = culprit_mask(tr, slow)
+    assert set(np.flatnonzero(m)) == set(mlp[inside].tolist())
 
     # cpu_contention: a window inside the run, measured when the busy processes ran
     c = anns["cpu0002"]["faults"][0]
@@ -41,9 +46,55 @@ def test_slow_operator_and_contention_runs(tmp_path):
     assert anns["cpu0002"]["trace"]["start_ns"] <= c["start_ns"] < c["end_ns"]
     log = (out / "cpu0002" / "log.txt").read_text()
     assert "generated in" in log
+    tr2 = T.load(out / "cpu0002" / "trace.json", warn=False)
+    m2 = culprit_mask(tr2, anns["cpu0002"])
+    win = (tr2.ts >= c["start_ns"]) & (tr2.ts < c["end_ns"])
+    assert m2.any() and not (m2 & ~win).any()  # the workload's events inside the window
 
     # resumable: a second call reuses the finished samples
     again = collect_cpu(
         out, 3, seed=1, requests=12, new_tokens=6, kinds=["normal", "slow_operator", "cpu_contention"]
     )
     assert again["samples"] == man["samples"]
+    # resumed with other split fractions: the finished runs move (annotation and manifest agree)
+    moved = collect_cpu(
+        out,
+        3,
+        seed=1,
+        requests=12,
+        new_tokens=6,
+        kinds=["normal", "slow_operator", "cpu_contention"],
+        splits=(1.0, 0.0, 0.0),
+    )
+    assert moved["splits"]["train"] == ["cpu0000", "cpu0001", "cpu0002"] and moved["splits"]["test"] == []
+    assert moved["counts"]["train"]["slow_operator"] == 1
+    for s in moved["splits"]["train"]:
+        a = json.loads((out / s / "annotation.json").read_text())
+        assert a["split"] == "train" and a["ood"] is False and a["faults"] == anns[s]["faults"]
+    assert validate(out, deep=True) == []
+
+
+def test_splits_are_stratified_deterministic_and_checked():
+    from collections import Counter
+
+    from teller.data.cpu_runs import KINDS, _assign_splits, _plan, parse_splits
+    from teller.errors import ConfigError
+
+    plans = _plan(0, 60, KINDS)
+    a = _assign_splits(plans, 0, (0.6, 0.2, 0.2))
+    assert a == _assign_splits(plans, 0, (3, 1, 1))  # (normalized)
+    assert a != _assign_splits(plans, 1, (0.6, 0.2, 0.2))  # the seed draws which runs go where
+    per_kind = Counter((p["kind"], a[p["sample_id"]]) for p in plans)
+    assert all(per_kind[(k, "train")] == 6 and per_kind[(k, "val")] == 2 for k in KINDS)
+    assert all(per_kind[(k, "test")] == 2 for k in KINDS)
+    assert set(_assign_splits(plans, 0, (0, 0, 1)).values()) == {"test"}
+    # two runs per kind: one trains, one tests
+    few = _plan(0, 12, KINDS)
+    assert Counter(_assign_splits(few, 0, (0.6, 0.2, 0.2)).values()) == {"train": 6, "test": 6}
+    # a split asked for gets a run where a kind can spare one
+    three = _plan(0, 18, KINDS)
+    assert Counter(_assign_splits(three, 0, (0.9, 0.05, 0.05)).values()) == {"train": 6, "val": 6, "test": 6}
+    assert parse_splits(" 0.6, 0.2,0.2") == (0.6, 0.2, 0.2)
+    for bad in ("1,2", "a,b,c", "-1,1,1", "0,0,0", "nan,1,1", "inf,1,1"):
+        with pytest.raises(ConfigError, match="--splits"):
+            parse_splits(bad)

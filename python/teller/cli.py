@@ -675,13 +675,23 @@ def dataset_collect_cpu(
     requests: Annotated[int, typer.Option(help="Requests per run of the tiny GPT-2 workload.")] = 40,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 8,
     keep_raw: Annotated[bool, typer.Option(help="Keep each run's raw .tmsgpack files.")] = False,
+    splits: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "TRAIN,VAL,TEST fractions, shared out per kind (default: all test, a real test set for "
+                "simulator-trained models; e.g. 0.6,0.2,0.2 to train on real runs)."
+            )
+        ),
+    ] = "0,0,1",
 ) -> None:
     """Real fault runs on this CPU: the tiny GPT-2 inference under `teller collect` while busy processes,
     a memory hog, a disk flood, thread oversubscription or a slowed module hit it. Same sample format."""
-    from teller.data.cpu_runs import collect_cpu
+    from teller.data.cpu_runs import collect_cpu, parse_splits
 
     t0 = time.perf_counter()
     try:
+        fractions = parse_splits(splits)
         with _progress("collecting") as cb:
             man = collect_cpu(
                 output_dir,
@@ -690,13 +700,20 @@ def dataset_collect_cpu(
                 requests=requests,
                 new_tokens=new_tokens,
                 keep_raw=keep_raw,
+                splits=fractions,
                 progress=cb,
             )
     except TellerError as e:
         raise _fail(e) from None
-    counts = ", ".join(f"{k} {v}" for k, v in man["counts"]["test"].items() if v)
+    total: dict[str, int] = {}
+    for per in man["counts"].values():
+        for k, v in per.items():
+            total[k] = total.get(k, 0) + v
+    counts = ", ".join(f"{k} {v}" for k, v in total.items() if v)
+    where = ", ".join(f"{s} {len(ids)}" for s, ids in man["splits"].items() if ids)
     err_console.print(
-        f"{man['num_samples']} real runs ({counts}) in {time.perf_counter() - t0:.0f} s", highlight=False
+        f"{man['num_samples']} real runs ({counts}; {where}) in {time.perf_counter() - t0:.0f} s",
+        highlight=False,
     )
     print(output_dir)
 

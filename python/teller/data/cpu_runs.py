@@ -15,7 +15,10 @@ Each sample is a real run of the tiny GPT-2 inference (``teller.workloads.tiny_g
 Onsets and windows are on the trace clock (realtime ns), measured when the injector actually started
 and stopped. Timing-dependent, hence not byte-deterministic like the simulator: the seed fixes the
 plan (kinds, severities, onsets), the machine does the rest. The samples have the dataset format of
-``docs/dataset.md`` and all land in the ``test`` split: a small, real, second test set.
+``docs/dataset.md``. By default they all land in the ``test`` split: a small, real, second test set
+for models trained on the simulator. With ``splits`` (train, val, test fractions) each kind's runs are
+shared out over the three, so that the models can also be trained on real runs
+(``teller dataset collect-cpu --splits 0.6,0.2,0.2``).
 """
 
 from __future__ import annotations
@@ -161,6 +164,56 @@ def _plan(seed: int, num_samples: int, kinds: Sequence[str] = KINDS) -> list[dic
     return plans
 
 
+def _assign_splits(
+    plans: Sequence[dict[str, Any]], seed: int, fractions: tuple[float, float, float]
+) -> dict[str, str]:
+    """sample id -> split. Per kind (stratified), the kind's runs in an order drawn from the seed go
+    to train, val and test by the fractions (largest remainders, ties to the later split; a split
+    with a fraction above 0 gets at least one run of a kind that has enough). Depends only on the
+    plan and the arguments: a resumed collection assigns the same way."""
+    names = ("train", "val", "test")
+    out: dict[str, str] = {}
+    by_kind: dict[str, list[str]] = {}
+    for p in plans:
+        by_kind.setdefault(p["kind"], []).append(p["sample_id"])
+    total = sum(fractions)
+    for kind, ids in sorted(by_kind.items()):
+        ids = sorted(ids)
+        random.Random(f"{seed}:{kind}").shuffle(ids)
+        want = [f / total * len(ids) for f in fractions]
+        n = [int(w) for w in want]
+        # (ties to the later split: with two runs of a kind, one trains and one tests)
+        for j in sorted(range(3), key=lambda j: (-(want[j] - n[j]), -j))[: len(ids) - sum(n)]:
+            n[j] += 1
+        for j in range(3):  # (a split asked for gets one run where another can spare it)
+            if fractions[j] > 0 and n[j] == 0:
+                k = max(range(3), key=lambda i: n[i])
+                if n[k] > 1:
+                    n[k] -= 1
+                    n[j] += 1
+        k = 0
+        for j, name in enumerate(names):
+            for sid in ids[k : k + n[j]]:
+                out[sid] = name
+            k += n[j]
+    return out
+
+
+def parse_splits(text: str) -> tuple[float, float, float]:
+    """``"0.6,0.2,0.2"`` -> train, val, test fractions (any non-negative numbers; they are
+    normalized). Raises ConfigError naming what is wrong."""
+    parts = [t.strip() for t in text.split(",")]
+    try:
+        vals = [float(t) for t in parts]
+    except ValueError:
+        raise ConfigError(f"--splits {text!r}: expected three numbers TRAIN,VAL,TEST") from None
+    if len(vals) != 3 or any(not (v >= 0) or v == float("inf") for v in vals) or sum(vals) <= 0:
+        raise ConfigError(
+            f"--splits {text!r}: expected three non-negative fractions TRAIN,VAL,TEST with a positive sum"
+        )
+    return (vals[0], vals[1], vals[2])
+
+
 def _workload_cmd(requests: int, new_tokens: int, extra: list[str]) -> list[str]:
     return [
         sys.executable,
@@ -201,7 +254,14 @@ def _wait_for_ready(trace_dir: Path, th: threading.Thread, timeout_s: float = 30
 
 
 def _run_one(
-    plan: dict[str, Any], out: Path, timing: dict[str, float], requests: int, new_tokens: int, keep_raw: bool
+    plan: dict[str, Any],
+    out: Path,
+    timing: dict[str, float],
+    requests: int,
+    new_tokens: int,
+    keep_raw: bool,
+    split: str = "test",
+    ood: bool = True,
 ) -> dict[str, Any]:
     from teller.collect import collect
     from teller.trace import load
@@ -324,8 +384,8 @@ def _run_one(
         "version": 1,
         "sample_id": plan["sample_id"],
         "label": label,
-        "split": "test",
-        "ood": True,
+        "split": split,
+        "ood": ood,
         "workload": {
             "model": "gpt2-tiny",
             "model_name": "GPT-2 (4 layers, 128 wide, from a config)",
@@ -378,12 +438,18 @@ def collect_cpu(
     new_tokens: int = 8,
     keep_raw: bool = False,
     kinds: Sequence[str] | None = None,
+    splits: tuple[float, float, float] = (0.0, 0.0, 1.0),
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``num_samples`` real fault runs into ``output_dir`` (resumable) and write its manifest.
-    ``kinds`` (default: all of KINDS) are cycled through."""
+    ``kinds`` (default: all of KINDS) are cycled through; ``splits``: the train, val and test
+    fractions (:func:`_assign_splits`; default all test). Runs are out-of-distribution (``ood``)
+    only where none of them is for training. A resumed collection with other fractions moves the
+    finished runs to their new splits (their annotation is rewritten; the run is not)."""
     if num_samples < 1:
         raise ConfigError("num_samples must be >= 1")
+    if len(splits) != 3 or any(not (f >= 0) for f in splits) or sum(splits) <= 0:
+        raise ConfigError(f"splits must be three non-negative fractions (train, val, test), got {splits}")
     kinds = tuple(kinds or KINDS)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
@@ -391,21 +457,36 @@ def collect_cpu(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     plans = _plan(seed, num_samples, kinds)
+    split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
+    ood = not splits[0] > 0
     timing = _calibrate(requests, new_tokens)
     anns = []
     for k, plan in enumerate(plans):
-        ann_path = out / plan["sample_id"] / "annotation.json"
+        sid = plan["sample_id"]
+        ann_path = out / sid / "annotation.json"
         if ann_path.exists():
-            anns.append(json.loads(ann_path.read_text()))
+            try:
+                a = json.loads(ann_path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ConfigError(
+                    f"{ann_path}: not a readable annotation ({e}); delete {out / sid}"
+                ) from None
+            if (a.get("split"), a.get("ood")) != (split_of[sid], ood):
+                a = {**a, "split": split_of[sid], "ood": ood}
+                tmp = ann_path.with_name(".annotation.json.tmp")
+                tmp.write_text(json.dumps(a, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, ann_path)
+            anns.append(a)
         else:
-            anns.append(_run_one(plan, out, timing, requests, new_tokens, keep_raw))
+            anns.append(_run_one(plan, out, timing, requests, new_tokens, keep_raw, split_of[sid], ood))
         if progress:
             progress(k + 1, len(plans))
     labels = ["normal", "cpu_contention", "host_memory_pressure", "io_stall", "slow_operator"]
-    splits = {"train": [], "val": [], "test": [a["sample_id"] for a in anns], "test_ood": []}
-    counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in splits}
+    split_ids: dict[str, list[str]] = {"train": [], "val": [], "test": [], "test_ood": []}
+    counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in split_ids}
     for a in anns:
-        counts["test"][a["label"]] += 1
+        split_ids[a["split"]].append(a["sample_id"])
+        counts[a["split"]][a["label"]] += 1
     events = [int(a["trace"]["events"]) for a in anns]
     manifest = {
         "format": "teller-dataset",
@@ -420,10 +501,11 @@ def collect_cpu(
             "timing": timing,
             "cores": os.cpu_count(),
             "plans": plans,
+            "split_fractions": [float(f) for f in splits],
         },
         "num_samples": len(anns),
         "labels": labels,
-        "splits": splits,
+        "splits": split_ids,
         "counts": counts,
         "events": {
             "total": sum(events),
@@ -431,7 +513,7 @@ def collect_cpu(
             "min": min(events),
             "max": max(events),
         },
-        "samples": {a["sample_id"]: {"label": a["label"], "split": "test"} for a in anns},
+        "samples": {a["sample_id"]: {"label": a["label"], "split": a["split"]} for a in anns},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

@@ -707,6 +707,11 @@ def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
             sel = (layer == L["memcpy"]) | ((layer == L["runtime"]) & (ev_name == "cudaMemcpyAsync"))
         elif t == "nvlink_degradation":
             sel = kern & (fam == "all_reduce")
+        elif t in ("cpu_contention", "host_memory_pressure") and f["target"].get("name") == "workload":
+            # a real CPU run (teller.data.cpu_runs): the whole process competed; its modules' ranges
+            sel = cpu
+        elif t == "slow_operator":  # (real CPU runs) the slowed operator's ranges
+            sel = cpu & (ev_name == str(f["target"].get("name")))
         elif t in ("cpu_contention", "host_memory_pressure"):
             sel = np.isin(layer, [L["host_op"], L["runtime"]]) | (
                 (layer == L["annotation"])
