@@ -263,7 +263,14 @@ def test_extra_train_data(shards) -> None:
     meta = json.loads((run / "config.json").read_text())
     assert meta["train_samples"] == n_train + 13 and meta["extra_train"] == [str(ex.resolve())]
     b = train_baselines(out, root / "b-extra", log=lambda _m: None, extra_train=[ex])
-    assert json.loads((b / "config.json").read_text())["train_samples"] == n_train + 13
+    bcfg = json.loads((b / "config.json").read_text())
+    assert bcfg["train_samples"] == n_train + 13
+    from teller.models.baselines import gbdt_min_leaf
+
+    n_cls = len({r.label for d in (out, ex) for r in load_raw(d, "train")[0]})  # (classes in train)
+    assert bcfg["info"]["gbdt"]["params"]["min_samples_leaf"] == gbdt_min_leaf(n_train + 13, n_cls)
+    # the smallest leaf: sklearn's 20 on the benchmarks, small enough to split on a few dozen runs
+    assert gbdt_min_leaf(1638, 13) == 20 and gbdt_min_leaf(36, 5) == 3 and gbdt_min_leaf(3, 5) == 2
     # the fitted feature layout is kept: a model pickled before the 14-column summaries and the log
     # lags (no such attributes) still gets the features it was fitted on, told by the GBDT's width
     import pickle
@@ -436,6 +443,22 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert m["n"] == 6 and m["split"] == "fresh" and (run / "eval-fresh-mot.json").is_file()
     (ev,) = (run / "eval-data").glob("tok-*")
     assert (ev / "log_tokenizer.json").read_bytes() == (out / "log_tokenizer.json").read_bytes()
+    # a dataset directory as --data-dir: its --split, encoded the same way: the same predictions as
+    # on the training shards, and the dataset as the evaluated data (what summarize pairs by)
+    subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run), "--data-dir", str(data), "--split", "test"]
+        + ["--json", "-o", str(tmp_path / "ds-eval")],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    ds = json.loads((tmp_path / "ds-eval" / "eval-test-mot.json").read_text())
+    assert ds["split"] == "test" and ds["data"] == str(Path(data).resolve())
+    key = lambda r: r["id"]  # noqa: E731
+    assert [(r["id"], r["pred"], r["rank"]) for r in sorted(ds["samples"], key=key)] == [
+        (r["id"], r["pred"], r["rank"]) for r in sorted(recs, key=key)
+    ]
     r = subprocess.run(
         [*cli, "results", "summarize", str(run), "-o", str(tmp_path / "out")],
         check=True,

@@ -947,7 +947,12 @@ def train_ensemble_cmd(
 def evaluate_cmd(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="A run directory of teller train.")],
     data_dir: Annotated[
-        str | None, typer.Option("--data-dir", help="Tokenized shards (default: training).")
+        str | None,
+        typer.Option(
+            "--data-dir",
+            help="Tokenized shards (default: training), or a dataset directory: encoded with the "
+            "checkpoint's tokenizers (cached in CHECKPOINT/eval-data), its --split evaluated.",
+        ),
     ] = None,
     split: Annotated[
         str,

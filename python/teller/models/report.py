@@ -64,31 +64,50 @@ def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int
     )
 
 
+def _is_dataset(path: Path) -> bool:
+    """A dataset directory (``teller dataset generate`` / ``collect-cpu``), not shards."""
+    try:
+        return json.loads((path / "manifest.json").read_text()).get("format") == "teller-dataset"
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
 def evaluate_any(
     checkpoint: str | Path, data_dir: str | Path | None, split: str, *, workers: int = 1
 ) -> list[dict[str, Any]]:
     """Metrics of a MoT/single run, a baselines run (one entry per baseline) or an ensemble. ``split`` is a
     split name of the shards (``all``: every split), or a dataset directory (``teller dataset
-    generate``), which is tokenized with the checkpoint's tokenizers and evaluated whole."""
+    generate``), which is tokenized with the checkpoint's tokenizers and evaluated whole.
+    ``data_dir`` is shards (``teller tokenize``) or a dataset directory, tokenized the same way, of
+    which ``split`` is evaluated: models trained on other tokenizers are then compared on the same
+    samples (their ``data`` is the dataset)."""
     p = Path(checkpoint)
     cfgp = (p if p.is_dir() else p.parent) / "config.json"
     if not cfgp.is_file():
         raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))
-    cfg = json.loads(cfgp.read_text())
+    try:
+        cfg = json.loads(cfgp.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{cfgp}: not a readable checkpoint configuration ({e})") from None
     fmt = cfg.get("format")
     sp = Path(split)
-    if split not in ("train", "val", "test", "test_ood", "all") and (sp / "manifest.json").is_file():
-        # a dataset directory: encode it with the checkpoint's own tokenizers, then evaluate all of it
+    named = split in ("train", "val", "test", "test_ood", "all")
+    dataset = None
+    if not named and (sp / "manifest.json").is_file():
+        dataset, split = sp, "all"  # a dataset directory: all of it
+    elif data_dir is not None and _is_dataset(Path(data_dir)):
+        dataset = Path(data_dir)
+    if dataset is not None:
+        # encode it with the checkpoint's own tokenizers, then evaluate the split
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
             mot = Path(cfg["mot"])
-            data_dir = _tokenize_for(mot, json.loads((mot / "config.json").read_text()), sp, workers)
+            data_dir = _tokenize_for(mot, json.loads((mot / "config.json").read_text()), dataset, workers)
         else:
-            data_dir = _tokenize_for(cfgp.parent, cfg, sp, workers)
-        split = "all"
+            data_dir = _tokenize_for(cfgp.parent, cfg, dataset, workers)
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
         for m in res:
-            m["split"] = sp.name
-            m["dataset"] = m["data"] = str(sp.resolve())
+            m["split"] = dataset.name if split == "all" else split
+            m["dataset"] = m["data"] = str(dataset.resolve())
         return res
     if fmt == "teller-baselines":
         from teller.models.baselines import evaluate_baselines
