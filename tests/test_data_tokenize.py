@@ -145,6 +145,19 @@ def test_resume_skips_complete_shards(setup):
     assert done.stat().st_mtime_ns == mtime
     assert (out / "shards" / other / "done.json").is_file()
     assert json.loads((out / "manifest.json").read_text()) == man
+    # a shard encoded under other culprit rules (as if before they changed) is encoded again
+    d = json.loads(done.read_text())
+    done.write_text(json.dumps({**d, "culprit_rules": 0}))
+    tokenize_dataset(data, tdir, out.parent, shard_size=6, log_vocab_size=512)
+    assert done.stat().st_mtime_ns != mtime and json.loads(done.read_text())["culprit_rules"] == 1
+
+
+def test_culprit_rules_version_per_generator():
+    from teller.data.tokenize import culprit_rules
+
+    assert culprit_rules({"generator": {"name": "teller-sim", "version": 3}}) == 1
+    assert culprit_rules({"generator": {"name": "teller-cpu-runs", "version": 1}}) == 2
+    assert culprit_rules({}) == 1 and culprit_rules({"generator": "odd"}) == 1
 
 
 def test_log_tokenizer_templates():

@@ -446,14 +446,15 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     # a dataset directory as --data-dir: its --split, encoded the same way: the same predictions as
     # on the training shards, and the dataset as the evaluated data (what summarize pairs by)
     subprocess.run(
-        [*cli, "evaluate", "--checkpoint", str(run), "--data-dir", str(data), "--split", "test"]
-        + ["--json", "-o", str(tmp_path / "ds-eval")],
+        [*cli, "evaluate", "--checkpoint", str(run), "--data-dir", str(data), "--split", "test", "--json"],
         check=True,
         env=env,
         capture_output=True,
         text=True,
     )
-    ds = json.loads((tmp_path / "ds-eval" / "eval-test-mot.json").read_text())
+    # (its own file: the evaluation of the training shards' test split is still there)
+    assert json.loads((run / "eval-test-mot.json").read_text())["data"] == str(Path(out).resolve())
+    ds = json.loads((run / f"eval-{Path(data).name}-test-mot.json").read_text())
     assert ds["split"] == "test" and ds["data"] == str(Path(data).resolve())
     key = lambda r: r["id"]  # noqa: E731
     assert [(r["id"], r["pred"], r["rank"]) for r in sorted(ds["samples"], key=key)] == [
@@ -466,7 +467,10 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         capture_output=True,
         text=True,
     )
-    assert "| mot | mot | test |" in (tmp_path / "out" / "results.md").read_text()
+    text = (tmp_path / "out" / "results.md").read_text()
+    # (the test split of the shards and of the dataset directory: two sets, told apart by their data)
+    assert f"| mot | mot | test ({Path(out).resolve().name}) |" in text
+    assert f"| mot | mot | test ({Path(data).resolve().name}) |" in text
     faulty = next(
         p
         for p in sorted(data.glob("s0*"))

@@ -308,3 +308,15 @@ def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
         == recipe_id({**auto, "trained_on": "cuda"})
     )
     assert recipe_id(auto) != recipe_id({**auto, "train": {"seed": 0, "ema": 0.0, "device": "cpu"}})
+
+
+def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:
+    h = [True] * 4
+    _with_samples(tmp_path / "c", "mot", "test", h, recipe="aaaa", data="/d", trained_on="cpu")
+    _with_samples(tmp_path / "g", "mot", "test", h, recipe="aaaa", data="/d", trained_on="cuda")
+    text = summarize([tmp_path / "c", tmp_path / "g"], tmp_path / "out")
+    assert "| test | mot | 2: c, g (trained on cpu, cuda) |" in text
+    g = json.loads((tmp_path / "out" / "results-paired.json").read_text())
+    assert g[0]["models"][0]["trained_on"] == ["cpu", "cuda"]
+    text = summarize([tmp_path / "c"], tmp_path / "out2")  # one device: nothing to say
+    assert "trained on" not in text

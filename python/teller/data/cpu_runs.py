@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -36,6 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from teller import __version__
 from teller.errors import ConfigError
@@ -167,35 +170,27 @@ def _plan(seed: int, num_samples: int, kinds: Sequence[str] = KINDS) -> list[dic
 def _assign_splits(
     plans: Sequence[dict[str, Any]], seed: int, fractions: tuple[float, float, float]
 ) -> dict[str, str]:
-    """sample id -> split. Per kind (stratified), the kind's runs in an order drawn from the seed go
-    to train, val and test by the fractions (largest remainders, ties to the later split; a split
-    with a fraction above 0 gets at least one run of a kind that has enough). Depends only on the
-    plan and the arguments: a resumed collection assigns the same way."""
+    """sample id -> split. Per kind, its k-th run (in plan order) goes to the split whose share of
+    [0, 1) holds ``u_k = frac(offset + k * 0.618...)``, the golden-ratio sequence from an offset the
+    seed draws per kind: a low-discrepancy sequence, so each kind's runs share out close to the
+    fractions (within a run or two of them at any count: stratified), and the k-th run's split
+    depends on k alone, so that growing a collection (a larger ``--num-samples``) never moves a
+    finished run to another split."""
     names = ("train", "val", "test")
-    out: dict[str, str] = {}
-    by_kind: dict[str, list[str]] = {}
-    for p in plans:
-        by_kind.setdefault(p["kind"], []).append(p["sample_id"])
     total = sum(fractions)
-    for kind, ids in sorted(by_kind.items()):
-        ids = sorted(ids)
-        random.Random(f"{seed}:{kind}").shuffle(ids)
-        want = [f / total * len(ids) for f in fractions]
-        n = [int(w) for w in want]
-        # (ties to the later split: with two runs of a kind, one trains and one tests)
-        for j in sorted(range(3), key=lambda j: (-(want[j] - n[j]), -j))[: len(ids) - sum(n)]:
-            n[j] += 1
-        for j in range(3):  # (a split asked for gets one run where another can spare it)
-            if fractions[j] > 0 and n[j] == 0:
-                k = max(range(3), key=lambda i: n[i])
-                if n[k] > 1:
-                    n[k] -= 1
-                    n[j] += 1
-        k = 0
-        for j, name in enumerate(names):
-            for sid in ids[k : k + n[j]]:
-                out[sid] = name
-            k += n[j]
+    edges = np.cumsum([f / total for f in fractions])
+    golden = (math.sqrt(5.0) - 1.0) / 2.0
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for p in plans:
+        kind = p["kind"]
+        k = seen.get(kind, 0)
+        seen[kind] = k + 1
+        u = (random.Random(f"{seed}:{kind}").random() + k * golden) % 1.0
+        j = min(int(np.searchsorted(edges, u, side="right")), 2)
+        while fractions[j] <= 0:  # (u on an edge of a split asked for 0: the next one that is not)
+            j = (j + 1) % 3
+        out[p["sample_id"]] = names[j]
     return out
 
 
@@ -448,7 +443,7 @@ def collect_cpu(
     finished runs to their new splits (their annotation is rewritten; the run is not)."""
     if num_samples < 1:
         raise ConfigError("num_samples must be >= 1")
-    if len(splits) != 3 or any(not (f >= 0) for f in splits) or sum(splits) <= 0:
+    if len(splits) != 3 or any(not (0 <= f < math.inf) for f in splits) or sum(splits) <= 0:
         raise ConfigError(f"splits must be three non-negative fractions (train, val, test), got {splits}")
     kinds = tuple(kinds or KINDS)
     bad = [k for k in kinds if k not in KINDS]

@@ -163,6 +163,15 @@ class LogTokenizer:
         return cls(list(d["vocab"]))
 
 
+def culprit_rules(manifest: dict[str, Any]) -> int:
+    """The version of :func:`teller.data.dataset.culprit_mask`'s rules for a dataset: 2 for real CPU
+    runs (``collect-cpu``), whose culprit events it marks since then (before: none), 1 for every
+    other dataset (unchanged). Part of the shards' key: shards encoded under other rules are not
+    reused."""
+    gen = manifest.get("generator") if isinstance(manifest, dict) else None
+    return 2 if isinstance(gen, dict) and gen.get("name") == "teller-cpu-runs" else 1
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -251,7 +260,11 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         # a shard of an older version is encoded again, as is one from before the effect arrays
         # (same version: no model reads them, but evaluation by effect would silently cover part of
         # a split)
-        if done.get("version") == SHARDS_VERSION and done.get("effect"):
+        if (
+            done.get("version") == SHARDS_VERSION
+            and done.get("effect")
+            and done.get("culprit_rules", 1) == job.get("culprit_rules", 1)
+        ):
             return done
     tmp = out / "shards" / f".tmp-{job['name']}"
     if tmp.exists():
@@ -369,6 +382,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "culprit_tokens": int(sum(int(c.sum()) for c in cols["trace_culprit"])),
         "version": SHARDS_VERSION,
         "effect": True,  # carries effect_events / effect_share
+        "culprit_rules": job.get("culprit_rules", 1),
     }
     (tmp / "done.json").write_text(json.dumps(info, sort_keys=True))
     if final.exists():
@@ -504,6 +518,9 @@ def tokenize_dataset(
         settings["reference_sha256"] = _sha256(ref_src)
     if not hide_reference:
         settings["hide_reference"] = False
+    rules = culprit_rules(man)
+    if rules != 1:  # (the key of every dataset whose culprit events never changed stays as it was)
+        settings["culprit_rules"] = rules
     if run_id is None:
         key = [d_hash, t_hash, settings, SHARDS_VERSION]
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -595,6 +612,7 @@ def tokenize_dataset(
                     "hide": hide_reference and split == "train",
                     "seed": man.get("seed"),
                     "labels": labels,
+                    "culprit_rules": rules,
                 }
             )
             shards.append({"name": name, "rows": [k, min(k + shard_size, len(ids))]})

@@ -106,8 +106,8 @@ def evaluate_any(
             data_dir = _tokenize_for(cfgp.parent, cfg, dataset, workers)
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
         for m in res:
-            m["split"] = dataset.name if split == "all" else split
             m["dataset"] = m["data"] = str(dataset.resolve())
+            m["split"] = Path(m["dataset"]).name if split == "all" else split  # (resolved: "." has a name)
         return res
     if fmt == "teller-baselines":
         from teller.models.baselines import evaluate_baselines
@@ -129,6 +129,8 @@ def evaluate_any(
     for m in res:  # what summarize pools and pairs by: the recipe and the data evaluated
         m["recipe"] = recipe_id(cfg)
         m["data"] = data
+        if cfg.get("trained_on"):
+            m["trained_on"] = cfg["trained_on"]
     return res
 
 
@@ -206,7 +208,11 @@ def png_heatmap(m: np.ndarray, path: Path, cell: int = 24) -> None:
 
 def write_metrics(m: dict[str, Any], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"eval-{Path(str(m['split'])).name}-{m['model']}"
+    tag = Path(str(m["split"])).name
+    ds = Path(str(m["dataset"])).name if m.get("dataset") else None
+    if ds and ds != tag:  # a split of a dataset directory: never the file of the shards' own split
+        tag = f"{ds}-{tag}"
+    stem = f"eval-{tag}-{m['model']}"
     (out / f"{stem}.json").write_text(json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
         return out / f"{stem}.json"
@@ -345,6 +351,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     "_samples": m.get("samples"),
                     "recipe": m.get("recipe"),
                     "data": m.get("data"),
+                    "trained_on": m.get("trained_on") if isinstance(m.get("trained_on"), str) else None,
                 }
             )
     if not rows:
@@ -430,6 +437,8 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "recipe": recipe,
                 "runs": len(xs),
                 "run_names": [x["_run"] for x in xs],
+                # (not part of the recipe: a kind whose runs ran on different devices says so)
+                "trained_on": sorted({x["trained_on"] for x in xs if x["trained_on"]}),
                 "ac@1_mean": float(ac.mean()) if len(ac) else None,
                 "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
                 "category_accuracy_mean": float(np.mean(ca)) if ca else None,
@@ -524,8 +533,9 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
             for m in g["models"]:  # (runs: their directory names)
                 sd = f" ± {m['ac@1_sd']:.3f}" if m["ac@1_sd"] is not None else ""
                 sdc = f" ± {m['category_accuracy_sd']:.3f}" if m["category_accuracy_sd"] is not None else ""
+                dev = f" (trained on {', '.join(m['trained_on'])})" if len(m["trained_on"]) > 1 else ""
                 md.append(
-                    f"| {g['split']} | {m['model']} | {m['runs']}: {', '.join(m['run_names'])} | "
+                    f"| {g['split']} | {m['model']} | {m['runs']}: {', '.join(m['run_names'])}{dev} | "
                     f"{_fmt(m['ac@1_mean'])}{sd} | "
                     f"{_fmt(m['category_accuracy_mean'])}{sdc} |"
                 )

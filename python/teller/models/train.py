@@ -379,8 +379,9 @@ def train(
         if (run_dir / "reference.json").is_file()
         else None,
         "reference_sha256": (man.get("reference") or {}).get("sha256"),
-        # the device it ran on (train.device may say auto): part of the recipe, since CUDA trains
-        # with mixed precision; a run resumed on another device names both ("cpu+cuda")
+        # the device it ran on (train.device may say auto; CUDA trains with mixed precision): not
+        # hashed into the recipe, shown by summarize where a kind's runs differ; a run resumed on
+        # another device names both ("cpu+cuda")
         "trained_on": dev.type,
     }
     st: dict[str, Any] | None = None
