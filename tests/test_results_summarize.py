@@ -320,3 +320,15 @@ def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:
     assert g[0]["models"][0]["trained_on"] == ["cpu", "cuda"]
     text = summarize([tmp_path / "c"], tmp_path / "out2")  # one device: nothing to say
     assert "trained on" not in text
+
+
+def test_a_dataset_split_never_takes_the_shards_file(tmp_path: Path) -> None:
+    from teller.models.report import write_metrics
+
+    base = {"model": "mot", "split": "test", "n": 0}
+    assert write_metrics(base, tmp_path).name == "eval-test-mot.json"
+    assert write_metrics({**base, "dataset": "/d/cpu"}, tmp_path).name == "eval-cpu-test-mot.json"
+    # a dataset directory named like a split
+    assert write_metrics({**base, "dataset": "/d/test"}, tmp_path).name == "eval-test-test-mot.json"
+    # a whole dataset (--split DIR): its name is the split
+    assert write_metrics({**base, "split": "cpu", "dataset": "/d/cpu"}, tmp_path).name == "eval-cpu-mot.json"

@@ -970,7 +970,8 @@ def evaluate_cmd(
     """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault,
     per-severity and per-effect tables (simulated data: what each fault actually did; AC@1 without
     the faults that did nothing), confusion matrix (CSV + PNG), latency. Writes
-    eval-<split>[-<model>].json next to the checkpoint."""
+    eval-<split>[-<model>].json next to the checkpoint (eval-<dataset>-<split>-<model>.json for a
+    dataset directory's split)."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     try:

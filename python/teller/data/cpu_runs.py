@@ -172,24 +172,28 @@ def _assign_splits(
 ) -> dict[str, str]:
     """sample id -> split. Per kind, its k-th run (in plan order) goes to the split whose share of
     [0, 1) holds ``u_k = frac(offset + k * 0.618...)``, the golden-ratio sequence from an offset the
-    seed draws per kind: a low-discrepancy sequence, so each kind's runs share out close to the
-    fractions (within a run or two of them at any count: stratified), and the k-th run's split
-    depends on k alone, so that growing a collection (a larger ``--num-samples``) never moves a
-    finished run to another split."""
+    seed draws per kind inside train's share (so the first run of every kind trains): a
+    low-discrepancy sequence, so each kind's runs share out close to the fractions (within about
+    three runs at any count: stratified), and the k-th run's split depends on k alone, so that
+    growing a collection (a larger ``--num-samples``) never moves a finished run to another split."""
     names = ("train", "val", "test")
     total = sum(fractions)
     edges = np.cumsum([f / total for f in fractions])
+    edges[-1] = 1.0
     golden = (math.sqrt(5.0) - 1.0) / 2.0
+    first = next(j for j in range(3) if fractions[j] > 0)  # (train, unless it is asked for 0)
+    lo = edges[first - 1] if first else 0.0
     out: dict[str, str] = {}
     seen: dict[str, int] = {}
     for p in plans:
         kind = p["kind"]
         k = seen.get(kind, 0)
         seen[kind] = k + 1
-        u = (random.Random(f"{seed}:{kind}").random() + k * golden) % 1.0
+        offset = lo + random.Random(f"{seed}:{kind}").random() * (edges[first] - lo)
+        u = (offset + k * golden) % 1.0
         j = min(int(np.searchsorted(edges, u, side="right")), 2)
-        while fractions[j] <= 0:  # (u on an edge of a split asked for 0: the next one that is not)
-            j = (j + 1) % 3
+        while fractions[j] <= 0:  # (u on the edge of a split asked for 0: the one before it)
+            j = (j - 1) % 3
         out[p["sample_id"]] = names[j]
     return out
 
@@ -202,7 +206,7 @@ def parse_splits(text: str) -> tuple[float, float, float]:
         vals = [float(t) for t in parts]
     except ValueError:
         raise ConfigError(f"--splits {text!r}: expected three numbers TRAIN,VAL,TEST") from None
-    if len(vals) != 3 or any(not (v >= 0) or v == float("inf") for v in vals) or sum(vals) <= 0:
+    if len(vals) != 3 or any(not (0 <= v < math.inf) for v in vals) or not 0 < sum(vals) < math.inf:
         raise ConfigError(
             f"--splits {text!r}: expected three non-negative fractions TRAIN,VAL,TEST with a positive sum"
         )
@@ -443,7 +447,7 @@ def collect_cpu(
     finished runs to their new splits (their annotation is rewritten; the run is not)."""
     if num_samples < 1:
         raise ConfigError("num_samples must be >= 1")
-    if len(splits) != 3 or any(not (0 <= f < math.inf) for f in splits) or sum(splits) <= 0:
+    if len(splits) != 3 or any(not (0 <= f < math.inf) for f in splits) or not 0 < sum(splits) < math.inf:
         raise ConfigError(f"splits must be three non-negative fractions (train, val, test), got {splits}")
     kinds = tuple(kinds or KINDS)
     bad = [k for k in kinds if k not in KINDS]

@@ -210,8 +210,8 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tag = Path(str(m["split"])).name
     ds = Path(str(m["dataset"])).name if m.get("dataset") else None
-    if ds and ds != tag:  # a split of a dataset directory: never the file of the shards' own split
-        tag = f"{ds}-{tag}"
+    if ds and (ds != tag or tag in ("train", "val", "test", "test_ood", "all")):
+        tag = f"{ds}-{tag}"  # a split of a dataset directory: never the file of the shards' own split
     stem = f"eval-{tag}-{m['model']}"
     (out / f"{stem}.json").write_text(json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
