@@ -17,12 +17,33 @@ pytestmark = pytest.mark.skipif(shim.locate() is None, reason="the shim is not b
 def test_slow_operator_and_contention_runs(tmp_path):
     out = tmp_path / "cpu"
     man = collect_cpu(
-        out, 3, seed=1, requests=12, new_tokens=6, kinds=["normal", "slow_operator", "cpu_contention"]
+        out,
+        3,
+        seed=1,
+        requests=12,
+        new_tokens=6,
+        layers=2,
+        prompt_len=8,
+        kinds=["normal", "slow_operator", "cpu_contention"],
     )
     assert man["num_samples"] == 3 and man["splits"]["test"] == ["cpu0000", "cpu0001", "cpu0002"]
     assert validate(out, deep=True) == []
     anns = {s: json.loads((out / s / "annotation.json").read_text()) for s in man["splits"]["test"]}
     assert anns["cpu0000"]["faults"] == [] and anns["cpu0000"]["label"] == "normal"
+    # the workload's shape is what was asked for, and said in every annotation and the manifest
+    for a in anns.values():
+        wl = a["workload"]
+        assert (wl["requests"], wl["new_tokens"], wl["model_layers"], wl["prompt_len"]) == (12, 6, 2, 8)
+    assert {k: man["config"][k] for k in ("requests", "new_tokens", "layers", "prompt_len")} == {
+        "requests": 12,
+        "new_tokens": 6,
+        "layers": 2,
+        "prompt_len": 8,
+    }
+    tr0 = T.load(out / "cpu0000" / "trace.json", warn=False)
+    assert sum(tr0.name_of(i) == "GPT2MLP" for i in range(len(tr0))) == 12 * 6 * 2  # one per layer per token
+    log0 = (out / "cpu0000" / "log.txt").read_text()
+    assert "model ready: 2 layers" in log0 and "request 11: 8 prompt tokens, 6 generated" in log0
 
     # slow_operator: the slowed GPT2MLP calls are inside the window and much longer than the others
     slow = anns["cpu0001"]
@@ -53,7 +74,14 @@ def test_slow_operator_and_contention_runs(tmp_path):
 
     # resumable: a second call reuses the finished samples
     again = collect_cpu(
-        out, 3, seed=1, requests=12, new_tokens=6, kinds=["normal", "slow_operator", "cpu_contention"]
+        out,
+        3,
+        seed=1,
+        requests=12,
+        new_tokens=6,
+        layers=2,
+        prompt_len=8,
+        kinds=["normal", "slow_operator", "cpu_contention"],
     )
     assert again["samples"] == man["samples"]
     # resumed with other split fractions: the finished runs move (annotation and manifest agree)
@@ -63,6 +91,8 @@ def test_slow_operator_and_contention_runs(tmp_path):
         seed=1,
         requests=12,
         new_tokens=6,
+        layers=2,
+        prompt_len=8,
         kinds=["normal", "slow_operator", "cpu_contention"],
         splits=(1.0, 0.0, 0.0),
     )
@@ -72,6 +102,46 @@ def test_slow_operator_and_contention_runs(tmp_path):
         a = json.loads((out / s / "annotation.json").read_text())
         assert a["split"] == "train" and a["ood"] is False and a["faults"] == anns[s]["faults"]
     assert validate(out, deep=True) == []
+    # resumed with another workload shape: refused before anything runs, the runs untouched
+    from teller.errors import ConfigError
+
+    before = {s: (out / s / "annotation.json").read_text() for s in moved["splits"]["train"]}
+    with pytest.raises(
+        ConfigError, match=r"manifest.json: .*another workload shape \(layers 2 there, 4 asked\)"
+    ):
+        collect_cpu(out, 3, seed=1, requests=12, new_tokens=6, prompt_len=8)
+    assert {s: (out / s / "annotation.json").read_text() for s in before} == before
+
+
+def test_workload_shape_is_checked_before_anything_runs(tmp_path):
+    from teller.errors import ConfigError
+
+    for kw, msg in (
+        ({"layers": 0}, "layers=0"),
+        ({"prompt_len": -1}, "prompt_len=-1"),
+        ({"requests": 2.5}, "requests=2.5"),
+        ({"new_tokens": True}, "new_tokens=True"),
+        ({"prompt_len": 250, "new_tokens": 8}, "context length"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            collect_cpu(tmp_path / "never", 3, **kw)
+    assert not (tmp_path / "never").exists()
+    # an interrupted first collection (runs, no manifest yet): the runs' annotations say the shape
+    run = tmp_path / "half" / "cpu0000"
+    run.mkdir(parents=True)
+    wl = {"requests": 6, "new_tokens": 8, "model_layers": 4, "prompt_len": 16}
+    (run / "annotation.json").write_text(json.dumps({"workload": wl}))
+    with pytest.raises(ConfigError, match=r"cpu0000/annotation.json: .*new_tokens 8 there, 9 asked"):
+        collect_cpu(tmp_path / "half", 3, new_tokens=9)
+    # a manifest written before layers and prompt_len were options: its runs had the defaults
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_text(json.dumps({"config": {"requests": 40, "new_tokens": 8}}))
+    with pytest.raises(ConfigError, match=r"prompt_len 16 there, 32 asked"):
+        collect_cpu(old, 3, requests=40, prompt_len=32)
+    (old / "manifest.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="manifest.json: not a readable manifest"):
+        collect_cpu(old, 3)
 
 
 def test_splits_are_stratified_stable_and_checked():

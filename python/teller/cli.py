@@ -674,6 +674,10 @@ def dataset_collect_cpu(
     seed: Annotated[int, typer.Option(help="Seed of the plan (kinds, severities, onsets).")] = 0,
     requests: Annotated[int, typer.Option(help="Requests per run of the tiny GPT-2 workload.")] = 40,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 8,
+    layers: Annotated[
+        int, typer.Option(help="Layers of the tiny GPT-2 (its depth; another shape tests transfer).")
+    ] = 4,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 16,
     keep_raw: Annotated[bool, typer.Option(help="Keep each run's raw .tmsgpack files.")] = False,
     splits: Annotated[
         str,
@@ -686,7 +690,8 @@ def dataset_collect_cpu(
     ] = "0,0,1",
 ) -> None:
     """Real fault runs on this CPU: the tiny GPT-2 inference under `teller collect` while busy processes,
-    a memory hog, a disk flood, thread oversubscription or a slowed module hit it. Same sample format."""
+    a memory hog, a disk flood, thread oversubscription or a slowed module hit it. Same sample format.
+    One directory holds one workload shape (--requests, --new-tokens, --layers, --prompt-len)."""
     from teller.data.cpu_runs import collect_cpu, parse_splits
 
     t0 = time.perf_counter()
@@ -699,6 +704,8 @@ def dataset_collect_cpu(
                 seed=seed,
                 requests=requests,
                 new_tokens=new_tokens,
+                layers=layers,
+                prompt_len=prompt_len,
                 keep_raw=keep_raw,
                 splits=fractions,
                 progress=cb,

@@ -64,6 +64,9 @@ GENERATOR_VERSION = 1
 SLOW_MODULE = "transformers.models.gpt2.modeling_gpt2"
 SLOW_FUNCTION = "GPT2MLP.forward"
 LAYERS = 4  # of the workload's model (teller.workloads.tiny_gpt2 default)
+PROMPT_LEN = 16  # (teller.workloads.tiny_gpt2 default)
+# what a run's workload is made of; a collection keeps one shape (a resume with another is refused)
+SHAPE_KEYS = ("requests", "new_tokens", "layers", "prompt_len")
 
 
 # -- injectors (separate processes, so the workload really competes for the machine) ----------------
@@ -213,15 +216,19 @@ def parse_splits(text: str) -> tuple[float, float, float]:
     return (vals[0], vals[1], vals[2])
 
 
-def _workload_cmd(requests: int, new_tokens: int, extra: list[str]) -> list[str]:
+def _workload_cmd(shape: dict[str, int], extra: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
         "teller.workloads.tiny_gpt2",
         "--requests",
-        str(requests),
+        str(shape["requests"]),
         "--new-tokens",
-        str(new_tokens),
+        str(shape["new_tokens"]),
+        "--layers",
+        str(shape["layers"]),
+        "--prompt-len",
+        str(shape["prompt_len"]),
         *extra,
     ]
 
@@ -256,8 +263,7 @@ def _run_one(
     plan: dict[str, Any],
     out: Path,
     timing: dict[str, float],
-    requests: int,
-    new_tokens: int,
+    shape: dict[str, int],
     keep_raw: bool,
     split: str = "test",
     ood: bool = True,
@@ -280,7 +286,8 @@ def _run_one(
         extra += ["--log-file", str(work / "engine.log")]
     elif kind == "slow_operator":
         delay = round(0.5 + 4.5 * sev, 2)
-        calls = requests * new_tokens * LAYERS  # GPT2MLP.forward calls in the run
+        # GPT2MLP.forward calls in the run: one per layer per generated token (KV cache)
+        calls = shape["requests"] * shape["new_tokens"] * shape["layers"]
         first = int(plan["onset_frac"] * calls)
         last = first + max(8, int(plan["dur_frac"] * calls))
         params = {"delay_ms": delay, "function": f"{SLOW_MODULE}.{SLOW_FUNCTION}", "calls": [first, last]}
@@ -305,7 +312,7 @@ def _run_one(
 
         def target() -> None:
             result["res"] = collect(
-                _workload_cmd(requests, new_tokens, extra),
+                _workload_cmd(shape, extra),
                 trace_dir=work / "traces",
                 nvtx_json="transformers",
                 stdout=sink_out,
@@ -387,8 +394,11 @@ def _run_one(
         "ood": ood,
         "workload": {
             "model": "gpt2-tiny",
-            "model_name": "GPT-2 (4 layers, 128 wide, from a config)",
-            "model_layers": 4,
+            "model_name": f"GPT-2 ({shape['layers']} layers, 128 wide, from a config)",
+            "model_layers": shape["layers"],
+            "requests": shape["requests"],
+            "new_tokens": shape["new_tokens"],
+            "prompt_len": shape["prompt_len"],
             "gpu": "cpu",
             "tp": 1,
             "arrival": "closed_loop",
@@ -405,7 +415,7 @@ def _run_one(
     return ann
 
 
-def _calibrate(requests: int, new_tokens: int) -> dict[str, float]:
+def _calibrate(shape: dict[str, int]) -> dict[str, float]:
     """One plain run: how long start-up and generation take on this machine."""
     from teller.collect import collect
 
@@ -413,7 +423,7 @@ def _calibrate(requests: int, new_tokens: int) -> dict[str, float]:
     try:
         t0 = time.time_ns()
         res = collect(
-            _workload_cmd(requests, new_tokens, []),
+            _workload_cmd(shape, []),
             trace_dir=work,
             nvtx_json="transformers",
             convert=False,
@@ -428,6 +438,48 @@ def _calibrate(requests: int, new_tokens: int) -> dict[str, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _check_shape(out: Path, shape: dict[str, int]) -> None:
+    """Refuse to resume a collection of another workload shape: its runs would not be comparable.
+    The manifest says what the finished runs were (before ``layers`` and ``prompt_len`` were
+    options they were the defaults); without one (an interrupted first call), their annotations do."""
+    man_path = out / "manifest.json"
+    old: dict[str, Any] | None = None
+    where = man_path
+    if man_path.exists():
+        try:
+            cfg = json.loads(man_path.read_text()).get("config") or {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ConfigError(f"{man_path}: not a readable manifest ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{man_path}: 'config' is not an object")
+        old = {"layers": LAYERS, "prompt_len": PROMPT_LEN, **{k: cfg[k] for k in SHAPE_KEYS if k in cfg}}
+        if not all(k in cfg for k in ("requests", "new_tokens")):
+            old = None
+    else:
+        for ann_path in sorted(out.glob("cpu*/annotation.json")):
+            try:
+                wl = json.loads(ann_path.read_text()).get("workload") or {}
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                continue  # (named when the run is resumed)
+            if isinstance(wl, dict) and all(k in wl for k in ("requests", "new_tokens")):
+                old = {
+                    "requests": wl["requests"],
+                    "new_tokens": wl["new_tokens"],
+                    "layers": wl.get("model_layers", LAYERS),
+                    "prompt_len": wl.get("prompt_len", PROMPT_LEN),
+                }
+                where = ann_path
+                break
+    if old is None:
+        return
+    diff = [f"{k} {old.get(k)!r} there, {shape[k]!r} asked" for k in SHAPE_KEYS if old.get(k) != shape[k]]
+    if diff:
+        raise ConfigError(
+            f"{where}: this collection's runs have another workload shape ({'; '.join(diff)}); "
+            "collect into a new directory, or resume with the same options"
+        )
+
+
 def collect_cpu(
     output_dir: str | os.PathLike[str],
     num_samples: int,
@@ -435,6 +487,8 @@ def collect_cpu(
     seed: int = 0,
     requests: int = 6,
     new_tokens: int = 8,
+    layers: int = LAYERS,
+    prompt_len: int = PROMPT_LEN,
     keep_raw: bool = False,
     kinds: Sequence[str] | None = None,
     splits: tuple[float, float, float] = (0.0, 0.0, 1.0),
@@ -444,9 +498,22 @@ def collect_cpu(
     ``kinds`` (default: all of KINDS) are cycled through; ``splits``: the train, val and test
     fractions (:func:`_assign_splits`; default all test). Runs are out-of-distribution (``ood``)
     only where none of them is for training. A resumed collection with other fractions moves the
-    finished runs to their new splits (their annotation is rewritten; the run is not)."""
+    finished runs to their new splits (their annotation is rewritten; the run is not).
+    ``requests``, ``new_tokens``, ``layers`` and ``prompt_len`` shape the workload (the tiny GPT-2's
+    depth and prompt; a second collection of another shape is how transfer across workloads is
+    measured). One directory holds one shape: resuming with another is refused."""
     if num_samples < 1:
         raise ConfigError("num_samples must be >= 1")
+    shape = {"requests": requests, "new_tokens": new_tokens, "layers": layers, "prompt_len": prompt_len}
+    bad_shape = [
+        f"{k}={v!r}" for k, v in shape.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1
+    ]
+    if bad_shape:
+        raise ConfigError(f"the workload's {', '.join(bad_shape)}: expected positive integers")
+    if shape["prompt_len"] + shape["new_tokens"] > 256:  # the tiny GPT-2's n_positions
+        raise ConfigError(
+            f"prompt_len {prompt_len} + new_tokens {new_tokens} > 256, the tiny GPT-2's context length"
+        )
     if len(splits) != 3 or any(not (0 <= f < math.inf) for f in splits) or not 0 < sum(splits) < math.inf:
         raise ConfigError(f"splits must be three non-negative fractions (train, val, test), got {splits}")
     kinds = tuple(kinds or KINDS)
@@ -454,11 +521,12 @@ def collect_cpu(
     if bad:
         raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
     out = Path(output_dir)
+    _check_shape(out, shape)
     out.mkdir(parents=True, exist_ok=True)
     plans = _plan(seed, num_samples, kinds)
     split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
     ood = not splits[0] > 0
-    timing = _calibrate(requests, new_tokens)
+    timing = _calibrate(shape)
     anns = []
     for k, plan in enumerate(plans):
         sid = plan["sample_id"]
@@ -477,7 +545,7 @@ def collect_cpu(
                 os.replace(tmp, ann_path)
             anns.append(a)
         else:
-            anns.append(_run_one(plan, out, timing, requests, new_tokens, keep_raw, split_of[sid], ood))
+            anns.append(_run_one(plan, out, timing, shape, keep_raw, split_of[sid], ood))
         if progress:
             progress(k + 1, len(plans))
     labels = ["normal", "cpu_contention", "host_memory_pressure", "io_stall", "slow_operator"]
@@ -495,8 +563,7 @@ def collect_cpu(
         "preset": None,
         "config": {
             "kinds": list(KINDS),
-            "requests": requests,
-            "new_tokens": new_tokens,
+            **shape,
             "timing": timing,
             "cores": os.cpu_count(),
             "plans": plans,
