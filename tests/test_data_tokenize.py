@@ -152,6 +152,20 @@ def test_resume_skips_complete_shards(setup):
     assert done.stat().st_mtime_ns != mtime and json.loads(done.read_text())["culprit_rules"] == 1
 
 
+def test_simulated_shards_key_is_unchanged_by_the_culprit_rules(setup):
+    """A simulated dataset's shards keep the key they had before ``culprit_rules`` existed (the
+    field enters the key only where it is not 1), so shards encoded before are still reused."""
+    import hashlib
+
+    from teller.data.tokenize import SHARDS_VERSION
+
+    data, tdir, out = setup
+    man = json.loads((out / "manifest.json").read_text())
+    assert "culprit_rules" not in man["settings"]
+    key = [man["dataset"]["manifest_sha256"], man["tokenizer"]["sha256"], man["settings"], SHARDS_VERSION]
+    assert out.name == "tok-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def test_culprit_rules_version_per_generator():
     from teller.data.tokenize import culprit_rules
 
