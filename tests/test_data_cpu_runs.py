@@ -11,9 +11,10 @@ from teller.collect import shim
 from teller.data import validate
 from teller.data.cpu_runs import collect_cpu
 
-pytestmark = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
+needs_shim = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
 
 
+@needs_shim
 def test_slow_operator_and_contention_runs(tmp_path):
     out = tmp_path / "cpu"
     man = collect_cpu(
@@ -72,7 +73,13 @@ def test_slow_operator_and_contention_runs(tmp_path):
     win = (tr2.ts >= c["start_ns"]) & (tr2.ts < c["end_ns"])
     assert m2.any() and not (m2 & ~win).any()  # the workload's events inside the window
 
-    # resumable: a second call reuses the finished samples
+    # resumable: a second call reuses the finished samples; a run from before the shape options
+    # (no requests / new_tokens / prompt_len in its workload) says the collection's shape then
+    p0 = out / "cpu0000" / "annotation.json"
+    a0 = json.loads(p0.read_text())
+    for k in ("requests", "new_tokens", "prompt_len"):
+        del a0["workload"][k]
+    p0.write_text(json.dumps(a0))
     again = collect_cpu(
         out,
         3,
@@ -84,6 +91,8 @@ def test_slow_operator_and_contention_runs(tmp_path):
         kinds=["normal", "slow_operator", "cpu_contention"],
     )
     assert again["samples"] == man["samples"]
+    wl0 = json.loads(p0.read_text())["workload"]
+    assert (wl0["requests"], wl0["new_tokens"], wl0["prompt_len"], wl0["model_layers"]) == (12, 6, 8, 2)
     # resumed with other split fractions: the finished runs move (annotation and manifest agree)
     moved = collect_cpu(
         out,
@@ -139,6 +148,16 @@ def test_workload_shape_is_checked_before_anything_runs(tmp_path):
     (old / "manifest.json").write_text(json.dumps({"config": {"requests": 40, "new_tokens": 8}}))
     with pytest.raises(ConfigError, match=r"prompt_len 16 there, 32 asked"):
         collect_cpu(old, 3, requests=40, prompt_len=32)
+    # a manifest without the shape (not one this version writes): the runs' annotations decide;
+    # one from before the shape options names its depth only, and its prompt was the default
+    (old / "manifest.json").write_text(json.dumps({"config": {}}))
+    legacy = old / "cpu0000"
+    legacy.mkdir()
+    (legacy / "annotation.json").write_text(json.dumps({"workload": {"model_layers": 4}}))
+    with pytest.raises(ConfigError, match=r"cpu0000/annotation.json: .*layers 4 there, 2 asked"):
+        collect_cpu(old, 3, layers=2)
+    with pytest.raises(ConfigError, match=r"cpu0000/annotation.json: .*prompt_len 16 there, 32 asked"):
+        collect_cpu(old, 3, prompt_len=32)
     (old / "manifest.json").write_text("{not json")
     with pytest.raises(ConfigError, match="manifest.json: not a readable manifest"):
         collect_cpu(old, 3)

@@ -438,12 +438,15 @@ def _calibrate(shape: dict[str, int]) -> dict[str, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _check_shape(out: Path, shape: dict[str, int]) -> None:
+def _check_shape(out: Path, shape: dict[str, int]) -> bool:
     """Refuse to resume a collection of another workload shape: its runs would not be comparable.
     The manifest says what the finished runs were (before ``layers`` and ``prompt_len`` were
-    options they were the defaults); without one (an interrupted first call), their annotations do."""
+    options they were the defaults); without one (an interrupted first call), or one from before
+    the shape was recorded, their annotations do, as far as they say it (annotations from before
+    the shape options name only ``model_layers``; their prompt was the default). Returns whether
+    every part of the runs' shape was known (and so matched)."""
     man_path = out / "manifest.json"
-    old: dict[str, Any] | None = None
+    old: dict[str, Any] = {}
     where = man_path
     if man_path.exists():
         try:
@@ -452,32 +455,33 @@ def _check_shape(out: Path, shape: dict[str, int]) -> None:
             raise ConfigError(f"{man_path}: not a readable manifest ({e})") from None
         if not isinstance(cfg, dict):
             raise ConfigError(f"{man_path}: 'config' is not an object")
-        old = {"layers": LAYERS, "prompt_len": PROMPT_LEN, **{k: cfg[k] for k in SHAPE_KEYS if k in cfg}}
-        if not all(k in cfg for k in ("requests", "new_tokens")):
-            old = None
-    else:
+        if all(k in cfg for k in ("requests", "new_tokens")):
+            old = {"layers": LAYERS, "prompt_len": PROMPT_LEN, **{k: cfg[k] for k in SHAPE_KEYS if k in cfg}}
+    if not old:
         for ann_path in sorted(out.glob("cpu*/annotation.json")):
             try:
                 wl = json.loads(ann_path.read_text()).get("workload") or {}
             except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
                 continue  # (named when the run is resumed)
-            if isinstance(wl, dict) and all(k in wl for k in ("requests", "new_tokens")):
-                old = {
-                    "requests": wl["requests"],
-                    "new_tokens": wl["new_tokens"],
-                    "layers": wl.get("model_layers", LAYERS),
-                    "prompt_len": wl.get("prompt_len", PROMPT_LEN),
-                }
-                where = ann_path
+            if not isinstance(wl, dict):
+                continue
+            known = {k: wl[k] for k in ("requests", "new_tokens", "prompt_len") if k in wl}
+            if "model_layers" in wl:
+                known["layers"] = wl["model_layers"]
+                if "requests" not in wl:  # from before the shape options: the default prompt
+                    known.setdefault("prompt_len", PROMPT_LEN)
+            if known:
+                old, where = known, ann_path
                 break
-    if old is None:
-        return
-    diff = [f"{k} {old.get(k)!r} there, {shape[k]!r} asked" for k in SHAPE_KEYS if old.get(k) != shape[k]]
+    diff = [
+        f"{k} {old[k]!r} there, {shape[k]!r} asked" for k in SHAPE_KEYS if k in old and old[k] != shape[k]
+    ]
     if diff:
         raise ConfigError(
             f"{where}: this collection's runs have another workload shape ({'; '.join(diff)}); "
             "collect into a new directory, or resume with the same options"
         )
+    return all(k in old for k in SHAPE_KEYS)
 
 
 def collect_cpu(
@@ -521,7 +525,7 @@ def collect_cpu(
     if bad:
         raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
     out = Path(output_dir)
-    _check_shape(out, shape)
+    shape_known = _check_shape(out, shape)
     out.mkdir(parents=True, exist_ok=True)
     plans = _plan(seed, num_samples, kinds)
     split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
@@ -538,8 +542,17 @@ def collect_cpu(
                 raise ConfigError(
                     f"{ann_path}: not a readable annotation ({e}); delete {out / sid}"
                 ) from None
-            if (a.get("split"), a.get("ood")) != (split_of[sid], ood):
+            wl = a.get("workload") if isinstance(a.get("workload"), dict) else None
+            # a run from before the shape options says its shape once the collection's is known
+            fill = (
+                {}
+                if wl is None or not shape_known
+                else {k: shape[k] for k in ("requests", "new_tokens", "prompt_len") if k not in wl}
+            )
+            if (a.get("split"), a.get("ood")) != (split_of[sid], ood) or fill:
                 a = {**a, "split": split_of[sid], "ood": ood}
+                if fill:
+                    a["workload"] = {**a["workload"], **fill}
                 tmp = ann_path.with_name(".annotation.json.tmp")
                 tmp.write_text(json.dumps(a, indent=1, sort_keys=True) + "\n")
                 os.replace(tmp, ann_path)
