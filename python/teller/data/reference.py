@@ -39,13 +39,13 @@ capture does not have to contain.
   Measured on ``default`` (normal val/test/test_ood captures, median |residual|): version 1's
   quadratic in w alone read 0.048 / 0.047 (A100 / H100 GEMMs), 0.153 (softmax), 0.112 (sampling
   reduce), 0.36 (FlashAttention, sm90); this form 0.042 / 0.038, 0.034, 0.035, 0.30; a mild power
-  cap's GEMMs stopped reading -0.1 outside the fault's window (docs/models.md, the shards-v10
+  cap's GEMMs stopped reading -0.1 outside the fault's window (docs/models-history.md, the shards-v10
   round). Stored as JSON next to the shards (``reference.json``); version 1 files (a quadratic in
   w per row) still read.
 * **Residual** of an event: x - fit(w, s), NaN where the key, symbol or position has no fit.
 
-Measured before building it (a probe on ``default``, docs/models.md, the shards-v8 round): the GBDT with
-reference columns keyed by an oracle deployment went from 0.860 to 0.890 test category accuracy.
+Measured before building it (a probe on ``default``, docs/models-history.md, the shards-v8 round): the
+GBDT with reference columns keyed by an oracle deployment went from 0.860 to 0.890 test category accuracy.
 """
 
 from __future__ import annotations

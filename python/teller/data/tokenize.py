@@ -40,7 +40,7 @@ SHARDS_FORMAT = "teller-shards"
 # 8: + summary columns 17-19, kernels against the deployment's reference (teller.data.reference,
 # reference.json beside the shards; columns 0-16 unchanged); 10: columns 17-19 against a version-2
 # reference (load in tokens and sequences, a table or a quadratic per row; same columns, smaller
-# residuals; 9 was an inverted column 19, tried and never shipped, docs/models.md); 11: + summary
+# residuals; 9 was an inverted column 19, tried and never shipped, docs/models-history.md); 11: + summary
 # columns 20-22, the reference residuals pooled over the kernel's family (columns 0-19 unchanged)
 SHARDS_VERSION = 11
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
