@@ -146,3 +146,17 @@ def test_tpe_train_encode_inspect(tmp_path):
     assert "merged tokens" in out and "▸" in out
     bad = run("tpe", "inspect", str(tmp_path / "nope"), check=False)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_piped_output_is_wide_unless_columns_says_otherwise():
+    """Redirected output (a file, a CI log) is 160 columns, not rich's 80, so tables keep whole
+    kernel names; COLUMNS, where set, decides."""
+    import os
+
+    code = "import teller.cli as c; print(c.console.width)"
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert piped.stdout.strip() == "160", piped.stderr
+    env["COLUMNS"] = "100"
+    told = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert told.stdout.strip() == "100", told.stderr

@@ -35,7 +35,10 @@ app.add_typer(tpe_app, name="tpe")
 shim_app = typer.Typer(help="Build and locate the collector shim (cupti_shim/).", no_args_is_help=True)
 app.add_typer(shim_app, name="shim")
 
-console = Console()
+# Output piped or redirected (a file, a CI log) is 160 columns wide, not rich's 80: tables keep
+# whole kernel names on one line. COLUMNS, where set, still decides.
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+console = Console(width=_PIPE_WIDTH)
 err_console = Console(stderr=True)
 
 

@@ -369,8 +369,9 @@ def render(d: dict[str, Any], console: Any) -> None:
         t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"]))
     console.print(t)
     o = Table(title="culprit operators (localization head)")
+    # narrow consoles (80 columns when piped) fold a long name onto more lines, never cut it
     for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):
-        o.add_column(c)
+        o.add_column(c, overflow="fold" if c == "symbol" else "ellipsis")
     for r in d["operators"]:
         o.add_row(
             r["symbol"][:70],
@@ -387,7 +388,7 @@ def render(d: dict[str, Any], console: Any) -> None:
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
         cols = ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift")
         for c in (*cols, "vs ref", "family vs ref"):
-            y.add_column(c)
+            y.add_column(c, overflow="fold" if c == "symbol" else "ellipsis")
 
         def _f(v: float | None) -> str:
             return "-" if v is None else f"{v:+.2f}"
