@@ -158,6 +158,15 @@ def test_workload_shape_is_checked_before_anything_runs(tmp_path):
         collect_cpu(old, 3, layers=2)
     with pytest.raises(ConfigError, match=r"cpu0000/annotation.json: .*prompt_len 16 there, 32 asked"):
         collect_cpu(old, 3, prompt_len=32)
+    # an old run first and a new one after it (two interrupted calls, no manifest): both are read
+    mixed = tmp_path / "mixed"
+    for sid, said in (("cpu0000", {"model_layers": 4}), ("cpu0001", {**wl, "requests": 40})):
+        (mixed / sid).mkdir(parents=True)
+        (mixed / sid / "annotation.json").write_text(json.dumps({"workload": said}))
+    with pytest.raises(ConfigError, match=r"cpu0001/annotation.json: .*requests 40 there, 30 asked"):
+        collect_cpu(mixed, 3, requests=30)
+    with pytest.raises(ConfigError, match=r"cpu0000/annotation.json: .*layers 4 there, 2 asked"):
+        collect_cpu(mixed, 3, requests=40, layers=2)
     (old / "manifest.json").write_text("{not json")
     with pytest.raises(ConfigError, match="manifest.json: not a readable manifest"):
         collect_cpu(old, 3)

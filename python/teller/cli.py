@@ -37,7 +37,7 @@ app.add_typer(shim_app, name="shim")
 
 # Output piped or redirected (a file, a CI log) is 160 columns wide, not rich's 80: tables keep
 # whole kernel names on one line. COLUMNS, where set, still decides.
-_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
 console = Console(width=_PIPE_WIDTH)
 err_console = Console(stderr=True)
 

@@ -443,11 +443,11 @@ def _check_shape(out: Path, shape: dict[str, int]) -> bool:
     The manifest says what the finished runs were (before ``layers`` and ``prompt_len`` were
     options they were the defaults); without one (an interrupted first call), or one from before
     the shape was recorded, their annotations do, as far as they say it (annotations from before
-    the shape options name only ``model_layers``; their prompt was the default). Returns whether
-    every part of the runs' shape was known (and so matched)."""
+    the shape options name only ``model_layers``; their prompt was the default): runs are read
+    until every part of the shape is known. Returns whether it all was (and so matched)."""
     man_path = out / "manifest.json"
     old: dict[str, Any] = {}
-    where = man_path
+    src: dict[str, Path] = {}  # where each part of the shape was read (default: the manifest)
     if man_path.exists():
         try:
             cfg = json.loads(man_path.read_text()).get("config") or {}
@@ -470,15 +470,16 @@ def _check_shape(out: Path, shape: dict[str, int]) -> bool:
                 known["layers"] = wl["model_layers"]
                 if "requests" not in wl:  # from before the shape options: the default prompt
                     known.setdefault("prompt_len", PROMPT_LEN)
-            if known:
-                old, where = known, ann_path
+            for k, v in known.items():  # an old run names only its depth: read on
+                if k not in old:
+                    old[k], src[k] = v, ann_path
+            if all(k in old for k in SHAPE_KEYS):
                 break
-    diff = [
-        f"{k} {old[k]!r} there, {shape[k]!r} asked" for k in SHAPE_KEYS if k in old and old[k] != shape[k]
-    ]
+    diff = [k for k in SHAPE_KEYS if k in old and old[k] != shape[k]]
     if diff:
+        said = "; ".join(f"{k} {old[k]!r} there, {shape[k]!r} asked" for k in diff)
         raise ConfigError(
-            f"{where}: this collection's runs have another workload shape ({'; '.join(diff)}); "
+            f"{src.get(diff[0], man_path)}: this collection's runs have another workload shape ({said}); "
             "collect into a new directory, or resume with the same options"
         )
     return all(k in old for k in SHAPE_KEYS)
@@ -542,6 +543,8 @@ def collect_cpu(
                 raise ConfigError(
                     f"{ann_path}: not a readable annotation ({e}); delete {out / sid}"
                 ) from None
+            if not isinstance(a, dict):
+                raise ConfigError(f"{ann_path}: not an annotation (a JSON object); delete {out / sid}")
             wl = a.get("workload") if isinstance(a.get("workload"), dict) else None
             # a run from before the shape options says its shape once the collection's is known
             fill = (

@@ -369,12 +369,12 @@ def render(d: dict[str, Any], console: Any) -> None:
         t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"]))
     console.print(t)
     o = Table(title="culprit operators (localization head)")
-    # narrow consoles (80 columns when piped) fold a long name onto more lines, never cut it
+    # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
     for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):
         o.add_column(c, overflow="fold" if c == "symbol" else "ellipsis")
     for r in d["operators"]:
         o.add_row(
-            r["symbol"][:70],
+            r["symbol"],
             str(r["kernel_family"] or "-"),
             f"{r['score']:.2f}",
             str(r["events"]),
@@ -398,7 +398,7 @@ def render(d: dict[str, Any], console: Any) -> None:
 
         for r in d["culprit_symbols"]:
             y.add_row(
-                r["symbol"][:70],
+                r["symbol"],
                 f"{r['score']:.2f}",
                 str(r["events"]),
                 _f(r["shift"]),
