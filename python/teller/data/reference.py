@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import re
 from collections.abc import Iterable
@@ -278,19 +279,24 @@ def _fit(w: np.ndarray, s: np.ndarray, x: np.ndarray, half: np.ndarray) -> dict[
     return forms[int(np.argmin(err))](w, s, x)
 
 
-def _finite(c: Any) -> bool:
-    """A finite real number that fits a float (not a bool, not a string)."""
-    if isinstance(c, bool):
-        return False
-    if isinstance(c, int):
-        return -1e308 < c < 1e308  # (an int past float range would overflow later)
-    # math.isfinite, not np.isfinite: a reference holds ~60 000 numbers, checked at every load
-    return isinstance(c, float) and math.isfinite(c)
+_NUM_TYPES = frozenset((int, float))
 
 
 def _nums(v: Any, n: int | None = None) -> bool:
-    """A flat list of finite real numbers (not bools, not strings), of length ``n`` if given."""
-    return isinstance(v, list) and (n is None or len(v) == n) and all(_finite(c) for c in v)
+    """A flat list of finite real numbers that fit a float (not bools, not strings), of length
+    ``n`` if given. A reference holds ~60 000 numbers, checked at every load (every `teller
+    diagnose` call): ``map`` over builtins, not a Python-level loop (10 ms -> 2 ms per load)."""
+    if not isinstance(v, list) or (n is not None and len(v) != n):
+        return False
+    types = set(map(type, v))
+    if not types <= _NUM_TYPES and any(  # (a subclass, e.g. np.float64, is a number; a bool is not)
+        issubclass(t, bool) or not issubclass(t, (int, float)) for t in types
+    ):
+        return False
+    try:
+        return all(map(math.isfinite, v))
+    except OverflowError:  # an int past the float range
+        return False
 
 
 def _valid_row(r: Any, version: int) -> bool:
@@ -305,7 +311,7 @@ def _valid_row(r: Any, version: int) -> bool:
             and _nums(k)
             and _nums(v)
             and len(k) == len(v) >= 1
-            and all(a < b for a, b in zip(k, k[1:], strict=False))
+            and all(map(operator.lt, k, k[1:]))
         )
     if r.get("kind") == "quad":
         return (
