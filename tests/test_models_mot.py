@@ -1123,3 +1123,41 @@ def test_diagnose_warns_when_the_reference_file_is_not_the_trained_one(shards, t
     with pytest.warns(UserWarning, match="not the kernel reference the checkpoint was trained with"):
         r2 = reference_residuals(cfg2, tr, lines)
     np.testing.assert_array_equal(r, r2)
+
+
+def test_render_keeps_whole_names_and_one_line_per_log_line() -> None:
+    """A narrow console folds a long kernel name (never cuts it) and cuts a long log line at its
+    width (one line each; the whole line is in --json)."""
+    import io
+
+    from rich.console import Console
+    from teller.models.diagnose import render
+
+    name = "kernel:" + "x" * 90 + "_END"
+    log = "stdout WARNING " + "y" * 200 + " TAIL"
+    d = {
+        "path": "s0",
+        "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9, "layer": "device"}],
+        "operators": [
+            {
+                "symbol": name,
+                "kernel_family": "gemm",
+                "score": 0.8,
+                "events": 3,
+                "mean_dur_us": 1.0,
+                "dur_z": 2.0,
+                "ranks_or_pids": [0],
+            }
+        ],
+        "culprit_symbols": [],
+        "log_evidence": [log],
+        "inference_ms": 1.0,
+        "total_ms": 2.0,
+        "perfetto": None,
+    }
+    buf = io.StringIO()
+    render(d, Console(file=buf, width=80, color_system=None))
+    out = buf.getvalue()
+    assert "_END" in out and out.count("x") == 90  # folded over several lines, not cut
+    log_lines = [ln for ln in out.splitlines() if "yyyy" in ln]
+    assert len(log_lines) == 1 and len(log_lines[0]) <= 80 and "TAIL" not in out

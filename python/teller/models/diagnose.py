@@ -412,7 +412,8 @@ def render(d: dict[str, Any], console: Any) -> None:
     if d["log_evidence"]:
         console.print("log evidence:")
         for line in d["log_evidence"]:
-            console.print("  " + line[:160], highlight=False, markup=False)
+            # one console line per log line, cut at the console's width (the whole line is in --json)
+            console.print("  " + line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis")
     console.print(
         f"inference {d['inference_ms']:.1f} ms (total with loading {d['total_ms']:.0f} ms)"
         + (f"; Perfetto trace: {d['perfetto']}" if d["perfetto"] else ""),
