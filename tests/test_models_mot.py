@@ -517,6 +517,29 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     # (the table is left out when the likeliest cause is normal: the head never trained on those)
     assert ("culprit symbols" in r.stdout) == (d["root_causes"][0]["cause"] != "normal")
+    # a sample without its log: diagnosed, with one warning line naming it
+    import shutil
+
+    nolog = tmp_path / "nolog"
+    nolog.mkdir()
+    shutil.copyfile(faulty / "trace.json", nolog / "trace.json")
+    r = subprocess.run(
+        [*cli, "diagnose", str(nolog), "--checkpoint", str(run), "--json"],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(r.stdout)["root_causes"]
+    assert r.stderr.startswith(f"warning: {nolog}: no log.txt beside the trace"), r.stderr
+    # a checkpoint that is not there is named as given (not its parent directory)
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), "--checkpoint", str(tmp_path / "gone")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and f"{tmp_path / 'gone'}: no such checkpoint" in r.stderr, r.stderr
 
 
 def test_minilm_init_fills_only_the_log_side() -> None:

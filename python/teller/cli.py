@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -1049,7 +1050,22 @@ def diagnose_cmd(
         render(d, console)
 
 
+_default_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    """teller's own warnings (raised in, or pointing at, teller's code) read as one line on stderr,
+    like the CLI's other messages; anyone else's keep Python's format (file, line, source)."""
+    if file is None and str(filename).startswith(str(Path(__file__).parent)):
+        from rich.markup import escape
+
+        err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
+    warnings.showwarning = _show_warning
     try:
         app()
     except BrokenPipeError:  # e.g. `teller trace summary x | head`

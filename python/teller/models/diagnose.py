@@ -158,6 +158,14 @@ def diagnose(
     tok = tpe.load(cfg["tpe_dir"])
     logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
     trace_in, log_path = _find_inputs(p)
+    if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
+        import warnings
+
+        warnings.warn(
+            f"{p}: no log.txt beside the trace: the model's log side reads an empty log "
+            "(its causes rest on the trace alone)",
+            stacklevel=2,
+        )
     tr = _trace.load(
         trace_in,
         step_names=tok.settings.get("step_names"),

@@ -232,6 +232,10 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
     from safetensors.torch import load_file
 
     p = Path(checkpoint)
+    if not p.exists():
+        raise TellerFileNotFoundError(
+            f"{p}: no such checkpoint (a run directory with model.safetensors + config.json)", path=str(p)
+        )
     run = p if p.is_dir() else p.parent
     weights = p / "model.safetensors" if p.is_dir() else p
     cfg_path = run / "config.json"
