@@ -1184,3 +1184,21 @@ def test_render_keeps_whole_names_and_one_line_per_log_line() -> None:
     assert "_END" in out and out.count("x") == 90  # folded over several lines, not cut
     log_lines = [ln for ln in out.splitlines() if "yyyy" in ln]
     assert len(log_lines) == 1 and len(log_lines[0]) <= 80 and "TAIL" not in out
+
+
+def test_train_checks_the_tpe_dir_before_anything_is_written(shards, tmp_path) -> None:
+    """--tpe-dir is recorded for diagnose, which encodes new traces with it: a missing tokenizer or
+    one the shards were not encoded with fails before training, and no run directory is made."""
+    import shutil
+
+    from teller.errors import ConfigError
+
+    _root, _data, tdir, out = shards
+    with pytest.raises(FileNotFoundError, match="no TPE tokenizer"):
+        train(CFG, out, tmp_path / "a", tpe_dir=tmp_path / "none")
+    other = tmp_path / "other"
+    shutil.copytree(tdir, other)
+    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text() + "\n")
+    with pytest.raises(ConfigError, match="not the TPE tokenizer .* was encoded with"):
+        train(CFG, out, tmp_path / "b", tpe_dir=other)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

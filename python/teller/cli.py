@@ -845,7 +845,12 @@ _ConfigOpt = Annotated[
 ]
 _DataOpt = Annotated[str, typer.Option("--data-dir", help="Tokenized shards (teller tokenize output).")]
 _TpeOpt = Annotated[
-    str | None, typer.Option("--tpe-dir", help="The TPE tokenizer the shards were made with.")
+    str | None,
+    typer.Option(
+        "--tpe-dir",
+        help="The TPE tokenizer the shards were made with (checked against their manifest; default: the "
+        "path it names).",
+    ),
 ]
 _OutOpt = Annotated[
     str | None, typer.Option("--output-dir", help="Run directory (checkpoints, config.json).")

@@ -82,6 +82,10 @@ def evaluate_any(
     which ``split`` is evaluated: models trained on other tokenizers are then compared on the same
     samples (their ``data`` is the dataset)."""
     p = Path(checkpoint)
+    if not p.exists():
+        raise TellerFileNotFoundError(
+            f"{p}: no such checkpoint (a run directory of teller train)", path=str(p)
+        )
     cfgp = (p if p.is_dir() else p.parent) / "config.json"
     if not cfgp.is_file():
         raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))

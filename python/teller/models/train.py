@@ -295,6 +295,26 @@ class WeightEMA:
         self.shadow = {k: v.to(self.shadow[k].device).clone() for k, v in st["shadow"].items()}
 
 
+def _check_tpe(tpe_dir: str | Path, man: dict[str, Any], run_dir: Path) -> None:
+    """``--tpe-dir`` must be the TPE tokenizer the shards were encoded with: a model trained on
+    one vocabulary and diagnosing with another would read other ids."""
+    from teller import tpe
+    from teller.data.tokenize import _sha256
+
+    p = Path(tpe_dir)
+    tfile = p / tpe.FILE_NAME if p.is_dir() else p
+    if not tfile.is_file():
+        raise TellerFileNotFoundError(
+            f"{tfile}: no TPE tokenizer (--tpe-dir: the directory of {tpe.FILE_NAME})", path=str(tfile)
+        )
+    want = (man.get("tokenizer") or {}).get("sha256")
+    if want and _sha256(tfile) != want:
+        raise ConfigError(
+            f"{tfile}: not the TPE tokenizer {run_dir} was encoded with (SHA-256 differs from its "
+            "manifest.json's); pass that one, or leave --tpe-dir out to use the path the manifest names"
+        )
+
+
 def train(
     config: dict[str, Any],
     data_dir: str | Path,
@@ -322,6 +342,8 @@ def train(
     mcfg_d["n_classes"] = len(label_names)
     mcfg_d["label_names"] = label_names
     mc = ModelConfig.from_dict(mcfg_d)
+    if tpe_dir:  # recorded for diagnose, which encodes new traces with it: checked before training
+        _check_tpe(tpe_dir, man, run_dir)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(tc.device)
