@@ -208,6 +208,30 @@ def test_config_errors() -> None:
         ModelConfig.from_dict({"summary_bins": 8})
     with pytest.raises(ConfigError, match="feature_norm"):
         ModelConfig.from_dict({"token_bins": 8})
+    # values of the wrong type name their key (not a TypeError in training)
+    from teller.models.train import TrainConfig
+
+    for section, d, msg in (
+        (ModelConfig, {"d_model": "64"}, r"model.d_model: '64' is not an integer"),
+        (ModelConfig, {"d_model": -4}, r"model.d_model must be positive"),
+        (ModelConfig, {"norm_first": "yes"}, r"model.norm_first: 'yes' is not true or false"),
+        (ModelConfig, {"dropout": "fast"}, r"model.dropout: 'fast' is not a number"),
+        (ModelConfig, {"log_backbone": 3}, r"model.log_backbone: 3 is not a string or null"),
+        (ModelConfig, {"label_names": ["a", 1]}, r"model.label_names: .* is not a list of strings"),
+        (TrainConfig, {"epochs": 2.5}, r"train.epochs: 2.5 is not an integer"),
+        (TrainConfig, {"batch_size": True}, r"train.batch_size: True is not an integer"),
+        (TrainConfig, {"lr": float("nan")}, r"train.lr: nan is not a number"),
+        (
+            TrainConfig,
+            {"max_train_samples": "all"},
+            r"train.max_train_samples: 'all' is not an integer or null",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            section.from_dict(d)
+    # a float field takes an int, and PyYAML's string for 1e-3 (no dot), as a float
+    tc = TrainConfig.from_dict({"lr": "1e-3", "weight_decay": 0, "max_train_samples": None})
+    assert tc.lr == 1e-3 and isinstance(tc.weight_decay, float) and tc.max_train_samples is None
 
 
 @pytest.fixture(scope="module")

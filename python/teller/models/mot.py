@@ -15,7 +15,7 @@ or with ``loc_per_class`` a score per trace token and cause (the true cause's co
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,9 @@ class ModelConfig:
             raise ConfigError(f"model.arch: {self.arch!r} is not one of mot, single")
         if self.modalities not in ("both", "trace", "log"):
             raise ConfigError(f"model.modalities: {self.modalities!r} is not one of both, trace, log")
+        for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
+            if int(getattr(self, k)) <= 0:
+                raise ConfigError(f"model.{k} must be positive")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})"
@@ -108,17 +111,12 @@ class ModelConfig:
                 "model.summary_bins / summary_joint act on summary rows: they need model.summary_tokens "
                 "or model.log_summary_tokens"
             )
-        for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
-            if int(getattr(self, k)) <= 0:
-                raise ConfigError(f"model.{k} must be positive")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ConfigError(f"model: unknown key(s) {', '.join(bad)}")
-        return cls(**d)
+        from teller.models.checks import typed_config
+
+        return cls(**typed_config(cls, d, "model"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

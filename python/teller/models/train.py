@@ -57,11 +57,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ConfigError(f"train: unknown key(s) {', '.join(bad)}")
-        return cls(**d)
+        from teller.models.checks import typed_config
+
+        return cls(**typed_config(cls, d, "train"))
 
 
 def builtin_config(name: str) -> Path:
