@@ -229,6 +229,27 @@ def test_config_errors() -> None:
     ):
         with pytest.raises(ConfigError, match=msg):
             section.from_dict(d)
+    # and values out of range
+    for section, d, msg in (
+        (ModelConfig, {"dropout": 1.0}, r"model.dropout must be in \[0, 1\)"),
+        (ModelConfig, {"max_log_tokens": 0}, r"model.max_log_tokens must be positive"),
+        (TrainConfig, {"epochs": 0}, r"train.epochs must be >= 1"),
+        (
+            TrainConfig,
+            {"batch_size": 0, "lr": -1},
+            r"train.batch_size must be >= 1, got 0; train.lr must be > 0",
+        ),
+        (TrainConfig, {"warmup_frac": 1.0}, r"train.warmup_frac must be in \[0, 1\)"),
+        (TrainConfig, {"patience": 0}, r"train.patience must be >= 1"),
+        (TrainConfig, {"max_train_samples": 0}, r"train.max_train_samples must be >= 1 or null"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            section.from_dict(d)
+    from teller.models.train import resolve_device
+
+    with pytest.raises(ConfigError, match="'tpu' is not auto, cpu or cuda"):
+        resolve_device("tpu")
+    assert resolve_device("cpu").type == "cpu"
     # a float field takes an int, and PyYAML's string for 1e-3 (no dot), as a float
     tc = TrainConfig.from_dict({"lr": "1e-3", "weight_decay": 0, "max_train_samples": None})
     assert tc.lr == 1e-3 and isinstance(tc.weight_decay, float) and tc.max_train_samples is None

@@ -89,9 +89,23 @@ class ModelConfig:
             raise ConfigError(f"model.arch: {self.arch!r} is not one of mot, single")
         if self.modalities not in ("both", "trace", "log"):
             raise ConfigError(f"model.modalities: {self.modalities!r} is not one of both, trace, log")
-        for k in ("d_model", "n_layers", "n_heads", "d_ff", "trace_vocab", "log_vocab", "n_classes"):
+        for k in (
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_ff",
+            "trace_vocab",
+            "log_vocab",
+            "n_classes",
+            "max_trace_tokens",
+            "max_log_tokens",
+        ):
             if int(getattr(self, k)) <= 0:
                 raise ConfigError(f"model.{k} must be positive")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.max_summary_tokens < 0 or self.log_value_buckets < 0:
+            raise ConfigError("model.max_summary_tokens and model.log_value_buckets must be >= 0")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})"

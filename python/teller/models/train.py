@@ -55,6 +55,31 @@ class TrainConfig:
     # stopping and model.safetensors use the averaged weights; last.safetensors keeps the raw ones
     ema: float = 0.0
 
+    def __post_init__(self) -> None:
+        rules = (
+            ("seed", self.seed >= 0, ">= 0"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("epochs", self.epochs >= 1, ">= 1"),
+            ("lr", self.lr > 0, "> 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("warmup_frac", 0 <= self.warmup_frac < 1, "in [0, 1)"),
+            ("loc_weight", self.loc_weight >= 0, ">= 0"),
+            ("loc_listwise", self.loc_listwise >= 0, ">= 0"),
+            ("summary_loc_weight", self.summary_loc_weight >= 0, ">= 0"),
+            ("patience", self.patience >= 1, ">= 1 (epochs without a better val before stopping)"),
+            ("max_minutes", self.max_minutes >= 0, ">= 0 (checked after each epoch)"),
+            ("grad_clip", self.grad_clip >= 0, ">= 0 (0: off)"),
+            ("ema", 0 <= self.ema < 1, "in [0, 1) (0: off)"),
+            (
+                "max_train_samples",
+                self.max_train_samples is None or self.max_train_samples >= 1,
+                ">= 1 or null",
+            ),
+        )
+        bad = [f"train.{k} must be {want}, got {getattr(self, k)!r}" for k, ok, want in rules if not ok]
+        if bad:
+            raise ConfigError("; ".join(bad))
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         from teller.models.checks import typed_config
@@ -95,9 +120,15 @@ def seed_everything(seed: int) -> None:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"train.device: {name!r} is not auto, cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device: cuda requested but no CUDA device is available")
-    return torch.device(name)
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device: {name!r} is not auto, cpu or cuda[:N]")
+    return dev
 
 
 def shards_run_dir(data_dir: str | Path) -> Path:
