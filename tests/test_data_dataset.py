@@ -197,6 +197,37 @@ def test_config_errors(tmp_path):
         load_config(config=bad)
     with pytest.raises(TellerFileNotFoundError):
         load_config(config=tmp_path / "missing.yaml")
+    # a misspelt key, at any depth, is named (not silently left at the preset's value)
+    bad.write_text("base: tiny\nnum_sample: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown key\(s\) num_sample$"):
+        load_config(config=bad)
+    bad.write_text("base: tiny\nworkloads: {in_dist: {gpu: [A100]}, rates: [1, 2]}\n")
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\) workloads.in_dist.gpu$|unknown key\(s\) workloads.rates$"
+    ):
+        load_config(config=bad)
+    # and the CLI prints a message's [brackets] as text, not as rich markup
+    import subprocess
+    import sys
+
+    bad.write_text("base: tiny\nsteps: x\n")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "teller",
+            "dataset",
+            "generate",
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--config",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "steps must be a [min, max] pair" in r.stderr, r.stderr
 
 
 def test_generate_refuses_other_dataset_and_resumes(tmp_path):

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from teller import __version__, build_profile
@@ -79,7 +80,8 @@ def _root(
 
 
 def _fail(e: Exception, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    # (escaped: a message's [brackets], e.g. "a [min, max] pair", are text, not rich markup)
+    err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -224,7 +226,7 @@ def trace_convert(
         raise _fail(e) from None
     dt = time.perf_counter() - t0
     for w in tr.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
     console.print(
         f"wrote [bold]{output}[/] ({len(tr)} events, {len(tr.steps())} steps, "
         f"{len(tr.sources)} source(s)) in {dt:.2f} s. Open it at https://ui.perfetto.dev",
@@ -308,11 +310,11 @@ def trace_summary(
     if notes:
         console.print(f"{len(notes)} collector note(s):")
         for w in notes:
-            console.print(f"  - {w}", highlight=False, soft_wrap=True, style="dim")
+            console.print(f"  - {escape(str(w))}", highlight=False, soft_wrap=True, style="dim")
     if warnings:
         console.print(f"[yellow]{len(warnings)} parse warning(s):[/]")
         for w in warnings:
-            console.print(f"  - {w}", highlight=False, soft_wrap=True)
+            console.print(f"  - {escape(str(w))}", highlight=False, soft_wrap=True)
 
 
 @trace_app.command("tree")
@@ -386,7 +388,7 @@ def _collect(
     for w in notes:
         err_console.print(f"teller: collector: {w}", highlight=False, soft_wrap=True, style="dim")
     for w in warnings:
-        err_console.print(f"[yellow]teller warning:[/] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]teller warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
     s = res.summary
     if s is not None:
         err_console.print(
@@ -660,7 +662,7 @@ def dataset_validate(
     except TellerError as e:
         raise _fail(e) from None
     for p in problems[:max_problems]:
-        console.print(f"[red]{p.path}[/]: {p.message}", highlight=False, soft_wrap=True)
+        console.print(f"[red]{escape(str(p.path))}[/]: {escape(p.message)}", highlight=False, soft_wrap=True)
     if len(problems) > max_problems:
         console.print(f"... and {len(problems) - max_problems} more", highlight=False)
     if problems:
@@ -1062,8 +1064,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):  #
     """teller's own warnings (raised in, or pointing at, teller's code) read as one line on stderr,
     like the CLI's other messages; anyone else's keep Python's format (file, line, source)."""
     if file is None and str(filename).startswith(str(Path(__file__).parent)):
-        from rich.markup import escape
-
         err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)

@@ -75,10 +75,46 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
         raise ConfigError(f"unknown preset {base!r}; known: {', '.join(preset_names())}")
     text = (resources.files("teller.data") / "presets" / f"{base}.yaml").read_text()
     cfg = _read_yaml(text, f"preset {base}")
+    _check_keys(user, str(config))
     cfg = _merge(cfg, user)
     cfg["preset"] = base
     _check_config(cfg)
     return cfg
+
+
+# The keys a configuration may set (every preset's, and the optional ones the simulator reads with
+# a default): a misspelt key is an error, not a setting silently left at the preset's value.
+_KEYS: dict[str, Any] = {
+    "classes": None,
+    "jitter": None,
+    "keep_raw": None,
+    "log_every_steps": None,
+    "num_samples": None,
+    "ood_fraction": None,
+    "secondary_fault_fraction": None,
+    "severity": None,
+    "splits": {"train": None, "val": None, "test": None},
+    "steps": None,
+    "traced_layers": None,
+    "workloads": {
+        **dict.fromkeys(
+            ("rate", "prompt_mean", "output_mean", "init_running", "max_num_seqs", "max_num_batched_tokens"),
+        ),
+        "kv_util": None,
+        "tp": None,
+        "in_dist": {"models": None, "gpus": None, "arrivals": None},
+        "ood": {"models": None, "gpus": None, "arrivals": None},
+    },
+}
+
+
+def _check_keys(user: dict[str, Any], where: str, known: dict[str, Any] = _KEYS, at: str = "") -> None:
+    bad = sorted(f"{at}{k}" for k in user if k not in known)
+    if bad:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}", path=where)
+    for k, v in user.items():
+        if isinstance(known[k], dict) and isinstance(v, dict):
+            _check_keys(v, where, known[k], f"{at}{k}.")
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
