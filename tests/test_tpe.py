@@ -203,6 +203,13 @@ def test_golden_file_stays_readable():
 def test_bad_input(tmp_path):
     with pytest.raises(ConfigError):
         teller.tpe.train([["a"]], vocab_size=10, num_merges=3)
+    with pytest.raises(ConfigError, match="num_merges must be >= 0, got -1"):
+        teller.tpe.train([["a", "b"]], num_merges=-1)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ConfigError, match="vocab_size must be >= 1"):
+            teller.tpe.train([["a", "b"]], vocab_size=bad)
+    with pytest.warns(UserWarning, match=r"vocab_size 2 is not above the corpus's \d+ base symbols"):
+        assert len(teller.tpe.train([["a", "b", "a", "b"]], vocab_size=2, min_frequency=1).merges) == 0
     with pytest.raises(ConfigError):
         teller.tpe.train((np.zeros(3, np.uint32), np.zeros(1, np.int64)), num_merges=3)
     with pytest.raises(TokenizerError, match="out of range"):

@@ -472,6 +472,11 @@ def train(
         raise ConfigError("give exactly one of vocab_size and num_merges")
     if min_symbol_count < 1 or min_frequency < 1:
         raise ConfigError("min_symbol_count and min_frequency must be >= 1")
+    for name, v in (("vocab_size", vocab_size), ("num_merges", num_merges)):
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "vocab_size" else 0)
+        ):
+            raise ConfigError(f"{name} must be {'>= 1' if name == 'vocab_size' else '>= 0'}, got {v!r}")
     c = _source_corpus(source, names, close_layers, step_names, normalize)
     if len(c.names) and len(c.ids) and int(c.ids.max()) >= len(c.names):
         raise TokenizerError(f"symbol id {int(c.ids.max())} is out of range for {len(c.names)} names")
@@ -488,6 +493,13 @@ def train(
     base_ids = np.ascontiguousarray(remap[c.ids] if len(c.ids) else c.ids, dtype=np.uint32)
     nb = len(base_vocab)
     merges_wanted = num_merges if num_merges is not None else max(0, int(vocab_size) - nb)  # type: ignore[arg-type]
+    if vocab_size is not None and vocab_size <= nb:
+        import warnings
+
+        warnings.warn(
+            f"vocab_size {vocab_size} is not above the corpus's {nb} base symbols: no merges are learned",
+            stacklevel=2,
+        )
     merges, merge_counts = _native.tpe_train(
         base_ids,
         np.ascontiguousarray(c.starts, dtype=np.int64),
