@@ -474,6 +474,15 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     test_ids = json.loads((out / "manifest.json").read_text())["splits"]["test"]["samples"]
     assert "samples" not in m and sorted(r["id"] for r in recs) == sorted(test_ids)
     assert sum(r["rank"] == 1 for r in recs) == round(m["ac@1"] * m["n"])
+    # a directory that is not a dataset, as --split: named as such
+    (tmp_path / "notdata").mkdir()
+    r = subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run), "--split", str(tmp_path / "notdata")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "notdata: not a dataset directory (no manifest.json)" in r.stderr, r.stderr
     # a fresh, untokenized dataset: encoded with the checkpoint's tokenizers and evaluated whole
     fresh = tmp_path / "fresh"
     generate(fresh, num_samples=6, seed=11, preset="tiny")

@@ -99,6 +99,12 @@ def evaluate_any(
     dataset = None
     if not named and (sp / "manifest.json").is_file():
         dataset, split = sp, "all"  # a dataset directory: all of it
+    elif not named and sp.is_dir():
+        raise ConfigError(
+            f"{sp}: not a dataset directory (no manifest.json); --split takes a split name "
+            "(train, val, test, test_ood, all) or a dataset directory",
+            path=str(sp),
+        )
     elif data_dir is not None and _is_dataset(Path(data_dir)):
         dataset = Path(data_dir)
     if dataset is not None:
