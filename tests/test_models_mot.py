@@ -1256,3 +1256,38 @@ def test_train_checks_the_tpe_dir_before_anything_is_written(shards, tmp_path) -
     with pytest.raises(ConfigError, match="not the TPE tokenizer .* was encoded with"):
         train(CFG, out, tmp_path / "b", tpe_dir=other)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_damaged_or_moved_checkpoint_is_named(tmp_path) -> None:
+    """Weights that are not safetensors, weights of another model, a configuration that is not an
+    object, and tokenizers moved since training: each a TellerError naming the file, not a torch or
+    safetensors traceback."""
+    from safetensors.torch import save_file
+    from teller.errors import ConfigError
+    from teller.models.diagnose import diagnose
+
+    ck = tmp_path / "run"
+    ck.mkdir()
+    save_file(build_model(TINY).state_dict(), str(ck / "model.safetensors"))
+    cfg = {
+        "format": "teller-rca-checkpoint",
+        "model": TINY,
+        "tpe_dir": str(tmp_path / "gone-tpe"),
+        "log_tokenizer": str(tmp_path / "gone.json"),
+    }
+    (ck / "config.json").write_text(json.dumps(cfg))
+    model, _ = load_checkpoint(ck)  # the checkpoint itself is fine
+    with pytest.raises(FileNotFoundError, match=r"run: its TPE tokenizer .*gone-tpe .* is not there"):
+        diagnose(tmp_path, ck)
+    (ck / "config.json").write_text(json.dumps({**cfg, "model": {**TINY, "d_model": 32}}))
+    with pytest.raises(ConfigError, match="the weights do not fit the model"):
+        load_checkpoint(ck)
+    (ck / "config.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="no 'model' section"):
+        load_checkpoint(ck)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    (ck / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match="model.safetensors: not readable safetensors"):
+        load_checkpoint(ck)
+    with pytest.raises(FileNotFoundError, match="gone: no such checkpoint"):
+        load_checkpoint(tmp_path / "gone")

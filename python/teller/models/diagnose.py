@@ -151,10 +151,20 @@ def diagnose(
     ens = None  # an ensemble run (teller train ensemble): its MoT, plus the GBDT's category
     ens_cfg = (ck if ck.is_dir() else ck.parent) / "config.json"
     if ens_cfg.is_file():
-        c = json.loads(ens_cfg.read_text())
-        if c.get("format") == "teller-ensemble":
+        try:
+            c = json.loads(ens_cfg.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            c = None  # (load_checkpoint names the file)
+        if isinstance(c, dict) and c.get("format") == "teller-ensemble":
             ens, checkpoint = c, c["mot"]
     model, cfg = load_checkpoint(checkpoint)
+    for key, what in (("tpe_dir", "TPE tokenizer"), ("log_tokenizer", "log tokenizer")):
+        if not cfg.get(key) or not Path(cfg[key]).exists():
+            raise TellerFileNotFoundError(
+                f"{checkpoint}: its {what} {cfg.get(key)} (config.json's {key!r}) is not there: moved or "
+                "deleted since training? Put it back, or edit the path in config.json",
+                path=str(cfg.get(key)),
+            )
     tok = tpe.load(cfg["tpe_dir"])
     logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
     trace_in, log_path = _find_inputs(p)

@@ -93,6 +93,8 @@ def evaluate_any(
         cfg = json.loads(cfgp.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{cfgp}: not a readable checkpoint configuration ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{cfgp}: not a checkpoint configuration (a JSON object)")
     fmt = cfg.get("format")
     sp = Path(split)
     named = split in ("train", "val", "test", "test_ood", "all")

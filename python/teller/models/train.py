@@ -272,11 +272,26 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
         raise TellerFileNotFoundError(
             f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run)
         )
-    cfg = json.loads(cfg_path.read_text())
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{cfg_path}: not a readable checkpoint configuration ({e})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise ConfigError(f"{cfg_path}: not a checkpoint configuration (no 'model' section)")
     mc = dict(cfg["model"])
     mc["log_backbone"] = None  # the weights already hold it
     model = build_model(mc)
-    model.load_state_dict(load_file(str(weights)))
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # (safetensors raises its own error type on a damaged header)
+        raise ConfigError(f"{weights}: not readable safetensors ({e})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1:2] or [str(e)]
+        raise ConfigError(
+            f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
+        ) from None
     model.to(device)
     model.eval()
     return model, cfg
