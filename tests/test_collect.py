@@ -308,3 +308,15 @@ def test_program_without_events(tmp_path):
     assert p.returncode == 0 and "hello" in p.stdout
     assert "no events were recorded" in p.stderr
     assert (run / "run.json").exists() and (run / "log.txt").read_text().endswith("stdout hello\n")
+
+
+def test_a_cuda_home_that_is_not_a_toolkit_is_named(tmp_path):
+    """--cuda-home searches only that root: a missing directory, or one without NVTX headers, is
+    said as such (not as "install the nvidia-nvtx wheel")."""
+    from teller.collect import shim
+    from teller.errors import CudaNotFoundError
+
+    with pytest.raises(CudaNotFoundError, match=r"--cuda-home .*nowhere: no such directory"):
+        shim.build(cuda_home=tmp_path / "nowhere")
+    with pytest.raises(CudaNotFoundError, match=r"no NVTX headers \(nvtx3/nvToolsExt.h\) in its include"):
+        shim.build(cuda_home=tmp_path)
