@@ -221,6 +221,7 @@ def test_config_errors() -> None:
         (TrainConfig, {"epochs": 2.5}, r"train.epochs: 2.5 is not an integer"),
         (TrainConfig, {"batch_size": True}, r"train.batch_size: True is not an integer"),
         (TrainConfig, {"lr": float("nan")}, r"train.lr: nan is not a number"),
+        (TrainConfig, {"lr": "inf"}, r"train.lr: 'inf' is not a number"),
         (
             TrainConfig,
             {"max_train_samples": "all"},

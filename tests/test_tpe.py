@@ -203,11 +203,12 @@ def test_golden_file_stays_readable():
 def test_bad_input(tmp_path):
     with pytest.raises(ConfigError):
         teller.tpe.train([["a"]], vocab_size=10, num_merges=3)
-    with pytest.raises(ConfigError, match="num_merges must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match="num_merges must be an integer >= 0, got -1"):
         teller.tpe.train([["a", "b"]], num_merges=-1)
-    for bad in (0, True, 2.5):
-        with pytest.raises(ConfigError, match="vocab_size must be >= 1"):
+    for bad in (-1, True, 2.5, "8"):
+        with pytest.raises(ConfigError, match="vocab_size must be an integer >= 0"):
             teller.tpe.train([["a", "b"]], vocab_size=bad)
+    assert teller.tpe.train([["a", "b", "a", "b"]], vocab_size=np.int64(64), min_frequency=1).merges
     with pytest.warns(UserWarning, match=r"vocab_size 2 is not above the corpus's \d+ base symbols"):
         assert len(teller.tpe.train([["a", "b", "a", "b"]], vocab_size=2, min_frequency=1).merges) == 0
     with pytest.raises(ConfigError):

@@ -386,7 +386,9 @@ def _collect(
 
     notes, warnings = split_collector_notes(list(res.warnings))
     for w in notes:
-        err_console.print(f"teller: collector: {w}", highlight=False, soft_wrap=True, style="dim")
+        err_console.print(
+            f"teller: collector: {escape(str(w))}", highlight=False, soft_wrap=True, style="dim"
+        )
     for w in warnings:
         err_console.print(f"[yellow]teller warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
     s = res.summary
@@ -930,7 +932,7 @@ def train_baselines_cmd(
         out = train_baselines(
             data_dir,
             output_dir or "output/checkpoints/baselines",
-            log=lambda m: err_console.print(m, highlight=False),
+            log=lambda m: err_console.print(m, highlight=False, markup=False),
             extra_train=extra_train or (),
         )
     except TellerError as e:
@@ -954,7 +956,7 @@ def train_ensemble_cmd(
             mot,
             baselines,
             output_dir or "output/checkpoints/ensemble",
-            log=lambda m: err_console.print(m, highlight=False),
+            log=lambda m: err_console.print(m, highlight=False, markup=False),
         )
     except TellerError as e:
         raise _fail(e) from None
@@ -1063,7 +1065,7 @@ _default_showwarning = warnings.showwarning
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
     """teller's own warnings (raised in, or pointing at, teller's code) read as one line on stderr,
     like the CLI's other messages; anyone else's keep Python's format (file, line, source)."""
-    if file is None and str(filename).startswith(str(Path(__file__).parent)):
+    if file is None and Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
         err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)

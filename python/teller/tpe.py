@@ -18,6 +18,7 @@ pure-Python oracle the tests compare against.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -473,10 +474,14 @@ def train(
     if min_symbol_count < 1 or min_frequency < 1:
         raise ConfigError("min_symbol_count and min_frequency must be >= 1")
     for name, v in (("vocab_size", vocab_size), ("num_merges", num_merges)):
-        if v is not None and (
-            isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "vocab_size" else 0)
-        ):
-            raise ConfigError(f"{name} must be {'>= 1' if name == 'vocab_size' else '>= 0'}, got {v!r}")
+        if v is None:
+            continue
+        try:  # (any integer, numpy's too; 0 merges: the base symbols alone)
+            ok = not isinstance(v, bool) and operator.index(v) >= 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
     c = _source_corpus(source, names, close_layers, step_names, normalize)
     if len(c.names) and len(c.ids) and int(c.ids.max()) >= len(c.names):
         raise TokenizerError(f"symbol id {int(c.ids.max())} is out of range for {len(c.names)} names")
@@ -493,7 +498,7 @@ def train(
     base_ids = np.ascontiguousarray(remap[c.ids] if len(c.ids) else c.ids, dtype=np.uint32)
     nb = len(base_vocab)
     merges_wanted = num_merges if num_merges is not None else max(0, int(vocab_size) - nb)  # type: ignore[arg-type]
-    if vocab_size is not None and vocab_size <= nb:
+    if vocab_size and vocab_size <= nb:  # (0 asks for the base symbols alone: no warning)
         import warnings
 
         warnings.warn(

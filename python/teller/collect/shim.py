@@ -73,10 +73,10 @@ def build_key(src: Path, include_dirs: list[str], cupti_version: int | None) -> 
 
 def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], Any, str]:
     src = source_dir()
-    if cuda_home is not None and not Path(cuda_home).is_dir():
+    if cuda_home and not Path(cuda_home).is_dir():
         raise CudaNotFoundError(f"--cuda-home {cuda_home}: no such directory (a CUDA toolkit's root)")
     info = find_cuda(cuda_home)
-    if not info.nvtx_h and cuda_home is not None:
+    if not info.nvtx_h and cuda_home:
         raise CudaNotFoundError(
             f"--cuda-home {cuda_home}: no NVTX headers (nvtx3/nvToolsExt.h) in its include directories"
         )

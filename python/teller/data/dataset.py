@@ -67,7 +67,8 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
         if not p.is_file():
             raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
         user = _read_yaml(p.read_text(), str(p))
-        base = preset or user.pop("base", None) or "default"
+        named = user.pop("base", None)  # (popped even when --preset overrides it: not a setting)
+        base = preset or named or "default"
     else:
         user = {}
         base = preset or "default"

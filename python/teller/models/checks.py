@@ -14,7 +14,7 @@ from teller.errors import ConfigError
 
 def _conforms(t: Any, v: Any) -> tuple[bool, Any]:
     """Whether ``v`` is a ``t``, and the value to keep (a float field's int or numeric string as a
-    float: PyYAML reads ``1e-3``, without a dot, as a string)."""
+    float: PyYAML reads ``1e-3``, without a dot, as a string; a float is finite)."""
     origin, args = typing.get_origin(t), typing.get_args(t)
     if origin in (typing.Union, types.UnionType):
         if v is None:
@@ -35,7 +35,7 @@ def _conforms(t: Any, v: Any) -> tuple[bool, Any]:
                 v = float(v)
             except ValueError:
                 return False, v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return False, v
         return True, float(v)
     if t is str:
