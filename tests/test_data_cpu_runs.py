@@ -17,16 +17,16 @@ needs_shim = pytest.mark.skipif(shim.locate() is None, reason="the shim is not b
 @needs_shim
 def test_slow_operator_and_contention_runs(tmp_path):
     out = tmp_path / "cpu"
-    man = collect_cpu(
-        out,
-        3,
-        seed=1,
-        requests=12,
-        new_tokens=6,
-        layers=2,
-        prompt_len=8,
-        kinds=["normal", "slow_operator", "cpu_contention"],
-    )
+    # one shape and plan for every call on this collection (the shape: 2 layers, 8-token prompts)
+    same = {
+        "seed": 1,
+        "requests": 12,
+        "new_tokens": 6,
+        "layers": 2,
+        "prompt_len": 8,
+        "kinds": ["normal", "slow_operator", "cpu_contention"],
+    }
+    man = collect_cpu(out, 3, **same)
     assert man["num_samples"] == 3 and man["splits"]["test"] == ["cpu0000", "cpu0001", "cpu0002"]
     assert validate(out, deep=True) == []
     anns = {s: json.loads((out / s / "annotation.json").read_text()) for s in man["splits"]["test"]}
@@ -80,31 +80,12 @@ def test_slow_operator_and_contention_runs(tmp_path):
     for k in ("requests", "new_tokens", "prompt_len"):
         del a0["workload"][k]
     p0.write_text(json.dumps(a0))
-    again = collect_cpu(
-        out,
-        3,
-        seed=1,
-        requests=12,
-        new_tokens=6,
-        layers=2,
-        prompt_len=8,
-        kinds=["normal", "slow_operator", "cpu_contention"],
-    )
+    again = collect_cpu(out, 3, **same)
     assert again["samples"] == man["samples"]
     wl0 = json.loads(p0.read_text())["workload"]
     assert (wl0["requests"], wl0["new_tokens"], wl0["prompt_len"], wl0["model_layers"]) == (12, 6, 8, 2)
     # resumed with other split fractions: the finished runs move (annotation and manifest agree)
-    moved = collect_cpu(
-        out,
-        3,
-        seed=1,
-        requests=12,
-        new_tokens=6,
-        layers=2,
-        prompt_len=8,
-        kinds=["normal", "slow_operator", "cpu_contention"],
-        splits=(1.0, 0.0, 0.0),
-    )
+    moved = collect_cpu(out, 3, **same, splits=(1.0, 0.0, 0.0))
     assert moved["splits"]["train"] == ["cpu0000", "cpu0001", "cpu0002"] and moved["splits"]["test"] == []
     assert moved["counts"]["train"]["slow_operator"] == 1
     for s in moved["splits"]["train"]:
