@@ -410,3 +410,26 @@ def test_a_stale_reference_is_refitted_only_when_this_run_fitted_it(setup, tmp_p
         tokenize_dataset(
             data, tdir, tmp_path, run_id="run", shard_size=6, workers=1, log_vocab_size=512, reference=v1
         )
+
+
+def test_a_bad_log_tokenizer_is_named(setup, tmp_path):
+    """--log-tokenizer (and a checkpoint's): missing, not JSON, not an object, or a vocabulary that
+    is not a list of words, each a named error before anything is encoded."""
+    from teller.data.tokenize import LogTokenizer
+    from teller.errors import TokenizerError
+
+    data, tdir, _out = setup
+    lt = tmp_path / "lt.json"
+    with pytest.raises(FileNotFoundError, match="lt.json: no log tokenizer"):
+        tokenize_dataset(data, tdir, tmp_path / "o", log_tokenizer=lt)
+    for text, msg in (
+        ("{not json", "not a teller log tokenizer"),
+        ("[1]", "not a teller log tokenizer"),
+        (json.dumps({"format": "teller-log-tokenizer", "vocab": 5}), "'vocab' must be a list of words"),
+    ):
+        lt.write_text(text)
+        with pytest.raises(TokenizerError, match=f"lt.json: .*{msg}"):
+            tokenize_dataset(data, tdir, tmp_path / "o", log_tokenizer=lt)
+        with pytest.raises(TokenizerError, match=msg):
+            LogTokenizer.load(lt)
+    assert not (tmp_path / "o").exists()

@@ -228,6 +228,12 @@ def test_bad_input(tmp_path):
     (tmp_path / "bad" / "tokenizer.json").write_text(json.dumps({"format": "teller-tpe", "version": 99}))
     with pytest.raises(TokenizerError, match="version 99"):
         teller.tpe.load(tmp_path / "bad")
+    # a field of the wrong JSON type is named (was an AttributeError on first use)
+    good = teller.tpe.train([["a", "b", "a", "b"]], num_merges=1, min_frequency=1).to_dict()
+    for key, bad in (("stats", [1]), ("settings", [1]), ("merges", "x"), ("base_vocab", 5)):
+        (tmp_path / "bad" / "tokenizer.json").write_text(json.dumps({**good, key: bad}))
+        with pytest.raises(TokenizerError, match=f"field '{key}' must be a JSON"):
+            teller.tpe.load(tmp_path / "bad")
 
 
 def test_progress_callback_and_cancel():

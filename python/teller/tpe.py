@@ -291,6 +291,20 @@ class TPETokenizer:
                 f"(this teller reads {FORMAT_VERSION})",
                 path=path,
             )
+        for key, kind in (
+            ("base_vocab", list),
+            ("merges", list),
+            ("merge_counts", list),
+            ("stats", dict),
+            ("settings", dict),
+        ):
+            v = d.get(key)
+            if v is not None and not isinstance(v, kind):
+                raise TokenizerError(
+                    f"{path}: field {key!r} must be a JSON {'object' if kind is dict else 'array'}, "
+                    f"got {type(v).__name__}",
+                    path=path,
+                )
         try:
             return cls(
                 d["base_vocab"],

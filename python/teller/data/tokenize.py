@@ -158,9 +158,23 @@ class LogTokenizer:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LogTokenizer:
-        if d.get("format") != LOG_TOKENIZER_FORMAT:
+        if not isinstance(d, dict) or d.get("format") != LOG_TOKENIZER_FORMAT:
             raise TokenizerError("not a teller log tokenizer")
-        return cls(list(d["vocab"]))
+        vocab = d.get("vocab")
+        if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
+            raise TokenizerError("a log tokenizer's 'vocab' must be a list of words")
+        return cls(list(vocab))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LogTokenizer:
+        """A ``log_tokenizer.json``; a missing, unreadable or malformed file is named."""
+        p = Path(path)
+        if not p.is_file():
+            raise TellerFileNotFoundError(f"{p}: no log tokenizer", path=str(p))
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except (ValueError, UnicodeDecodeError) as e:  # (TokenizerError and JSON errors are ValueErrors)
+            raise TokenizerError(f"{p}: not a teller log tokenizer ({e})", path=str(p)) from None
 
 
 def culprit_rules(manifest: dict[str, Any]) -> int:
@@ -271,7 +285,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     tok = tpe.load(job["tokenizer"])
-    logtok = LogTokenizer.from_dict(json.loads(Path(job["log_tokenizer"]).read_text()))
+    logtok = LogTokenizer.load(job["log_tokenizer"])
     ref = KernelReference.load(job["reference"]) if job.get("reference") else None
     folds = [KernelReference.load(p) for p in job["reference_folds"]] if job.get("reference_folds") else None
     labels = job["labels"]
@@ -501,12 +515,7 @@ def tokenize_dataset(
     settings: dict[str, Any] = {"shard_size": shard_size, "log_vocab_size": log_vocab_size}
     if log_tokenizer is not None:
         lt_src = Path(log_tokenizer)
-        if not lt_src.is_file():
-            raise TellerFileNotFoundError(f"{lt_src}: no log tokenizer", path=str(lt_src))
-        try:  # fail early on a bad one
-            LogTokenizer.from_dict(json.loads(lt_src.read_text()))
-        except (ValueError, KeyError, TypeError) as e:
-            raise TokenizerError(f"{lt_src}: not a teller log tokenizer ({e})") from None
+        LogTokenizer.load(lt_src)  # fail early on a bad one
         settings["log_tokenizer_sha256"] = _sha256(lt_src)
         if reference is None and (lt_src.parent / REFERENCE_FILE).is_file():
             reference = lt_src.parent / REFERENCE_FILE

@@ -166,7 +166,7 @@ def diagnose(
                 path=str(cfg.get(key)),
             )
     tok = tpe.load(cfg["tpe_dir"])
-    logtok = LogTokenizer.from_dict(json.loads(Path(cfg["log_tokenizer"]).read_text()))
+    logtok = LogTokenizer.load(cfg["log_tokenizer"])
     trace_in, log_path = _find_inputs(p)
     if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
         import warnings
