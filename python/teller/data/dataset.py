@@ -99,10 +99,17 @@ _KEYS: dict[str, Any] = {
     "traced_layers": None,
     "workloads": {
         **dict.fromkeys(
-            ("rate", "prompt_mean", "output_mean", "init_running", "max_num_seqs", "max_num_batched_tokens"),
+            (
+                "rate",
+                "prompt_mean",
+                "output_mean",
+                "init_running",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "kv_util",
+                "tp",
+            )
         ),
-        "kv_util": None,
-        "tp": None,
         "in_dist": {"models": None, "gpus": None, "arrivals": None},
         "ood": {"models": None, "gpus": None, "arrivals": None},
     },
