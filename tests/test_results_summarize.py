@@ -308,6 +308,33 @@ def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
         == recipe_id({**auto, "trained_on": "cuda"})
     )
     assert recipe_id(auto) != recipe_id({**auto, "train": {"seed": 0, "ema": 0.0, "device": "cpu"}})
+    # a whole number is one setting however it was written (the typed configuration records
+    # `max_minutes: 14` as 14.0)
+    whole = {**base, "train": {"seed": 0, "ema": 0.0, "max_minutes": 14, "lr": 0.002}}
+    assert recipe_id(whole) == recipe_id({**whole, "train": {**whole["train"], "max_minutes": 14.0}})
+    assert recipe_id(whole) != recipe_id({**whole, "train": {**whole["train"], "max_minutes": 14.5}})
+
+
+def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path) -> None:
+    from teller.models.report import recipe_id
+
+    # two seeds of one configuration whose evaluation files recorded different recipes (written
+    # before and after a change to what the recipe counts): the run's config.json decides
+    h = [True, False, True, True]
+    cfg = {
+        "format": "teller-rca-checkpoint",
+        "model": {"arch": "mot"},
+        "train": {"seed": 0, "max_minutes": 14},
+    }
+    for name, seed, stored in (("a", 0, "old0"), ("b", 1, "new1")):
+        _with_samples(tmp_path / name, "mot", "test", h, recipe=stored, data="/d")
+        c = {**cfg, "train": {"seed": seed, "max_minutes": 14 if seed == 0 else 14.0}}
+        (tmp_path / name / "config.json").write_text(json.dumps(c))
+    # a lone evaluation file without its run's configuration keeps what it recorded
+    _with_samples(tmp_path / "c", "mot", "test", h, recipe="old0", data="/d")
+    text = summarize([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "out")
+    assert "| test | mot [" + recipe_id(cfg) + "] | 2: a, b |" in text
+    assert "| test | mot [old0] | 1: c |" in text
 
 
 def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:

@@ -150,6 +150,7 @@ def evaluate_any(
 # content-addressed names and the reference's hash pin the same things)
 # (trained_on, where a run ran, is not hashed: a recipe's hash must not change under runs and
 # evaluations made before it was recorded; train.device is, as given)
+_ADDED_LATER = {"expert_tie": 0.0}
 _NOT_RECIPE = (
     "info",
     "weight",
@@ -162,6 +163,31 @@ _NOT_RECIPE = (
 )
 
 
+def _whole_numbers(x: Any) -> Any:
+    """``x`` with every float that is a whole number as an int: ``max_minutes: 14`` in a YAML file and
+    the ``14.0`` that the typed configuration records (since 2026-12-05) are one setting, and so one
+    recipe."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, dict):
+        return {k: _whole_numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_whole_numbers(v) for v in x]
+    return x
+
+
+def run_recipe(run_dir: Path, stored: str | None) -> str | None:
+    """The recipe of the run in ``run_dir`` by the current definition (:func:`recipe_id` of its
+    config.json), so that evaluations written before a change to the definition pool with those
+    written after it; ``stored`` (what the evaluation file recorded) where the run's configuration
+    is gone or unreadable."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return stored
+    return recipe_id(cfg) if isinstance(cfg, dict) else stored
+
+
 def recipe_id(cfg: dict[str, Any]) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
@@ -171,7 +197,7 @@ def recipe_id(cfg: dict[str, Any]) -> str:
     baselines' recipes."""
     import hashlib
 
-    c = json.loads(json.dumps(cfg))
+    c = _whole_numbers(json.loads(json.dumps(cfg)))
     if c.get("format") == "teller-ensemble":
         for key in ("mot", "baselines"):
             if c.get(key):
@@ -188,6 +214,11 @@ def recipe_id(cfg: dict[str, Any]) -> str:
         c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
+        # settings added after runs were recorded count only when set: a run trained without them
+        # keeps the recipe it had before they existed
+        for k, off in _ADDED_LATER.items():
+            if c["train"].get(k, off) == off:
+                c["train"].pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -361,7 +392,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
                     "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
                     "_samples": m.get("samples"),
-                    "recipe": m.get("recipe"),
+                    "recipe": run_recipe(p if p.is_dir() else p.parent, m.get("recipe")),
                     "data": m.get("data"),
                     "trained_on": m.get("trained_on") if isinstance(m.get("trained_on"), str) else None,
                 }
