@@ -335,6 +335,13 @@ def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path)
     text = summarize([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "out")
     assert "| test | mot [" + recipe_id(cfg) + "] | 2: a, b |" in text
     assert "| test | mot [old0] | 1: c |" in text
+    # an ensemble whose MoT run has moved since it was evaluated keeps the recipe it recorded
+    _with_samples(tmp_path / "e", "ensemble", "test", h, recipe="ens0", data="/d")
+    ens = {"format": "teller-ensemble", "mot": str(tmp_path / "gone"), "baselines": str(tmp_path / "a")}
+    (tmp_path / "e" / "config.json").write_text(json.dumps(ens))
+    summarize([tmp_path / "e"], tmp_path / "out2")
+    g = json.loads((tmp_path / "out2" / "results.json").read_text())
+    assert "ens0" in json.dumps(g)
 
 
 def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:

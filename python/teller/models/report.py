@@ -185,7 +185,15 @@ def run_recipe(run_dir: Path, stored: str | None) -> str | None:
         cfg = json.loads((run_dir / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return stored
-    return recipe_id(cfg) if isinstance(cfg, dict) else stored
+    if not isinstance(cfg, dict):
+        return stored
+    if stored is not None and cfg.get("format") == "teller-ensemble":
+        # an ensemble's recipe is made of its parts' recipes: where a part has moved since the
+        # evaluation, what the evaluation recorded is the better record
+        parts = [cfg.get(k) for k in ("mot", "baselines") if cfg.get(k)]
+        if not all(isinstance(x, str) and (Path(x) / "config.json").is_file() for x in parts):
+            return stored
+    return recipe_id(cfg)
 
 
 def recipe_id(cfg: dict[str, Any]) -> str:
