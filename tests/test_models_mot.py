@@ -742,52 +742,6 @@ def test_weight_ema_average_and_resume(shards, monkeypatch) -> None:
     assert (part / "config.json").read_bytes() == before
 
 
-def test_expert_tie_pulls_the_modality_experts_together(shards) -> None:
-    from safetensors.torch import load_file
-    from teller.errors import ConfigError
-    from teller.models.report import recipe_id
-    from teller.models.train import TrainConfig, routed_groups, tie_experts
-
-    # by hand: two experts of one weight, 0 and 4 (mean 2); a rate of 0.25 moves each a quarter of
-    # the way to the mean, a rate of 1 makes them equal
-    a, b = torch.zeros(1), torch.full((1,), 4.0)
-    tie_experts([[a, b]], 0.25)
-    assert (float(a), float(b)) == (0.5, 3.5)
-    tie_experts([[a, b]], 1.0)
-    assert float(a) == float(b) == 2.0
-    for bad in (-1.0, 1e6):
-        with pytest.raises(ConfigError, match="train.expert_tie"):
-            TrainConfig(expert_tie=bad)
-
-    def gap(run):
-        w = load_file(str(run / "last.safetensors"))
-        # the two experts of every routed module (experts.0.* against experts.1.*)
-        pairs = [(w[k], w[k.replace(".experts.0.", ".experts.1.")]) for k in w if ".experts.0." in k]
-        assert pairs
-        return sum(float((x - y).pow(2).sum()) for x, y in pairs)
-
-    root, _data, tdir, out = shards
-    tr = {**CFG["train"], "epochs": 2}
-    free = train({"model": CFG["model"], "train": tr}, out, root / "tie-0", tpe_dir=tdir)
-    weak = train(
-        {"model": CFG["model"], "train": {**tr, "expert_tie": 5.0}}, out, root / "tie-5", tpe_dir=tdir
-    )
-    full = train(
-        {"model": CFG["model"], "train": {**tr, "lr": 0.01, "expert_tie": 100.0}},
-        out,
-        root / "tie-100",
-        tpe_dir=tdir,
-    )
-    # (measured 0.018 < 0.12 < 1.8: the cosine schedule's last steps tie at a rate near 0)
-    assert gap(full) < gap(weak) < gap(free) and gap(full) < 0.05 * gap(free)
-    # single-stream has one expert per module: the setting has nothing to tie
-    assert routed_groups(build_model({**CFG["model"], "arch": "single", "n_classes": 3})) == []
-    # a run without the setting keeps the recipe it had before the setting existed
-    c = json.loads((free / "config.json").read_text())
-    old = {**c, "train": {k: v for k, v in c["train"].items() if k != "expert_tie"}}
-    assert recipe_id(c) == recipe_id(old) != recipe_id(json.loads((weak / "config.json").read_text()))
-
-
 def test_relative_token_features_hand_computed() -> None:
     from teller.models.data import relative_token_features
 

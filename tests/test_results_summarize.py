@@ -318,30 +318,38 @@ def test_recipe_id_ignores_seed_and_fitted_fields(tmp_path: Path) -> None:
 def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path) -> None:
     from teller.models.report import recipe_id
 
-    # two seeds of one configuration whose evaluation files recorded different recipes (written
-    # before and after a change to what the recipe counts): the run's config.json decides
+    # two seeds of one configuration, one recorded before the typed configuration (max_minutes 14,
+    # no ema), one after (14.0, ema 0.0); their evaluation files hold the recipe by the definition
+    # of their day, which told them apart: the runs' configurations decide, and pool them
     h = [True, False, True, True]
-    cfg = {
+    old = {
         "format": "teller-rca-checkpoint",
         "model": {"arch": "mot"},
         "train": {"seed": 0, "max_minutes": 14},
     }
-    for name, seed, stored in (("a", 0, "old0"), ("b", 1, "new1")):
-        _with_samples(tmp_path / name, "mot", "test", h, recipe=stored, data="/d")
-        c = {**cfg, "train": {"seed": seed, "max_minutes": 14 if seed == 0 else 14.0}}
+    new = {**old, "train": {"seed": 1, "max_minutes": 14.0, "ema": 0.0}}
+    then = {n: recipe_id(c, whole=False, added=False) for n, c in (("a", old), ("b", new))}
+    assert then["a"] != then["b"] and recipe_id(old) == recipe_id(new)
+    for name, c in (("a", old), ("b", new)):
+        _with_samples(tmp_path / name, "mot", "test", h, recipe=then[name], data="/d")
         (tmp_path / name / "config.json").write_text(json.dumps(c))
-    # a lone evaluation file without its run's configuration keeps what it recorded
-    _with_samples(tmp_path / "c", "mot", "test", h, recipe="old0", data="/d")
-    text = summarize([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "out")
-    assert "| test | mot [" + recipe_id(cfg) + "] | 2: a, b |" in text
-    assert "| test | mot [old0] | 1: c |" in text
-    # an ensemble whose MoT run has moved since it was evaluated keeps the recipe it recorded
-    _with_samples(tmp_path / "e", "ensemble", "test", h, recipe="ens0", data="/d")
+    # kept as recorded: a lone evaluation file; one beside the configuration of another run (or a
+    # run retrained with other settings since); an ensemble whose MoT has moved; a configuration of
+    # the wrong shape
+    _with_samples(tmp_path / "c", "mot", "test", h, recipe="lone", data="/d")
+    _with_samples(tmp_path / "d", "mot", "test", h, recipe=then["b"], data="/d")
+    other = {**old, "train": {"seed": 0, "max_minutes": 14, "lr": 0.5}}
+    (tmp_path / "d" / "config.json").write_text(json.dumps(other))
+    _with_samples(tmp_path / "e", "mot", "test", h, recipe="ens0", data="/d")
     ens = {"format": "teller-ensemble", "mot": str(tmp_path / "gone"), "baselines": str(tmp_path / "a")}
     (tmp_path / "e" / "config.json").write_text(json.dumps(ens))
-    summarize([tmp_path / "e"], tmp_path / "out2")
-    g = json.loads((tmp_path / "out2" / "results.json").read_text())
-    assert "ens0" in json.dumps(g)
+    _with_samples(tmp_path / "f", "mot", "test", h, recipe="bad0", data="/d")
+    (tmp_path / "f" / "config.json").write_text(json.dumps({"format": "teller-ensemble", "mot": 5}))
+    text = summarize([tmp_path / x for x in "abcdef"], tmp_path / "out")
+    assert f"| test | mot [{recipe_id(old)}] | 2: a, b |" in text
+    for name, kept in (("c", "lone"), ("d", then["b"]), ("e", "ens0"), ("f", "bad0")):
+        assert f"| test | mot [{kept}] | 1: {name} |" in text
+    assert recipe_id(other) not in text
 
 
 def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:

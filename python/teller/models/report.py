@@ -146,11 +146,15 @@ def evaluate_any(
     return res
 
 
+# settings of `train:` added after runs were recorded, with their value when off: they count only
+# when set, so that a run trained before a setting existed and one trained with it off are one
+# recipe (expert_tie: an experiment added and taken out twice, docs/models.md, "Tying the experts")
+_ADDED_LATER = {"ema": 0.0, "expert_tie": 0.0}
+
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)
 # (trained_on, where a run ran, is not hashed: a recipe's hash must not change under runs and
 # evaluations made before it was recorded; train.device is, as given)
-_ADDED_LATER = {"expert_tie": 0.0}
 _NOT_RECIPE = (
     "info",
     "weight",
@@ -179,40 +183,46 @@ def _whole_numbers(x: Any) -> Any:
 def run_recipe(run_dir: Path, stored: str | None) -> str | None:
     """The recipe of the run in ``run_dir`` by the current definition (:func:`recipe_id` of its
     config.json), so that evaluations written before a change to the definition pool with those
-    written after it; ``stored`` (what the evaluation file recorded) where the run's configuration
-    is gone or unreadable."""
+    written after it. The configuration counts only where it is the one the evaluation was made
+    from: ``stored`` (what the evaluation file recorded) must be its hash by this definition or by
+    an earlier one. Otherwise (the run retrained with other settings since, an evaluation file
+    copied beside another run, an ensemble whose parts moved or changed) and where the
+    configuration is missing or unreadable, ``stored`` is the recipe."""
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return stored
-    if not isinstance(cfg, dict):
-        return stored
-    if stored is not None and cfg.get("format") == "teller-ensemble":
-        # an ensemble's recipe is made of its parts' recipes: where a part has moved since the
-        # evaluation, what the evaluation recorded is the better record
-        parts = [cfg.get(k) for k in ("mot", "baselines") if cfg.get(k)]
-        if not all(isinstance(x, str) and (Path(x) / "config.json").is_file() for x in parts):
+        if not isinstance(cfg, dict):
             return stored
-    return recipe_id(cfg)
+        now = recipe_id(cfg)
+        if stored is None or stored == now:
+            return now
+        earlier = {recipe_id(cfg, whole=w, added=a) for w in (True, False) for a in (True, False)}
+        return now if stored in earlier else stored
+    except Exception:  # noqa: BLE001 - a configuration of the wrong shape: what was recorded stands
+        return stored
 
 
-def recipe_id(cfg: dict[str, Any]) -> str:
+def recipe_id(cfg: dict[str, Any], *, whole: bool = True, added: bool = True) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
     directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie;
     ``train.device`` counts as given (``auto`` on CPU and on CUDA is one recipe: ``trained_on`` in
     the run's config says where it ran); an ensemble's recipe is made of its MoT's and its
-    baselines' recipes."""
+    baselines' recipes. ``whole=False`` / ``added=False``: the definition before whole numbers were
+    normalized / before the settings added later were dropped at their default (what evaluation
+    files written then recorded; :func:`run_recipe`)."""
     import hashlib
 
-    c = _whole_numbers(json.loads(json.dumps(cfg)))
+    c = json.loads(json.dumps(cfg))
+    if whole:
+        c = _whole_numbers(c)
     if c.get("format") == "teller-ensemble":
         for key in ("mot", "baselines"):
             if c.get(key):
                 run = Path(c.pop(key))
                 try:
-                    c[f"{key}_recipe"] = recipe_id(json.loads((run / "config.json").read_text()))
-                except (OSError, ValueError):
+                    part = json.loads((run / "config.json").read_text())
+                    c[f"{key}_recipe"] = recipe_id(part, whole=whole, added=added)
+                except (OSError, ValueError, TypeError, AttributeError):
                     c[f"{key}_recipe"] = run.name
     for k in _NOT_RECIPE:
         c.pop(k, None)
@@ -222,11 +232,10 @@ def recipe_id(cfg: dict[str, Any]) -> str:
         c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
-        # settings added after runs were recorded count only when set: a run trained without them
-        # keeps the recipe it had before they existed
-        for k, off in _ADDED_LATER.items():
-            if c["train"].get(k, off) == off:
-                c["train"].pop(k, None)
+        if added:
+            for k, off in _ADDED_LATER.items():
+                if c["train"].get(k, off) == off:
+                    c["train"].pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 

@@ -54,11 +54,6 @@ class TrainConfig:
     # decay of an exponential moving average of the weights (0: off). When on, validation, early
     # stopping and model.safetensors use the averaged weights; last.safetensors keeps the raw ones
     ema: float = 0.0
-    # MoT only: decoupled decay of each modality expert's weights toward the experts' mean, in
-    # weight-decay units (after every step, w_m -= lr * expert_tie * (w_m - mean)); when > 0 the
-    # experts also start identical. 0 is the plain MoT; a large value approaches single-stream's
-    # shared weights while each modality keeps its own (tie_experts)
-    expert_tie: float = 0.0
 
     def __post_init__(self) -> None:
         rules = (
@@ -75,11 +70,6 @@ class TrainConfig:
             ("max_minutes", self.max_minutes >= 0, ">= 0 (checked after each epoch)"),
             ("grad_clip", self.grad_clip >= 0, ">= 0 (0: off)"),
             ("ema", 0 <= self.ema < 1, "in [0, 1) (0: off)"),
-            (
-                "expert_tie",
-                self.expert_tie >= 0 and self.expert_tie * self.lr <= 1,
-                ">= 0 (0: off) and at most 1 / train.lr",
-            ),
             (
                 "max_train_samples",
                 self.max_train_samples is None or self.max_train_samples >= 1,
@@ -307,39 +297,6 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
     return model, cfg
 
 
-def routed_groups(model: nn.Module) -> list[list[torch.Tensor]]:
-    """The parameters of the modality experts, grouped: one list per parameter of one routed module
-    (a layer's QKV weight, say), holding that parameter of every expert."""
-    from teller.models.mot import _Routed
-
-    groups: list[list[torch.Tensor]] = []
-    for m in model.modules():
-        if isinstance(m, _Routed) and len(m.experts) > 1:
-            per = [list(e.parameters()) for e in m.experts]
-            groups.extend(list(ps) for ps in zip(*per, strict=True))
-    return groups
-
-
-@torch.no_grad()
-def share_expert_init(model: nn.Module) -> None:
-    """Make every modality expert start as a copy of the first (train.expert_tie)."""
-    for ps in routed_groups(model):
-        for p in ps[1:]:
-            p.copy_(ps[0])
-
-
-@torch.no_grad()
-def tie_experts(groups: list[list[torch.Tensor]], rate: float) -> None:
-    """Move each expert's parameter toward the experts' mean by the fraction ``rate`` (lr *
-    train.expert_tie). Decoupled from the loss, as AdamW's weight decay is: an L2 penalty on the
-    differences would be rescaled per parameter by Adam's second moments, so its strength would
-    depend on the gradients' scale."""
-    for ps in groups:
-        mean = torch.stack(ps).mean(0)
-        for p in ps:
-            p.sub_(p - mean, alpha=rate)
-
-
 class WeightEMA:
     """Exponential moving average of a model's parameters; buffers (the fitted feature norms and bin
     edges, fixed during training) are copied, not averaged. The decay ramps up as
@@ -468,12 +425,9 @@ def train(
             np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
             np.concatenate([s.summary_features for s in train_s if s.summary_features is not None]),
         )
-    if tc.expert_tie:
-        share_expert_init(model)
     if mc.log_backbone:
         init_log_side_from_bert(model, mc.log_backbone, log_vocab)
     model.to(dev)
-    tied = routed_groups(model) if tc.expert_tie else []
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     steps_per_epoch = max(1, math.ceil(len(train_s) / tc.batch_size))
     total = steps_per_epoch * tc.epochs
@@ -548,8 +502,6 @@ def train(
             if tc.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             opt.step()
-            if tied:
-                tie_experts(tied, opt.param_groups[0]["lr"] * tc.expert_tie)
             sched.step()
             if ema is not None:
                 ema.update(model)
