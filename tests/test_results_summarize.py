@@ -328,7 +328,7 @@ def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path)
         "train": {"seed": 0, "max_minutes": 14},
     }
     new = {**old, "train": {"seed": 1, "max_minutes": 14.0, "ema": 0.0}}
-    then = {n: recipe_id(c, whole=False, added=False) for n, c in (("a", old), ("b", new))}
+    then = {n: recipe_id(c, whole=False, dropped=()) for n, c in (("a", old), ("b", new))}
     assert then["a"] != then["b"] and recipe_id(old) == recipe_id(new)
     for name, c in (("a", old), ("b", new)):
         _with_samples(tmp_path / name, "mot", "test", h, recipe=then[name], data="/d")
@@ -345,8 +345,16 @@ def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path)
     (tmp_path / "e" / "config.json").write_text(json.dumps(ens))
     _with_samples(tmp_path / "f", "mot", "test", h, recipe="bad0", data="/d")
     (tmp_path / "f" / "config.json").write_text(json.dumps({"format": "teller-ensemble", "mot": 5}))
-    text = summarize([tmp_path / x for x in "abcdef"], tmp_path / "out")
-    assert f"| test | mot [{recipe_id(old)}] | 2: a, b |" in text
+    # and one evaluated with a definition in between (whole numbers, only expert_tie dropped)
+    mid = {**old, "train": {"seed": 2, "max_minutes": 14.0, "ema": 0.0, "expert_tie": 0.0}}
+    _with_samples(tmp_path / "g", "mot", "test", h, recipe=recipe_id(mid, dropped=("expert_tie",)), data="/d")
+    (tmp_path / "g" / "config.json").write_text(json.dumps(mid))
+    assert recipe_id(mid, dropped=("expert_tie",)) not in then.values()
+    # and one whose evaluation recorded no recipe: its configuration is all there is
+    _with_samples(tmp_path / "h", "mot", "test", h, data="/d")
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**old, "train": {"seed": 3, "max_minutes": 14}}))
+    text = summarize([tmp_path / x for x in "abcdefgh"], tmp_path / "out")
+    assert f"| test | mot [{recipe_id(old)}] | 4: a, b, g, h |" in text
     for name, kept in (("c", "lone"), ("d", then["b"]), ("e", "ens0"), ("f", "bad0")):
         assert f"| test | mot [{kept}] | 1: {name} |" in text
     assert recipe_id(other) not in text

@@ -150,6 +150,8 @@ def evaluate_any(
 # when set, so that a run trained before a setting existed and one trained with it off are one
 # recipe (expert_tie: an experiment added and taken out twice, docs/models.md, "Tying the experts")
 _ADDED_LATER = {"ema": 0.0, "expert_tie": 0.0}
+# which of them earlier definitions of the hash dropped (None: all of them, the current one)
+_DROPPED_BEFORE: tuple[tuple[str, ...] | None, ...] = ((), ("expert_tie",), None)
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)
@@ -195,21 +197,21 @@ def run_recipe(run_dir: Path, stored: str | None) -> str | None:
         now = recipe_id(cfg)
         if stored is None or stored == now:
             return now
-        earlier = {recipe_id(cfg, whole=w, added=a) for w in (True, False) for a in (True, False)}
+        earlier = {recipe_id(cfg, whole=w, dropped=d) for w in (True, False) for d in _DROPPED_BEFORE}
         return now if stored in earlier else stored
     except Exception:  # noqa: BLE001 - a configuration of the wrong shape: what was recorded stands
         return stored
 
 
-def recipe_id(cfg: dict[str, Any], *, whole: bool = True, added: bool = True) -> str:
+def recipe_id(cfg: dict[str, Any], *, whole: bool = True, dropped: tuple[str, ...] | None = None) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
     directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie;
     ``train.device`` counts as given (``auto`` on CPU and on CUDA is one recipe: ``trained_on`` in
     the run's config says where it ran); an ensemble's recipe is made of its MoT's and its
-    baselines' recipes. ``whole=False`` / ``added=False``: the definition before whole numbers were
-    normalized / before the settings added later were dropped at their default (what evaluation
-    files written then recorded; :func:`run_recipe`)."""
+    baselines' recipes. ``whole=False`` / ``dropped`` (the settings of ``_ADDED_LATER`` dropped at
+    their default; None: all): the definitions before whole numbers were normalized and before
+    those settings were dropped (what evaluation files written then recorded; :func:`run_recipe`)."""
     import hashlib
 
     c = json.loads(json.dumps(cfg))
@@ -221,7 +223,7 @@ def recipe_id(cfg: dict[str, Any], *, whole: bool = True, added: bool = True) ->
                 run = Path(c.pop(key))
                 try:
                     part = json.loads((run / "config.json").read_text())
-                    c[f"{key}_recipe"] = recipe_id(part, whole=whole, added=added)
+                    c[f"{key}_recipe"] = recipe_id(part, whole=whole, dropped=dropped)
                 except (OSError, ValueError, TypeError, AttributeError):
                     c[f"{key}_recipe"] = run.name
     for k in _NOT_RECIPE:
@@ -232,10 +234,9 @@ def recipe_id(cfg: dict[str, Any], *, whole: bool = True, added: bool = True) ->
         c["extra_train"] = [Path(str(e)).name for e in c["extra_train"]]
     if isinstance(c.get("train"), dict):
         c["train"].pop("seed", None)
-        if added:
-            for k, off in _ADDED_LATER.items():
-                if c["train"].get(k, off) == off:
-                    c["train"].pop(k, None)
+        for k in _ADDED_LATER if dropped is None else dropped:
+            if c["train"].get(k, _ADDED_LATER[k]) == _ADDED_LATER[k]:
+                c["train"].pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
