@@ -83,6 +83,17 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
     return cfg
 
 
+# The workload settings drawn from a [min, max] range (each checked as one).
+_WORKLOAD_RANGES = (
+    "rate",
+    "prompt_mean",
+    "output_mean",
+    "init_running",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_util",
+)
+
 # The keys a configuration may set (every preset's, and the optional ones the simulator reads with
 # a default): a misspelt key is an error, not a setting silently left at the preset's value.
 _KEYS: dict[str, Any] = {
@@ -98,18 +109,7 @@ _KEYS: dict[str, Any] = {
     "steps": None,
     "traced_layers": None,
     "workloads": {
-        **dict.fromkeys(
-            (
-                "rate",
-                "prompt_mean",
-                "output_mean",
-                "init_running",
-                "max_num_seqs",
-                "max_num_batched_tokens",
-                "kv_util",
-                "tp",
-            )
-        ),
+        **dict.fromkeys((*_WORKLOAD_RANGES, "tp")),
         "in_dist": {"models": None, "gpus": None, "arrivals": None},
         "ood": {"models": None, "gpus": None, "arrivals": None},
     },
@@ -151,15 +151,7 @@ def _check_config(cfg: dict[str, Any]) -> None:
     w = cfg.get("workloads")
     if not isinstance(w, dict):
         raise ConfigError("config: workloads must be a mapping")
-    for key in (
-        "rate",
-        "prompt_mean",
-        "output_mean",
-        "init_running",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "kv_util",
-    ):
+    for key in _WORKLOAD_RANGES:
         _range(w, key, 0)
     for part in ("in_dist", "ood"):
         d = w.get(part)
