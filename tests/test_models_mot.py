@@ -155,6 +155,80 @@ def test_overfits_a_small_batch() -> None:
     assert float(loss.detach()) < 0.3
 
 
+def _log_batch(rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    """A batch whose trace is 3 fixed tokens and whose log is ``rows`` (``2`` = [BOL]); a row's
+    features depend on the row only."""
+    s = [
+        Sample(
+            f"s{i}",
+            0,
+            np.array([5, 6, 7]),
+            np.ones((3, 5), np.float32),
+            np.zeros(3, bool),
+            np.array(r),
+            np.random.default_rng(r).random((len(r), 3)).astype(np.float32),
+        )
+        for i, r in enumerate(rows)
+    ]
+    return collate(s)
+
+
+def test_log_lines_pool_words_into_lines() -> None:
+    torch.manual_seed(0)
+    cfg = {**TINY, "arch": "mot", "log_lines": True}
+    m = build_model(cfg).eval()
+    # sample 0: three lines; sample 1: a cut head (tokens before its first [BOL] are line 0) + one line
+    rows = [[2, 9, 5, 2, 9, 6, 7, 2, 8], [11, 12, 2, 13]]
+    b = _log_batch(rows)
+    with torch.no_grad():
+        e, mask = m._embed_lines(b["log_ids"], b["log_features"], b["log_mask"])
+    assert e.shape == (2, 1 + 3, TINY["d_model"])  # [CLS_l] + the longest sample's lines
+    assert mask.tolist() == [[True, True, True], [True, True, False]]
+    # a word's feature moves its own line's vector only (before attention mixes the lines)
+    b2 = {k: v.clone() for k, v in b.items()}
+    b2["log_features"][0, 5, 0] += 3.0  # sample 0, line 1 (tokens 3..6)
+    with torch.no_grad():
+        e2, _ = m._embed_lines(b2["log_ids"], b2["log_features"], b2["log_mask"])
+    changed = (e2 - e).abs().amax(-1) > 1e-6
+    assert changed.tolist() == [[False, False, True, False], [False, False, False, False]]
+    # word order inside a line counts (the word's position in its line is embedded)
+    b3 = {k: v.clone() for k, v in b.items()}
+    b3["log_ids"][0, 4:6] = torch.tensor([6, 9])
+    b3["log_features"][0, 4:6] = b["log_features"][0, [5, 4]]
+    with torch.no_grad():
+        e3, _ = m._embed_lines(b3["log_ids"], b3["log_features"], b3["log_mask"])
+    assert not torch.allclose(e3[0, 2], e[0, 2])
+    # a sample's output does not depend on the longer sample it is batched with (padding, empty lines)
+    with torch.no_grad():
+        both = m(b)["logits"]
+        alone = m(_log_batch(rows[1:]))["logits"]
+    torch.testing.assert_close(alone[0], both[1])
+    # routing: the log experts see one token per line (+ [CLS_l]), the trace experts the trace
+    seen: dict[int, int] = {}
+    for ex in (TRACE, LOG):
+        m.layers[0].qkv.experts[ex].register_forward_hook(
+            lambda _m, a, _o, ex=ex: seen.__setitem__(ex, seen.get(ex, 0) + a[0].shape[0])
+        )
+    with torch.no_grad():
+        m(b)
+    assert seen == {TRACE: 2 * (3 + 1), LOG: 2 * (3 + 1)}
+    # and it trains: a small batch is fitted
+    torch.manual_seed(0)
+    m = build_model({**TINY, "arch": "mot", "log_lines": True})
+    s = _samples(6)
+    for x in s:  # lines: a [BOL] before every third word
+        x.log_ids[::3] = 2
+    b = collate(s)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(80):
+        loss, _ = loss_fn(m(b), b, 1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    preds, _ = predict(m, s)
+    assert [int(np.argmax(p.probs)) for p in preds] == [x.label for x in s]
+
+
 def test_compact_log_dedups_templates() -> None:
     bol = 2
     ids = np.array([bol, 9, 5, bol, 9, 5, bol, 7])
@@ -208,6 +282,8 @@ def test_config_errors() -> None:
         ModelConfig.from_dict({"summary_bins": 8})
     with pytest.raises(ConfigError, match="feature_norm"):
         ModelConfig.from_dict({"token_bins": 8})
+    with pytest.raises(ConfigError, match="log_lines pools words"):
+        ModelConfig.from_dict({"log_lines": True, "log_backbone": "minilm"})
     # values of the wrong type name their key (not a TypeError in training)
     from teller.models.train import TrainConfig
 

@@ -27,6 +27,7 @@ from torch import nn
 from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES
 from teller.errors import ConfigError
 from teller.models.data import (
+    BOL_ID,
     N_GAP_LOG_FEATURES,
     N_LOG_SUMMARY_FEATURES,
     N_RELATIVE_FEATURES,
@@ -35,6 +36,7 @@ from teller.models.data import (
 )
 
 TRACE, LOG = 0, 1
+MAX_LINE_POSITIONS = 128  # log_lines: word positions within a line beyond this share the last embedding
 
 
 @dataclass
@@ -81,6 +83,12 @@ class ModelConfig:
     # a third head scores each summary row (symbol): is it a culprit? Trained on the rows' labels
     # (shards v4 summary_culprit); gives the summary rows a direct, per-symbol training signal
     summary_loc: bool = False
+    # the log stream as one token per distinct line (template) instead of one per word: each word is
+    # embedded with its features and its position in the line, passed through a small MLP, and
+    # mean- and max-pooled into its line (a DeepSets line encoder, RCAModel._embed_lines). A
+    # compacted log is ~16 lines of ~24 words, so the encoder sees every line in a fraction of the
+    # tokens (set max_log_tokens to cover the whole compacted log: 1024)
+    log_lines: bool = False
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
 
@@ -119,6 +127,10 @@ class ModelConfig:
         if self.summary_loc and not self.summary_tokens:
             raise ConfigError(
                 "model.summary_loc scores the summary rows: it needs model.summary_tokens: true"
+            )
+        if self.log_lines and self.log_backbone:
+            raise ConfigError(
+                "model.log_lines pools words into lines: a pretrained log_backbone reads words; set one"
             )
         if (self.summary_bins or self.summary_joint) and not (self.summary_tokens or self.log_summary_tokens):
             raise ConfigError(
@@ -302,6 +314,12 @@ class RCAModel(nn.Module):
                 self.log_ple.out_dim if self.log_ple is not None else self.n_log_feat, d
             )
             self.log_pos = nn.Embedding(maxpos, d)
+            if cfg.log_lines:
+                # position of a word in its line (a line is at most ~80 template tokens; clamped)
+                self.log_wpos = nn.Embedding(MAX_LINE_POSITIONS, d)
+                self.line_ln = nn.LayerNorm(d)
+                self.line_mlp = nn.Sequential(nn.Linear(d, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, d))
+                self.line_out = nn.Linear(2 * d, d)
             if cfg.log_value_buckets:
                 self.log_value_emb = nn.Embedding(cfg.log_value_buckets, d)
             if cfg.log_summary_tokens:
@@ -370,11 +388,56 @@ class RCAModel(nn.Module):
 
     def _embed(self, ids: torch.Tensor, feats: torch.Tensor, mod: int) -> torch.Tensor:
         b, n = ids.shape
-        if mod == TRACE:
-            emb, feat, posemb, vocab = self.trace_emb, self.trace_feat, self.trace_pos, self.cfg.trace_vocab
-        else:
-            emb, feat, posemb, vocab = self.log_emb, self.log_feat, self.log_pos, self.cfg.log_vocab
+        posemb = self.trace_pos if mod == TRACE else self.log_pos
         pos = torch.arange(1, n + 1, device=ids.device).clamp(max=posemb.num_embeddings - 1)
+        e = self._tokens(ids, feats, mod) + posemb(pos)
+        c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
+        return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
+
+    def _embed_lines(
+        self, ids: torch.Tensor, feats: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log as one vector per line (``log_lines``): [CLS_l] + lines, and the lines' mask.
+
+        A line starts at a ``[BOL]`` token (tokens before the first one form line 0). Each word is
+        embedded as in ``_tokens`` plus its position in the line, goes through a residual MLP (so
+        that the number of ``usage`` and the number of ``throughput`` stay apart in the pool), and
+        the line is the linear map of the words' mean and max; then the line's position in the
+        compacted log (order of first occurrence)."""
+        b, n = ids.shape
+        dev = ids.device
+        bol = (ids == BOL_ID) & mask
+        line = (torch.cumsum(bol.long(), 1) - bol[:, :1].long()).clamp(min=0)
+        idx = torch.arange(n, device=dev).expand(b, n)
+        start = torch.cummax(torch.where(bol, idx, torch.zeros_like(idx)), 1).values
+        wpos = (idx - start).clamp(max=MAX_LINE_POSITIONS - 1)
+        tok = self._tokens(ids, feats, LOG) + self.log_wpos(wpos)
+        tok = tok + self.line_mlp(self.line_ln(tok))
+        nl = int(line.masked_fill(~mask, 0).max()) + 1 if n else 1
+        slot = torch.arange(b, device=dev)[:, None] * nl + line
+        slot = torch.where(mask, slot, torch.full_like(slot, b * nl)).reshape(-1)  # padding: a dummy slot
+        d = tok.shape[-1]
+        flat = tok.reshape(-1, d)
+        total = flat.new_zeros(b * nl + 1, d).index_add_(0, slot, flat)
+        count = flat.new_zeros(b * nl + 1).index_add_(0, slot, mask.reshape(-1).to(flat.dtype))
+        top = flat.new_full((b * nl + 1, d), float("-inf")).scatter_reduce(
+            0, slot[:, None].expand(-1, d), flat, "amax", include_self=True
+        )
+        has = count[:-1] > 0
+        mean = total[:-1] / count[:-1].clamp(min=1.0)[:, None]
+        top = torch.where(has[:, None], top[:-1], torch.zeros_like(top[:-1]))
+        lines = self.line_out(torch.cat([mean, top], -1)).view(b, nl, d)
+        pos = torch.arange(1, nl + 1, device=dev).clamp(max=self.log_pos.num_embeddings - 1)
+        lines = lines + self.log_pos(pos)
+        c = (self.cls[LOG] + self.log_pos.weight[0]).expand(b, 1, -1)
+        return torch.cat([c, lines], 1) + self.modality_emb.weight[LOG], has.view(b, nl)
+
+    def _tokens(self, ids: torch.Tensor, feats: torch.Tensor, mod: int) -> torch.Tensor:
+        """Token id embedding + the MLP (trace) or linear map (log) of its standardized features."""
+        if mod == TRACE:
+            emb, feat, vocab = self.trace_emb, self.trace_feat, self.cfg.trace_vocab
+        else:
+            emb, feat, vocab = self.log_emb, self.log_feat, self.cfg.log_vocab
         raw = feats
         ids = ids.clamp(max=vocab - 1)
         feats = torch.sign(feats) * torch.log1p(feats.abs())  # counts and sums span 4 orders of magnitude
@@ -384,14 +447,13 @@ class RCAModel(nn.Module):
             ple = self.trace_ple if mod == TRACE else self.log_ple
             if ple is not None:
                 feats = ple(feats)
-        e = emb(ids) + feat(feats) + posemb(pos)
+        e = emb(ids) + feat(feats)
         if mod == LOG and self.cfg.log_value_buckets:
             # raw[..., 1] is already sign(v) log1p|v| of the number: 4 buckets per unit, offset for negatives
             nb = self.cfg.log_value_buckets
             bucket = (torch.round(raw[..., 1] * 4) + nb // 8).clamp(0, nb - 1).long()
             e = e + self.log_value_emb(bucket)
-        c = (self.cls[mod] + posemb.weight[0]).expand(b, 1, -1)
-        return torch.cat([c, e], dim=1) + self.modality_emb.weight[mod]
+        return e
 
     def _embed_summary(self, ids: torch.Tensor, feats: torch.Tensor, mod: int = TRACE) -> torch.Tensor:
         if mod == TRACE:
@@ -479,8 +541,12 @@ class RCAModel(nn.Module):
         for used, key, mod, with_summary, skey in streams:
             if not used:
                 continue
-            e = self._embed(batch[f"{key}_ids"].to(dev), batch[f"{key}_features"].to(dev), mod)
-            em = torch.cat([torch.ones_like(batch[f"{key}_mask"][:, :1]), batch[f"{key}_mask"]], 1).to(dev)
+            km = batch[f"{key}_mask"].to(dev)
+            if mod == LOG and self.cfg.log_lines:
+                e, km = self._embed_lines(batch["log_ids"].to(dev), batch["log_features"].to(dev), km)
+            else:
+                e = self._embed(batch[f"{key}_ids"].to(dev), batch[f"{key}_features"].to(dev), mod)
+            em = torch.cat([torch.ones_like(km[:, :1]), km], 1)
             n_sum = 0
             if with_summary:  # summary rows go after the stream's tokens, in its modality
                 su = self._embed_summary(batch[f"{skey}_ids"].to(dev), batch[f"{skey}_features"].to(dev), mod)
