@@ -490,6 +490,12 @@ def test_training_is_deterministic_and_checkpoints_roundtrip(shards) -> None:
     assert s1.keys() == s2.keys()
     for k in s1:
         assert torch.equal(s1[k], s2[k]), k
+    # the same with the log as lines (the shipped configurations: index_add_ / scatter_reduce pools)
+    lines = {"model": {**CFG["model"], "log_lines": True}, "train": CFG["train"]}
+    s1, s2 = (_state(train(lines, out, root / f"l{i}", tpe_dir=tdir)) for i in (1, 2))
+    assert "line_out.weight" in s1 and s1.keys() == s2.keys()
+    for k in s1:
+        assert torch.equal(s1[k], s2[k]), k
     model, cfg = load_checkpoint(r1)
     from safetensors.torch import load_file
 
@@ -510,8 +516,10 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     cfg = tmp_path / "c.yaml"
     import yaml
 
-    # with the summary-row culprit head and the piecewise-linear feature encoding
-    cfg.write_text(yaml.safe_dump({**CFG, "model": {**CFG["model"], "summary_loc": True, "summary_bins": 4}}))
+    # with the summary-row culprit head, the piecewise-linear feature encoding and the log as lines
+    # (as the shipped configurations)
+    model = {**CFG["model"], "summary_loc": True, "summary_bins": 4, "log_lines": True}
+    cfg.write_text(yaml.safe_dump({**CFG, "model": model}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     run = tmp_path / "mot"
     cli = [sys.executable, "-m", "teller"]
