@@ -139,10 +139,14 @@ def test_perturbing_log_expert_leaves_trace_only_output() -> None:
     assert torch.equal(before, m(b)["logits"])
 
 
-def test_overfits_a_small_batch() -> None:
+@pytest.mark.parametrize("log_lines", [False, True])
+def test_overfits_a_small_batch(log_lines: bool) -> None:
     torch.manual_seed(0)
-    m = build_model({**TINY, "arch": "mot"})
+    m = build_model({**TINY, "arch": "mot", "log_lines": log_lines})
     s = _samples(6)
+    if log_lines:
+        for x in s:  # lines: a [BOL] before every third word
+            x.log_ids[::3] = 2
     b = collate(s)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     for _ in range(80):
@@ -212,21 +216,43 @@ def test_log_lines_pool_words_into_lines() -> None:
     with torch.no_grad():
         m(b)
     assert seen == {TRACE: 2 * (3 + 1), LOG: 2 * (3 + 1)}
-    # and it trains: a small batch is fitted
-    torch.manual_seed(0)
-    m = build_model({**TINY, "arch": "mot", "log_lines": True})
-    s = _samples(6)
-    for x in s:  # lines: a [BOL] before every third word
-        x.log_ids[::3] = 2
-    b = collate(s)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    for _ in range(80):
-        loss, _ = loss_fn(m(b), b, 1.0)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    preds, _ = predict(m, s)
-    assert [int(np.argmax(p.probs)) for p in preds] == [x.label for x in s]
+    # (that it trains: test_overfits_a_small_batch[True])
+    # a line is the same vector wherever it stands: only the line-position embedding differs
+    f = np.random.default_rng(0).random((3, 3)).astype(np.float32)
+    s2 = [
+        Sample("a", 0, np.array([5]), np.ones((1, 5), np.float32), np.zeros(1, bool), np.array([2, 9, 5]), f),
+        Sample(
+            "b",
+            0,
+            np.array([5]),
+            np.ones((1, 5), np.float32),
+            np.zeros(1, bool),
+            np.array([2, 7, 2, 9, 5]),
+            np.concatenate([np.zeros((2, 3), np.float32), f]),
+        ),
+    ]
+    b = collate(s2)
+    with torch.no_grad():
+        e, _ = m._embed_lines(b["log_ids"], b["log_features"], b["log_mask"])
+        pos = m.log_pos.weight
+    torch.testing.assert_close(e[0, 1] - pos[1], e[1, 2] - pos[2])
+    # an empty log: no line, the [CLS_l] alone, finite outputs
+    b = _log_batch([[]])
+    with torch.no_grad():
+        e, mask = m._embed_lines(b["log_ids"], b["log_features"], b["log_mask"])
+        o = m(b)
+    assert mask.tolist() == [[False]] and torch.isfinite(o["logits"]).all()
+
+
+def test_compact_log_cut_keeps_whole_lines_for_log_lines() -> None:
+    ids = np.array([2, 10, 11, 2, 12, 13, 2, 14, 15])
+    f = np.zeros((len(ids), 3), np.float32)
+    # words: the head's half and the tail's half; the tail starts inside the line [2, 14, 15]
+    assert compact_log(ids, f, 4)[0].tolist() == [2, 10, 14, 15]
+    # lines: the tail starts at its first [BOL] (a cut line's end would continue the head's line)
+    assert compact_log(ids, f, 4, lines=True)[0].tolist() == [2, 10]
+    assert compact_log(ids, f, 5, lines=True)[0].tolist() == [2, 10, 2, 14, 15]
+    assert compact_log(ids, f, 20, lines=True)[0].tolist() == ids.tolist()  # no cut: unchanged
 
 
 def test_compact_log_dedups_templates() -> None:

@@ -172,7 +172,12 @@ def log_word_summary(ids: np.ndarray, feats: np.ndarray, words: np.ndarray) -> t
 
 
 def compact_log(
-    ids: np.ndarray, feats: np.ndarray, max_tokens: int, rich: bool = False, gaps: bool = False
+    ids: np.ndarray,
+    feats: np.ndarray,
+    max_tokens: int,
+    rich: bool = False,
+    gaps: bool = False,
+    lines: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``.
 
@@ -184,7 +189,10 @@ def compact_log(
     mean. With ``gaps`` (``N_GAP_LOG_FEATURES`` more, after those): the mean and the max over the
     occurrences of the lag between the previous log line and this one (signed log1p of ms): an HTTP
     ``200 OK`` that normally follows its ``Finished request`` line within microseconds and now comes
-    hundreds of milliseconds later is a slow network or client, visible in no count or number."""
+    hundreds of milliseconds later is a slow network or client, visible in no count or number.
+    With ``lines`` (the model reads one token per line, ``model.log_lines``) the kept tail starts at
+    its first ``[BOL]`` (and is empty without one): the words of a line cut in two would otherwise
+    continue the head's last (cut) line as one line."""
     ids = np.asarray(ids, dtype=np.int64)
     feats = np.asarray(feats, dtype=np.float32)
     nf = (N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES) + (N_GAP_LOG_FEATURES if gaps else 0)
@@ -243,9 +251,12 @@ def compact_log(
     of = np.concatenate(out_f)
     if len(oi) > max_tokens:
         h = max_tokens // 2
-        t = max_tokens - h
-        oi = np.concatenate([oi[:h], oi[len(oi) - t :]])
-        of = np.concatenate([of[:h], of[len(of) - t :]])
+        a = len(oi) - (max_tokens - h)
+        if lines:
+            bol = np.flatnonzero(oi[a:] == BOL_ID)
+            a += int(bol[0]) if len(bol) else len(oi) - a  # no line starts in the tail: none of it
+        oi = np.concatenate([oi[:h], oi[a:]])
+        of = np.concatenate([of[:h], of[a:]])
     return oi, of
 
 
@@ -263,6 +274,7 @@ def load_split(
     log_gaps: bool = False,
     work_features: bool = False,
     proc_log_features: bool = False,
+    log_lines: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -288,6 +300,7 @@ def load_split(
             log_gaps,
             work_features,
             proc_log_features,
+            log_lines,
         )
     return out, label_names
 
@@ -355,6 +368,7 @@ def load_model_split(
         log_gaps=bool(model_cfg.get("log_gap_features")),
         work_features=bool(model_cfg.get("work_features")),
         proc_log_features=bool(model_cfg.get("log_process_features")),
+        log_lines=bool(model_cfg.get("log_lines")),
     )
 
 
@@ -372,6 +386,7 @@ def _load_into(
     log_gaps: bool = False,
     work_features: bool = False,
     proc_log_features: bool = False,
+    log_lines: bool = False,
 ) -> None:
     if max_summary_tokens and len(ss):
         width = ss[0]["summary_features"].shape[1]
@@ -385,7 +400,12 @@ def _load_into(
         d = ss[i]
         n = min(len(d["trace_ids"]), max_trace_tokens)
         li, lf = compact_log(
-            d["log_ids"], d["log_features"], max_log_tokens, rich=rich_log_features, gaps=log_gaps
+            d["log_ids"],
+            d["log_features"],
+            max_log_tokens,
+            rich=rich_log_features,
+            gaps=log_gaps,
+            lines=log_lines,
         )
         out.append(
             Sample(

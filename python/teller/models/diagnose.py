@@ -98,6 +98,7 @@ def sample_inputs(
         int(mc["max_log_tokens"]),
         rich=bool(mc.get("rich_log_features")),
         gaps=bool(mc.get("log_gap_features")),
+        lines=bool(mc.get("log_lines")),
     )
     n = min(len(ids), int(mc["max_trace_tokens"]))
     d = {

@@ -86,8 +86,9 @@ class ModelConfig:
     # the log stream as one token per distinct line (template) instead of one per word: each word is
     # embedded with its features and its position in the line, passed through a small MLP, and
     # mean- and max-pooled into its line (a DeepSets line encoder, RCAModel._embed_lines). A
-    # compacted log is ~16 lines of ~24 words, so the encoder sees every line in a fraction of the
-    # tokens (set max_log_tokens to cover the whole compacted log: 1024)
+    # compacted log is ~16 lines of ~24 words, so the layers attend over ~16 log tokens instead of
+    # 256. The cut stays max_log_tokens words (the kept tail starts at a line: compact_log); the
+    # whole log (1024) cost 0.08 on test_ood in docs/models.md, "One token per log line"
     log_lines: bool = False
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
