@@ -131,7 +131,8 @@ class ModelConfig:
             )
         if self.log_lines and self.log_backbone:
             raise ConfigError(
-                "model.log_lines pools words into lines: a pretrained log_backbone reads words; set one"
+                "model.log_lines pools words into lines, and a pretrained log_backbone reads words: "
+                "set only one of them"
             )
         if (self.summary_bins or self.summary_joint) and not (self.summary_tokens or self.log_summary_tokens):
             raise ConfigError(
