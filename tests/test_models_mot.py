@@ -295,6 +295,58 @@ def test_compact_log_dedups_templates() -> None:
     np.testing.assert_allclose(of[2, 3:], np.log1p([7 / 3, 5]), rtol=1e-6)
 
 
+def test_poisson_surprise_against_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from teller.models.data import poisson_surprise
+
+    for k in (1, 2, 3, 7, 20, 60, 300):
+        for mu in (1e-4, 0.05, 0.4, 1.0, 6.5, 20.0, 59.0, 61.0, 250.0, 400.0):
+            want = min(-float(stats.poisson.logsf(k - 1, mu)), 700.0)
+            assert poisson_surprise(k, mu) == pytest.approx(want, rel=1e-9, abs=1e-12), (k, mu)
+    assert poisson_surprise(0, 3.0) == 0.0 and poisson_surprise(5, 0.0) == 700.0
+
+
+def test_burst_features_find_a_released_burst() -> None:
+    from teller.models.data import BURST_WINDOW_MS, burst_features
+
+    assert burst_features(np.array([5.0])) == (0.0, 0.0)
+    assert burst_features(np.array([5.0, 5.5]))[1] == 0.0  # a span under one window: no rate
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(10.0, 400))  # independent arrivals, one per 10 ms
+    most, surprise = burst_features(t)
+    assert surprise < 1.5
+    # 30 more within 2 ms at the middle: what a network that held requests back leaves
+    b = np.concatenate([t, t[200] + rng.uniform(0, BURST_WINDOW_MS, 30)])
+    most_b, surprise_b = burst_features(rng.permutation(b))  # (order does not matter)
+    assert most_b >= np.log(30) > most and surprise_b > 4.0
+    # the same 30 at a rate where 30 in 2 ms are ordinary (15 per ms) are no surprise
+    dense = np.sort(rng.uniform(0, 100.0, 1500))
+    assert burst_features(dense)[1] < 1.5
+
+
+def test_compact_log_burst_columns() -> None:
+    from teller.models.data import N_BURST_LOG_FEATURES, burst_features
+
+    bol = 2
+    # template (9, 5) at 1, 2, 2.5, 40, 41 ms; template (7,) once at 3 ms
+    times = [1.0, 2.0, 2.5, 3.0, 40.0, 41.0]
+    keys = [[9, 5], [9, 5], [9, 5], [7], [9, 5], [9, 5]]
+    ids = np.array([x for k in keys for x in [bol, *k]])
+    feats = np.array(
+        [[t, 0.0] for t, k in zip(times, keys, strict=True) for _ in range(len(k) + 1)], np.float32
+    )
+    oi, of = compact_log(ids, feats, 100, rich=True, gaps=True, bursts=True)
+    assert oi.tolist() == [bol, 9, 5, bol, 7]
+    assert of.shape == (5, 10 + N_BURST_LOG_FEATURES)
+    np.testing.assert_allclose(of[:, :10], compact_log(ids, feats, 100, rich=True, gaps=True)[1])
+    np.testing.assert_allclose(of[0, 10:], burst_features(np.array([1.0, 2.0, 2.5, 40.0, 41.0])), rtol=1e-6)
+    assert of[0, 10] == pytest.approx(np.log(3))  # 1, 2, 2.5 ms within 2 ms
+    np.testing.assert_array_equal(of[3, 10:], [0.0, 0.0])  # a single occurrence
+    # the model reads them: two more log features per token
+    m = build_model({**TINY, "rich_log_features": True, "log_gap_features": True, "log_burst_features": True})
+    assert m.n_log_feat == 12
+
+
 def test_config_errors() -> None:
     from teller.errors import ConfigError
 
@@ -386,6 +438,8 @@ CFG = {
         "log_summary_tokens": True,
         "work_features": True,
         "log_process_features": True,
+        "log_gap_features": True,
+        "log_burst_features": True,
     },
     "train": {"seed": 1, "batch_size": 8, "epochs": 2, "lr": 3e-3, "patience": 5},
 }

@@ -12,6 +12,7 @@ head (start-up configuration) and the tail (the latest messages) halves.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,11 @@ BOL_ID = 2  # LOG_SPECIALS index of [BOL]
 N_LOG_FEATURES = 3
 N_RICH_LOG_FEATURES = 8
 N_GAP_LOG_FEATURES = 2  # compact_log(gaps=True): mean and max lag after the previous log line
+N_BURST_LOG_FEATURES = 2  # compact_log(bursts=True): the template's densest burst and its surprise
+# The burst window. Requests a client-side network held back reach the server together when it
+# heals (the simulator releases them within 2 ms; a proxy flushing its queue is as fast), while
+# independent arrivals at the same mean rate rarely stack up within it.
+BURST_WINDOW_MS = 2.0
 
 
 @dataclass
@@ -171,6 +177,42 @@ def log_word_summary(ids: np.ndarray, feats: np.ndarray, words: np.ndarray) -> t
     return keys[starts], out.astype(np.float32)
 
 
+def poisson_surprise(k: int, mu: float) -> float:
+    """``-ln P(X >= k)`` for ``X ~ Poisson(mu)`` (0 for ``k <= 0``; capped at 700, the tail of a
+    float64): how unlikely ``k`` events in a window are where ``mu`` are expected."""
+    if k <= 0:
+        return 0.0
+    if mu <= 0.0:
+        return 700.0
+    if k <= mu:  # the tail holds at least about half the mass: 1 - CDF(k - 1) is accurate
+        i = np.arange(k, dtype=np.float64)
+        log_pmf = -mu + i * np.log(mu) - np.array([math.lgamma(x + 1.0) for x in i])
+        return float(min(-math.log(max(1.0 - float(np.exp(log_pmf).sum()), 1e-300)), 700.0))
+    # ln pmf(k) + ln(1 + mu/(k+1) + mu^2/((k+1)(k+2)) + ...): the ratios stay under mu/k < 1
+    log_pmf_k = -mu + k * math.log(mu) - math.lgamma(k + 1.0)
+    j = np.arange(1, 4096, dtype=np.float64)
+    series = 1.0 + float(np.cumprod(mu / (k + j)).sum())
+    return float(min(-(log_pmf_k + math.log(series)), 700.0))
+
+
+def burst_features(times_ms: np.ndarray, window_ms: float = BURST_WINDOW_MS) -> tuple[float, float]:
+    """The densest burst of one template's occurrences (``times_ms``, any order): ``ln`` of the most
+    occurrences within any ``window_ms``, and how surprising that many would be for independent
+    (Poisson) arrivals at the template's mean rate over its span, ``ln(1 + max(0, s - ln n))`` with
+    ``s`` the :func:`poisson_surprise` (``- ln n``: n windows had the chance). ``(0, 0)`` for a
+    single occurrence; the surprise is 0 when the span is under one window (no rate to compare)."""
+    t = np.sort(np.asarray(times_ms, np.float64))
+    n = len(t)
+    if n < 2:
+        return 0.0, 0.0
+    most = int((np.searchsorted(t, t + window_ms, side="right") - np.arange(n)).max())
+    span = float(t[-1] - t[0])
+    if span < window_ms:
+        return math.log(most), 0.0
+    s = poisson_surprise(most, (n - 1) / span * window_ms) - math.log(n)
+    return math.log(most), math.log1p(max(s, 0.0))
+
+
 def compact_log(
     ids: np.ndarray,
     feats: np.ndarray,
@@ -178,6 +220,7 @@ def compact_log(
     rich: bool = False,
     gaps: bool = False,
     lines: bool = False,
+    bursts: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Deduplicate identical line templates (see the module docstring), then cut to ``max_tokens``.
 
@@ -190,12 +233,19 @@ def compact_log(
     occurrences of the lag between the previous log line and this one (signed log1p of ms): an HTTP
     ``200 OK`` that normally follows its ``Finished request`` line within microseconds and now comes
     hundreds of milliseconds later is a slow network or client, visible in no count or number.
+    With ``bursts`` (``N_BURST_LOG_FEATURES`` more, last): the template's :func:`burst_features`,
+    e.g. 35 ``Received request`` lines within 2 ms after a lull, which a network that held requests
+    back and released them leaves and independent arrivals at that rate do not.
     With ``lines`` (the model reads one token per line, ``model.log_lines``) the kept tail starts at
     its first ``[BOL]`` (and is empty without one): the words of a line cut in two would otherwise
     continue the head's last (cut) line as one line."""
     ids = np.asarray(ids, dtype=np.int64)
     feats = np.asarray(feats, dtype=np.float32)
-    nf = (N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES) + (N_GAP_LOG_FEATURES if gaps else 0)
+    nf = (
+        (N_RICH_LOG_FEATURES if rich else N_LOG_FEATURES)
+        + (N_GAP_LOG_FEATURES if gaps else 0)
+        + (N_BURST_LOG_FEATURES if bursts else 0)
+    )
     if len(ids) == 0:
         return ids, np.zeros((0, nf), np.float32)
     starts = np.flatnonzero(ids == BOL_ID)
@@ -204,6 +254,7 @@ def compact_log(
     ends = np.append(starts[1:], len(ids))
     order: list[tuple[int, ...]] = []
     agg: dict[tuple[int, ...], list[Any]] = {}
+    occ: dict[tuple[int, ...], list[float]] = {}  # bursts: each template's occurrence times
     # ms since the previous line (a running max: lines without a timestamp prefix have time 0)
     line_t = np.maximum.accumulate(feats[starts, 0].astype(np.float64))
     lag = np.diff(line_t, prepend=line_t[0])
@@ -211,6 +262,8 @@ def compact_log(
         key = tuple(ids[s:e].tolist())
         v = feats[s:e, 1].astype(np.float64)
         t = float(feats[s, 0])
+        if bursts:
+            occ.setdefault(key, []).append(t)
         a = agg.get(key)
         if a is None:
             # t_first, value sum, count, value max, value min, last value, t_last, max interval,
@@ -244,7 +297,10 @@ def compact_log(
             f[:, 6] = _slog(np.array([t1]))[0]
             f[:, 7] = _slog(np.array([gap]))[0]
         if gaps:
-            f[:, nf - 2 :] = _slog(np.array([lag_sum / n, lag_max]))
+            g0 = nf - N_GAP_LOG_FEATURES - (N_BURST_LOG_FEATURES if bursts else 0)
+            f[:, g0 : g0 + N_GAP_LOG_FEATURES] = _slog(np.array([lag_sum / n, lag_max]))
+        if bursts:
+            f[:, nf - N_BURST_LOG_FEATURES :] = burst_features(np.array(occ[key]))
         out_ids.extend(key)
         out_f.append(f)
     oi = np.asarray(out_ids, dtype=np.int64)
@@ -275,6 +331,7 @@ def load_split(
     work_features: bool = False,
     proc_log_features: bool = False,
     log_lines: bool = False,
+    log_bursts: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -301,6 +358,7 @@ def load_split(
             work_features,
             proc_log_features,
             log_lines,
+            log_bursts,
         )
     return out, label_names
 
@@ -369,6 +427,7 @@ def load_model_split(
         work_features=bool(model_cfg.get("work_features")),
         proc_log_features=bool(model_cfg.get("log_process_features")),
         log_lines=bool(model_cfg.get("log_lines")),
+        log_bursts=bool(model_cfg.get("log_burst_features")),
     )
 
 
@@ -387,6 +446,7 @@ def _load_into(
     work_features: bool = False,
     proc_log_features: bool = False,
     log_lines: bool = False,
+    log_bursts: bool = False,
 ) -> None:
     if max_summary_tokens and len(ss):
         width = ss[0]["summary_features"].shape[1]
@@ -406,6 +466,7 @@ def _load_into(
             rich=rich_log_features,
             gaps=log_gaps,
             lines=log_lines,
+            bursts=log_bursts,
         )
         out.append(
             Sample(

@@ -99,6 +99,7 @@ def sample_inputs(
         rich=bool(mc.get("rich_log_features")),
         gaps=bool(mc.get("log_gap_features")),
         lines=bool(mc.get("log_lines")),
+        bursts=bool(mc.get("log_burst_features")),
     )
     n = min(len(ids), int(mc["max_trace_tokens"]))
     d = {

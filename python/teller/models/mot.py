@@ -28,6 +28,7 @@ from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES
 from teller.errors import ConfigError
 from teller.models.data import (
     BOL_ID,
+    N_BURST_LOG_FEATURES,
     N_GAP_LOG_FEATURES,
     N_LOG_SUMMARY_FEATURES,
     N_RELATIVE_FEATURES,
@@ -59,6 +60,11 @@ class ModelConfig:
     n_classes: int = 13
     rich_log_features: bool = False  # 8 per-template log features instead of 3 (models.data.compact_log)
     log_gap_features: bool = False  # + 2 per-template log features: the lag after the previous line
+    # + 2 per-template log features: its densest 2 ms burst and how unlikely that is for independent
+    # arrivals at its rate (models.data.burst_features: requests a network held back, released at
+    # once). Off in the shipped configs: it did not recognize those samples (docs/models.md,
+    # "The burst as a model input")
+    log_burst_features: bool = False
     relative_features: bool = False  # + 4 per-token features vs the sample's opening steps (models.data)
     loc_per_class: bool = False  # a localization score per token and cause, q(location | cause)
     work_features: bool = False  # + 2 per-token features normalized by the step's load (work_token_features)
@@ -276,8 +282,10 @@ class RCAModel(nn.Module):
         n_exp = 2 if cfg.arch == "mot" else 1
         self.use_trace = cfg.modalities in ("both", "trace")
         self.use_log = cfg.modalities in ("both", "log")
-        self.n_log_feat = (N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features) + (
-            N_GAP_LOG_FEATURES if cfg.log_gap_features else 0
+        self.n_log_feat = (
+            (N_RICH_LOG_FEATURES if cfg.rich_log_features else cfg.n_log_features)
+            + (N_GAP_LOG_FEATURES if cfg.log_gap_features else 0)
+            + (N_BURST_LOG_FEATURES if cfg.log_burst_features else 0)
         )
         maxpos = max(cfg.max_trace_tokens, cfg.max_log_tokens) + 1
         self.cls = nn.Parameter(torch.zeros(2, d))
