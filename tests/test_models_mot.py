@@ -311,6 +311,13 @@ def test_burst_features_find_a_released_burst() -> None:
 
     assert burst_features(np.array([5.0])) == (0.0, 0.0)
     assert burst_features(np.array([5.0, 5.5]))[1] == 0.0  # a span under one window: no rate
+    # one line per window is what any rate gives: no surprise, however rare the template
+    assert burst_features(np.array([3.0, 1000.0])) == (0.0, 0.0)
+    assert burst_features(np.array([3.0, 4000.0, 9000.0]))[1] == 0.0
+    # lines without a timestamp (time 0) are left out: they are not a burst at time 0
+    assert burst_features(np.zeros(6)) == (0.0, 0.0)
+    with_unstamped = np.concatenate([np.zeros(5), np.arange(1, 21) * 50.0])
+    assert burst_features(with_unstamped) == burst_features(np.arange(1, 21) * 50.0) == (0.0, 0.0)
     rng = np.random.default_rng(0)
     t = np.cumsum(rng.exponential(10.0, 400))  # independent arrivals, one per 10 ms
     most, surprise = burst_features(t)
@@ -339,6 +346,11 @@ def test_compact_log_burst_columns() -> None:
     assert oi.tolist() == [bol, 9, 5, bol, 7]
     assert of.shape == (5, 10 + N_BURST_LOG_FEATURES)
     np.testing.assert_allclose(of[:, :10], compact_log(ids, feats, 100, rich=True, gaps=True)[1])
+    # without the gap columns the burst columns follow the rich ones
+    _, nog = compact_log(ids, feats, 100, rich=True, bursts=True)
+    assert nog.shape == (5, 8 + N_BURST_LOG_FEATURES)
+    np.testing.assert_allclose(nog[:, :8], of[:, :8])
+    np.testing.assert_allclose(nog[:, 8:], of[:, 10:])
     np.testing.assert_allclose(of[0, 10:], burst_features(np.array([1.0, 2.0, 2.5, 40.0, 41.0])), rtol=1e-6)
     assert of[0, 10] == pytest.approx(np.log(3))  # 1, 2, 2.5 ms within 2 ms
     np.testing.assert_array_equal(of[3, 10:], [0.0, 0.0])  # a single occurrence

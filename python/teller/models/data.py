@@ -179,7 +179,9 @@ def log_word_summary(ids: np.ndarray, feats: np.ndarray, words: np.ndarray) -> t
 
 def poisson_surprise(k: int, mu: float) -> float:
     """``-ln P(X >= k)`` for ``X ~ Poisson(mu)`` (0 for ``k <= 0``; capped at 700, the tail of a
-    float64): how unlikely ``k`` events in a window are where ``mu`` are expected."""
+    float64): how unlikely ``k`` events in a window are where ``mu`` are expected. Exact to ~1e-12
+    for the counts one window holds; past a few thousand with ``k`` within a few of ``mu`` the
+    series below is cut short."""
     if k <= 0:
         return 0.0
     if mu <= 0.0:
@@ -196,12 +198,15 @@ def poisson_surprise(k: int, mu: float) -> float:
 
 
 def burst_features(times_ms: np.ndarray, window_ms: float = BURST_WINDOW_MS) -> tuple[float, float]:
-    """The densest burst of one template's occurrences (``times_ms``, any order): ``ln`` of the most
-    occurrences within any ``window_ms``, and how surprising that many would be for independent
-    (Poisson) arrivals at the template's mean rate over its span, ``ln(1 + max(0, s - ln n))`` with
-    ``s`` the :func:`poisson_surprise` (``- ln n``: n windows had the chance). ``(0, 0)`` for a
-    single occurrence; the surprise is 0 when the span is under one window (no rate to compare)."""
-    t = np.sort(np.asarray(times_ms, np.float64))
+    """The densest burst of one template's occurrences (``times_ms``, any order; 0 = a line without
+    a timestamp, left out): ``ln`` of the most occurrences within any ``window_ms`` that starts at
+    one, and how surprising the *others* in that window would be for independent (Poisson) arrivals
+    at the template's mean rate over its span: ``ln(1 + max(0, s - ln n))`` with ``s`` the
+    :func:`poisson_surprise` of ``most - 1`` (``- ln n``: n windows had the chance). ``(0, 0)``
+    for fewer than two stamped occurrences; the surprise is 0 when the span is under one window
+    (no rate to compare a burst after total silence with)."""
+    t = np.asarray(times_ms, np.float64)
+    t = np.sort(t[t != 0.0])
     n = len(t)
     if n < 2:
         return 0.0, 0.0
@@ -209,7 +214,7 @@ def burst_features(times_ms: np.ndarray, window_ms: float = BURST_WINDOW_MS) -> 
     span = float(t[-1] - t[0])
     if span < window_ms:
         return math.log(most), 0.0
-    s = poisson_surprise(most, (n - 1) / span * window_ms) - math.log(n)
+    s = poisson_surprise(most - 1, (n - 1) / span * window_ms) - math.log(n)
     return math.log(most), math.log1p(max(s, 0.0))
 
 
