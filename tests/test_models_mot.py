@@ -803,7 +803,7 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
     faults with a clear signature: each must be in the top 3. (400 samples: on 260, about 180 for
     training, the model sat at the edge, a fresh eager-mode sample 4th after the generator's
     version-3 hbm_contention samples changed; on 400, with the log as lines, training seeds 0-2 put
-    all six 1st, the least sure 0.65-0.95; reading words, also all six 1st, 0.48-0.82.)"""
+    all six 1st, the least sure 0.65-0.94; reading words, also all six 1st, 0.48-0.99.)"""
     from teller.models.diagnose import diagnose
     from teller.models.train import load_config
 
