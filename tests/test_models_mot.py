@@ -139,6 +139,30 @@ def test_perturbing_log_expert_leaves_trace_only_output() -> None:
     assert torch.equal(before, m(b)["logits"])
 
 
+def test_trace_mean_columns_blind_the_model_to_those_columns() -> None:
+    from teller.errors import ConfigError
+
+    torch.manual_seed(0)
+    m = build_model({**TINY, "feature_norm": True, "trace_mean_columns": [1, 2]}).eval()
+    with torch.no_grad():  # fitted-looking per-id statistics, so that standardizing moves values
+        m.trace_mu.uniform_(-1.0, 1.0)
+        m.trace_sd.uniform_(0.5, 2.0)
+    b = collate(_samples(4))
+    before = m(b)
+    other = dict(b)
+    other["trace_features"] = b["trace_features"].clone()
+    other["trace_features"][..., 1:3] = torch.rand_like(other["trace_features"][..., 1:3]) * 1000.0
+    after = m(other)
+    for key in ("logits", "loc_logits"):
+        assert torch.equal(before[key], after[key])
+    other["trace_features"][..., 0] += 5.0  # a column it reads
+    assert not torch.allclose(before["logits"], m(other)["logits"])
+    with pytest.raises(ConfigError, match=r"trace_mean_columns: \[5\] not among the 5"):
+        build_model({**TINY, "feature_norm": True, "trace_mean_columns": [1, 5]})
+    with pytest.raises(ConfigError, match="needs model.feature_norm"):
+        build_model({**TINY, "trace_mean_columns": [1]})
+
+
 @pytest.mark.parametrize("log_lines", [False, True])
 def test_overfits_a_small_batch(log_lines: bool) -> None:
     torch.manual_seed(0)

@@ -96,6 +96,10 @@ class ModelConfig:
     # 256. The cut stays max_log_tokens words (the kept tail starts at a line: compact_log); the
     # whole log (1024) cost 0.08 on test_ood in docs/models.md, "One token per log line"
     log_lines: bool = False
+    # trace-token feature columns read as their per-id training mean (0 once standardized; needs
+    # feature_norm): e.g. [1, 2], the absolute durations (sum_log_dur, max_log_dur), which an
+    # unseen, slower GPU puts beyond anything seen in training (docs/models.md)
+    trace_mean_columns: list[int] = field(default_factory=list)
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
 
@@ -131,6 +135,19 @@ class ModelConfig:
             )
         if self.summary_bins < 0 or self.token_bins < 0:
             raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
+        if self.trace_mean_columns:
+            if not self.feature_norm:
+                raise ConfigError(
+                    "model.trace_mean_columns needs model.feature_norm: true (the per-id means of "
+                    "standardized features)"
+                )
+            nf = self.n_trace_token_columns
+            bad = [c for c in self.trace_mean_columns if not 0 <= c < nf]
+            if bad:
+                raise ConfigError(
+                    f"model.trace_mean_columns: {bad} not among the {nf} trace-token feature columns "
+                    f"(0-{nf - 1}) of this configuration"
+                )
         if self.summary_loc and not self.summary_tokens:
             raise ConfigError(
                 "model.summary_loc scores the summary rows: it needs model.summary_tokens: true"
@@ -145,6 +162,16 @@ class ModelConfig:
                 "model.summary_bins / summary_joint act on summary rows: they need model.summary_tokens "
                 "or model.log_summary_tokens"
             )
+
+    @property
+    def n_trace_token_columns(self) -> int:
+        """Feature columns of a trace token: the TPE timing features, then the optional groups."""
+        return (
+            self.n_trace_features
+            + (N_RELATIVE_FEATURES if self.relative_features else 0)
+            + (N_WORK_FEATURES if self.work_features else 0)
+            + (N_PROC_LOG_FEATURES if self.log_process_features else 0)
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -292,12 +319,7 @@ class RCAModel(nn.Module):
         self.modality_emb = nn.Embedding(2, d)
         if self.use_trace:
             self.trace_emb = nn.Embedding(cfg.trace_vocab, d)
-            nf = (
-                cfg.n_trace_features
-                + (N_RELATIVE_FEATURES if cfg.relative_features else 0)
-                + (N_WORK_FEATURES if cfg.work_features else 0)
-                + (N_PROC_LOG_FEATURES if cfg.log_process_features else 0)
-            )
+            nf = cfg.n_trace_token_columns
             self.trace_ple = _PLE(nf, cfg.token_bins) if cfg.token_bins else None
             n_in = self.trace_ple.out_dim if self.trace_ple is not None else nf
             self.trace_feat = nn.Sequential(nn.Linear(n_in, d), nn.GELU(), nn.Linear(d, d))
@@ -454,6 +476,9 @@ class RCAModel(nn.Module):
         if self.cfg.feature_norm:
             mu, sd = (self.trace_mu, self.trace_sd) if mod == TRACE else (self.log_mu, self.log_sd)
             feats = ((feats - mu[ids]) / sd[ids]).clamp(-20, 20)
+            if mod == TRACE and self.cfg.trace_mean_columns:
+                feats = feats.clone()
+                feats[..., self.cfg.trace_mean_columns] = 0.0
             ple = self.trace_ple if mod == TRACE else self.log_ple
             if ple is not None:
                 feats = ple(feats)
