@@ -360,6 +360,42 @@ def test_summarize_pools_by_the_recipe_of_the_runs_configuration(tmp_path: Path)
     assert recipe_id(other) not in text
 
 
+def test_model_settings_added_later_keep_the_recipe(tmp_path: Path) -> None:
+    """A model setting added later is written into every new run's config.json at its default: a run
+    of an unchanged configuration keeps the recipe of the runs before it, and their evaluations,
+    hashed when the setting was still counted, pool with it."""
+    from teller.models.report import recipe_id
+
+    h = [True] * 4
+    old = {"model": {"arch": "mot", "d_model": 64}, "train": {"seed": 0, "max_minutes": 14}}
+    mid = {
+        **old,
+        "model": {**old["model"], "log_burst_features": False},
+        "train": {**old["train"], "seed": 1},
+    }
+    new = {**old, "model": {**mid["model"], "trace_mean_columns": []}, "train": {**old["train"], "seed": 2}}
+    on = {
+        **old,
+        "model": {**new["model"], "trace_mean_columns": [1, 2]},
+        "train": {**old["train"], "seed": 3},
+    }
+    assert recipe_id(old) == recipe_id({**old, "train": {**old["train"], "seed": 4}})
+    assert recipe_id(old) == recipe_id(mid) == recipe_id(new) != recipe_id(on)
+    # evaluations of mid were hashed with the model setting counted (the definition before)
+    assert recipe_id(mid, model_dropped=False) != recipe_id(mid)
+    for name, c, stored in (
+        ("a", old, recipe_id(old)),
+        ("b", mid, recipe_id(mid, model_dropped=False)),
+        ("c", new, recipe_id(new)),
+        ("d", on, recipe_id(on)),
+    ):
+        _with_samples(tmp_path / name, "mot", "test", h, recipe=stored, data="/d")
+        (tmp_path / name / "config.json").write_text(json.dumps(c))
+    text = summarize([tmp_path / x for x in "abcd"], tmp_path / "out")
+    assert f"| test | mot [{recipe_id(old)}] | 3: a, b, c |" in text
+    assert f"| test | mot [{recipe_id(on)}] | 1: d |" in text
+
+
 def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:
     h = [True] * 4
     _with_samples(tmp_path / "c", "mot", "test", h, recipe="aaaa", data="/d", trained_on="cpu")

@@ -152,6 +152,10 @@ def evaluate_any(
 _ADDED_LATER = {"ema": 0.0, "expert_tie": 0.0}
 # which of them earlier definitions of the hash dropped (None: all of them, the current one)
 _DROPPED_BEFORE: tuple[tuple[str, ...] | None, ...] = ((), ("expert_tie",), None)
+# the same for settings of `model:` (a new model setting is written into every run's config.json
+# with its default, which changed the hash of an unchanged configuration); definitions before
+# 2026-12-05 (session of trace_mean_columns) dropped none of them
+_MODEL_ADDED_LATER: dict[str, Any] = {"log_burst_features": False, "trace_mean_columns": []}
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)
@@ -197,21 +201,33 @@ def run_recipe(run_dir: Path, stored: str | None) -> str | None:
         now = recipe_id(cfg)
         if stored is None or stored == now:
             return now
-        earlier = {recipe_id(cfg, whole=w, dropped=d) for w in (True, False) for d in _DROPPED_BEFORE}
+        earlier = {
+            recipe_id(cfg, whole=w, dropped=d, model_dropped=m)
+            for w in (True, False)
+            for d in _DROPPED_BEFORE
+            for m in (True, False)
+        }
         return now if stored in earlier else stored
     except Exception:  # noqa: BLE001 - a configuration of the wrong shape: what was recorded stands
         return stored
 
 
-def recipe_id(cfg: dict[str, Any], *, whole: bool = True, dropped: tuple[str, ...] | None = None) -> str:
+def recipe_id(
+    cfg: dict[str, Any],
+    *,
+    whole: bool = True,
+    dropped: tuple[str, ...] | None = None,
+    model_dropped: bool = True,
+) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
     directory name (``tok-<hash of data, tokenizer and settings>``), not where they lie;
     ``train.device`` counts as given (``auto`` on CPU and on CUDA is one recipe: ``trained_on`` in
     the run's config says where it ran); an ensemble's recipe is made of its MoT's and its
     baselines' recipes. ``whole=False`` / ``dropped`` (the settings of ``_ADDED_LATER`` dropped at
-    their default; None: all): the definitions before whole numbers were normalized and before
-    those settings were dropped (what evaluation files written then recorded; :func:`run_recipe`)."""
+    their default; None: all), ``model_dropped=False`` (``_MODEL_ADDED_LATER`` kept): the
+    definitions before whole numbers were normalized and before those settings were dropped (what
+    evaluation files written then recorded; :func:`run_recipe`)."""
     import hashlib
 
     c = json.loads(json.dumps(cfg))
@@ -223,7 +239,9 @@ def recipe_id(cfg: dict[str, Any], *, whole: bool = True, dropped: tuple[str, ..
                 run = Path(c.pop(key))
                 try:
                     part = json.loads((run / "config.json").read_text())
-                    c[f"{key}_recipe"] = recipe_id(part, whole=whole, dropped=dropped)
+                    c[f"{key}_recipe"] = recipe_id(
+                        part, whole=whole, dropped=dropped, model_dropped=model_dropped
+                    )
                 except (OSError, ValueError, TypeError, AttributeError):
                     c[f"{key}_recipe"] = run.name
     for k in _NOT_RECIPE:
@@ -237,6 +255,10 @@ def recipe_id(cfg: dict[str, Any], *, whole: bool = True, dropped: tuple[str, ..
         for k in _ADDED_LATER if dropped is None else dropped:
             if c["train"].get(k, _ADDED_LATER[k]) == _ADDED_LATER[k]:
                 c["train"].pop(k, None)
+    if model_dropped and isinstance(c.get("model"), dict):
+        for k, off in _MODEL_ADDED_LATER.items():
+            if c["model"].get(k, off) == off:
+                c["model"].pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
