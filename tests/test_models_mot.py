@@ -139,11 +139,13 @@ def test_perturbing_log_expert_leaves_trace_only_output() -> None:
     assert torch.equal(before, m(b)["logits"])
 
 
-def test_trace_mean_columns_blind_the_model_to_those_columns() -> None:
+@pytest.mark.parametrize("token_bins", [0, 4])
+def test_trace_mean_columns_blind_the_model_to_those_columns(token_bins: int) -> None:
     from teller.errors import ConfigError
 
     torch.manual_seed(0)
-    m = build_model({**TINY, "feature_norm": True, "trace_mean_columns": [1, 2]}).eval()
+    cfg = {**TINY, "feature_norm": True, "token_bins": token_bins, "trace_mean_columns": [1, 2]}
+    m = build_model(cfg).eval()
     with torch.no_grad():  # fitted-looking per-id statistics, so that standardizing moves values
         m.trace_mu.uniform_(-1.0, 1.0)
         m.trace_sd.uniform_(0.5, 2.0)
@@ -161,6 +163,8 @@ def test_trace_mean_columns_blind_the_model_to_those_columns() -> None:
         build_model({**TINY, "feature_norm": True, "trace_mean_columns": [1, 5]})
     with pytest.raises(ConfigError, match="needs model.feature_norm"):
         build_model({**TINY, "trace_mean_columns": [1]})
+    with pytest.raises(ConfigError, match=r"\[True\] not among"):
+        ModelConfig(**{**TINY, "feature_norm": True, "trace_mean_columns": [True]})
 
 
 @pytest.mark.parametrize("log_lines", [False, True])

@@ -142,7 +142,7 @@ class ModelConfig:
                     "standardized features)"
                 )
             nf = self.n_trace_token_columns
-            bad = [c for c in self.trace_mean_columns if not 0 <= c < nf]
+            bad = [c for c in self.trace_mean_columns if type(c) is not int or not 0 <= c < nf]
             if bad:
                 raise ConfigError(
                     f"model.trace_mean_columns: {bad} not among the {nf} trace-token feature columns "
