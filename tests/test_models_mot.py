@@ -167,6 +167,56 @@ def test_trace_mean_columns_blind_the_model_to_those_columns(token_bins: int) ->
         ModelConfig(**{**TINY, "feature_norm": True, "trace_mean_columns": [True]})
 
 
+def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
+    from teller.errors import ConfigError
+    from teller.models.mot import gpu_side_symbol
+
+    assert gpu_side_symbol("kernel:gemm") and gpu_side_symbol("runtime:cudaStreamSynchronize")
+    assert not gpu_side_symbol("runtime:cudaLaunchKernel") and not gpu_side_symbol("host_op:aten::mm")
+    torch.manual_seed(0)
+    m = build_model({**TINY, "feature_norm": True, "speed_aug": 0.5})
+    b = collate(_samples(4))
+    with pytest.raises(ConfigError, match="fit_speed_aug"):
+        m._speed_augmented(b)
+    # token ids: 0 mod 3 a kernel (all GPU time), 1 mod 3 a launch and its kernel (1 of 2), 2 mod 3
+    # a host operator (none)
+    kinds = [["kernel:k"], ["runtime:cudaLaunchKernel", "kernel:k"], ["host_op:aten::mm"]]
+    m.fit_speed_aug([kinds[i % 3] for i in range(TINY["trace_vocab"])])
+    m.eval()
+    assert torch.equal(m(b)["logits"], m(b)["logits"])  # no draw outside training
+    torch.manual_seed(1)
+    a1 = m._speed_augmented(b)
+    torch.manual_seed(1)
+    a2 = m._speed_augmented(b)
+    tf, af = b["trace_features"], a1["trace_features"]
+    assert torch.equal(af, a2["trace_features"])  # seeded
+    assert torch.equal(tf, collate(_samples(4))["trace_features"])  # the batch is not modified
+    valid, kind = b["trace_mask"].bool(), b["trace_ids"] % 3
+    shifts = []
+    for i in range(tf.shape[0]):
+        k0 = valid[i] & (kind[i] == 0) & (af[i, :, 1] > 0) & (af[i, :, 2] > 0)
+        d = (af[i, k0, 2] - tf[i, k0, 2])[0]  # one shift per sample, within [-0.5, 0.5]
+        assert abs(float(d)) <= 0.5
+        shifts.append(float(d))
+        assert torch.allclose(af[i, k0, 1] - tf[i, k0, 1], d.expand(int(k0.sum())), atol=1e-5)
+        k1 = valid[i] & (kind[i] == 1) & (af[i, :, 1] > 0) & (af[i, :, 2] > 0)
+        assert torch.allclose(af[i, k1, 1] - tf[i, k1, 1], d.expand(int(k1.sum())), atol=1e-5)
+        assert torch.allclose(af[i, k1, 2] - tf[i, k1, 2], (d / 2).expand(int(k1.sum())), atol=1e-5)
+        k2 = kind[i] == 2  # host time does not move
+        assert torch.equal(af[i, k2], tf[i, k2])
+    assert len(set(shifts)) > 1  # per sample
+    assert torch.equal(af[~valid], tf[~valid])  # padding
+    others = [c for c in range(tf.shape[-1]) if c not in (1, 2)]
+    assert torch.equal(af[..., others], tf[..., others])  # counts, z, gaps, relative: unmoved
+    m.train()
+    torch.manual_seed(2)
+    out1 = m(b)["logits"]
+    torch.manual_seed(3)
+    assert not torch.allclose(out1, m(b)["logits"])  # the draw reaches the model (no dropout here)
+    with pytest.raises(ConfigError, match="speed_aug must be in"):
+        build_model({**TINY, "speed_aug": -0.1})
+
+
 @pytest.mark.parametrize("log_lines", [False, True])
 def test_overfits_a_small_batch(log_lines: bool) -> None:
     torch.manual_seed(0)
@@ -610,6 +660,13 @@ def test_training_is_deterministic_and_checkpoints_roundtrip(shards) -> None:
     assert s1.keys() == s2.keys()
     for k in s1:
         assert torch.equal(s1[k], s2[k]), k
+    # model.speed_aug: seeded too, it changes what is learnt, and its per-id tables are not saved
+    aug = {"model": {**CFG["model"], "speed_aug": 1.0}, "train": CFG["train"]}
+    a1, a2 = (_state(train(aug, out, root / f"a{i}", tpe_dir=tdir)) for i in (1, 2))
+    assert a1.keys() == s1.keys()
+    for k in a1:
+        assert torch.equal(a1[k], a2[k]), k
+    assert any(not torch.equal(a1[k], s1[k]) for k in a1)
     # the same with the log as lines (the shipped configurations: index_add_ / scatter_reduce pools)
     lines = {"model": {**CFG["model"], "log_lines": True}, "train": CFG["train"]}
     s1, s2 = (_state(train(lines, out, root / f"l{i}", tpe_dir=tdir)) for i in (1, 2))

@@ -15,6 +15,7 @@ or with ``loc_per_class`` a score per trace token and cause (the true cause's co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,32 @@ from teller.models.data import (
 
 TRACE, LOG = 0, 1
 MAX_LINE_POSITIONS = 128  # log_lines: word positions within a line beyond this share the last embedding
+
+
+# runtime calls that wait for the GPU: their time is the GPU's
+_GPU_WAITS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyHtoD_v2",
+    }
+)
+
+
+def gpu_side_symbol(symbol: str) -> bool:
+    """Whether a TPE base symbol (``layer:name``) is an event whose duration is the GPU's: a kernel,
+    copy, set, GPU-side range or synchronization record, or a runtime / driver call that waits for
+    the GPU (``model.speed_aug``)."""
+    layer, _, name = symbol.partition(":")
+    if layer in ("kernel", "memcpy", "memset", "gpu_annotation", "sync"):
+        return True
+    return layer in ("runtime", "driver") and name in _GPU_WAITS
 
 
 @dataclass
@@ -100,6 +127,12 @@ class ModelConfig:
     # feature_norm): e.g. [1, 2], the absolute durations (sum_log_dur, max_log_dur), which an
     # unseen, slower GPU puts beyond anything seen in training (docs/models.md)
     trace_mean_columns: list[int] = field(default_factory=list)
+    # training only: each sample's GPU made e^d times slower or faster, d ~ U(-a, a) drawn per sample
+    # (log-duration units): the absolute durations of its GPU-side events (kernels, copies, sets,
+    # syncs: gpu_side_symbol) move by d: a trace token's sum_log_dur by d per GPU-side event in it,
+    # its max_log_dur by d times their share, a GPU-side summary row's median_log_dur and
+    # xfer_median by d. Host-side time and what is relative to the sample do not move. 0 = off
+    speed_aug: float = 0.0
     log_backbone: str | None = None  # None | "minilm" | a local BERT-style directory
     label_names: list[str] = field(default_factory=list)
 
@@ -135,6 +168,10 @@ class ModelConfig:
             )
         if self.summary_bins < 0 or self.token_bins < 0:
             raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
+        if not 0 <= float(self.speed_aug) <= 5:
+            raise ConfigError(
+                f"model.speed_aug must be in [0, 5] (log-duration units), got {self.speed_aug!r}"
+            )
         if self.trace_mean_columns:
             if not self.feature_norm:
                 raise ConfigError(
@@ -378,6 +415,10 @@ class RCAModel(nn.Module):
             if self.use_log:
                 self.register_buffer("log_mu", torch.zeros(cfg.log_vocab, self.n_log_feat))
                 self.register_buffer("log_sd", torch.ones(cfg.log_vocab, self.n_log_feat))
+        # model.speed_aug, training only (fit_speed_aug): not saved, so checkpoints are unchanged
+        self.register_buffer("speed_gpu_events", torch.zeros(cfg.trace_vocab), persistent=False)
+        self.register_buffer("speed_gpu_share", torch.zeros(cfg.trace_vocab), persistent=False)
+        self._speed_fitted = False
         self.emb_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
         self.layers = nn.ModuleList([MoTLayer(cfg, n_exp) for _ in range(cfg.n_layers)])
         self.final_ln = _Routed(lambda: nn.LayerNorm(d), n_exp)
@@ -563,6 +604,50 @@ class RCAModel(nn.Module):
                 if self.log_ple is not None:
                     self.log_ple.fit(self._standardized(self.log_mu, self.log_sd, ids, f))
 
+    @torch.no_grad()
+    def fit_speed_aug(self, symbols: Sequence[Sequence[str]]) -> None:
+        """``model.speed_aug``: per trace token id, its GPU-side events (``symbols[i]``: the base
+        symbols token ``i`` decodes to, e.g. ``Tokenizer.decode([i])``)."""
+        n = self.speed_gpu_events.shape[0]
+        if len(symbols) > n:
+            raise ConfigError(f"fit_speed_aug: {len(symbols)} token ids for a trace vocabulary of {n}")
+        gpu = torch.zeros(n)
+        share = torch.zeros(n)
+        for i, syms in enumerate(symbols):
+            k = sum(gpu_side_symbol(x) for x in syms)
+            gpu[i] = k
+            share[i] = k / max(len(syms), 1)
+        self.speed_gpu_events.copy_(gpu)
+        self.speed_gpu_share.copy_(share)
+        self._speed_fitted = True
+
+    def _speed_augmented(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``model.speed_aug``: a copy of ``batch`` whose GPU-side absolute durations are those of a
+        GPU e^d times slower (d < 0: faster), one d per sample; padding stays as it was."""
+        if not self._speed_fitted:
+            raise ConfigError("model.speed_aug: call fit_speed_aug(symbols) before training")
+        a = float(self.cfg.speed_aug)
+        tf = batch["trace_features"].to(self.cls.device)
+        d = torch.empty(tf.shape[0], 1, dtype=tf.dtype, device=tf.device).uniform_(-a, a)
+        valid = batch["trace_mask"].to(tf.device).bool()
+        ids = batch["trace_ids"].to(tf.device).long().clamp(0, self.speed_gpu_events.shape[0] - 1)
+        out = dict(batch)
+        tf = tf.clone()
+        # x = ln(1 + us): e^d times the time is x + d for all but sub-microsecond events
+        tf[..., 1] = torch.where(
+            valid, (tf[..., 1] + self.speed_gpu_events[ids] * d).clamp(min=0), tf[..., 1]
+        )
+        tf[..., 2] = torch.where(valid, (tf[..., 2] + self.speed_gpu_share[ids] * d).clamp(min=0), tf[..., 2])
+        out["trace_features"] = tf
+        if self.use_summary and "summary_features" in batch:
+            sf = batch["summary_features"].to(tf.device).clone()
+            sids = batch["summary_ids"].to(tf.device).long().clamp(0, self.speed_gpu_share.shape[0] - 1)
+            gpu = (self.speed_gpu_share[sids] > 0) & batch["summary_mask"].to(tf.device).bool()
+            for c in (1, 14):  # median_log_dur, xfer_median (0 where the symbol moves no bytes)
+                sf[..., c] = torch.where(gpu & (sf[..., c] > 0), (sf[..., c] + d).clamp(min=0), sf[..., c])
+            out["summary_features"] = sf
+        return out
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parts: list[torch.Tensor] = []
         sums: list[int] = []  # summary rows appended to each part
@@ -573,6 +658,8 @@ class RCAModel(nn.Module):
             (self.use_trace, "trace", TRACE, self.use_summary, "summary"),
             (self.use_log, "log", LOG, self.use_log_summary, "log_summary"),
         )
+        if self.training and self.cfg.speed_aug > 0 and self.use_trace:
+            batch = self._speed_augmented(batch)
         for used, key, mod, with_summary, skey in streams:
             if not used:
                 continue

@@ -155,7 +155,11 @@ _DROPPED_BEFORE: tuple[tuple[str, ...] | None, ...] = ((), ("expert_tie",), None
 # the same for settings of `model:` (a new model setting is written into every run's config.json
 # with its default, which changed the hash of an unchanged configuration); definitions before
 # 2026-12-05 (session of trace_mean_columns) dropped none of them
-_MODEL_ADDED_LATER: dict[str, Any] = {"log_burst_features": False, "trace_mean_columns": []}
+_MODEL_ADDED_LATER: dict[str, Any] = {
+    "log_burst_features": False,
+    "trace_mean_columns": [],
+    "speed_aug": 0.0,
+}
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)

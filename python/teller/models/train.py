@@ -420,6 +420,14 @@ def train(
     model = build_model({**mc.to_dict(), "log_backbone": None})
     model.fit_feature_norm(train_s)
     model.fit_log_summary_norm(train_s)
+    if mc.speed_aug and model.use_trace:
+        from teller import tpe
+
+        tk_path = tpe_dir or man["tokenizer"].get("path")
+        if not tk_path:
+            raise ConfigError(f"{run_dir}: model.speed_aug needs the TPE tokenizer: pass --tpe-dir")
+        tk = tpe.load(tk_path)
+        model.fit_speed_aug([tk.decode([i]) for i in range(tk.vocab_size)])
     if ms:
         model.fit_summary_norm(
             np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
