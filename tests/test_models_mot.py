@@ -171,17 +171,27 @@ def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
     from teller.errors import ConfigError
     from teller.models.mot import gpu_side_symbol
 
-    assert gpu_side_symbol("kernel:gemm") and gpu_side_symbol("runtime:cudaStreamSynchronize")
+    for x in ("kernel:gemm", "memcpy:HtoD", "memset:m", "sync:s", "gpu_annotation:g"):
+        assert gpu_side_symbol(x), x
+    assert gpu_side_symbol("runtime:cudaStreamSynchronize") and gpu_side_symbol("driver:cuCtxSynchronize")
     assert not gpu_side_symbol("runtime:cudaLaunchKernel") and not gpu_side_symbol("host_op:aten::mm")
     torch.manual_seed(0)
     m = build_model({**TINY, "feature_norm": True, "speed_aug": 0.5})
     b = collate(_samples(4))
     with pytest.raises(ConfigError, match="fit_speed_aug"):
         m._speed_augmented(b)
-    # token ids: 0 mod 3 a kernel (all GPU time), 1 mod 3 a launch and its kernel (1 of 2), 2 mod 3
-    # a host operator (none)
-    kinds = [["kernel:k"], ["runtime:cudaLaunchKernel", "kernel:k"], ["host_op:aten::mm"]]
-    m.fit_speed_aug([kinds[i % 3] for i in range(TINY["trace_vocab"])])
+    # token ids: 0 mod 4 a kernel (all GPU time), 1 mod 4 a launch and its kernel (1 event of 2), 2
+    # mod 4 a host operator (none), 3 mod 4 two kernels (2 events of 2)
+    kinds = [
+        ["kernel:k"],
+        ["runtime:cudaLaunchKernel", "kernel:k"],
+        ["host_op:aten::mm"],
+        ["kernel:a", "kernel:b"],
+    ]
+    m.fit_speed_aug([kinds[i % 4] for i in range(TINY["trace_vocab"])])
+    b["trace_ids"] = 4 + torch.arange(b["trace_ids"].shape[1]).remainder(4).expand_as(b["trace_ids"]).clone()
+    b["trace_features"] = b["trace_features"] + torch.tensor([0.0, 2.0, 2.0, 0.0, 0.0])  # no clamp at 0
+    orig = b["trace_features"].clone()
     m.eval()
     assert torch.equal(m(b)["logits"], m(b)["logits"])  # no draw outside training
     torch.manual_seed(1)
@@ -190,9 +200,10 @@ def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
     a2 = m._speed_augmented(b)
     tf, af = b["trace_features"], a1["trace_features"]
     assert torch.equal(af, a2["trace_features"])  # seeded
-    assert torch.equal(tf, collate(_samples(4))["trace_features"])  # the batch is not modified
-    valid, kind = b["trace_mask"].bool(), b["trace_ids"] % 3
+    assert torch.equal(tf, orig)  # the batch is not modified
+    valid, kind = b["trace_mask"].bool(), b["trace_ids"] % 4
     shifts = []
+    assert (valid & (kind == 3)).any()  # every sample has 3+ tokens, one has 4+
     for i in range(tf.shape[0]):
         k0 = valid[i] & (kind[i] == 0) & (af[i, :, 1] > 0) & (af[i, :, 2] > 0)
         d = (af[i, k0, 2] - tf[i, k0, 2])[0]  # one shift per sample, within [-0.5, 0.5]
@@ -204,6 +215,9 @@ def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
         assert torch.allclose(af[i, k1, 2] - tf[i, k1, 2], (d / 2).expand(int(k1.sum())), atol=1e-5)
         k2 = kind[i] == 2  # host time does not move
         assert torch.equal(af[i, k2], tf[i, k2])
+        k3 = valid[i] & (kind[i] == 3) & (af[i, :, 1] > 0) & (af[i, :, 2] > 0)
+        assert torch.allclose(af[i, k3, 1] - tf[i, k3, 1], (2 * d).expand(int(k3.sum())), atol=1e-5)
+        assert torch.allclose(af[i, k3, 2] - tf[i, k3, 2], d.expand(int(k3.sum())), atol=1e-5)
     assert len(set(shifts)) > 1  # per sample
     assert torch.equal(af[~valid], tf[~valid])  # padding
     others = [c for c in range(tf.shape[-1]) if c not in (1, 2)]
@@ -215,6 +229,8 @@ def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
     assert not torch.allclose(out1, m(b)["logits"])  # the draw reaches the model (no dropout here)
     with pytest.raises(ConfigError, match="speed_aug must be in"):
         build_model({**TINY, "speed_aug": -0.1})
+    with pytest.raises(ConfigError, match="not a number"):
+        ModelConfig.from_dict({**TINY, "speed_aug": True})
 
 
 @pytest.mark.parametrize("log_lines", [False, True])
