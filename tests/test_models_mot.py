@@ -1569,3 +1569,53 @@ def test_a_damaged_or_moved_checkpoint_is_named(tmp_path) -> None:
         load_checkpoint(ck)
     with pytest.raises(FileNotFoundError, match="gone: no such checkpoint"):
         load_checkpoint(tmp_path / "gone")
+
+
+def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -> None:
+    """A trace file given directly reads the log beside it; a sample directory without its trace is
+    named as such (not "annotation.json: not a Chrome trace"); --perfetto naming an input is refused
+    with the input intact; a raw file cut short is diagnosed with the loader's warning."""
+    import shutil
+    import warnings
+
+    from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TellerWarning
+    from teller.models.diagnose import diagnose
+
+    root, data, tdir, out = shards
+    run = train(json.loads(json.dumps(CFG)), out, tmp_path / "mot", tpe_dir=tdir)
+    sd = tmp_path / "sample"
+    shutil.copytree(sorted(data.glob("s0*"))[0], sd)
+    whole = diagnose(sd, run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no log.txt beside the trace"
+        direct = diagnose(sd / "trace.json", run)
+    assert direct["log_tokens"] == whole["log_tokens"] > 0
+    assert direct["root_causes"] == whole["root_causes"]
+
+    before = (sd / "trace.json").read_bytes()
+    for target in (sd / "trace.json", sd / "log.txt"):
+        with pytest.raises(ConfigError, match="is an input of this diagnosis"):
+            diagnose(sd, run, perfetto=target)
+    assert (sd / "trace.json").read_bytes() == before
+    with pytest.raises(TellerIOError, match="--perfetto takes a file name"):
+        diagnose(sd, run, perfetto=tmp_path)
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("annotation.json", "log.txt"):
+        shutil.copy(sd / f, bare / f)
+    with pytest.raises(TellerFileNotFoundError, match="a sample directory without its trace.json"):
+        diagnose(bare, run)
+    (bare / "trace.json").mkdir()
+    with pytest.raises(TellerIOError, match=r"trace.json: a directory, not a trace file"):
+        diagnose(bare, run)
+    with pytest.raises(TellerFileNotFoundError, match="no such file or directory"):
+        diagnose(tmp_path / "gone", run)
+
+    cut = tmp_path / "cut"
+    shutil.copytree(Path(__file__).parent / "data" / "gpu" / "h200_llama_tiny", cut)
+    raw = next((cut / "raw").glob("*.tmsgpack"))
+    raw.write_bytes(raw.read_bytes()[: raw.stat().st_size // 2])
+    with pytest.warns(TellerWarning, match="truncated"):
+        d = diagnose(cut, run)
+    assert any("truncated" in w for w in d["input_warnings"]) and d["root_causes"]

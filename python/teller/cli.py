@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from teller import __version__, build_profile
-from teller.errors import TellerError
+from teller.errors import ConfigError, TellerError
 
 app = typer.Typer(
     name="teller",
@@ -83,6 +83,27 @@ def _fail(e: Exception, code: int = 2) -> typer.Exit:
     # (escaped: a message's [brackets], e.g. "a [min, max] pair", are text, not rich markup)
     err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _output_dir(path: str | None, option: str) -> None:
+    """Refuse an output directory that is an existing file before any work is done (not after
+    minutes of it, with a traceback)."""
+    if path and Path(path).exists() and not Path(path).is_dir():
+        raise _fail(ConfigError(f"{path}: exists and is not a directory ({option} names a directory)"))
+
+
+def _output_file(path: str, inputs: list[str], option: str) -> None:
+    """Refuse an output file that is one of the inputs (it would be overwritten by its own conversion)
+    or a directory."""
+    o = Path(path)
+    if o.is_dir():
+        raise _fail(ConfigError(f"{path}: a directory ({option} names a file)"))
+    if not o.exists():
+        return
+    for i in map(Path, inputs):
+        files = i.rglob("*") if i.is_dir() else [i]
+        if any(f.is_file() and os.path.samefile(f, o) for f in files):
+            raise _fail(ConfigError(f"{path}: is one of the inputs; write {option} elsewhere"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -218,6 +239,7 @@ def trace_convert(
     step_name: StepOpt = None,
 ) -> None:
     """Merge and align inputs into one Chrome trace that opens in Perfetto (ui.perfetto.dev)."""
+    _output_file(output, inputs, "--output")
     t0 = time.perf_counter()
     try:
         tr = _load(inputs, step_name)
@@ -238,7 +260,7 @@ def trace_convert(
 def trace_summary(
     inputs: Annotated[list[str], typer.Argument(help="Trace files or run directories.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
-    top: Annotated[int, typer.Option(help="How many kernels to list.")] = 10,
+    top: Annotated[int, typer.Option(min=0, help="How many kernels to list.")] = 10,
     step_name: StepOpt = None,
 ) -> None:
     """Events per layer and category, top kernels, GPU busy/idle, launch delay, sync wait, steps, warnings."""
@@ -370,6 +392,7 @@ def _collect(
     """Run an unmodified program with the collector injected: NVTX ranges, CUDA API calls, GPU work, logs."""
     from teller.collect import collect
 
+    _output_dir(trace_dir, "--trace-dir")
     try:
         res = collect(
             list(cmd),
@@ -465,6 +488,7 @@ def tpe_train(
 
     if vocab_size is None and num_merges is None:
         vocab_size = 8192
+    _output_dir(output_dir, "--output-dir")
     t0 = time.perf_counter()
     try:
         with _progress("training TPE") as cb:
@@ -555,7 +579,7 @@ def tpe_encode(
 @tpe_app.command("inspect")
 def tpe_inspect(
     tokenizer_dir: Annotated[str, typer.Argument(help="Directory of tokenizer.json.")],
-    top: Annotated[int, typer.Option(help="How many merged tokens to show.")] = 25,
+    top: Annotated[int, typer.Option(min=0, help="How many merged tokens to show.")] = 25,
 ) -> None:
     """Show the vocabulary: sizes, settings, and the most frequent merged tokens as call-chain fragments."""
     from teller import tpe
@@ -994,6 +1018,7 @@ def evaluate_cmd(
     dataset directory's split)."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
+    _output_dir(output, "--output")
     try:
         results = evaluate_any(checkpoint, data_dir, split)
     except TellerError as e:
@@ -1020,6 +1045,7 @@ def results_summarize_cmd(
     results.json, results-paired.json and results-*.png plots (with matplotlib)."""
     from teller.models.report import summarize
 
+    _output_dir(output, "--output")
     try:
         md = summarize(runs, output)
     except TellerError as e:
@@ -1030,7 +1056,11 @@ def results_summarize_cmd(
 @app.command("diagnose")
 def diagnose_cmd(
     path: Annotated[
-        str, typer.Argument(help="A sample directory (trace.json + log.txt) or a collected run.")
+        str,
+        typer.Argument(
+            help="A sample directory (trace.json + log.txt), a collected run, or a trace file "
+            "(its log: the log.txt beside it)."
+        ),
     ],
     checkpoint: Annotated[
         str,
@@ -1038,7 +1068,7 @@ def diagnose_cmd(
             "--checkpoint", help="A MoT/single run directory, or an ensemble run (teller train ensemble)."
         ),
     ],
-    top: Annotated[int, typer.Option(help="Root causes and operators to show.")] = 3,
+    top: Annotated[int, typer.Option(min=1, help="Root causes and operators to show.")] = 3,
     perfetto: Annotated[
         str | None, typer.Option("--perfetto", help="Output trace with the culprits highlighted.")
     ] = None,
@@ -1079,6 +1109,19 @@ def main() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
+    except OSError as e:
+        # the last net under every command: an OS error on a named path (permissions, a directory
+        # where a file was expected, a full disk) is the user's to fix, so one line naming the path;
+        # TELLER_DEBUG=1 keeps the traceback. Errors without a path stay tracebacks: they are bugs.
+        if not e.filename or os.environ.get("TELLER_DEBUG"):
+            raise
+        other = f" -> {e.filename2}" if e.filename2 else ""
+        err_console.print(
+            f"[bold red]error:[/] {escape(f'{e.filename}{other}: {e.strerror or e}')}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__, _native
-from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
+from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TokenizerError
 from teller.trace import LAYER_NAMES, Trace
 from teller.trace import load as load_trace
 
@@ -241,10 +241,12 @@ class TPETokenizer:
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> list[str]:
         """Token ids back to the base symbol sequence (lossless)."""
-        arr = np.ascontiguousarray(
-            np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids), dtype=np.uint32
-        )
-        base = self._native.decode(arr)
+        a = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        if a.size and a.dtype.kind in "iu" and (a.min() < 0 or a.max() > np.iinfo(np.uint32).max):
+            # (checked before the cast: -1 would wrap to 4294967295 and be reported as that)
+            bad = int(a.min()) if a.min() < 0 else int(a.max())
+            raise TokenizerError(f"token id {bad} out of range (vocabulary {self.vocab_size})")
+        base = self._native.decode(np.ascontiguousarray(a, dtype=np.uint32))
         vocab = self.base_vocab
         return [vocab[i] for i in base.tolist()]
 
@@ -305,6 +307,9 @@ class TPETokenizer:
                     f"got {type(v).__name__}",
                     path=path,
                 )
+        bad = _check_saved_fields(d)
+        if bad:
+            raise TokenizerError(f"{path}: {bad}", path=path)
         try:
             return cls(
                 d["base_vocab"],
@@ -322,6 +327,35 @@ class TPETokenizer:
 
     def __repr__(self) -> str:
         return f"<teller.tpe.TPETokenizer base={self.base_size} vocab={self.vocab_size}>"
+
+
+def _check_saved_fields(d: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a saved tokenizer that the constructor would take and use
+    only later (a wrong type would surface as a TypeError at the first encode), or None."""
+    bv = d.get("base_vocab")
+    if isinstance(bv, list):
+        k = next((i for i, x in enumerate(bv) if not isinstance(x, str)), None)
+        if k is not None:
+            return f"base_vocab[{k}] must be a string, got {type(bv[k]).__name__}"
+    st = d.get("stats")
+    if "stats" in d:
+        # a saved tokenizer always carries them; absent, the per-symbol features would read as 0
+        missing = [k for k in ("count", "mean", "std") if not isinstance(st, dict) or k not in st]
+        if missing:
+            return f"stats lacks {', '.join(repr(k) for k in missing)} (a saved tokenizer has all three)"
+        for k in ("count", "mean", "std"):
+            if not isinstance(st[k], list) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in st[k]
+            ):
+                return f"stats[{k!r}] must be an array of numbers"
+    se = d.get("settings") or {}
+    for key in ("close_layers", "step_names"):
+        v = se.get(key)
+        if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+            return f"settings[{key!r}] must be an array of strings, got {json.dumps(v)}"
+    if se.get("normalize") is not None and not isinstance(se["normalize"], dict):
+        return f"settings['normalize'] must be an object or null, got {json.dumps(se['normalize'])}"
+    return None
 
 
 # -- corpora ---------------------------------------------------------------------------------------
@@ -556,10 +590,14 @@ def load(directory: str | os.PathLike[str]) -> TPETokenizer:
         raise TellerFileNotFoundError(
             f"{path}: no such file (expected a tokenizer directory)", path=str(path)
         )
+    if not path.is_file():
+        raise TellerIOError(f"{path}: not a file (expected a tokenizer.json)", path=str(path))
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: not valid JSON: {e}", path=str(path)) from None
+    except OSError as e:
+        raise TellerIOError(f"{path}: cannot read: {e.strerror or e}", path=str(path)) from None
     return TPETokenizer.from_dict(d, path=str(path))
 
 

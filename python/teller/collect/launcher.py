@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,11 +61,22 @@ def builtin_profiles() -> list[str]:
 def resolve_nvtx_json(spec: str) -> Path:
     """A path to a groups file, or the name of a built-in profile (``torch``, ``transformers``, ``vllm``)."""
     p = Path(spec)
-    if p.is_file():
-        groups = json.loads(p.read_text())
-    elif (PROFILE_DIR / f"{spec}.json").is_file():
+    if not p.is_file() and (PROFILE_DIR / f"{spec}.json").is_file():
         p = PROFILE_DIR / f"{spec}.json"
-        groups = json.loads(p.read_text())
+    if p.is_file():
+        try:
+            groups = json.loads(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{p}: not UTF-8 text (byte {e.start}): an --nvtx-json file is JSON", path=str(p)
+            ) from None
+        except json.JSONDecodeError as e:
+            what = (
+                "empty"
+                if not e.doc.strip()
+                else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+            )
+            raise ConfigError(f"{p}: {what}", path=str(p)) from None
     else:
         raise TellerFileNotFoundError(
             f"{spec}: no such file and no built-in NVTX profile of that name "
@@ -232,6 +244,10 @@ def collect(
         lib = Path(so)
         if not lib.is_file():
             raise TellerFileNotFoundError(f"{lib}: no such shim library", path=str(lib))
+        with open(lib, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                # (the child's injection loader would skip it silently: a run with no events)
+                raise ConfigError(f"{lib}: not a shared library (no ELF header)", path=str(lib))
         lib = lib.resolve()
     else:
         lib = shim_mod.build(cuda_home)
@@ -256,10 +272,12 @@ def collect(
     ):
         try:
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=None)
-        except FileNotFoundError:
-            raise TellerFileNotFoundError(f"{cmd[0]}: command not found", path=cmd[0]) from None
-        except PermissionError as e:
-            raise TellerError(f"{cmd[0]}: cannot execute: {e}") from None
+        except OSError as e:
+            # nothing ran: leave no empty run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if isinstance(e, FileNotFoundError):
+                raise TellerFileNotFoundError(f"{cmd[0]}: command not found", path=cmd[0]) from None
+            raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}") from None
         assert proc.stdout is not None and proc.stderr is not None
         tees = [
             _LogTee(proc.stdout, out_stream, raw_out, log, "stdout", lock, offset),

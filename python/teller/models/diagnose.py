@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,15 +23,31 @@ import numpy as np
 import torch
 
 from teller.data.summary import process_log_levels, token_process_log, token_work
-from teller.errors import TellerError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
 
 
 def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
-    if (path / "trace.json").is_file():
-        return path / "trace.json", (path / "log.txt") if (path / "log.txt").is_file() else None
+    """The trace input(s) and the log of ``path``: a sample directory (``trace.json``, ``log.txt``),
+    a collected run directory, or a trace file (its log: ``log.txt`` beside it)."""
+    if not path.exists():
+        raise TellerFileNotFoundError(f"{path}: no such file or directory", path=str(path))
+    if path.is_file():
+        log = path.parent / "log.txt"
+        return path, (log if log.is_file() else None)
+    t = path / "trace.json"
+    if t.exists() and not t.is_file():
+        raise TellerIOError(f"{t}: a directory, not a trace file", path=str(t))
+    if t.is_file():
+        log = path / "log.txt"
+        if log.exists() and not log.is_file():
+            raise TellerIOError(f"{log}: a directory, not a log file", path=str(log))
+        return t, (log if log.is_file() else None)
+    if (path / "annotation.json").is_file():
+        # a sample directory (docs/dataset.md) without its trace: not a directory of loose traces
+        raise TellerFileNotFoundError(f"{path}: a sample directory without its trace.json", path=str(t))
     from teller import tpe
 
     traces = tpe.discover_traces(path)
@@ -37,6 +55,23 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         raise TellerFileNotFoundError(f"{path}: no trace (trace.json or raw files)", path=str(path))
     log = path / "log.txt"
     return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
+
+
+def _refuse_input_as_output(out: str | Path, inputs: Path | list[Path], log: Path | None) -> None:
+    """``--perfetto`` naming one of the inputs would overwrite what is being diagnosed."""
+    o = Path(out)
+    if o.is_dir():
+        raise TellerIOError(
+            f"{o}: a directory; --perfetto takes a file name (e.g. culprits.json.gz)", path=str(o)
+        )
+    if not o.exists():
+        return
+    ins = [*(inputs if isinstance(inputs, list) else [inputs]), *([log] if log else [])]
+    for i in ins:
+        i = Path(i)
+        files = list(i.rglob("*")) if i.is_dir() else [i]
+        if any(f.exists() and os.path.samefile(f, o) for f in files):
+            raise ConfigError(f"{o}: is an input of this diagnosis; write the Perfetto trace elsewhere")
 
 
 _REFERENCES: dict[str, Any] = {}
@@ -56,8 +91,6 @@ def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str
 
     path = cfg.get("reference") or str(Path(cfg.get("data_dir", "")) / "reference.json")
     if path not in _REFERENCES:
-        import warnings
-
         try:
             _REFERENCES[path] = KernelReference.load(path)
         except TellerError as e:
@@ -170,9 +203,9 @@ def diagnose(
     tok = tpe.load(cfg["tpe_dir"])
     logtok = LogTokenizer.load(cfg["log_tokenizer"])
     trace_in, log_path = _find_inputs(p)
+    if perfetto:
+        _refuse_input_as_output(perfetto, trace_in, log_path)
     if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
-        import warnings
-
         warnings.warn(
             f"{p}: no log.txt beside the trace: the model's log side reads an empty log "
             "(its causes rest on the trace alone)",
@@ -184,11 +217,14 @@ def diagnose(
         normalize=tok.settings.get("normalize"),
         warn=False,
     )
+    # what the loader had to skip or repair (a raw file cut short, unknown categories): the diagnosis
+    # rests on what was read, so say so (the collector's info notes stay out)
+    input_warnings = _trace.split_collector_notes(tr.warnings)[1]
+    for w in input_warnings:
+        warnings.warn(w, TellerWarning, stacklevel=2)
     trace_side = cfg.get("model", {}).get("modalities", "both") != "log"
     multi = len(np.unique(tr.pid[tr.link[tr.link >= 0]])) > 1
     if trace_side and multi and int(cfg.get("shards_version") or 4) < 6:
-        import warnings
-
         warnings.warn(
             f"{checkpoint}: trained on shards version {cfg.get('shards_version') or '< 5'}, which linked "
             "every process's GPU work to the first process's calls; this multi-process trace is linked per "
@@ -279,6 +315,7 @@ def diagnose(
         "inference_ms": infer_ms,
         "total_ms": 1000 * (time.perf_counter() - t_load),
         "perfetto": str(perfetto) if perfetto else None,
+        "input_warnings": input_warnings,
     }
 
 

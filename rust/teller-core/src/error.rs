@@ -64,6 +64,7 @@ impl fmt::Display for Error {
                 index,
                 msg,
             } => {
+                // "path: at byte 12 (event #3): msg", or "path: msg" when neither is known
                 write!(f, "{path}:")?;
                 if let Some(o) = offset {
                     write!(f, " at byte {o}")?;
@@ -71,7 +72,10 @@ impl fmt::Display for Error {
                 if let Some(i) = index {
                     write!(f, " (event #{i})")?;
                 }
-                write!(f, ": {msg}")
+                if offset.is_some() || index.is_some() {
+                    write!(f, ":")?;
+                }
+                write!(f, " {msg}")
             }
             Error::Empty { path, msg } => write!(f, "{path}: {msg}"),
             Error::Config(msg) => write!(f, "{msg}"),
@@ -82,3 +86,21 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_errors_read_as_one_clause_per_known_field() {
+        assert_eq!(Error::format("a.json", None, None, "bad").to_string(), "a.json: bad");
+        assert_eq!(
+            Error::format("a.json", Some(12), Some(3), "bad").to_string(),
+            "a.json: at byte 12 (event #3): bad"
+        );
+        assert_eq!(
+            Error::format("a.json", None, Some(3), "bad").to_string(),
+            "a.json: (event #3): bad"
+        );
+    }
+}
