@@ -60,6 +60,11 @@ class TokenizerError(TellerError, ValueError):
     """Bad tokenizer input: ids out of range, bad segment offsets, a malformed tokenizer file."""
 
 
+class DatasetError(TellerError, ValueError):
+    """A dataset or tokenized-shards file is malformed: a manifest, a sample's annotation or files, a
+    shard's arrays (missing, truncated, inconsistent), or a run directory holding other data."""
+
+
 class TellerWarning(UserWarning):
     """Recoverable problems in input data (truncated raw files, orphan flows, unknown categories)."""
 
@@ -67,6 +72,7 @@ class TellerWarning(UserWarning):
 __all__ = [
     "ConfigError",
     "CudaNotFoundError",
+    "DatasetError",
     "EmptyTraceError",
     "TellerError",
     "TellerFileNotFoundError",

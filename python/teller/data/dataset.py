@@ -1,5 +1,6 @@
 """Datasets: configuration and presets, the sample plan (labels, stratified splits, OOD workloads),
-the generate driver (parallel, deterministic, resumable), validation, and the culprit mask.
+the generate driver (parallel, deterministic, resumable), reading (the manifest and annotation checks
+a reader needs), validation, and the culprit mask.
 
 Layout (``docs/dataset.md``)::
 
@@ -13,6 +14,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from teller import __version__
 from teller.data import kernels as K
 from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
 from teller.data.simulator import Workload, simulate
-from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
+from teller.errors import ConfigError, DatasetError, TellerFileNotFoundError, TellerIOError
 
 GENERATOR = "teller-sim"
 # 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
@@ -66,7 +68,17 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
         p = Path(config)
         if not p.is_file():
             raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
-        user = _read_yaml(p.read_text(), str(p))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{p}: not a YAML configuration: not UTF-8 text (byte {e.start})", path=str(p)
+            ) from None
+        except OSError as e:
+            raise TellerIOError(
+                f"{p}: cannot read the configuration: {e.strerror or e}", path=str(p)
+            ) from None
+        user = _read_yaml(text, str(p))
         named = user.pop("base", None)  # (popped even when --preset overrides it: not a setting)
         base = preset or named or "default"
     else:
@@ -542,11 +554,217 @@ def build_manifest(out: Path, cfg: dict[str, Any], seed: int, plans: list[Sample
     }
 
 
+# -- reading a dataset ---------------------------------------------------------------------------
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
+def is_plain_name(name: Any) -> bool:
+    """``name`` is one path component of its own (a sample id, a split name, a run id): letters,
+    digits, ``_``, ``-`` and ``.`` (not first); never ``..``, a separator or an absolute path."""
+    return isinstance(name, str) and _PLAIN_NAME.fullmatch(name) is not None
+
+
+def _short(v: Any, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _decode_json(raw: bytes) -> Any:
+    """Parsed JSON of a file's bytes; a ``ValueError`` saying what is wrong in a few words."""
+    if not raw.strip():
+        raise ValueError("empty file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte {e.start}; a binary file?)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e})") from None
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The parsed JSON of ``path``; a missing file is a :class:`TellerFileNotFoundError`, a directory
+    or an unreadable file a :class:`TellerIOError`, bytes that are not JSON (binary, empty,
+    truncated) a :class:`DatasetError`, each naming the file and ``what`` it should be."""
+    p = Path(path)
+    if not p.exists():
+        raise TellerFileNotFoundError(f"{p}: no {what}", path=str(p))
+    if not p.is_file():
+        raise TellerIOError(f"{p}: not a file (the {what} is expected here)", path=str(p))
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise TellerIOError(f"{p}: cannot read the {what}: {e.strerror or e}", path=str(p)) from None
+    try:
+        return _decode_json(raw)
+    except ValueError as e:
+        raise DatasetError(f"{p}: not a {what}: {e}", path=str(p), detail=str(e)) from None
+
+
+def manifest_problems(man: Any) -> list[tuple[str, str]]:
+    """What makes a parsed dataset ``manifest.json`` unusable for reading the dataset, as (JSON path,
+    what is wrong) pairs: not an object, another format, labels that are not a list of unique names,
+    ``splits`` that do not map plain split names to lists of sample ids (directory names), a sample
+    listed twice, no ``num_samples``. The schema (:func:`validate`) says more; this is what
+    :func:`read_manifest` (``teller tokenize``) needs, and what a schema cannot say."""
+    if not isinstance(man, dict):
+        return [("$", f"not a dataset manifest (a JSON object), got {_short(man)}")]
+    out: list[tuple[str, str]] = []
+    fmt = man.get("format", DATASET_FORMAT)
+    if fmt != DATASET_FORMAT:
+        hint = (
+            " (tokenized shards: pass the dataset directory they were made from)"
+            if fmt == "teller-shards"
+            else ""
+        )
+        return [("$.format", f"{_short(fmt)}, not {DATASET_FORMAT!r}{hint}")]
+    labels = man.get("labels")
+    if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        out.append(("$.labels", f"must be a non-empty list of label names, got {_short(labels)}"))
+    elif len(set(labels)) != len(labels):
+        out.append(("$.labels", "lists a label twice"))
+    n = man.get("num_samples")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        out.append(("$.num_samples", f"must be a non-negative integer, got {_short(n)}"))
+    splits = man.get("splits")
+    if not isinstance(splits, dict):
+        out.append(("$.splits", f"must map split names to lists of sample ids, got {_short(splits)}"))
+        return out
+    seen: dict[str, str] = {}
+    for name, ids in splits.items():
+        if not is_plain_name(name):
+            out.append(("$.splits", f"{_short(name)} is not a plain split name"))
+            continue
+        if not isinstance(ids, list):
+            out.append((f"$.splits.{name}", f"must be a list of sample ids, got {_short(ids)}"))
+            continue
+        for k, sid in enumerate(ids):
+            if not is_plain_name(sid):
+                out.append((f"$.splits.{name}[{k}]", f"{_short(sid)} is not a sample id (a directory name)"))
+            elif sid in seen:
+                out.append((f"$.splits.{name}[{k}]", f"{sid!r} is listed twice (also in {seen[sid]})"))
+            else:
+                seen[sid] = f"splits.{name}"
+    return out
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """``D/manifest.json`` of a dataset directory, checked (:func:`manifest_problems`): a missing,
+    unreadable or malformed manifest is a :class:`~teller.errors.TellerError` naming it."""
+    d = Path(directory)
+    p = d / "manifest.json"
+    if not p.exists():
+        raise TellerFileNotFoundError(
+            f"{p}: no dataset manifest (run `teller dataset generate`)", path=str(p)
+        )
+    man = read_json(p, "dataset manifest")
+    probs = manifest_problems(man)
+    if probs:
+        where, what = probs[0]
+        more = (
+            f" (and {len(probs) - 1} more problem(s): `teller dataset validate {d}` lists them)"
+            if len(probs) > 1
+            else ""
+        )
+        raise DatasetError(f"{p}: {where}: {what}{more}", path=str(p), detail=what)
+    return man
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def annotation_problem(ann: Any, labels: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """What makes a parsed ``annotation.json`` unusable for encoding, as (JSON path, what is wrong),
+    or None: a label among the dataset's ``labels``, the trace start, and the faults (type, window,
+    target, params) and processes as :func:`culprit_mask` reads them."""
+    if not isinstance(ann, dict):
+        return "$", f"not a sample annotation (a JSON object), got {_short(ann)}"
+    label = ann.get("label")
+    if not isinstance(label, str) or label not in labels:
+        names = ", ".join(labels)
+        names = names if len(names) <= 80 else names[:77] + "..."
+        return "$.label", f"{_short(label)} is not one of the dataset's labels (manifest.json: {names})"
+    tr = ann.get("trace")
+    if not isinstance(tr, dict) or not _is_int(tr.get("start_ns")):
+        got = tr.get("start_ns") if isinstance(tr, dict) else tr
+        return "$.trace.start_ns", f"must be an integer (ns), got {_short(got)}"
+    faults = ann.get("faults")
+    if faults is None:  # (read as no faults)
+        return None
+    if not isinstance(faults, list):
+        return "$.faults", f"must be a list of faults, got {_short(faults)}"
+    for k, f in enumerate(faults):
+        at = f"$.faults[{k}]"
+        if not isinstance(f, dict):
+            return at, f"must be an object, got {_short(f)}"
+        if not isinstance(f.get("type"), str):
+            return f"{at}.type", f"must be a fault type (a string), got {_short(f.get('type'))}"
+        for key in ("start_ns", "end_ns"):
+            if not _is_num(f.get(key)):
+                return f"{at}.{key}", f"must be a number (ns), got {_short(f.get(key))}"
+        t = f.get("target")
+        if not isinstance(t, dict):
+            return f"{at}.target", f"must be an object, got {_short(t)}"
+        if t.get("rank") is not None and not _is_int(t["rank"]):
+            return f"{at}.target.rank", f"must be an integer or null, got {_short(t['rank'])}"
+        if f.get("params") is not None and not isinstance(f["params"], dict):
+            return f"{at}.params", f"must be an object, got {_short(f['params'])}"
+    if faults:
+        w = ann.get("workload")
+        if not isinstance(w, dict):
+            return "$.workload", f"must be an object (its processes place the faults), got {_short(w)}"
+        procs = w.get("processes", [])
+        if not isinstance(procs, list) or not all(
+            isinstance(p, dict) and _is_int(p.get("rank")) and _is_int(p.get("pid")) for p in procs
+        ):
+            return "$.workload.processes", f"must be a list of {{rank, pid}} integers, got {_short(procs)}"
+    return None
+
+
+def log_text_problem(path: str | os.PathLike[str], head: int = 1 << 16) -> str | None:
+    """Why a ``log.txt`` does not read as text (NUL bytes, or more than 5 % of the characters of its
+    first 64 KiB not UTF-8 text or control characters), or None. The log tokenizer reads any bytes
+    (undecodable ones replaced), so a binary log is no error there, but its tokens are garbage."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(head)
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if b"\0" in raw:
+        return "not text: it holds NUL bytes (a binary file?)"
+    text = raw.decode("utf-8", errors="replace")
+    bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v\x1b"))
+    if bad > 0.05 * len(text):
+        return f"not text: {bad} of its first {len(text)} characters are not UTF-8 text (a binary file?)"
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """``"missing"``, ``"a directory, not a file"`` (or another kind of non-file), or None for a file."""
+    if path.is_file():
+        return None
+    if not path.exists():
+        return "missing"
+    return "a directory, not a file" if path.is_dir() else "not a regular file"
+
+
 # -- validate ------------------------------------------------------------------------------------
 
 
 def _schema(name: str) -> dict[str, Any]:
     return json.loads((resources.files("teller.data") / "schema" / name).read_text())
+
+
+def _path_key(parts: Any) -> list[tuple[int, Any]]:
+    """A sort key of a JSON path (indices and keys mixed: numbers in order, before names)."""
+    return [(0, x) if isinstance(x, int) else (1, str(x)) for x in parts]
 
 
 def _json_path(parts: Any) -> str:
@@ -567,8 +785,9 @@ class Problem:
 
 def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[Problem]:
     """Check the manifest and every sample against the schemas plus the rules a schema cannot say
-    (windows inside the trace, ranks that exist, labels that match the faults, files present). With
-    ``deep``, also parse every trace.json and check its event count and span."""
+    (windows inside the trace, ranks that exist, labels that match the faults, files present and
+    files, every split's samples present, logs that are text). With ``deep``, also parse every
+    trace.json and check its event count and span."""
     import jsonschema
 
     d = Path(directory)
@@ -579,17 +798,27 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
     man_v = jsonschema.Draft202012Validator(_schema("manifest.schema.json"))
     manifest: dict[str, Any] | None = None
     mp_ = d / "manifest.json"
-    if not mp_.is_file():
-        problems.append(Problem("manifest.json", "missing"))
+    fp = file_problem(mp_)
+    if fp is not None:
+        problems.append(Problem("manifest.json", fp))
     else:
         try:
-            manifest = json.loads(mp_.read_text())
-        except json.JSONDecodeError as e:
-            problems.append(Problem("manifest.json", f"not valid JSON: {e}"))
-        if manifest is not None:
-            for err in sorted(man_v.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
+            parsed = _decode_json(mp_.read_bytes())
+        except OSError as e:
+            problems.append(Problem("manifest.json", f"cannot be read: {e.strerror or e}"))
+        except ValueError as e:
+            problems.append(Problem("manifest.json", str(e)))
+        else:
+            errs = sorted(man_v.iter_errors(parsed), key=lambda e: _path_key(e.absolute_path))
+            for err in errs:
                 problems.append(Problem(f"manifest.json {_json_path(err.absolute_path)}", err.message))
-    dirs = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if not errs:
+                problems.extend(Problem(f"manifest.json {w}", m) for w, m in manifest_problems(parsed))
+            if isinstance(parsed, dict):
+                manifest = parsed
+    dirs = sorted(
+        p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "manifest.json"
+    )
     listed = set(
         (manifest or {}).get("samples", {}) if isinstance((manifest or {}).get("samples"), dict) else {}
     )
@@ -598,6 +827,14 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
     if manifest is not None:
         for sid in sorted(set(dirs) - listed):
             problems.append(Problem(f"{sid}/", "sample directory not listed in manifest.json"))
+        splits = manifest.get("splits")
+        for split, ids in splits.items() if isinstance(splits, dict) else ():
+            for k, sid in enumerate(ids if isinstance(ids, list) else ()):
+                # (a sample the manifest's `samples` lists is reported missing above)
+                if isinstance(sid, str) and sid not in dirs and sid not in listed:
+                    problems.append(
+                        Problem(f"manifest.json $.splits.{split}[{k}]", f"{sid!r}: no such sample directory")
+                    )
     for sid in dirs:
         problems.extend(_validate_sample(d / sid, ann_v, manifest, deep))
     return problems
@@ -607,23 +844,35 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
     sid = sd.name
     out: list[Problem] = []
     for name in ("trace.json", "log.txt"):
-        if not (sd / name).is_file():
-            out.append(Problem(f"{sid}/{name}", "missing"))
+        fp = file_problem(sd / name)
+        if fp is not None:
+            out.append(Problem(f"{sid}/{name}", fp))
+        elif name == "log.txt" and (lp := log_text_problem(sd / name)) is not None:
+            out.append(Problem(f"{sid}/{name}", lp))
     ap = sd / "annotation.json"
-    if not ap.is_file():
-        out.append(Problem(f"{sid}/annotation.json", "missing"))
+    fp = file_problem(ap)
+    if fp is not None:
+        out.append(Problem(f"{sid}/annotation.json", fp))
         return out
     try:
-        ann = json.loads(ap.read_text())
-    except json.JSONDecodeError as e:
-        out.append(Problem(f"{sid}/annotation.json", f"not valid JSON: {e}"))
+        ann = _decode_json(ap.read_bytes())
+    except OSError as e:
+        out.append(Problem(f"{sid}/annotation.json", f"cannot be read: {e.strerror or e}"))
         return out
-    errs = sorted(ann_v.iter_errors(ann), key=lambda e: list(e.absolute_path))
+    except ValueError as e:
+        out.append(Problem(f"{sid}/annotation.json", str(e)))
+        return out
+    errs = sorted(ann_v.iter_errors(ann), key=lambda e: _path_key(e.absolute_path))
     for err in errs:
         out.append(Problem(f"{sid}/annotation.json {_json_path(err.absolute_path)}", err.message))
     if errs:
         return out
     loc = f"{sid}/annotation.json"
+    labels = (manifest or {}).get("labels")
+    ap_ = annotation_problem(ann, labels if isinstance(labels, list) else LABELS)
+    if ap_ is not None:
+        out.append(Problem(f"{loc} {ap_[0]}", ap_[1]))
+        return out
     if ann["sample_id"] != sid:
         out.append(Problem(f"{loc} $.sample_id", f"is {ann['sample_id']!r}, the directory is {sid!r}"))
     types = [f["type"] for f in ann["faults"]]

@@ -7,7 +7,9 @@ Output (``docs/dataset.md``, "Tokenized shards")::
     O/<run-id>/shards/<split>-<k>/<array>.npy
 
 Shards are written to a temporary directory and renamed when complete, so a rerun with the same
-run id skips them (resume).
+run id skips them (resume). A run id that holds the shards of another dataset manifest, tokenizer
+or settings is refused, never reused or overwritten; the dataset is checked (manifest, every
+sample's files and annotation) before anything is written, and a damaged shard is named when read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,8 +29,24 @@ from typing import Any
 
 import numpy as np
 
+from teller.data.dataset import (
+    annotation_problem,
+    file_problem,
+    is_plain_name,
+    log_text_problem,
+    read_json,
+    read_manifest,
+)
 from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
-from teller.errors import ConfigError, TellerFileNotFoundError, TokenizerError
+from teller.errors import (
+    ConfigError,
+    DatasetError,
+    TellerError,
+    TellerFileNotFoundError,
+    TellerIOError,
+    TellerWarning,
+    TokenizerError,
+)
 
 SHARDS_FORMAT = "teller-shards"
 # 2: per-symbol summaries (teller.data.summary); 3: + 6 work-normalized columns, token_work;
@@ -48,6 +67,10 @@ SHARDS_VERSION = 11
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side
 REF_HIDE_FRAC = 0.3
 REFERENCE_FILE = "reference.json"
+# what a run directory encodes (dataset manifest, tokenizer, settings), written before anything else
+# and removed once manifest.json (which records the same) is written: a reused --run-id is checked
+# against it, so that shards of one dataset are never reused for another
+RUN_STAMP = ".tokenize.json"
 LOG_TOKENIZER_FORMAT = "teller-log-tokenizer"
 LOG_SPECIALS = ("[PAD]", "[UNK]", "[BOL]", "<stdout>", "<stderr>")
 LOG_PLACEHOLDERS = ("<num>", "<hex>", "<ip>", "<path>", "<time>", "<id>")
@@ -95,9 +118,17 @@ def split_log_line(text: str) -> list[tuple[str, float]]:
 
 
 def parse_log(path: Path) -> list[tuple[int, str, str]]:
-    """``log.txt`` lines -> (realtime ns, stream, text). Lines without the tee prefix get ts 0."""
+    """``log.txt`` lines -> (realtime ns, stream, text). Lines without the tee prefix get ts 0.
+    Undecodable bytes are replaced; a missing or unreadable file is a TellerError naming it."""
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    try:
+        text = Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        raise TellerFileNotFoundError(f"{path}: no such log file", path=str(path)) from None
+    except OSError as e:
+        what = "a directory, not a log file" if Path(path).is_dir() else f"cannot be read: {e.strerror or e}"
+        raise TellerIOError(f"{path}: {what}", path=str(path)) from None
+    for line in text.splitlines():
         ts_s, _, rest = line.partition(" ")
         stream, _, text = rest.partition(" ")
         if ts_s.isdigit() and stream in ("stdout", "stderr"):
@@ -270,12 +301,17 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     out = Path(job["out"])
     final = out / "shards" / job["name"]
     if (final / "done.json").is_file():
-        done = json.loads((final / "done.json").read_text())
+        try:
+            done = json.loads((final / "done.json").read_text())
+        except (OSError, ValueError):  # (a damaged marker of our own: the shard is encoded again)
+            done = None
         # a shard of an older version is encoded again, as is one from before the effect arrays
         # (same version: no model reads them, but evaluation by effect would silently cover part of
         # a split)
         if (
-            done.get("version") == SHARDS_VERSION
+            isinstance(done, dict)
+            and done.get("samples") == len(job["samples"])
+            and done.get("version") == SHARDS_VERSION
             and done.get("effect")
             and done.get("culprit_rules", 1) == job.get("culprit_rules", 1)
         ):
@@ -306,7 +342,11 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     eff_share: list[float] = []
     for sid in job["samples"]:
         sd = Path(job["data"]) / sid
-        ann = json.loads((sd / "annotation.json").read_text())
+        ann = read_json(sd / "annotation.json", "sample annotation")
+        problem = annotation_problem(ann, labels)
+        if problem is not None:  # (checked before encoding too: the dataset changed since)
+            ap = sd / "annotation.json"
+            raise DatasetError(f"{ap}: {problem[0]}: {problem[1]}", path=str(ap), detail=problem[1])
         tr = load_sample_trace(sd, tok)
         enc = tok.encode(tr)
         ev = np.asarray(
@@ -497,18 +537,30 @@ def tokenize_dataset(
 
     data = Path(data_dir)
     man_path = data / "manifest.json"
-    if not man_path.is_file():
-        raise TellerFileNotFoundError(
-            f"{man_path}: no dataset manifest (run `teller dataset generate`)", path=str(man_path)
-        )
+    man = read_manifest(data)  # (a missing, unreadable or malformed manifest is named)
     tpath = Path(tokenizer_dir)
     tfile = tpath / tpe.FILE_NAME if tpath.is_dir() else tpath
     if not tfile.is_file():
         raise TellerFileNotFoundError(f"{tfile}: no tokenizer", path=str(tfile))
     if shard_size < 1 or workers < 1:
         raise ConfigError("--shard-size and --workers must be >= 1")
+    n_fixed = len(LOG_SPECIALS) + len(LOG_PLACEHOLDERS)
+    if log_vocab_size < n_fixed:
+        raise ConfigError(
+            f"--log-vocab-size must be at least {n_fixed} (the log specials and placeholders), "
+            f"got {log_vocab_size}"
+        )
+    if run_id is not None and not is_plain_name(run_id):
+        raise ConfigError(
+            f"--run-id {run_id!r}: not a plain name (letters, digits, '_', '-' and '.', not first): "
+            "the run directory goes inside --output-dir"
+        )
+    out_root = Path(output_dir)
+    if out_root.exists() and not out_root.is_dir():
+        raise ConfigError(
+            f"{out_root}: exists and is not a directory (--output-dir names a directory)", path=str(out_root)
+        )
     tok = tpe.load(tfile)  # fail early on a bad tokenizer
-    man = json.loads(man_path.read_text())
     labels: list[str] = list(man["labels"])
     t_hash = _sha256(tfile)
     d_hash = _sha256(man_path)
@@ -530,12 +582,27 @@ def tokenize_dataset(
     rules = culprit_rules(man)
     if rules != 1:  # (the key of every dataset whose culprit events never changed stays as it was)
         settings["culprit_rules"] = rules
+    _check_samples(data, man)  # (before anything is written)
     if run_id is None:
         key = [d_hash, t_hash, settings, SHARDS_VERSION]
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         run_id = f"tok-{h[:12]}"
-    out = Path(output_dir) / run_id
-    (out / "shards").mkdir(parents=True, exist_ok=True)
+    out = out_root / run_id
+    stamp = {
+        "dataset": {"path": str(data.resolve()), "manifest_sha256": d_hash},
+        "tokenizer": {"sha256": t_hash},
+        "settings": settings,
+    }
+    _check_run_dir(out, run_id, stamp)
+    try:
+        (out / "shards").mkdir(parents=True, exist_ok=True)
+        tmp = out / f"{RUN_STAMP}.tmp"
+        tmp.write_text(json.dumps(stamp, sort_keys=True) + "\n")
+        os.replace(tmp, out / RUN_STAMP)
+    except OSError as e:
+        raise TellerIOError(
+            f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out)
+        ) from None
     lt_path = out / "log_tokenizer.json"
     if not lt_path.is_file() and log_tokenizer is not None:
         tmp = out / ".log_tokenizer.json.tmp"
@@ -687,68 +754,323 @@ def tokenize_dataset(
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, out / "manifest.json")
+    (out / RUN_STAMP).unlink(missing_ok=True)  # (manifest.json records the same)
     return out
 
 
-def load_shard(run_dir: str | os.PathLike[str], name: str, mmap: bool = True) -> dict[str, np.ndarray]:
-    """All arrays of one shard (memory-mapped by default)."""
+def _need_file(p: Path, what: str) -> None:
+    problem = file_problem(p)
+    if problem == "missing":
+        raise TellerFileNotFoundError(f"{p}: missing ({what})", path=str(p))
+    if problem is not None:
+        raise TellerIOError(f"{p}: {problem} ({what})", path=str(p))
+
+
+def _check_samples(data: Path, man: dict[str, Any]) -> None:
+    """Every sample the manifest's splits list, before anything is encoded: its directory,
+    ``annotation.json``, ``trace.json`` and ``log.txt`` present, the annotation usable
+    (:func:`teller.data.dataset.annotation_problem`); else a TellerError naming the file. A
+    ``log.txt`` that is not text is warned about (:class:`TellerWarning`, the first one named)."""
+    labels = man["labels"]
+    binary: list[tuple[Path, str]] = []
+    for split, ids in man["splits"].items():
+        for sid in ids:
+            sd = data / sid
+            if not sd.is_dir():
+                what = "no such sample directory" if not sd.exists() else "not a directory"
+                raise TellerFileNotFoundError(
+                    f"{sd}: {what} (sample {sid!r} of manifest.json's splits.{split})", path=str(sd)
+                )
+            for name in ("annotation.json", "trace.json", "log.txt"):
+                _need_file(sd / name, "every sample needs annotation.json, trace.json and log.txt")
+            ap = sd / "annotation.json"
+            problem = annotation_problem(read_json(ap, "sample annotation"), labels)
+            if problem is not None:
+                raise DatasetError(f"{ap}: {problem[0]}: {problem[1]}", path=str(ap), detail=problem[1])
+            lp = log_text_problem(sd / "log.txt")
+            if lp is not None:
+                binary.append((sd / "log.txt", lp))
+    if binary:
+        more = f" (and {len(binary) - 1} more log.txt files)" if len(binary) > 1 else ""
+        warnings.warn(
+            f"{binary[0][0]}: {binary[0][1]}; its log tokens will be noise{more}", TellerWarning, stacklevel=3
+        )
+
+
+# the settings of a run that its dataset manifest decides (compared through the manifest's hash)
+_DERIVED_SETTINGS = ("culprit_rules",)
+
+
+def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
+    """An existing run directory may be resumed only by a call with the same dataset manifest, TPE
+    tokenizer and settings as the run that wrote it (its ``manifest.json``, or the stamp of an
+    interrupted run): else a :class:`ConfigError` naming the directory and what differs, and
+    nothing in it is touched (its shards would be reused for other samples, or overwritten)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise TellerIOError(f"{out}: not a directory (run id {run_id!r} names a file)", path=str(out))
+    fix = f"use another --run-id, or remove {out}"
+    for rec in (out / "manifest.json", out / RUN_STAMP):
+        if not rec.exists():
+            continue
+        try:
+            m = read_json(rec, "record of what the run holds")
+            if rec.name == "manifest.json" and m.get("format") != SHARDS_FORMAT:
+                raise ValueError(f"its format is {m.get('format')!r}, not {SHARDS_FORMAT!r}")
+            old = {
+                "dataset": m["dataset"]["manifest_sha256"],
+                "path": m["dataset"].get("path"),
+                "tokenizer": m["tokenizer"]["sha256"],
+                "settings": dict(m["settings"]),
+            }
+        except (TellerError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DatasetError(
+                f"{rec}: not a readable record of what run id {run_id!r} holds ({e}); {fix}", path=str(rec)
+            ) from None
+        diffs = []
+        if old["dataset"] != stamp["dataset"]["manifest_sha256"]:
+            diffs.append(f"the shards of another dataset ({old['path'] or 'its manifest.json differs'})")
+        if old["tokenizer"] != stamp["tokenizer"]["sha256"]:
+            diffs.append("the shards of another TPE tokenizer")
+        a = {k: v for k, v in old["settings"].items() if k not in _DERIVED_SETTINGS}
+        b = {k: v for k, v in stamp["settings"].items() if k not in _DERIVED_SETTINGS}
+        for k in sorted(set(a) | set(b), key=lambda k: (k != "reference_sha256", k)):
+            if a.get(k) == b.get(k):
+                continue
+            if k == "reference_sha256":
+                diffs.append("another kernel reference than this call's (--reference / --log-tokenizer)")
+            elif k == "log_tokenizer_sha256":
+                diffs.append("another log tokenizer than this call's (--log-tokenizer)")
+            else:
+                diffs.append(f"shards made with {k} {a.get(k)!r} (this call: {b.get(k)!r})")
+        if diffs:
+            raise ConfigError(
+                f"{out}: run id {run_id!r} already holds {'; '.join(diffs)}; its shards are not reused "
+                f"for this call: {fix}",
+                path=str(out),
+            )
+
+
+# what each array of a shard holds: dtype kinds ("i"/"u" integers, "f" floats, "b" bool), the
+# width of a 2-D one (None: any), and the offsets that index it ("labels": one row per sample)
+_ARRAY_SHAPES: dict[str, tuple[str, int | None, str]] = {
+    "labels": ("iu", 0, "labels"),
+    "severity": ("f", 0, "labels"),
+    "effect_events": ("iu", 0, "labels"),
+    "effect_share": ("f", 0, "labels"),
+    "trace_ids": ("iu", 0, "trace_offsets"),
+    "trace_features": ("f", 5, "trace_offsets"),
+    "trace_culprit": ("b", 0, "trace_offsets"),
+    "token_event_pos": ("iu", 0, "trace_offsets"),
+    "token_work": ("f", 0, "trace_offsets"),
+    "token_proc_log": ("f", N_PROC_LOG_FEATURES, "trace_offsets"),
+    "base_events": ("iu", 0, "base_offsets"),
+    "segment_starts": ("iu", 0, "segment_offsets"),
+    "log_ids": ("iu", 0, "log_offsets"),
+    "log_features": ("f", 2, "log_offsets"),
+    "summary_ids": ("iu", 0, "summary_offsets"),
+    "summary_features": ("f", None, "summary_offsets"),
+    "summary_culprit": ("b", 0, "summary_offsets"),
+}
+_RETOKENIZE = "remove that shard directory and run the same `teller tokenize` again"
+
+
+def _load_array(f: Path, mmap: bool) -> np.ndarray:
+    """One ``.npy`` array of a shard; a missing, unreadable or damaged file is a TellerError naming it."""
+    problem = file_problem(f)
+    if problem == "missing":
+        raise TellerFileNotFoundError(f"{f}: missing (an incomplete shard: {_RETOKENIZE})", path=str(f))
+    if problem is not None:
+        raise TellerIOError(f"{f}: {problem}", path=str(f))
+    try:
+        with open(f, "rb") as fh:
+            magic = fh.read(6)
+        what = None if magic == b"\x93NUMPY" else ("empty" if not magic else "no NumPy header")
+        if what is None:
+            return np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except PermissionError as e:
+        raise TellerIOError(f"{f}: cannot be read: {e.strerror or e}", path=str(f)) from None
+    except (ValueError, EOFError, OSError, TypeError) as e:
+        what = "truncated" if isinstance(e, EOFError) else str(e) or type(e).__name__
+        if "mmap length is greater" in what:
+            what = "truncated: shorter than its header says"
+    raise DatasetError(f"{f}: not a readable .npy array ({what}); {_RETOKENIZE}", path=str(f), detail=what)
+
+
+def _check_shard(
+    d: Path, a: dict[str, np.ndarray], loaded: set[str], done: dict[str, Any], num_labels: int | None
+) -> None:
+    """The arrays of a shard agree with each other and with its ``done.json``: dtypes and widths,
+    one row per sample, offsets that start at 0, never decrease and end at the length of what they
+    index, label values within the label names."""
+
+    def bad(what: str, k: str | None = None) -> DatasetError:
+        where = d / f"{k}.npy" if k else d
+        return DatasetError(f"{where}: {what}; {_RETOKENIZE}", path=str(where), detail=what)
+
+    for k in (k for k in ARRAYS if k in loaded):
+        kinds, width, _ = _ARRAY_SHAPES.get(k, ("iu", 0, ""))  # (offsets: integers)
+        arr = a[k]
+        if arr.dtype.kind not in kinds:
+            want = {"iu": "an integer", "f": "a float", "b": "a bool"}[kinds]
+            raise bad(f"dtype {arr.dtype}, expected {want} array", k)
+        if width == 0 and arr.ndim != 1:
+            raise bad(f"shape {arr.shape}, expected one dimension", k)
+        if width != 0 and (arr.ndim != 2 or (width is not None and arr.shape[1] != width)):
+            raise bad(f"shape {arr.shape}, expected [rows, {width or 'columns'}]", k)
+    n = done.get("samples")
+    if not isinstance(n, int) or isinstance(n, bool):
+        n = len(a["labels"])
+    for k, (_, _, by) in _ARRAY_SHAPES.items():
+        if by == "labels" and len(a[k]) != n:
+            raise bad(f"{len(a[k])} rows, the shard holds {n} samples (done.json)", k)
+    for offs in ("trace_offsets", "base_offsets", "segment_offsets", "log_offsets", "summary_offsets"):
+        o = a[offs]
+        if o.dtype.kind not in "iu" or o.shape != (n + 1,):
+            raise bad(
+                f"dtype {o.dtype}, shape {o.shape}: expected {n + 1} integer offsets ({n} samples)", offs
+            )
+        if int(o[0]) != 0 or bool((np.diff(o) < 0).any()):
+            raise bad("offsets must start at 0 and never decrease", offs)
+        for k, (_, _, by) in _ARRAY_SHAPES.items():
+            if by == offs and len(a[k]) != int(o[-1]):
+                raise bad(f"{len(a[k])} rows, {offs}.npy ends at {int(o[-1])}", k)
+    for k, key in (("trace_ids", "tokens"), ("log_ids", "log_tokens")):
+        want = done.get(key)
+        if isinstance(want, int) and len(a[k]) != want:
+            raise bad(f"{len(a[k])} rows, done.json says {want} {key.replace('_', ' ')}", k)
+    lab = a["labels"]
+    if n:
+        lo, hi = int(lab.min()), int(lab.max())
+        if lo < 0 or (num_labels is not None and hi >= num_labels):
+            raise bad(
+                f"label value {lo if lo < 0 else hi} out of range"
+                + (f" (manifest.json has {num_labels} label names)" if num_labels is not None else ""),
+                "labels",
+            )
+
+
+def load_shard(
+    run_dir: str | os.PathLike[str], name: str, mmap: bool = True, *, num_labels: int | None = None
+) -> dict[str, np.ndarray]:
+    """All arrays of one shard (memory-mapped by default), checked against each other and the
+    shard's ``done.json`` (and label values against ``num_labels``, when given): a missing,
+    damaged or inconsistent array is a TellerError naming the file."""
     d = Path(run_dir) / "shards" / name
     if not (d / "done.json").is_file():
         raise TellerFileNotFoundError(f"{d}: no such complete shard", path=str(d))
-    out = {}
+    done = read_json(d / "done.json", "shard's completion record")
+    if not isinstance(done, dict):
+        raise DatasetError(f"{d / 'done.json'}: not a shard's completion record (a JSON object)", path=str(d))
+    got: dict[str, np.ndarray] = {}
     for k in ARRAYS:
         f = d / f"{k}.npy"
-        if k in OPTIONAL_ARRAYS and not f.is_file():  # an older shard: no summaries / token work
-            n = len(np.load(d / "labels.npy", mmap_mode="r"))
-            if k == "token_work":
-                out[k] = np.zeros(len(np.load(d / "trace_ids.npy", mmap_mode="r")), np.float32)
-                continue
-            if k == "token_proc_log":
-                t = len(np.load(d / "trace_ids.npy", mmap_mode="r"))
-                out[k] = np.zeros((t, N_PROC_LOG_FEATURES), np.float32)
-                continue
-            if k in ("severity", "effect_share"):
-                out[k] = np.full(n, np.nan, np.float32)
-                continue
-            if k == "effect_events":
-                out[k] = np.full(n, -1, np.int64)
-                continue
-            if k == "summary_culprit":
-                f_ids = d / "summary_ids.npy"
-                m = len(np.load(f_ids, mmap_mode="r")) if f_ids.is_file() else 0
-                out[k] = np.zeros(m, bool)
-                continue
-            out[k] = (
-                np.zeros(n + 1, np.int64)
-                if k.endswith("offsets")
-                else np.zeros((0, N_SUMMARY_FEATURES) if k == "summary_features" else 0, np.float32)
-            )
+        if k in OPTIONAL_ARRAYS and not f.exists():  # an older shard: no summaries / token work
             continue
-        out[k] = np.load(f, mmap_mode="r" if mmap else None)
+        got[k] = _load_array(f, mmap)
+    n = len(got["labels"])
+    t = len(got["trace_ids"])
+    m = len(got["summary_ids"]) if "summary_ids" in got else 0
+    out: dict[str, np.ndarray] = {}
+    for k in ARRAYS:
+        if k in got:
+            out[k] = got[k]
+        elif k == "token_work":
+            out[k] = np.zeros(t, np.float32)
+        elif k == "token_proc_log":
+            out[k] = np.zeros((t, N_PROC_LOG_FEATURES), np.float32)
+        elif k in ("severity", "effect_share"):
+            out[k] = np.full(n, np.nan, np.float32)
+        elif k == "effect_events":
+            out[k] = np.full(n, -1, np.int64)
+        elif k == "summary_culprit":
+            out[k] = np.zeros(m, bool)
+        elif k.endswith("offsets"):
+            out[k] = np.zeros(n + 1, np.int64)
+        else:
+            out[k] = np.zeros((0, N_SUMMARY_FEATURES) if k == "summary_features" else 0, np.float32)
+    _check_shard(d, out, set(got), done, num_labels)
     return out
+
+
+def _shards_manifest_problem(man: Any) -> str | None:
+    """What makes a parsed shards ``manifest.json`` unreadable (JSON path: what), or None."""
+    if not isinstance(man, dict):
+        return f"$: not a shards manifest (a JSON object), got {type(man).__name__}"
+    fmt = man.get("format", SHARDS_FORMAT)
+    if fmt != SHARDS_FORMAT:
+        hint = " (a dataset: run `teller tokenize` on it)" if fmt == "teller-dataset" else ""
+        return f"$.format: {fmt!r}, not {SHARDS_FORMAT!r}{hint}"
+    names = man.get("label_names")
+    if not (isinstance(names, list) and names and all(isinstance(x, str) for x in names)):
+        return "$.label_names: must be a non-empty list of label names"
+    splits = man.get("splits")
+    if not isinstance(splits, dict):
+        return "$.splits: must map split names to their samples and shards"
+    for name, sp in splits.items():
+        at = f"$.splits.{name}"
+        if not isinstance(sp, dict):
+            return f"{at}: must be an object"
+        ids, shards = sp.get("samples"), sp.get("shards")
+        if not (isinstance(ids, list) and all(isinstance(x, str) for x in ids)):
+            return f"{at}.samples: must be a list of sample ids"
+        if not isinstance(shards, list):
+            return f"{at}.shards: must be a list of shards"
+        row = 0
+        for k, sh in enumerate(shards):
+            if not (isinstance(sh, dict) and is_plain_name(sh.get("name"))):
+                return f"{at}.shards[{k}]: must be an object with a plain 'name'"
+            r = sh.get("rows")
+            if not (
+                isinstance(r, list)
+                and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                and r[0] == row < r[1]
+            ):
+                return (
+                    f"{at}.shards[{k}].rows: {r!r}, expected [{row}, end] (shards cover the samples in order)"
+                )
+            row = r[1]
+        if row != len(ids):
+            return f"{at}: its shards hold {row} samples, it lists {len(ids)}"
+    return None
+
+
+def read_shards_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``RUN/manifest.json`` of tokenized shards, checked for what reading them needs (format, label
+    names, each split's samples and the shards that cover them): a missing, unreadable or malformed
+    one is a TellerError naming it."""
+    mp_ = Path(run_dir) / "manifest.json"
+    if not mp_.exists():
+        raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
+    man = read_json(mp_, "shards manifest")
+    problem = _shards_manifest_problem(man)
+    if problem is not None:
+        raise DatasetError(
+            f"{mp_}: {problem} (tokenize the dataset again, into a new run directory)",
+            path=str(mp_),
+            detail=problem,
+        )
+    return man
 
 
 def split_names(run_dir: str | os.PathLike[str], split: str) -> list[str]:
     """``[split]``, or every split of the run for ``"all"`` (how a whole unseen dataset is evaluated)."""
     if split != "all":
         return [split]
-    mp_ = Path(run_dir) / "manifest.json"
-    if not mp_.is_file():
-        raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
-    return list(json.loads(mp_.read_text())["splits"])
+    return list(read_shards_manifest(run_dir)["splits"])
 
 
 class ShardedSplit:
     """Random access to the samples of one split of a tokenized run (memory-mapped, no copies until
     indexed): ``ShardedSplit(run_dir, "train")[i]`` is a dict of that sample's arrays plus its
-    ``label`` (int) and ``sample_id``. Usable directly as a map-style PyTorch dataset."""
+    ``label`` (int) and ``sample_id``. Usable directly as a map-style PyTorch dataset. A damaged
+    manifest or shard is a TellerError naming the file (a shard's when it is first read)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], split: str) -> None:
         self.run_dir = Path(run_dir)
-        mp_ = self.run_dir / "manifest.json"
-        if not mp_.is_file():
-            raise TellerFileNotFoundError(f"{mp_}: no shards manifest", path=str(mp_))
-        self.manifest = json.loads(mp_.read_text())
+        self.manifest = read_shards_manifest(self.run_dir)
         if split not in self.manifest["splits"]:
             raise ConfigError(f"unknown split {split!r}; known: {', '.join(self.manifest['splits'])}")
         sp = self.manifest["splits"][split]
@@ -764,7 +1086,17 @@ class ShardedSplit:
     def _shard(self, name: str) -> dict[str, np.ndarray]:
         a = self._cache.get(name)
         if a is None:
-            a = self._cache[name] = load_shard(self.run_dir, name)
+            a = load_shard(self.run_dir, name, num_labels=len(self.label_names))
+            sh = next(s for s in self._shards if s["name"] == name)
+            want = sh["rows"][1] - sh["rows"][0]
+            if len(a["labels"]) != want:
+                d = self.run_dir / "shards" / name
+                raise DatasetError(
+                    f"{d}: holds {len(a['labels'])} samples, {self.run_dir / 'manifest.json'} says {want}; "
+                    f"{_RETOKENIZE}",
+                    path=str(d),
+                )
+            self._cache[name] = a
         return a
 
     def __getitem__(self, i: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, load_slope
-from teller.data.tokenize import ShardedSplit, split_names
+from teller.data.tokenize import LogTokenizer, ShardedSplit, read_shards_manifest, split_names
 from teller.errors import ConfigError
 
 BOL_ID = 2  # LOG_SPECIALS index of [BOL]
@@ -345,7 +345,7 @@ def load_split(
     label_names: list[str] = []
     words = None
     if log_summary:
-        words = word_mask(json.loads((Path(run_dir) / "log_tokenizer.json").read_text())["vocab"])
+        words = word_mask(LogTokenizer.load(Path(run_dir) / "log_tokenizer.json").vocab)
     for ss in (ShardedSplit(run_dir, sp) for sp in split_names(run_dir, split)):
         label_names = ss.label_names
         _load_into(
@@ -371,18 +371,20 @@ def load_split(
 def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
     """``extra``'s train split can be trained on with ``run_dir``'s: the same TPE tokenizer, log
     tokenizer, labels and shards version (else a :class:`ConfigError` naming what differs)."""
-    a = json.loads((Path(run_dir) / "manifest.json").read_text())
+    a = read_shards_manifest(run_dir)
     mp = Path(extra) / "manifest.json"
     if not mp.is_file():
         raise ConfigError(f"{extra}: not tokenized shards (no manifest.json)", path=str(extra))
-    b = json.loads(mp.read_text())
+    b = read_shards_manifest(extra)
+
+    def sha(m: dict[str, Any], part: str) -> Any:
+        d = m.get(part)
+        return d.get("sha256") if isinstance(d, dict) else None
+
     checks = {
-        "TPE tokenizer": (a["tokenizer"]["sha256"], b["tokenizer"]["sha256"]),
-        "log tokenizer": (a["log_tokenizer"]["sha256"], b["log_tokenizer"]["sha256"]),
-        "kernel reference": (
-            (a.get("reference") or {}).get("sha256"),
-            (b.get("reference") or {}).get("sha256"),
-        ),
+        "TPE tokenizer": (sha(a, "tokenizer"), sha(b, "tokenizer")),
+        "log tokenizer": (sha(a, "log_tokenizer"), sha(b, "log_tokenizer")),
+        "kernel reference": (sha(a, "reference"), sha(b, "reference")),
         "label names": (a["label_names"], b["label_names"]),
         "shards version": (a.get("version"), b.get("version")),
     }
@@ -398,12 +400,17 @@ def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
         raise ConfigError(f"{extra}: no train split", path=str(extra))
     # the same samples twice, or a dataset regenerated with the benchmark's seed (sample i is a
     # function of (seed, i) alone: it would hold the benchmark's val and test samples)
-    if a["dataset"].get("manifest_sha256") == b["dataset"].get("manifest_sha256"):
+    da = a.get("dataset") if isinstance(a.get("dataset"), dict) else {}
+    db = b.get("dataset") if isinstance(b.get("dataset"), dict) else {}
+    if da.get("manifest_sha256") is not None and da.get("manifest_sha256") == db.get("manifest_sha256"):
         raise ConfigError(f"{extra}: encodes the same dataset as {run_dir}", path=str(extra))
     seeds = []
-    for m in (a, b):
-        dm = Path(m["dataset"].get("path", "")) / "manifest.json"
-        seeds.append(json.loads(dm.read_text()).get("seed") if dm.is_file() else None)
+    for dd in (da, db):
+        dm = Path(str(dd.get("path", ""))) / "manifest.json"
+        try:
+            seeds.append(json.loads(dm.read_text()).get("seed") if dm.is_file() else None)
+        except (OSError, ValueError, AttributeError):  # (only a hint: an unreadable one tells nothing)
+            seeds.append(None)
     if seeds[0] is not None and seeds[0] == seeds[1]:
         raise ConfigError(
             f"{extra}: its dataset was generated with the benchmark's seed ({seeds[0]}), so its samples "
