@@ -9,12 +9,17 @@ but the same thread count is).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
+import os
 import random
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics, metrics_for
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
@@ -95,19 +100,81 @@ def builtin_config(name: str) -> Path:
     return p
 
 
+# the top-level sections of a training configuration
+CONFIG_SECTIONS = ("model", "train")
+
+
+def _config_sections(d: Any, where: str) -> None:
+    """``d`` is a training configuration: a mapping of ``model:`` / ``train:`` mappings (or null)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: the configuration must be a mapping of {' and '.join(CONFIG_SECTIONS)}")
+    bad = sorted(str(k) for k in d if k not in CONFIG_SECTIONS)
+    if bad:
+        raise ConfigError(
+            f"{where}: unknown top-level key(s) {', '.join(bad)} (allowed: {', '.join(CONFIG_SECTIONS)})"
+        )
+    for k in CONFIG_SECTIONS:
+        if d.get(k) is not None and not isinstance(d[k], dict):
+            raise ConfigError(f"{where}: {k}: must be a mapping of settings, got {d[k]!r}")
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong, and where (line and column, 1-based)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e)
+    if mark is not None:
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+    elif getattr(e, "position", None) is not None:
+        where = f"character {e.position}"  # (a ReaderError: a character YAML does not accept)
+    else:
+        where = ""
+    what = " ".join(str(what).split())
+    ctx = getattr(e, "context", None)
+    if ctx:
+        what = f"{' '.join(str(ctx).split())}: {what}"
+    return f"{where}: {what}" if where else what
+
+
 def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
+    """A training configuration: a YAML file, a shipped configuration's name, or (``None``) the
+    shipped ``default``. Its ``model:`` and ``train:`` sections are type-checked here, so that a
+    mistake names the file."""
     p = Path(path) if path else builtin_config(default)
     if not p.is_file():
         if path and not Path(path).suffix:
             p = builtin_config(str(path))
+        elif p.is_dir():
+            raise TellerIOError(f"{p}: a directory, not a configuration file", path=str(p))
         else:
             raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
     try:
-        d = yaml.safe_load(p.read_text()) or {}
+        raw = p.read_bytes()
+    except OSError as e:
+        raise TellerIOError(f"{p}: cannot read the configuration ({e.strerror or e})", path=str(p)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{p}: not a YAML configuration (not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start})",
+            path=str(p),
+        ) from None
+    try:
+        d = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{p}: the configuration must be a mapping")
+        raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(e)}", path=str(p)) from None
+    if d is None:
+        raise ConfigError(
+            f"{p}: the configuration is empty (expected {' and/or '.join(CONFIG_SECTIONS)} sections)",
+            path=str(p),
+        )
+    _config_sections(d, str(p))
+    from teller.models.checks import typed_config
+
+    for k, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        try:
+            typed_config(cls, d.get(k) or {}, k)  # (values are checked in full by train())
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}", path=str(p)) from None
     return d
 
 
@@ -250,10 +317,142 @@ def predict(
     return preds, dt
 
 
-def save_checkpoint(model: RCAModel, path: Path) -> None:
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(tmp)`` into a temporary file beside ``path``, flushed to disk; :func:`_commit` moves it
+    in place. An error removes it and is a :class:`TellerIOError` naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        _fsync(tmp)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise TellerIOError(f"{path}: cannot write it ({e.strerror or e})", path=str(path)) from None
+        raise
+    return tmp
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) waits until the block is done: the files of one checkpoint are replaced
+    together, so that an interrupted run leaves the earlier ones, or the new ones, never a mix."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[Any] = []
+    try:
+        before = signal.signal(signal.SIGINT, lambda *a: got.append(a))
+    except (ValueError, OSError):  # (no signals here)
+        yield
+        return
+    try:
+        yield
+    finally:
+        # (None: a handler not installed from Python, which cannot be put back: the default)
+        signal.signal(signal.SIGINT, before if before is not None else signal.SIG_DFL)
+        if got and before is not signal.SIG_IGN:
+            if callable(before):
+                before(*got[0])  # (Python's own handler raises KeyboardInterrupt)
+            else:
+                raise KeyboardInterrupt
+
+
+def _commit(out: Path, files: dict[str, Path]) -> None:
+    """Move the temporary files ``files`` (name -> temporary path, in this order) into ``out``."""
+    with _interrupts_deferred():
+        for name, tmp in files.items():
+            try:
+                os.replace(tmp, out / name)
+            except OSError as e:
+                raise TellerIOError(
+                    f"{out / name}: cannot write it ({e.strerror or e})", path=str(out / name)
+                ) from None
+    with contextlib.suppress(OSError):  # (the renames themselves, on disk)
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _weights_writer(model: nn.Module, metadata: dict[str, str] | None = None) -> Callable[[Path], None]:
+    """A writer (for :func:`_write_tmp`) of the model's weights as they are now, as safetensors."""
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    return lambda t: save_file(state, str(t), metadata=metadata)
+
+
+def save_checkpoint(model: RCAModel, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """The model's weights as safetensors, written atomically (a temporary file, then renamed)."""
+    path = Path(path)
+    tmp = _write_tmp(path, _weights_writer(model, metadata))
+    _commit(path.parent, {path.name: tmp})
+
+
+# fields of a checkpoint's config.json that diagnose / evaluate read, and the types they must have
+_CKPT_FORMAT = "teller-rca-checkpoint"
+_CKPT_VERSION = 1
+_CKPT_FIELDS: dict[str, tuple[type, ...]] = {
+    "data_dir": (str, type(None)),
+    "extra_train": (list, type(None)),
+    "tpe_dir": (str, type(None)),
+    "log_tokenizer": (str, type(None)),
+    "reference": (str, type(None)),
+    "reference_sha256": (str, type(None)),
+    "shards_version": (int, type(None)),
+    "train": (dict, type(None)),
+    "trained_on": (str, type(None)),
+}
+
+
+def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path) -> None:
+    """A checkpoint's config.json, field by field: a :class:`ConfigError` naming the file."""
+    fmt = cfg.get("format", _CKPT_FORMAT)
+    if fmt != _CKPT_FORMAT:
+        raise ConfigError(
+            f"{cfg_path}: not an RCA model checkpoint (format {fmt!r}, expected {_CKPT_FORMAT!r})",
+            path=str(cfg_path),
+        )
+    ver = cfg.get("version", _CKPT_VERSION)
+    if type(ver) is not int or ver < 1:
+        raise ConfigError(f"{cfg_path}: version: {ver!r} is not a checkpoint version (1)", path=str(cfg_path))
+    if ver > _CKPT_VERSION:
+        raise ConfigError(
+            f"{cfg_path}: checkpoint version {ver}, this teller reads version {_CKPT_VERSION}: "
+            "written by a newer teller",
+            path=str(cfg_path),
+        )
+    for k, types in _CKPT_FIELDS.items():
+        v = cfg.get(k)
+        if not isinstance(v, types) or isinstance(v, bool):
+            want = " or ".join(
+                "null"
+                if t is type(None)
+                else {str: "a string", int: "an integer", list: "a list", dict: "a mapping"}[t]
+                for t in types
+            )
+            raise ConfigError(f"{cfg_path}: {k}: {v!r} is not {want}", path=str(cfg_path))
+    names = cfg.get("label_names")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(
+                f"{cfg_path}: label_names: {names!r} is not a list of strings", path=str(cfg_path)
+            )
+        n = cfg["model"].get("n_classes")
+        if type(n) is int and len(names) != n:
+            raise ConfigError(
+                f"{cfg_path}: label_names has {len(names)} names, model.n_classes is {n}", path=str(cfg_path)
+            )
 
 
 def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAModel, dict[str, Any]]:
@@ -274,13 +473,23 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
         )
     try:
         cfg = json.loads(cfg_path.read_text())
+    except OSError as e:
+        raise TellerIOError(f"{cfg_path}: cannot read it ({e.strerror or e})", path=str(cfg_path)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{cfg_path}: not a readable checkpoint configuration ({e})") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         raise ConfigError(f"{cfg_path}: not a checkpoint configuration (no 'model' section)")
+    _check_checkpoint_config(cfg, cfg_path)
     mc = dict(cfg["model"])
     mc["log_backbone"] = None  # the weights already hold it
-    model = build_model(mc)
+    try:
+        model = build_model(mc)
+    except ConfigError as e:
+        raise ConfigError(f"{cfg_path}: {e}", path=str(cfg_path)) from None
+    except (TypeError, ValueError) as e:  # (a value the type checks let through, out of range)
+        raise ConfigError(
+            f"{cfg_path}: its model section does not build a model ({e})", path=str(cfg_path)
+        ) from None
     try:
         state = load_file(str(weights))
     except Exception as e:  # (safetensors raises its own error type on a damaged header)
@@ -359,6 +568,191 @@ def _check_tpe(tpe_dir: str | Path, man: dict[str, Any], run_dir: Path) -> None:
         )
 
 
+# the files of a trained run: a directory holding any of them is trained into only with resume
+RUN_FILES = ("config.json", "model.safetensors", "last.safetensors", "state.pt")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line, cut at its first sentence where long."""
+    msg = " ".join(str(e).split()) or type(e).__name__
+    if len(msg) > 160:
+        end = msg.find(". ", 40)
+        msg = msg[: end + 1] if 0 < end < 240 else msg[:240] + "..."
+    return msg
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TellerFileNotFoundError(f"{path}: missing ({what})", path=str(path)) from None
+    except OSError as e:
+        raise TellerIOError(f"{path}: cannot read it ({e.strerror or e})", path=str(path)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not readable JSON ({what}): {_one_line(e)}", path=str(path)) from None
+
+
+def _check_output_dir(out: Path) -> None:
+    """``out`` can be the run directory: a directory, or a path one can be created at, writable."""
+    if out.exists() and not out.is_dir():
+        raise TellerIOError(
+            f"{out}: not a directory (--output-dir is the run directory to write into)", path=str(out)
+        )
+    q = out
+    while not q.exists() and q.parent != q:
+        q = q.parent
+    if not q.is_dir():
+        raise TellerIOError(f"{out}: cannot create it: {q} is not a directory", path=str(out))
+    if not os.access(q, os.W_OK | os.X_OK):
+        raise TellerIOError(
+            f"{out}: cannot write {'it' if q == out else q} (permission denied)", path=str(out)
+        )
+
+
+def _shards_identity(man: dict[str, Any]) -> str:
+    """What tokenized shards hold, not where they or their inputs lie: the hash of their manifest
+    without the input paths (the same shards moved elsewhere are the same)."""
+    m = json.loads(json.dumps(man))
+    for k in ("dataset", "tokenizer"):
+        if isinstance(m.get(k), dict):
+            m[k].pop("path", None)
+    return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
+
+
+def _model_diff(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The model settings that differ between a run's recorded configuration and ``now`` (a setting
+    missing from the record, written before it existed, counts as its default)."""
+    from dataclasses import MISSING
+
+    diff = []
+    for f in fields(ModelConfig):
+        if f.default is not MISSING:
+            dflt = f.default
+        elif f.default_factory is not MISSING:
+            dflt = f.default_factory()
+        else:
+            dflt = None
+        was, want = recorded.get(f.name, dflt), now.get(f.name, dflt)
+        if was != want:
+            diff.append(f"model.{f.name}: the run has {was!r}, now {want!r}")
+    return diff
+
+
+def _resume_state(
+    out: Path,
+    tc: TrainConfig,
+    mc: ModelConfig,
+    data: dict[str, Any],
+    run_dir: Path,
+    extra_dirs: Sequence[Path],
+) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor] | None, dict[str, Any]]:
+    """The saved state of the run in ``out`` (state.pt, last.safetensors and the recorded
+    config.json), checked: readable, of one epoch, and of the same model and data as this resume
+    (else a :class:`TellerError` naming the file). ``(None, None, {})`` where ``out`` holds no run
+    yet (the run starts from scratch)."""
+    present = [f for f in RUN_FILES if (out / f).exists()]
+    if not present:
+        return None, None, {}
+    hint = f"train into another --output-dir, or remove {out} to start over"
+    for f in ("state.pt", "last.safetensors"):
+        if not (out / f).is_file():
+            raise TellerFileNotFoundError(
+                f"{out / f}: missing, so {out} cannot be resumed (it holds {', '.join(present)}); {hint}",
+                path=str(out / f),
+            )
+    sp, lp = out / "state.pt", out / "last.safetensors"
+    try:
+        # (CPU first: a run saved on one device may resume on another; load_state_dict moves it)
+        st = torch.load(sp, weights_only=False, map_location="cpu")
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        raise TellerIOError(f"{sp}: cannot read it ({e.strerror or e})", path=str(sp)) from None
+    except Exception as e:  # noqa: BLE001 - torch / pickle raise many types on a damaged file
+        raise ConfigError(
+            f"{sp}: not a readable training state ({_one_line(e)}); the run cannot be resumed: {hint}",
+            path=str(sp),
+        ) from None
+    want: dict[str, type | tuple[type, ...]] = {
+        "opt": dict,
+        "sched": dict,
+        "epoch": int,
+        "best": (int, float),
+        "bad_epochs": int,
+        "history": list,
+        "torch_rng": torch.Tensor,
+    }
+    bad = [k for k, t in want.items() if not isinstance(st, dict) or not isinstance(st.get(k), t)]
+    if bad:
+        raise ConfigError(
+            f"{sp}: not a training state teller wrote (missing or wrong: {', '.join(bad)}); {hint}",
+            path=str(sp),
+        )
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(lp), framework="pt", device="cpu") as fh:
+            meta = fh.metadata() or {}
+            last = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - (not a dict)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        raise TellerIOError(f"{lp}: cannot read it ({e.strerror or e})", path=str(lp)) from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
+        raise ConfigError(
+            f"{lp}: not readable safetensors ({_one_line(e)}); the run cannot be resumed: {hint}",
+            path=str(lp),
+        ) from None
+    if "epoch" in meta and meta["epoch"] != str(st["epoch"]):
+        raise ConfigError(
+            f"{out}: last.safetensors (epoch {meta['epoch']}) and state.pt (epoch {st['epoch']}) are of "
+            f"different epochs (an interrupted save?); {hint}",
+            path=str(out),
+        )
+    try:
+        prev = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        prev = None
+    prev = prev if isinstance(prev, dict) else {}
+    saved = st.get("ema")
+    if (saved is None) != (not tc.ema) or (saved and float(saved.get("decay", tc.ema)) != tc.ema):
+        was = f"with train.ema {saved.get('decay')}" if saved else "without train.ema"
+        raise ConfigError(f"{sp}: the run was started {was}; resume it with the same setting", path=str(sp))
+    rec = st.get("data")
+    if isinstance(rec, dict):
+        same_data, why = rec.get("shards") == data["shards"], " (their manifest.json differs)"
+        same_extra = sorted(rec.get("extra") or []) == sorted(data["extra"])
+        rec_path, rec_extra = rec.get("path"), rec.get("extra_paths") or []
+    else:  # (a run saved before the data was recorded in state.pt: its config.json's paths)
+        rec_path, rec_extra, why = prev.get("data_dir"), prev.get("extra_train") or [], ""
+        same_data = not isinstance(rec_path, str) or (
+            Path(rec_path).name == run_dir.name or Path(rec_path).resolve() == run_dir.resolve()
+        )
+        same_extra = not isinstance(rec_extra, list) or sorted(
+            Path(str(e)).name for e in rec_extra
+        ) == sorted(e.name for e in extra_dirs)
+    if not same_data:
+        raise ConfigError(
+            f"{out}: the run was trained on the shards {rec_path}, --data-dir {run_dir} holds other "
+            f"ones{why}; resume it with the data it was trained on, or {hint}",
+            path=str(out),
+        )
+    if not same_extra:
+        names = lambda xs: ", ".join(str(x) for x in xs) or "none"  # noqa: E731
+        raise ConfigError(
+            f"{out}: the run was trained with --extra-train {names(rec_extra)}, this resume gives "
+            f"{names(extra_dirs)}; resume it with the same, or {hint}",
+            path=str(out),
+        )
+    recorded = st.get("model") if isinstance(st.get("model"), dict) else prev.get("model")
+    if isinstance(recorded, dict):
+        diff = _model_diff(recorded, mc.to_dict())
+        if diff:
+            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+            raise ConfigError(
+                f"{out}: the run was trained with another model configuration ({'; '.join(diff[:3])}{more}); "
+                f"resume it with the same one, or {hint}",
+                path=str(out),
+            )
+    return st, last, prev
+
+
 def train(
     config: dict[str, Any],
     data_dir: str | Path,
@@ -371,26 +765,51 @@ def train(
     extra_train: Sequence[str | Path] = (),
 ) -> Path:
     """Train a model; returns the run directory (``output_dir``). ``extra_train``: more tokenized
-    shards (same tokenizers) whose train split is added to the training samples."""
+    shards (same tokenizers) whose train split is added to the training samples.
+
+    Everything is checked before training starts, and nothing is written until the first epoch
+    ends: a directory that already holds a run is refused unless ``resume`` (which checks that
+    the saved state is readable and of the same model and data), and each epoch's files
+    (config.json with the weights it describes, last.safetensors + state.pt, history.json) are
+    written to temporary files and renamed together, so that a run interrupted or failing at any
+    point leaves the files of its last complete epoch (or of the run it resumed)."""
+    _config_sections(config, "the training configuration")
     mcfg_d = dict(config.get("model") or {})
     tcfg_d = dict(config.get("train") or {})
     for k, v in (overrides or {}).items():
         (mcfg_d if k in {f.name for f in fields(ModelConfig)} else tcfg_d)[k] = v
     tc = TrainConfig.from_dict(tcfg_d)
+    dev = resolve_device(tc.device)
+    out = Path(output_dir)
+    _check_output_dir(out)
+    if not resume:
+        present = [f for f in RUN_FILES if (out / f).exists()]
+        if present:
+            raise ConfigError(
+                f"{out}: already holds a trained run ({', '.join(present)}); pass --resume to continue it, "
+                "or pick another --output-dir (or remove this one)",
+                path=str(out),
+            )
     run_dir = shards_run_dir(data_dir)
-    man = json.loads((run_dir / "manifest.json").read_text())
-    label_names = list(man["label_names"])
-    log_vocab = json.loads((run_dir / "log_tokenizer.json").read_text())["vocab"]
-    mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
-    mcfg_d.setdefault("log_vocab", len(log_vocab))
+    man = _read_json(run_dir / "manifest.json", "the shards' manifest")
+    lt = _read_json(run_dir / "log_tokenizer.json", "the shards' log tokenizer")
+    try:
+        label_names = [str(n) for n in man["label_names"]]
+        log_vocab = lt["vocab"]
+        mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
+        mcfg_d.setdefault("log_vocab", len(log_vocab))
+        man["splits"]["train"]  # noqa: B018 - (present)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{run_dir}: not tokenized shards teller wrote (manifest.json or log_tokenizer.json lacks "
+            f"{_one_line(e)}); re-run `teller tokenize`",
+            path=str(run_dir),
+        ) from None
     mcfg_d["n_classes"] = len(label_names)
     mcfg_d["label_names"] = label_names
     mc = ModelConfig.from_dict(mcfg_d)
     if tpe_dir:  # recorded for diagnose, which encodes new traces with it: checked before training
         _check_tpe(tpe_dir, man, run_dir)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = resolve_device(tc.device)
 
     ms = mc.max_summary_tokens if mc.summary_tokens and mc.modalities != "log" else 0
     if ms and int(man.get("version", 1)) < 2:
@@ -406,11 +825,23 @@ def train(
             "model.summary_loc: false)"
         )
     check_shards_version({"model": mc.to_dict(), "shards_version": int(man.get("version", 1))}, run_dir)
-    seed_everything(tc.seed)
-    train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
     extra_dirs = [shards_run_dir(e) for e in extra_train]
     for e in extra_dirs:
         check_extra_train(run_dir, e)
+    # what the run trains on, in state.pt: a resume must give the same
+    data = {
+        "shards": _shards_identity(man),
+        "path": str(run_dir.resolve()),
+        "run_id": man.get("run_id"),
+        "extra": [
+            _shards_identity(_read_json(e / "manifest.json", "the shards' manifest")) for e in extra_dirs
+        ],
+        "extra_paths": [str(e.resolve()) for e in extra_dirs],
+    }
+    st, last, prev = _resume_state(out, tc, mc, data, run_dir, extra_dirs) if resume else (None, None, {})
+    seed_everything(tc.seed)
+    train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
+    for e in extra_dirs:
         train_s += load_model_split(e, "train", mc.to_dict())[0]
     if tc.max_train_samples:
         train_s = train_s[: tc.max_train_samples]
@@ -441,8 +872,8 @@ def train(
     total = steps_per_epoch * tc.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(tc.warmup_frac * total)))
     cfg_json = {
-        "format": "teller-rca-checkpoint",
-        "version": 1,
+        "format": _CKPT_FORMAT,
+        "version": _CKPT_VERSION,
         "model": mc.to_dict(),
         "train": asdict(tc),
         "label_names": label_names,
@@ -462,38 +893,43 @@ def train(
         # another device names both ("cpu+cuda")
         "trained_on": dev.type,
     }
-    st: dict[str, Any] | None = None
-    if resume and (out / "state.pt").is_file():
-        # (CPU first: a run saved on one device may resume on another; load_state_dict moves it)
-        st = torch.load(out / "state.pt", weights_only=False, map_location="cpu")
-        saved = st.get("ema")
-        if (saved is None) != (not tc.ema) or (saved and float(saved.get("decay", tc.ema)) != tc.ema):
-            was = f"with train.ema {saved.get('decay')}" if saved else "without train.ema"
-            raise ConfigError(
-                f"{out / 'state.pt'}: the run was started {was}; resume it with the same setting"
-            )
-        try:
-            before = json.loads((out / "config.json").read_text()).get("trained_on")
-        except (OSError, ValueError, AttributeError):
-            before = None
-        if isinstance(before, str) and before:
-            cfg_json["trained_on"] = "+".join(sorted({*before.split("+"), dev.type}))
-    (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
     history: list[dict[str, float]] = []
     start_epoch = 0
-    best = -1.0
+    best = -math.inf  # (the first epoch is the best so far, whatever its score: -train_loss without val)
     bad_epochs = 0
-    if st is not None:
-        from safetensors.torch import load_file
-
-        model.load_state_dict(load_file(str(out / "last.safetensors")))
-        opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
+    if st is not None and last is not None:
+        before = prev.get("trained_on")
+        if isinstance(before, str) and before:
+            cfg_json["trained_on"] = "+".join(sorted({*before.split("+"), dev.type}))
+        try:
+            model.load_state_dict(last)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[1:2] or [str(e)]
+            raise ConfigError(
+                f"{out / 'last.safetensors'}: the weights do not fit the model being resumed "
+                f"({first[0].strip()})",
+                path=str(out / "last.safetensors"),
+            ) from None
+        try:
+            opt.load_state_dict(st["opt"])
+            sched.load_state_dict(st["sched"])
+            torch.set_rng_state(st["torch_rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise ConfigError(
+                f"{out / 'state.pt'}: its optimizer state does not fit the model being resumed "
+                f"({_one_line(e)})",
+                path=str(out / "state.pt"),
+            ) from None
         start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
-        torch.set_rng_state(st["torch_rng"])
     ema = WeightEMA(model, tc.ema) if tc.ema else None
     if ema is not None and st is not None:
-        ema.load_state_dict(st["ema"])
+        try:
+            ema.load_state_dict(st["ema"])
+        except (ConfigError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+            raise ConfigError(
+                f"{out / 'state.pt'}: its weight average (train.ema) does not fit ({_one_line(e)})",
+                path=str(out / "state.pt"),
+            ) from None
     use_amp = tc.amp and dev.type == "cuda"
     normal = label_names.index("normal") if "normal" in label_names else 0
     t_start = time.perf_counter()
@@ -534,16 +970,27 @@ def train(
         history.append(rec)
         if progress:
             progress("epoch", epoch + 1, tc.epochs, rec)
-        if score > best:
-            best, bad_epochs = score, 0
-            save_checkpoint(model, out / "model.safetensors")
-        else:
-            bad_epochs += 1
-        if raw is not None:
-            model.load_state_dict(raw)
-        save_checkpoint(model, out / "last.safetensors")
-        torch.save(
-            {
+        # this epoch's files: written beside the run's, then renamed in together
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out)) from None
+        files: dict[str, Path] = {}
+        try:
+            if score > best:
+                best, bad_epochs = score, 0
+                files["model.safetensors"] = _write_tmp(out / "model.safetensors", _weights_writer(model))
+            else:
+                bad_epochs += 1
+            if raw is not None:
+                model.load_state_dict(raw)
+            files["config.json"] = _write_tmp(
+                out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1))
+            )
+            files["last.safetensors"] = _write_tmp(
+                out / "last.safetensors", _weights_writer(model, {"epoch": str(epoch + 1)})
+            )
+            state = {
                 "opt": opt.state_dict(),
                 "sched": sched.state_dict(),
                 "epoch": epoch + 1,
@@ -552,10 +999,18 @@ def train(
                 "history": history,
                 "torch_rng": torch.get_rng_state(),
                 "ema": ema.state_dict() if ema is not None else None,
-            },
-            out / "state.pt",
-        )
-        (out / "history.json").write_text(json.dumps(history, indent=1))
+                "model": mc.to_dict(),  # (what a resume must give again)
+                "data": data,
+            }
+            files["state.pt"] = _write_tmp(out / "state.pt", lambda t, s=state: torch.save(s, t))
+            files["history.json"] = _write_tmp(
+                out / "history.json", lambda t: t.write_text(json.dumps(history, indent=1))
+            )
+            _commit(out, files)
+        finally:
+            for tmp in files.values():  # (left only where the commit did not happen)
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
         if bad_epochs >= tc.patience:
             break
         if (time.perf_counter() - t_start) / 60 > tc.max_minutes:

@@ -1,0 +1,310 @@
+"""Bad input to `teller train`: a clear TellerError naming the file and what is wrong, checked before
+anything is written, and a failed, refused or interrupted run never breaks the run it was pointed at."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from teller import tpe  # noqa: E402
+from teller.data import generate  # noqa: E402
+from teller.data.tokenize import tokenize_dataset  # noqa: E402
+from teller.errors import (  # noqa: E402
+    ConfigError,
+    TellerError,
+    TellerFileNotFoundError,
+    TellerIOError,
+)
+from teller.models.train import load_checkpoint, load_config, train  # noqa: E402
+
+CFG = {
+    "model": {
+        "d_model": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_ff": 32,
+        "max_trace_tokens": 64,
+        "max_log_tokens": 64,
+        "summary_tokens": True,
+        "max_summary_tokens": 32,
+        "feature_norm": True,
+    },
+    "train": {"seed": 1, "batch_size": 8, "epochs": 1, "lr": 3e-3, "patience": 5},
+}
+RUN_FILES = ("config.json", "model.safetensors", "last.safetensors", "state.pt", "history.json")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Tiny shards, other shards (another dataset, the same TPE tokenizer) and a run of one epoch."""
+    root = tmp_path_factory.mktemp("train-bad")
+    generate(root / "ds", num_samples=30, seed=3, preset="tiny")
+    tok = tpe.train(root / "ds", vocab_size=300)
+    tok.save(root / "tpe")
+    shards = tokenize_dataset(root / "ds", root / "tpe", root / "tok", shard_size=16, workers=1)
+    generate(root / "ds2", num_samples=30, seed=4, preset="tiny")
+    other = tokenize_dataset(
+        root / "ds2",
+        root / "tpe",
+        root / "tok2",
+        shard_size=16,
+        workers=1,
+        log_tokenizer=shards / "log_tokenizer.json",
+    )
+    run = train(CFG, shards, root / "run", tpe_dir=root / "tpe")
+    return root, shards, other, run
+
+
+def _copy(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {f: (run / f).read_bytes() for f in RUN_FILES if (run / f).exists()}
+
+
+def _cfg(epochs: int, **model) -> dict:
+    return {"model": {**CFG["model"], **model}, "train": {**CFG["train"], "epochs": epochs}}
+
+
+def test_training_into_a_trained_run_needs_resume(data, tmp_path) -> None:
+    root, shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    before = _snapshot(ck)
+    with pytest.raises(
+        ConfigError, match=r"ck: already holds a trained run .*pass --resume .*another --output-dir"
+    ):
+        train(_cfg(1, d_model=32), shards, ck)
+    assert _snapshot(ck) == before
+    # an empty directory (or one a run interrupted in its first epoch left) is trained into
+    (tmp_path / "empty").mkdir()
+    assert (train(CFG, shards, tmp_path / "empty") / "model.safetensors").is_file()
+
+
+def test_resume_refuses_a_damaged_state_and_keeps_the_run(data, tmp_path) -> None:
+    """Each damage: a TellerError naming the file, before anything is rewritten; the checkpoint
+    (config.json + model.safetensors) still loads."""
+    _root, shards, _other, run = data
+
+    def truncate(name: str, keep: int):
+        return lambda ck: (ck / name).write_bytes((ck / name).read_bytes()[:keep])
+
+    def other_epoch(ck: Path):  # last.safetensors of another epoch than state.pt's (a torn save)
+        st = torch.load(ck / "state.pt", weights_only=False)
+        torch.save({**st, "epoch": st["epoch"] + 1}, ck / "state.pt")
+
+    damages = [
+        ("last.safetensors: not readable safetensors", truncate("last.safetensors", 1000)),
+        (
+            "last.safetensors: not readable safetensors .*not fully covered",
+            truncate("last.safetensors", (run / "last.safetensors").stat().st_size - 100),
+        ),
+        ("state.pt: not a readable training state", truncate("state.pt", 1000)),
+        ("state.pt: not a readable training state", lambda ck: (ck / "state.pt").write_bytes(b"garbage")),
+        (
+            "state.pt: not a training state teller wrote .*epoch",
+            lambda ck: torch.save({"x": 1}, ck / "state.pt"),
+        ),
+        ("state.pt: missing, so .* cannot be resumed", lambda ck: (ck / "state.pt").unlink()),
+        (r"last.safetensors \(epoch 1\) and state.pt \(epoch 2\) are of different epochs", other_epoch),
+    ]
+    for i, (msg, damage) in enumerate(damages):
+        ck = _copy(run, tmp_path / f"ck{i}")
+        damage(ck)
+        before = _snapshot(ck)
+        with pytest.raises(TellerError, match=msg) as ei:
+            train(_cfg(3), shards, ck, resume=True)
+        assert "\n" not in str(ei.value)
+        assert _snapshot(ck) == before, msg
+        load_checkpoint(ck)
+        assert not list(ck.glob(".*.tmp"))
+
+
+def test_resume_refuses_other_data_or_another_model(data, tmp_path) -> None:
+    _root, shards, other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    before = _snapshot(ck)
+    with pytest.raises(ConfigError, match=r"ck: the run was trained on the shards .*tok2.* holds other ones"):
+        train(_cfg(2), other, ck, resume=True)
+    with pytest.raises(
+        ConfigError, match=r"another model configuration \(model.d_model: the run has 16, now 32"
+    ):
+        train(_cfg(2, d_model=32), shards, ck, resume=True)
+    with pytest.raises(ConfigError, match=r"trained with --extra-train none, this resume gives .*tok2"):
+        train(_cfg(2), shards, ck, resume=True, extra_train=[other])
+    assert _snapshot(ck) == before
+    # a run saved before state.pt recorded its data: told apart by its config.json's data_dir
+    st = torch.load(ck / "state.pt", weights_only=False)
+    del st["data"], st["model"]
+    torch.save(st, ck / "state.pt")
+    with pytest.raises(ConfigError, match="the run was trained on the shards"):
+        train(_cfg(2), other, ck, resume=True)
+    # the same shards moved elsewhere: the same data, resumed
+    moved = tmp_path / "moved" / shards.name
+    shutil.copytree(shards, moved)
+    train(_cfg(2), moved, ck, resume=True)
+    assert len(json.loads((ck / "history.json").read_text())) == 2
+
+
+def test_an_interrupted_run_leaves_the_files_of_its_last_epoch(data, tmp_path, monkeypatch) -> None:
+    root, shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    before = _snapshot(ck)
+
+    def stop_in_epoch_2(what: str, done: int, total: int, rec: dict) -> None:
+        if what == "train" and done > total // 2:
+            raise KeyboardInterrupt
+
+    def stop_at_once(*_a) -> None:
+        raise KeyboardInterrupt
+
+    # interrupted before its first save: the resumed run's files are as they were
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(2), shards, ck, resume=True, progress=stop_in_epoch_2)
+    assert _snapshot(ck) == before
+    # a new run interrupted in its first epoch writes nothing at all; in its second, keeps its first
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(2), shards, tmp_path / "new", progress=stop_at_once)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(2), shards, tmp_path / "new", progress=stop_in_epoch_2)
+    assert torch.load(tmp_path / "new" / "state.pt", weights_only=False)["epoch"] == 1
+    load_checkpoint(tmp_path / "new")
+    # Ctrl-C while an epoch's files are renamed in: it waits until all of them are
+    import teller.models.train as tr
+
+    real, calls = os.replace, []
+
+    def replace(a, b) -> None:
+        calls.append(b)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        real(a, b)
+
+    monkeypatch.setattr(tr.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(3), shards, ck, resume=True)
+    monkeypatch.undo()
+    assert len(calls) >= 4  # (config.json, last.safetensors, state.pt, history.json)
+    st = torch.load(ck / "state.pt", weights_only=False)
+    assert st["epoch"] == 2 == len(json.loads((ck / "history.json").read_text()))
+    assert json.loads((ck / "config.json").read_text())["train"]["epochs"] == 3
+    load_checkpoint(ck)
+    # a failure writing a file: a TellerIOError naming it, the earlier files kept, no temporary left
+    before = _snapshot(ck)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tr.torch, "save", full)
+    with pytest.raises(TellerIOError, match=r"state.pt: cannot write it \(No space left on device\)"):
+        train(_cfg(3), shards, ck, resume=True)
+    monkeypatch.undo()
+    assert _snapshot(ck) == before and not list(ck.glob(".*.tmp"))
+    train(_cfg(3), shards, ck, resume=True)
+    assert len(json.loads((ck / "history.json").read_text())) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("modle:\n  d_model: 8\n", r"unknown top-level key\(s\) modle \(allowed: model, train\)"),
+        ("", "the configuration is empty"),
+        ("# only a comment\n", "the configuration is empty"),
+        (b"\x80\x04\x95binary\xff", r"not UTF-8 text: byte 0x80 at offset 0"),
+        ("model: 5\n", "model: must be a mapping of settings, got 5"),
+        ("train: fast\n", "train: must be a mapping of settings, got 'fast'"),
+        ("- model\n- train\n", "must be a mapping of model and train"),
+        ("model:\n  d_model: [1\n  x: 2\n", r"not valid YAML: line 3, column 4: .*expected ',' or ']'"),
+        ("model:\n  d_model: big\n", r"model.d_model: 'big' is not an integer"),
+        ("train:\n  epochs: 2\n  lrr: 1\n", r"train: unknown key\(s\) lrr"),
+    ],
+)
+def test_a_bad_configuration_file_is_named(tmp_path, text, msg) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=msg) as ei:
+        load_config(p, "demo")
+    assert str(ei.value).startswith(f"{p}: ") and "\n" not in str(ei.value)
+
+
+def test_a_bad_configuration_mapping_and_options_are_refused_up_front(data, tmp_path) -> None:
+    _root, shards, _other, _run = data
+    for cfg, msg in (
+        ({"modle": {}}, r"unknown top-level key\(s\) modle"),
+        ({"model": 5}, "model: must be a mapping"),
+        ({"train": "fast"}, "train: must be a mapping"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            train(cfg, shards, tmp_path / "a")
+    with pytest.raises(ConfigError, match="'tpu' is not auto, cpu or cuda"):
+        train(CFG, shards, tmp_path / "a", overrides={"device": "tpu"})
+    assert not (tmp_path / "a").exists()
+    f = tmp_path / "file"
+    f.write_text("keep")
+    with pytest.raises(TellerIOError, match="file: not a directory"):
+        train(CFG, shards, f)
+    with pytest.raises(TellerIOError, match="file/sub: cannot create it: .*file is not a directory"):
+        train(CFG, shards, f / "sub")
+    assert f.read_text() == "keep"
+    with pytest.raises(TellerFileNotFoundError, match="no such configuration file"):
+        load_config(tmp_path / "missing.yaml", "demo")
+    assert load_config("demo", "mot")["model"]["d_model"] == 32  # (a shipped name still works)
+
+
+def test_a_checkpoint_config_of_the_wrong_shape_names_config_json(data, tmp_path) -> None:
+    _root, _shards, _other, run = data
+    cfg = json.loads((run / "config.json").read_text())
+    for bad, msg in (
+        ({"label_names": 5}, "label_names: 5 is not a list of strings"),
+        ({"label_names": cfg["label_names"][:2]}, "label_names has 2 names, model.n_classes is"),
+        ({"model": {**cfg["model"], "d_model": "big"}}, "model.d_model: 'big' is not an integer"),
+        ({"model": {**cfg["model"], "n_heads": 5}}, r"must be a multiple of n_heads \(5\)"),
+        ({"format": "teller-baselines"}, "not an RCA model checkpoint .*'teller-baselines'"),
+        ({"version": 2}, "checkpoint version 2, this teller reads version 1"),
+        ({"version": "1"}, "version: '1' is not a checkpoint version"),
+        ({"tpe_dir": 5}, "tpe_dir: 5 is not a string or null"),
+        ({"shards_version": "11"}, "shards_version: '11' is not an integer or null"),
+    ):
+        ck = tmp_path / f"ck-{len(list(tmp_path.iterdir()))}"
+        _copy(run, ck)
+        (ck / "config.json").write_text(json.dumps({**cfg, **bad}))
+        with pytest.raises(ConfigError, match=msg) as ei:
+            load_checkpoint(ck)
+        assert str(ei.value).startswith(f"{ck / 'config.json'}: "), str(ei.value)
+
+
+def test_cli_train_errors_are_one_line(data, tmp_path) -> None:
+    root, shards, _other, run = data
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "teller", "train", "mot", "--data-dir", str(shards)]
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("modle:\n  d_model: 8\n")
+    ck = _copy(run, tmp_path / "ck")
+    (ck / "state.pt").write_bytes((ck / "state.pt").read_bytes()[:500])
+    for args, msg in (
+        (
+            ["--config", str(typo), "--output-dir", str(tmp_path / "o")],
+            "typo.yaml: unknown top-level key(s) modle",
+        ),
+        (["--output-dir", str(run), "--config", "demo"], "already holds a trained run"),
+        (
+            ["--output-dir", str(ck), "--config", "demo", "--resume"],
+            "state.pt: not a readable training state",
+        ),
+    ):
+        r = subprocess.run([*cli, *args], env=env, capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert not (tmp_path / "o").exists()
