@@ -147,3 +147,23 @@ def test_collect_refuses_bad_inputs_and_leaves_no_empty_run(tmp_path):
     refused(teller("collect", "--trace-dir", str(traces), "--", str(script)), "cannot execute")
     refused(teller("collect", "--trace-dir", str(traces), "--", "no-such-command-xyz"), "command not found")
     assert not list(traces.glob("run-*")) if traces.exists() else True
+
+
+def test_damaged_fitted_baselines_are_named(tmp_path):
+    import pickle
+
+    from teller.errors import ConfigError
+    from teller.models.baselines import load_baselines
+
+    p = tmp_path / "baselines.pkl"
+    with pytest.raises(FileNotFoundError, match="baselines.pkl: no fitted baselines"):
+        load_baselines(p)
+    for content, message in ((b"garbage", "not readable fitted baselines"), (b"", "EOFError")):
+        p.write_bytes(content)
+        with pytest.raises(ConfigError, match=message):
+            load_baselines(p)
+    p.write_bytes(pickle.dumps([1]))
+    with pytest.raises(ConfigError, match="holds a list, not fitted baselines"):
+        load_baselines(p)
+    (tmp_path / "config.json").write_text('{"format": "teller-baselines", "data_dir": "x"}')
+    refused(teller("evaluate", "--checkpoint", str(tmp_path)), "baselines.pkl: holds a list")

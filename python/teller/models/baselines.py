@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from teller.data.dataset import read_json
 from teller.data.summary import N_SUMMARY_FEATURES
-from teller.data.tokenize import ShardedSplit, split_names
+from teller.data.tokenize import LogTokenizer, ShardedSplit, read_shards_manifest, split_names
+from teller.errors import ConfigError, TellerFileNotFoundError
 from teller.models.data import BOL_ID, NUM_ID
 from teller.models.metrics import Prediction, metrics_for
 
@@ -409,8 +411,8 @@ def train_baselines(
     from teller.models.train import shards_run_dir
 
     run_dir = shards_run_dir(data_dir)
-    man = json.loads((run_dir / "manifest.json").read_text())
-    log_vocab = json.loads((run_dir / "log_tokenizer.json").read_text())["vocab"]
+    man = read_shards_manifest(run_dir)
+    log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
     train, names = load_raw(run_dir, "train")
     extra_dirs = [shards_run_dir(e) for e in extra_train]
     for e in extra_dirs:
@@ -448,6 +450,24 @@ def train_baselines(
     return out
 
 
+def load_baselines(path: str | Path) -> Baselines:
+    """The fitted baselines pickled by ``teller train baselines`` (trusted input: a pickle runs
+    code; load only your own runs); a missing or damaged file is a TellerError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        what = "a directory, not" if p.exists() else "no"
+        raise TellerFileNotFoundError(f"{p}: {what} fitted baselines (teller train baselines)", path=str(p))
+    try:
+        b = pickle.loads(p.read_bytes())
+    except Exception as e:  # (unpickling raises anything: EOFError, UnpicklingError, ImportError, ...)
+        raise ConfigError(
+            f"{p}: not readable fitted baselines ({type(e).__name__}: {e})", path=str(p)
+        ) from None
+    if not isinstance(b, Baselines):
+        raise ConfigError(f"{p}: holds a {type(b).__name__}, not fitted baselines", path=str(p))
+    return b
+
+
 def evaluate_baselines(
     checkpoint: str | Path, data_dir: str | Path | None, split: str
 ) -> dict[str, dict[str, Any]]:
@@ -455,8 +475,10 @@ def evaluate_baselines(
 
     p = Path(checkpoint)
     p = p / "baselines.pkl" if p.is_dir() else p
-    b: Baselines = pickle.loads(p.read_bytes())
-    cfg = json.loads((p.parent / "config.json").read_text())
+    b = load_baselines(p)
+    cfg = read_json(p.parent / "config.json", "baselines configuration")
+    if not isinstance(cfg, dict) or not cfg.get("data_dir") and data_dir is None:
+        raise ConfigError(f"{p.parent / 'config.json'}: not a baselines configuration (no data_dir)")
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     check_shards_version(cfg, run_dir)
     samples, names = load_raw(run_dir, split)

@@ -336,13 +336,12 @@ def _ensemble(
     """The ensemble's cause probabilities (the MoT's mixed with the GBDT's, on the features the GBDT
     was trained on, built as ``teller tokenize`` stores them) and the localization of its likeliest
     fault."""
-    import pickle
 
     from teller.data.summary import summary_options, symbol_summary
-    from teller.models.baselines import RawSample
+    from teller.models.baselines import RawSample, load_baselines
     from teller.models.ensemble import mix
 
-    b = pickle.loads((Path(ens["baselines"]) / "baselines.pkl").read_bytes())
+    b = load_baselines(Path(ens["baselines"]) / "baselines.pkl")
     bcfg = Path(ens["baselines"]) / "config.json"
     bc = json.loads(bcfg.read_text()) if bcfg.is_file() else {}
     su_ids, su_f = symbol_summary(

@@ -16,7 +16,6 @@ a run directory (``config.json``, format ``teller-ensemble``) that ``teller eval
 from __future__ import annotations
 
 import json
-import pickle
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from teller.data.dataset import read_json
+from teller.data.tokenize import read_shards_manifest
 from teller.errors import ConfigError, TellerFileNotFoundError
 from teller.models.metrics import Prediction, candidate_rank, metrics_for
 
@@ -34,9 +35,10 @@ def _read_cfg(run: Path, fmt: str) -> dict[str, Any]:
     p = run / "config.json"
     if not p.is_file():
         raise TellerFileNotFoundError(f"{p}: no run configuration", path=str(p))
-    cfg = json.loads(p.read_text())
-    if cfg.get("format") != fmt:
-        raise ConfigError(f"{run}: a {cfg.get('format')!r} run, expected {fmt!r}", path=str(run))
+    cfg = read_json(p, "run configuration")
+    if not isinstance(cfg, dict) or cfg.get("format") != fmt:
+        got = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
+        raise ConfigError(f"{run}: a {got!r} run, expected {fmt!r}", path=str(run))
     return cfg
 
 
@@ -52,17 +54,17 @@ def _predictions(
 ) -> tuple[list[Prediction], np.ndarray, list[str], float]:
     """The MoT's predictions, the GBDT's probabilities (aligned, in the MoT's label order), the
     split's label names and the latency per sample of both models (seconds)."""
-    from teller.models.baselines import load_raw
+    from teller.models.baselines import load_baselines, load_raw
     from teller.models.data import load_model_split
     from teller.models.train import check_shards_version, load_checkpoint, predict, shards_run_dir
 
     model, cfg = load_checkpoint(mot_run)
-    b = pickle.loads((baselines_run / "baselines.pkl").read_bytes())
+    b = load_baselines(baselines_run / "baselines.pkl")
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     check_shards_version(cfg, run_dir)
     bcfg = baselines_run / "config.json"
     if bcfg.is_file():
-        check_shards_version(json.loads(bcfg.read_text()), run_dir)
+        check_shards_version(read_json(bcfg, "baselines configuration"), run_dir)
     samples, names = load_model_split(run_dir, split, cfg["model"])
     raw, _ = load_raw(run_dir, split)
     t0 = time.perf_counter()
@@ -93,8 +95,10 @@ def fit_ensemble(
 
     shas = []
     for c in (mc, bc):
-        man = json.loads((shards_run_dir(c["data_dir"]) / "manifest.json").read_text())
-        shas.append((man["tokenizer"]["sha256"], man["log_tokenizer"]["sha256"]))
+        man = read_shards_manifest(shards_run_dir(c["data_dir"]))
+        shas.append(
+            ((man.get("tokenizer") or {}).get("sha256"), (man.get("log_tokenizer") or {}).get("sha256"))
+        )
     if shas[0] != shas[1]:
         raise ConfigError(f"{mot} and {base} were trained on shards of different tokenizers")
     preds, pg, _, _ = _predictions(mot, base, None, split)

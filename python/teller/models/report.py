@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from teller.data.dataset import read_json
 from teller.errors import ConfigError, TellerFileNotFoundError
 
 MAIN_KEYS = (
@@ -35,12 +36,12 @@ MAIN_KEYS = (
 def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int) -> Path:
     """Shards of ``dataset`` encoded with the TPE and log tokenizers a checkpoint was trained with,
     cached under ``CHECKPOINT/eval-data/`` (a rerun reuses them)."""
-    from teller.data.tokenize import tokenize_dataset
+    from teller.data.tokenize import read_shards_manifest, tokenize_dataset
     from teller.models.train import shards_run_dir
 
     if cfg.get("format") == "teller-baselines":
         run_dir = shards_run_dir(cfg["data_dir"])
-        tpe_path = json.loads((run_dir / "manifest.json").read_text())["tokenizer"]["path"]
+        tpe_path = (read_shards_manifest(run_dir).get("tokenizer") or {}).get("path")
         log_tok = run_dir / "log_tokenizer.json"
     else:
         tpe_path, log_tok = cfg["tpe_dir"], cfg["log_tokenizer"]
@@ -113,7 +114,9 @@ def evaluate_any(
         # encode it with the checkpoint's own tokenizers, then evaluate the split
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
             mot = Path(cfg["mot"])
-            data_dir = _tokenize_for(mot, json.loads((mot / "config.json").read_text()), dataset, workers)
+            data_dir = _tokenize_for(
+                mot, read_json(mot / "config.json", "checkpoint configuration"), dataset, workers
+            )
         else:
             data_dir = _tokenize_for(cfgp.parent, cfg, dataset, workers)
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
