@@ -29,7 +29,7 @@ import numpy as np
 
 from teller import __version__, _native
 from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TokenizerError
-from teller.trace import LAYER_NAMES, Trace
+from teller.trace import LAYER_NAMES, Trace, _int_arg, check_normalize, step_patterns
 from teller.trace import load as load_trace
 
 FORMAT = "teller-tpe"
@@ -43,6 +43,7 @@ FEATURE_NAMES = ("events", "sum_log_dur", "max_log_dur", "max_dur_z", "idle_gap_
 DEFAULT_CLOSE_LAYERS = ("annotation", "python", "gpu_annotation")
 
 ProgressFn = Callable[[int, int], Any]
+_U32_MAX = 2**32 - 1
 
 
 @dataclass
@@ -166,6 +167,8 @@ class TPETokenizer:
 
     # -- symbols -----------------------------------------------------------------------------------
     def symbol_id(self, name: str) -> int:
+        if not isinstance(name, str):
+            raise TokenizerError(f"a symbol name must be a string, got {type(name).__name__}")
         i = self._index.get(name)
         if i is not None:
             return i
@@ -200,10 +203,7 @@ class TPETokenizer:
             )
         if isinstance(x, Corpus):
             return x
-        seqs = list(x)
-        if seqs and isinstance(seqs[0], str):
-            seqs = [seqs]
-        return corpus_from_symbols(seqs)
+        return corpus_from_symbols(_symbol_sequences(x))
 
     def encode(self, x: Any) -> Encoding:
         """Encode a Trace, a trace path/run directory, one symbol sequence, or a list of sequences."""
@@ -241,7 +241,19 @@ class TPETokenizer:
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> list[str]:
         """Token ids back to the base symbol sequence (lossless)."""
-        a = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, (Iterable, np.ndarray)):
+            raise TokenizerError(f"decode takes a sequence of token ids, got {type(ids).__name__}")
+        try:
+            a = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        except (TypeError, ValueError) as e:
+            raise TokenizerError(f"decode takes a sequence of token ids: {e}") from None
+        if a.size == 0:
+            a = a.astype(np.uint32)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise TokenizerError(
+                "decode takes a flat sequence of integer token ids, got "
+                + (f"a {a.ndim}-d array" if a.ndim != 1 else f"values of type {a.dtype}")
+            )
         if a.size and a.dtype.kind in "iu" and (a.min() < 0 or a.max() > np.iinfo(np.uint32).max):
             # (checked before the cast: -1 would wrap to 4294967295 and be reported as that)
             bad = int(a.min()) if a.min() < 0 else int(a.max())
@@ -270,8 +282,17 @@ class TPETokenizer:
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``directory/tokenizer.json`` (atomically) and return its path."""
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ConfigError(f"save takes a directory path, got {type(directory).__name__}")
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        if d.exists() and not d.is_dir():
+            raise TellerIOError(
+                f"{d}: exists and is not a directory (save takes the tokenizer directory)", path=str(d)
+            )
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TellerIOError(f"{d}: cannot create the directory: {e.strerror or e}", path=str(d)) from None
         path = d / FILE_NAME
         tmp = d / f".{FILE_NAME}.tmp-{os.getpid()}"
         tmp.write_text(json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -359,6 +380,27 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
 
 
 # -- corpora ---------------------------------------------------------------------------------------
+
+
+def _symbol_sequences(x: Any) -> list[Sequence[str]]:
+    """``encode``'s symbol input as a list of sequences of strings: one sequence of symbol strings,
+    or a list of them (not a mix, not a dict, bytes or numbers)."""
+    what = "encode takes a Trace, a trace path, a sequence of symbol strings or a list of them"
+    if isinstance(x, (bytes, bytearray, dict)) or not isinstance(x, Iterable):
+        raise TokenizerError(f"{what}, got {type(x).__name__}")
+    seqs = list(x)
+    if all(isinstance(s, str) for s in seqs):
+        return [seqs] if seqs else []
+    for k, seq in enumerate(seqs):
+        if isinstance(seq, (str, bytes, bytearray, dict)) or not isinstance(seq, Iterable):
+            raise TokenizerError(
+                f"{what}: item {k} is of type {type(seq).__name__}"
+                + (" (a list mixes symbols and sequences)" if isinstance(seq, str) else "")
+            )
+        bad = next((s for s in seq if not isinstance(s, str)), None)
+        if bad is not None:
+            raise TokenizerError(f"{what}: sequence {k} holds a {type(bad).__name__}, not a symbol string")
+    return seqs
 
 
 def corpus_from_trace(tr: Trace, close_layers: Sequence[str] = DEFAULT_CLOSE_LAYERS) -> Corpus:
@@ -479,9 +521,26 @@ def _source_corpus(
         return corpus_from_trace(source, close_layers)
     if isinstance(source, (str, os.PathLike)):
         source = [source]
+    if isinstance(source, (bytes, bytearray, dict)) or not isinstance(source, Iterable):
+        raise ConfigError(
+            "train takes traces (Trace objects, paths, a dataset directory), symbol sequences or "
+            f"(ids, offsets) arrays, got {type(source).__name__}"
+        )
     items = list(source)
-    if items and isinstance(items[0], (list, tuple)) and (not items[0] or isinstance(items[0][0], str)):
+    if items and isinstance(items[0], (list, tuple)):
+        for k, it in enumerate(items):
+            if not isinstance(it, (list, tuple)):
+                raise ConfigError(
+                    f"train source item {k} is a {type(it).__name__}: symbol sequences (lists of "
+                    "strings) and traces cannot be mixed"
+                )
         return corpus_from_symbols(items)
+    for k, it in enumerate(items):
+        if not isinstance(it, (Trace, str, os.PathLike)):
+            raise ConfigError(
+                f"train source item {k} must be a Trace or a path (str or os.PathLike), "
+                f"got {type(it).__name__}"
+            )
     corpora: list[Corpus] = []
     for it in items:
         if isinstance(it, Trace):
@@ -519,8 +578,7 @@ def train(
     """
     if (vocab_size is None) == (num_merges is None):
         raise ConfigError("give exactly one of vocab_size and num_merges")
-    if min_symbol_count < 1 or min_frequency < 1:
-        raise ConfigError("min_symbol_count and min_frequency must be >= 1")
+    # Every argument's type and range up front (not a TypeError/OverflowError from the Rust core).
     for name, v in (("vocab_size", vocab_size), ("num_merges", num_merges)):
         if v is None:
             continue
@@ -530,6 +588,29 @@ def train(
             ok = False
         if not ok:
             raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
+        _int_arg(v, name, 0, _U32_MAX)  # (token ids are uint32)
+    min_frequency = _int_arg(min_frequency, "min_frequency", 1)
+    min_symbol_count = _int_arg(min_symbol_count, "min_symbol_count", 1)
+    if max_token_events is not None:
+        max_token_events = _int_arg(max_token_events, "max_token_events", 1, _U32_MAX)
+    if isinstance(close_layers, str):
+        close_layers = [close_layers]
+    if isinstance(close_layers, (bytes, bytearray, dict)) or not isinstance(close_layers, Iterable):
+        raise ConfigError(f"close_layers must be a list of layer names, got {type(close_layers).__name__}")
+    close_layers = list(close_layers)
+    for x in close_layers:
+        if x not in LAYER_NAMES:
+            raise ConfigError(f"close_layers: unknown layer {x!r} (layers: {', '.join(LAYER_NAMES)})")
+    if names is not None and (
+        isinstance(names, (str, bytes, dict))
+        or not isinstance(names, Iterable)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise ConfigError("names must be a list of symbol name strings")
+    step_names = step_patterns(step_names)
+    normalize = check_normalize(normalize)
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"progress must be a callable(done, total) or None, got {type(progress).__name__}")
     c = _source_corpus(source, names, close_layers, step_names, normalize)
     if len(c.names) and len(c.ids) and int(c.ids.max()) >= len(c.names):
         raise TokenizerError(f"symbol id {int(c.ids.max())} is out of range for {len(c.names)} names")
@@ -584,6 +665,8 @@ def train(
 
 def load(directory: str | os.PathLike[str]) -> TPETokenizer:
     """Load a tokenizer saved with :meth:`TPETokenizer.save` (a directory or the JSON file itself)."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise ConfigError(f"tpe.load takes a directory or file path, got {type(directory).__name__}")
     p = Path(directory)
     path = p / FILE_NAME if p.is_dir() else p
     if not path.exists():

@@ -10,9 +10,11 @@ name is ``tr.strings[tr.name[i]]``; its normalized symbol is ``tr.symbols[tr.sym
 
 from __future__ import annotations
 
+import operator
 import os
+import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from teller import _native
-from teller.errors import TellerWarning
+from teller.errors import ConfigError, EmptyTraceError, TellerWarning
 
 LAYER_NAMES: tuple[str, ...] = tuple(_native.LAYER_NAMES)
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = tuple(_native.DEFAULT_STEP_PATTERNS)
@@ -82,6 +84,10 @@ class CallTree:
                 stack.append((d + 1, c))
 
     def render(self, max_lines: int = 200, width: int = 100) -> str:
+        """The tree as indented text: at most ``max_lines`` lines (>= 0) of names cut to ``width``
+        (>= 4) characters, then a ``... (N more)`` line."""
+        max_lines = _int_arg(max_lines, "max_lines", 0)
+        width = _int_arg(width, "width", 4)
         tr = self.trace
         lines = []
         for n, (d, i) in enumerate(self.walk()):
@@ -294,7 +300,20 @@ class Trace:
         return np.flatnonzero(self.step == step)
 
     def tree(self, step: int | None = None, *, pid: int | None = None, tid: int | None = None) -> CallTree:
-        """The call-chain tree of one step (or of the whole trace), optionally one thread's part."""
+        """The call-chain tree of one step (or of the whole trace), optionally one thread's part.
+        ``step`` is a step index ``0 <= step < len(self.steps())`` (ConfigError otherwise)."""
+        if step is not None:
+            n = len(self._n.steps())
+            if isinstance(step, bool) or not hasattr(step, "__index__"):
+                raise ConfigError(f"step must be an integer step index, got {step!r}")
+            step = operator.index(step)
+            if not 0 <= step < n:
+                raise ConfigError(
+                    f"step {step} out of range: the trace has {n} step(s)" + (f" (0..{n - 1})" if n else "")
+                )
+        for name, v in (("pid", pid), ("tid", tid)):
+            if v is not None:
+                _int_arg(v, name, -(2**63), 2**63 - 1)
         mask = np.ones(len(self), dtype=bool) if step is None else (self.step == step)
         if pid is not None:
             mask &= self.pid == pid
@@ -308,7 +327,8 @@ class Trace:
         self._n.to_chrome(os.fspath(path), None if highlight is None else [int(x) for x in highlight])
 
     def summary(self, top: int = 10) -> dict[str, Any]:
-        return self._n.summary(top)
+        """Counts per layer and category, the ``top`` (>= 0) kernels, GPU busy/idle, steps, warnings."""
+        return self._n.summary(min(_int_arg(top, "top", 0), sys.maxsize))
 
 
 def load(
@@ -322,22 +342,46 @@ def load(
 
     ``paths``: a teller run directory, raw ``.tmsgpack`` files, Chrome/Kineto JSON (plain or .gz), or
     a list of them (several processes/ranks are merged onto one time base).
-    ``step_names``: glob patterns of the ranges that delimit steps (first pattern with matches wins).
+    ``step_names``: glob patterns of the ranges that delimit steps (first pattern with matches wins;
+    one string is one pattern). Bad arguments raise :class:`teller.ConfigError`.
     ``normalize``: symbol normalization options (strip_namespaces, collapse_tiles, collapse_digits, max_len).
     Problems that do not prevent loading (a truncated raw file, unknown categories) are emitted as
     :class:`teller.TellerWarning` and kept in ``Trace.warnings``; the collector's info notes
     (``FILE: collector info: ...``) are only kept there.
     """
-    if isinstance(paths, (str, os.PathLike)):
-        plist = [os.fspath(paths)]
-    else:
-        plist = [os.fspath(p) for p in paths]
-    native = _native.load(plist, None if step_names is None else list(step_names), normalize)
+    plist = _path_list(paths)
+    try:
+        native = _native.load(plist, step_patterns(step_names), check_normalize(normalize))
+    except EmptyTraceError as e:
+        sample = _dataset_sample(e.path)
+        if sample is None:
+            raise
+        raise EmptyTraceError(
+            f"{e.path}: a dataset directory (one sample directory per trace), not a trace: give one "
+            f"sample's trace, e.g. {sample} (tpe train takes the whole dataset directory)",
+            path=e.path,
+            detail=e.detail,
+        ) from None
     tr = Trace(native)
     if warn:
         for w in split_collector_notes(tr.warnings)[1]:
             warnings.warn(w, TellerWarning, stacklevel=2)
     return tr
+
+
+def _dataset_sample(path: str | None) -> str | None:
+    """For a dataset directory (sample directories holding trace.json), its first sample's trace."""
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    for n in names:
+        for t in ("trace.json", "trace.json.gz"):
+            if os.path.isfile(os.path.join(path, n, t)):
+                return os.path.join(path, n, t)
+    return None
 
 
 _COLLECTOR_INFO = ": collector info: "  # how the raw reader words a collector's info-level DIAG
@@ -352,7 +396,83 @@ def split_collector_notes(messages: Sequence[str]) -> tuple[list[str], list[str]
 
 def symbol(layer: str, name: str, normalize: dict[str, Any] | None = None) -> str:
     """The normalized symbol ``layer:canonical`` of an event name."""
-    return _native.symbol(layer, name, normalize)
+    return _native.symbol(layer, name, check_normalize(normalize))
+
+
+# -- argument checks (a ConfigError naming the argument, not a TypeError/OverflowError from Rust) ----
+
+
+def _int_arg(v: Any, name: str, lo: int, hi: int | None = None) -> int:
+    """``v`` as an int (numpy's too, not a bool) in ``lo..hi``, else a ConfigError naming ``name``."""
+    try:
+        ok = not isinstance(v, bool) and lo <= operator.index(v) and (hi is None or operator.index(v) <= hi)
+    except TypeError:
+        ok = False
+    if not ok:
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ConfigError(f"{name} must be an integer {rng}, got {v!r}")
+    return operator.index(v)
+
+
+def _path_list(paths: Any) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    if isinstance(paths, (bytes, bytearray, dict)) or not isinstance(paths, Iterable):
+        raise ConfigError(
+            f"paths must be a path or a list of paths (str or os.PathLike), got {type(paths).__name__}"
+        )
+    out = []
+    for k, p in enumerate(paths):
+        if not isinstance(p, (str, os.PathLike)):
+            raise ConfigError(f"paths[{k}] must be a path (str or os.PathLike), got {type(p).__name__}")
+        out.append(os.fspath(p))
+    return out
+
+
+def step_patterns(step_names: Any, name: str = "step_names") -> list[str] | None:
+    """Step-name patterns as a list: None stays None, one string is one pattern (not a list of
+    characters); every pattern must be a non-empty string (ConfigError)."""
+    if step_names is None:
+        return None
+    if isinstance(step_names, str):
+        step_names = [step_names]
+    elif isinstance(step_names, (bytes, bytearray, dict)) or not isinstance(step_names, Iterable):
+        raise ConfigError(f"{name} must be a glob pattern or a list of them, got {type(step_names).__name__}")
+    out = list(step_names)
+    if not out:
+        raise ConfigError(f"{name} must not be empty")
+    for k, s in enumerate(out):
+        if not isinstance(s, str):
+            raise ConfigError(f"{name}[{k}] must be a string (a glob pattern), got {type(s).__name__}")
+        if not s.strip():
+            raise ConfigError(f"{name}[{k}] is an empty pattern")
+    return out
+
+
+_NORMALIZE_BOOLS = ("strip_namespaces", "collapse_tiles", "collapse_digits")
+
+
+def check_normalize(normalize: Any) -> dict[str, Any] | None:
+    """Normalization options checked (types and ranges): None or a dict of the known options."""
+    if normalize is None:
+        return None
+    if not isinstance(normalize, dict):
+        raise ConfigError(
+            f"normalize must be a dict of normalization options or None, got {type(normalize).__name__}"
+        )
+    for k, v in normalize.items():
+        if k in _NORMALIZE_BOOLS:
+            if not isinstance(v, (bool, np.bool_)):
+                raise ConfigError(f"normalization option {k!r} must be true or false, got {v!r}")
+        elif k == "max_len":
+            _int_arg(v, "normalization option 'max_len'", 1, 2**63 - 1)
+        elif not isinstance(k, str):
+            raise ConfigError(f"normalization option names are strings, got {k!r}")
+    # (unknown names: the native loader names them)
+    return {
+        k: bool(v) if k in _NORMALIZE_BOOLS else operator.index(v) if k == "max_len" else v
+        for k, v in normalize.items()
+    }
 
 
 __all__ = ["DEFAULT_STEP_PATTERNS", "LAYER_NAMES", "CallTree", "Step", "Trace", "load", "symbol"]

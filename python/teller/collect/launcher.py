@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
 
 TOPOLOGY_VARS = (
     "RANK",
@@ -115,8 +115,23 @@ def validate_groups(groups: Any, path: str) -> None:
             raise ConfigError(f"{path}: group #{i}: unknown keys {sorted(unknown)}", path=path, index=i)
 
 
+def _check_trace_dir(trace_dir: Path, where: str = "the trace directory") -> None:
+    """Refuse a trace directory that is an existing file (or under one), before any work."""
+    for p in (trace_dir, *trace_dir.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise TellerIOError(f"{p}: exists and is not a directory ({where})", path=str(p))
+            return
+
+
 def new_run_dir(trace_dir: Path) -> Path:
-    trace_dir.mkdir(parents=True, exist_ok=True)
+    _check_trace_dir(trace_dir)
+    try:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TellerIOError(
+            f"{trace_dir}: cannot create the trace directory: {e.strerror or e}", path=str(trace_dir)
+        ) from None
     stamp = time.strftime("run-%Y%m%d-%H%M%S")
     for k in range(1000):
         d = trace_dir / (stamp if k == 0 else f"{stamp}-{k}")
@@ -240,6 +255,14 @@ def collect(
     if not cmd:
         raise ConfigError("no command given: use `teller collect [OPTIONS] -- CMD ...`")
     td = Path(trace_dir or os.environ.get("TELLER_TRACE_DIR") or "teller-traces")
+    _check_trace_dir(
+        td,
+        "--trace-dir names a directory"
+        if trace_dir
+        else "TELLER_TRACE_DIR names a directory"
+        if os.environ.get("TELLER_TRACE_DIR")
+        else "the default trace directory",
+    )
     if so is not None:
         lib = Path(so)
         if not lib.is_file():

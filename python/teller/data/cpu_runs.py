@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
-from teller.errors import ConfigError
+from teller.errors import ConfigError, TellerIOError
 
 KINDS = (
     "normal",
@@ -526,8 +526,20 @@ def collect_cpu(
     if bad:
         raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
     out = Path(output_dir)
+    for q in (out, *out.parents):  # (an output path that is, or lies under, a file: refused first)
+        if q.exists():
+            if not q.is_dir():
+                raise TellerIOError(
+                    f"{q}: exists and is not a directory (--output-dir names a directory)", path=str(q)
+                )
+            break
     shape_known = _check_shape(out, shape)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TellerIOError(
+            f"{out}: cannot create the output directory: {e.strerror or e}", path=str(out)
+        ) from None
     plans = _plan(seed, num_samples, kinds)
     split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
     ood = not splits[0] > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -55,10 +56,23 @@ def _read_yaml(text: str, where: str) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML: {e}", path=where) from None
+        raise ConfigError(f"{where}: not valid YAML: {_yaml_error_line(e)}", path=where) from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: the configuration must be a mapping", path=where)
     return cfg
+
+
+def _yaml_error_line(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where (line, column), not PyYAML's multi-line
+    rendering with the offending source line and a caret."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    if not problem:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    text = f"{context}: {problem}" if context else problem
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join(text.split()) + where
 
 
 def load_config(preset: str | None = None, config: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -91,7 +105,7 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
     _check_keys(user, str(config))
     cfg = _merge(cfg, user)
     cfg["preset"] = base
-    _check_config(cfg)
+    _check_config(cfg, str(config) if config is not None else f"preset {base}")
     return cfg
 
 
@@ -144,31 +158,65 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _range(cfg: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> None:
+def _range(
+    cfg: dict[str, Any],
+    key: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    where: str = "config",
+    at: str = "",
+) -> None:
     v = cfg.get(key)
-    if not (
-        isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]
-    ):
-        raise ConfigError(f"config: {key} must be a [min, max] pair of numbers, got {v!r}")
+    key = at + key
+    if not (isinstance(v, list) and len(v) == 2 and all(_finite(x) for x in v) and v[0] <= v[1]):
+        raise ConfigError(
+            f"{where}: {key} must be a [min, max] pair of finite numbers, got {v!r}", path=where
+        )
     if (lo is not None and v[0] < lo) or (hi is not None and v[1] > hi):
-        raise ConfigError(f"config: {key} must lie within [{lo}, {hi}], got {v!r}")
+        raise ConfigError(f"{where}: {key} must lie within [{lo}, {hi}], got {v!r}", path=where)
 
 
-def _check_config(cfg: dict[str, Any]) -> None:
-    for key in ("num_samples", "traced_layers"):
-        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
-            raise ConfigError(f"config: {key} must be a positive integer, got {cfg.get(key)!r}")
-    _range(cfg, "steps", 4, 10_000)
-    _range(cfg, "severity", 0.0, 1.0)
+def _finite(v: Any) -> bool:
+    """A finite int or float (not a bool, not NaN or infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Upper bounds of the settings that size a run (docs/dataset.md): sample ids have 6 digits, so a
+# dataset holds at most MAX_SAMPLES samples; the seed is a 32-bit unsigned integer.
+MAX_SAMPLES = 1_000_000
+MAX_SEED = 2**32 - 1
+MAX_JITTER = 1.0  # sigma of the lognormal duration noise: exp(N(0, 1)) already spans ~0.05x-20x
+
+
+def _check_config(cfg: dict[str, Any], where: str = "config") -> None:
+    def fail(msg: str) -> ConfigError:
+        return ConfigError(f"{where}: {msg}", path=where)
+
+    for key, hi in (("num_samples", MAX_SAMPLES), ("traced_layers", None)):
+        v = cfg.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or (hi is not None and v > hi):
+            bound = f" <= {hi}" if hi is not None else ""
+            raise fail(f"{key} must be a positive integer{bound}, got {v!r}")
+    lv = cfg.get("log_every_steps", 4)
+    if not isinstance(lv, int) or isinstance(lv, bool) or not 1 <= lv <= 10_000:
+        raise fail(f"log_every_steps must be an integer in [1, 10000], got {lv!r}")
+    jit = cfg.get("jitter", 0.06)
+    if not _finite(jit) or not 0 <= jit <= MAX_JITTER:
+        raise fail(f"jitter must be a finite number in [0, {MAX_JITTER:g}], got {jit!r}")
+    kr = cfg.get("keep_raw", False)
+    if not isinstance(kr, bool):
+        raise fail(f"keep_raw must be true or false, got {kr!r}")
+    _range(cfg, "steps", 4, 10_000, where)
+    _range(cfg, "severity", 0.0, 1.0, where)
     w = cfg.get("workloads")
     if not isinstance(w, dict):
-        raise ConfigError("config: workloads must be a mapping")
+        raise fail("workloads must be a mapping")
     for key in _WORKLOAD_RANGES:
-        _range(w, key, 0)
+        _range(w, key, 0, None, where, "workloads.")
     for part in ("in_dist", "ood"):
         d = w.get(part)
         if not isinstance(d, dict):
-            raise ConfigError(f"config: workloads.{part} must be a mapping")
+            raise fail(f"workloads.{part} must be a mapping")
         for key, known in (
             ("models", K.MODELS),
             ("gpus", K.GPUS),
@@ -176,15 +224,13 @@ def _check_config(cfg: dict[str, Any]) -> None:
         ):
             vals = d.get(key, [])
             if not isinstance(vals, list) or (part == "in_dist" and not vals):
-                raise ConfigError(f"config: workloads.{part}.{key} must be a list (non-empty for in_dist)")
+                raise fail(f"workloads.{part}.{key} must be a list (non-empty for in_dist)")
             for v in vals:
                 if v not in known:
-                    raise ConfigError(
-                        f"config: workloads.{part}.{key}: unknown {v!r}; known: {', '.join(known)}"
-                    )
+                    raise fail(f"workloads.{part}.{key}: unknown {v!r}; known: {', '.join(known)}")
     tps = w.get("tp")
     if not (isinstance(tps, list) and tps and all(isinstance(x, int) and x >= 1 for x in tps)):
-        raise ConfigError(f"config: workloads.tp must be a non-empty list of positive integers, got {tps!r}")
+        raise fail(f"workloads.tp must be a non-empty list of positive integers, got {tps!r}")
     # any model may meet any GPU (an OOD sample mixes the lists): each pair must fit at some TP under
     # the placement rule draw_workload applies (K.weights_fit)
     models = [*w["in_dist"]["models"], *w["ood"].get("models", [])]
@@ -193,33 +239,35 @@ def _check_config(cfg: dict[str, Any]) -> None:
         for g in dict.fromkeys(gpus):
             ms, gs = K.model_spec(m), K.gpu_spec(g)
             if not K.weights_fit(ms, gs, max(tps)):
-                raise ConfigError(
-                    f"config: {m} does not fit on {g} at any workloads.tp (at TP {max(tps)}: "
+                raise fail(
+                    f"{m} does not fit on {g} at any workloads.tp (at TP {max(tps)}: "
                     f"{ms.weight_bytes() / max(tps) / 2**30:.1f} GiB of weights per rank, over 70 % of "
                     f"{gs.memory_gib:g} GiB); add a larger tp or leave the pair out"
                 )
     classes = cfg.get("classes")
     if not (isinstance(classes, list) and classes):
-        raise ConfigError("config: classes must be a non-empty list of labels")
+        raise fail("classes must be a non-empty list of labels")
     for c in classes:
         if c not in LABELS:
-            raise ConfigError(f"config: unknown class {c!r}; known: {', '.join(LABELS)}")
+            raise fail(f"unknown class {c!r}; known: {', '.join(LABELS)}")
         if c != NORMAL and FAULT_INFO[c][1] and max(tps) < 2:
-            raise ConfigError(f"config: class {c!r} needs tensor parallelism: add a tp >= 2 to workloads.tp")
+            raise fail(f"class {c!r} needs tensor parallelism: add a tp >= 2 to workloads.tp")
     sp = cfg.get("splits")
     if not (
         isinstance(sp, dict)
         and set(sp) == {"train", "val", "test"}
-        and all(isinstance(v, (int, float)) and v >= 0 for v in sp.values())
+        and all(_finite(v) and v >= 0 for v in sp.values())
         and sum(sp.values()) > 0
     ):
-        raise ConfigError("config: splits must map train, val, test to non-negative fractions")
+        raise fail(f"splits must map train, val, test to finite non-negative fractions, got {sp!r}")
     sf = cfg.get("secondary_fault_fraction", 0.0)
-    if not isinstance(sf, (int, float)) or not 0 <= sf <= 1:
-        raise ConfigError(f"config: secondary_fault_fraction must be in [0, 1], got {sf!r}")
+    if not _finite(sf) or not 0 <= sf <= 1:
+        raise fail(f"secondary_fault_fraction must be in [0, 1], got {sf!r}")
     ood = cfg.get("ood_fraction")
-    if not isinstance(ood, (int, float)) or not 0 <= ood < 1:
-        raise ConfigError(f"config: ood_fraction must be in [0, 1), got {ood!r}")
+    if not _finite(ood) or not 0 <= ood < 1:
+        raise fail(f"ood_fraction must be in [0, 1), got {ood!r}")
+    if ood > 0 and not any(w["ood"].get(d) for d in ("models", "gpus", "arrivals")):
+        raise fail("ood_fraction > 0 needs at least one workloads.ood list")
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -458,16 +506,27 @@ def generate(
     interrupted run with the same seed and configuration) are kept. ``train_only``: every sample in
     the train split, from the in-distribution workloads only (no OOD samples): more training data
     for a benchmark generated with another seed (``teller train --extra-train``)."""
+    # Every argument checked before anything is written (a refused run leaves no stamp behind).
+    for name, v, lo, hi in (
+        ("--seed", seed, 0, MAX_SEED),
+        ("--num-samples", num_samples, 1, MAX_SAMPLES),
+        ("--workers", workers, 1, 1024),
+    ):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+            raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
     cfg = load_config(preset, config)
     if train_only:
         cfg = {**cfg, "ood_fraction": 0.0, "splits": {"train": 1.0, "val": 0.0, "test": 0.0}}
-        _check_config(cfg)
+        _check_config(cfg, str(config) if config is not None else f"preset {cfg['preset']}")
     n = int(num_samples if num_samples is not None else cfg["num_samples"])
-    if n < 1:
-        raise ConfigError(f"--num-samples must be >= 1, got {n}")
-    if workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    seed = int(seed)
     out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise TellerIOError(
+            f"{out}: exists and is not a directory (--output-dir names a directory)", path=str(out)
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -481,7 +540,7 @@ def generate(
             old = json.loads(stamp.read_text())
         except json.JSONDecodeError:
             old = None
-        if old != cfg_key:
+        if old != cfg_key and _holds_samples(out):
             raise ConfigError(
                 f"{out}: holds a dataset generated with another seed, configuration or simulator "
                 f"version; use a new directory"
@@ -520,6 +579,18 @@ def generate(
     _json_dump(manifest, man_path)
     stamp.unlink()
     return manifest
+
+
+def _holds_samples(out: Path) -> bool:
+    """Whether a generate run left anything in ``out`` (a sample directory, complete or not): a stamp
+    alone (a run refused or stopped before its first sample) holds nothing to protect."""
+    try:
+        return any(
+            c.is_dir() and (re.fullmatch(r"s\d{6,}", c.name) or c.name.startswith(".tmp-"))
+            for c in out.iterdir()
+        )
+    except OSError:
+        return True
 
 
 def build_manifest(out: Path, cfg: dict[str, Any], seed: int, plans: list[SamplePlan]) -> dict[str, Any]:
