@@ -343,7 +343,7 @@ def trace_summary(
 def trace_tree(
     inputs: Annotated[list[str], typer.Argument(help="Trace files or run directories.")],
     step: Annotated[int | None, typer.Option(help="Step index (default: the first step).")] = None,
-    max_lines: Annotated[int, typer.Option(help="Lines to print at most.")] = 80,
+    max_lines: Annotated[int, typer.Option(min=0, help="Lines to print at most.")] = 80,
     step_name: StepOpt = None,
 ) -> None:
     """Print the call-chain tree of one step."""
@@ -353,11 +353,13 @@ def trace_tree(
         raise _fail(e) from None
     steps = tr.steps()
     k = 0 if step is None else step
-    if not 0 <= k < len(steps):
-        raise _fail(ValueError(f"step {k} out of range: the trace has {len(steps)} step(s)"))
+    try:
+        tree = tr.tree(k)  # (a ConfigError naming the step range)
+    except TellerError as e:
+        raise _fail(e) from None
     st = steps[k]
     console.print(f"step {k}: [bold]{st.name}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)
-    print(tr.tree(k).render(max_lines=max_lines))
+    print(tree.render(max_lines=max_lines))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -525,8 +527,8 @@ def tpe_train(
 def tpe_encode(
     input: Annotated[str, typer.Argument(help="A trace file or run directory.")],
     tokenizer_dir: Annotated[str, typer.Option("--tokenizer-dir", help="Directory of tokenizer.json.")],
-    step: Annotated[int | None, typer.Option(help="Only this step (segment).")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Print at most this many tokens.")] = 60,
+    step: Annotated[int | None, typer.Option(help="Only this step (segment); with --json too.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Print at most this many tokens.")] = 60,
     as_json: Annotated[bool, typer.Option("--json", help="Print ids, offsets and features as JSON.")] = False,
 ) -> None:
     """Print a readable tokenization of a trace: each token with the span of events it covers."""
@@ -537,19 +539,25 @@ def tpe_encode(
         enc = tok.encode(input)
     except TellerError as e:
         raise _fail(e) from None
+    segs = enc.segments()
+    if step is not None and not 0 <= step < len(segs):
+        rng = f" (0..{len(segs) - 1})" if segs else ""
+        raise _fail(ConfigError(f"{input}: step {step} out of range: the trace has {len(segs)} step(s){rng}"))
     if as_json:
+        # --step: that step's tokens alone; offsets stay positions in the whole trace's event sequence
+        a, b = segs[step] if step is not None else (0, len(enc))
         print(
             json.dumps(
                 {
-                    "ids": enc.ids.tolist(),
-                    "offsets": enc.offsets.tolist(),
-                    "segment_starts": enc.segment_starts.tolist(),
-                    "features": enc.features.tolist(),
+                    **({"step": step} if step is not None else {}),
+                    "ids": enc.ids[a:b].tolist(),
+                    "offsets": enc.offsets[a : b + 1].tolist(),
+                    "segment_starts": [0] if step is not None else enc.segment_starts.tolist(),
+                    "features": enc.features[a:b].tolist(),
                 }
             )
         )
         return
-    segs = enc.segments()
     n_events = int(enc.offsets[-1])
     console.print(
         f"{len(enc)} tokens for {n_events} events ({n_events / max(len(enc), 1):.2f} events/token), "
@@ -677,7 +685,7 @@ def dataset_validate(
     deep: Annotated[
         bool, typer.Option(help="Also parse every trace.json and check it against its annotation.")
     ] = False,
-    max_problems: Annotated[int, typer.Option(help="Print at most this many problems.")] = 200,
+    max_problems: Annotated[int, typer.Option(min=0, help="Print at most this many problems.")] = 200,
 ) -> None:
     """Check every sample against the annotation schema (and the manifest against its schema); print
     each problem with its file and JSON path; exit 1 if there is any."""
@@ -958,6 +966,7 @@ def train_baselines_cmd(
             output_dir or "output/checkpoints/baselines",
             log=lambda m: err_console.print(m, highlight=False, markup=False),
             extra_train=extra_train or (),
+            tpe_dir=tpe_dir,
         )
     except TellerError as e:
         raise _fail(e) from None

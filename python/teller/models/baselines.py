@@ -405,48 +405,68 @@ def train_baselines(
     output_dir: str | Path,
     log: Any = print,
     extra_train: Sequence[str | Path] = (),
+    tpe_dir: str | Path | None = None,
     **fit_kw: Any,
 ) -> Path:
+    """Fit the baselines on ``data_dir``'s train split (plus ``extra_train``'s) into a new run
+    directory ``output_dir`` (one holding any run is refused before fitting). ``tpe_dir``: the TPE
+    tokenizer the shards were encoded with (checked against their manifest; default: the path it
+    names)."""
     from teller.models.data import check_extra_train
-    from teller.models.train import shards_run_dir
+    from teller.models.train import (
+        _check_tpe,
+        _commit,
+        _write_tmp,
+        check_new_run_dir,
+        distinct_extra_train,
+        shards_run_dir,
+    )
 
+    out = Path(output_dir)
+    check_new_run_dir(out)
     run_dir = shards_run_dir(data_dir)
     man = read_shards_manifest(run_dir)
+    if tpe_dir:
+        _check_tpe(tpe_dir, man, run_dir)
     log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
-    train, names = load_raw(run_dir, "train")
     extra_dirs = [shards_run_dir(e) for e in extra_train]
+    distinct_extra_train(run_dir, extra_dirs)
     for e in extra_dirs:
         check_extra_train(run_dir, e)
+    train, names = load_raw(run_dir, "train")
+    for e in extra_dirs:
         train += load_raw(e, "train")[0]
     val, _ = load_raw(run_dir, "val")
-    b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, man["tokenizer"].get("path"))
+    tpe_path = str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path")
+    b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, tpe_path)
     t0 = time.perf_counter()
     b.fit(train, val, log, **fit_kw)
     b.info["fit_seconds"] = time.perf_counter() - t0
-    out = Path(output_dir)
+    check_new_run_dir(out)  # (again: another run may have been written there while this one fitted)
     out.mkdir(parents=True, exist_ok=True)
-    b.save(out / "baselines.pkl")
-    (out / "config.json").write_text(
-        json.dumps(
-            {
-                "format": "teller-baselines",
-                "version": 1,
-                "data_dir": str(run_dir.resolve()),
-                "extra_train": [str(e.resolve()) for e in extra_dirs],
-                "train_samples": len(train),
-                "shards_version": int(man.get("version", 1)),
-                "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
-                # the kernel reference its summary columns 17-22 were computed with (shards >= 8)
-                "reference": str((run_dir / "reference.json").resolve())
-                if (run_dir / "reference.json").is_file()
-                else None,
-                "reference_sha256": (man.get("reference") or {}).get("sha256"),
-                "label_names": names,
-                "info": b.info,
-            },
-            indent=1,
-        )
+    cfg_text = json.dumps(
+        {
+            "format": "teller-baselines",
+            "version": 1,
+            "data_dir": str(run_dir.resolve()),
+            "extra_train": [str(e.resolve()) for e in extra_dirs],
+            "train_samples": len(train),
+            "shards_version": int(man.get("version", 1)),
+            "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
+            # the kernel reference its summary columns 17-22 were computed with (shards >= 8)
+            "reference": str((run_dir / "reference.json").resolve())
+            if (run_dir / "reference.json").is_file()
+            else None,
+            "reference_sha256": (man.get("reference") or {}).get("sha256"),
+            "label_names": names,
+            "info": b.info,
+        },
+        indent=1,
     )
+    # the model, then its configuration, each through a temporary file renamed into place
+    tmp_pkl = _write_tmp(out / "baselines.pkl", lambda t: t.write_bytes(pickle.dumps(b)))
+    tmp_cfg = _write_tmp(out / "config.json", lambda t: t.write_text(cfg_text))
+    _commit(out, {"baselines.pkl": tmp_pkl, "config.json": tmp_cfg})
     return out
 
 
@@ -471,7 +491,7 @@ def load_baselines(path: str | Path) -> Baselines:
 def evaluate_baselines(
     checkpoint: str | Path, data_dir: str | Path | None, split: str
 ) -> dict[str, dict[str, Any]]:
-    from teller.models.train import check_shards_version, shards_run_dir
+    from teller.models.train import check_eval_data, check_shards_version, shards_run_dir
 
     p = Path(checkpoint)
     p = p / "baselines.pkl" if p.is_dir() else p
@@ -480,6 +500,7 @@ def evaluate_baselines(
     if not isinstance(cfg, dict) or not cfg.get("data_dir") and data_dir is None:
         raise ConfigError(f"{p.parent / 'config.json'}: not a baselines configuration (no data_dir)")
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    check_eval_data(cfg, run_dir, split, p.parent, (int(b.trace_vocab), len(b.log_vocab)))
     check_shards_version(cfg, run_dir)
     samples, names = load_raw(run_dir, split)
     res = {}

@@ -191,7 +191,10 @@ def diagnose(
         except (UnicodeDecodeError, json.JSONDecodeError):
             c = None  # (load_checkpoint names the file)
         if isinstance(c, dict) and c.get("format") == "teller-ensemble":
-            ens, checkpoint = c, c["mot"]
+            from teller.models.ensemble import read_ensemble_config
+
+            ens = read_ensemble_config(ens_cfg.parent)  # (its fields checked: a TellerError naming it)
+            checkpoint = ens["mot"]
     model, cfg = load_checkpoint(checkpoint)
     for key, what in (("tpe_dir", "TPE tokenizer"), ("log_tokenizer", "log tokenizer")):
         if not cfg.get(key) or not Path(cfg[key]).exists():

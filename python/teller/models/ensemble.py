@@ -31,7 +31,13 @@ from teller.models.metrics import Prediction, candidate_rank, metrics_for
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
+def _bad(p: Path, key: str, v: Any, want: str) -> ConfigError:
+    return ConfigError(f"{p}: {key}: {v!r} is not {want}", path=str(p))
+
+
 def _read_cfg(run: Path, fmt: str) -> dict[str, Any]:
+    """``run``'s config.json, of format ``fmt``, with the fields the ensemble reads checked (else a
+    :class:`TellerError` naming the file and the field)."""
     p = run / "config.json"
     if not p.is_file():
         raise TellerFileNotFoundError(f"{p}: no run configuration", path=str(p))
@@ -39,7 +45,31 @@ def _read_cfg(run: Path, fmt: str) -> dict[str, Any]:
     if not isinstance(cfg, dict) or cfg.get("format") != fmt:
         got = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
         raise ConfigError(f"{run}: a {got!r} run, expected {fmt!r}", path=str(run))
+    names = cfg.get("label_names")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise _bad(p, "label_names", names, "a list of label names")
+    if fmt == "teller-ensemble":
+        for key in ("mot", "baselines"):
+            if not isinstance(cfg.get(key), str) or not cfg[key]:
+                raise _bad(p, key, cfg.get(key), f"the path of the ensemble's {key} run")
+        w = cfg.get("weight")
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w <= 1.0:
+            raise _bad(p, "weight", w, "a number in [0, 1]")
+        if not isinstance(cfg.get("model"), str):
+            raise _bad(p, "model", cfg.get("model"), "a model name")
+    if not isinstance(cfg.get("data_dir"), str) or not cfg["data_dir"]:
+        raise _bad(p, "data_dir", cfg.get("data_dir"), "the path of the shards it was trained on")
+    if fmt == "teller-rca-checkpoint" and not (
+        isinstance(cfg.get("model"), dict) and isinstance(cfg["model"].get("arch"), str)
+    ):
+        raise _bad(p, "model", cfg.get("model"), "a model configuration (with its arch)")
     return cfg
+
+
+def read_ensemble_config(run: str | Path) -> dict[str, Any]:
+    """An ensemble run's config.json (``teller train ensemble``), its fields checked: what
+    ``teller evaluate`` and ``teller diagnose`` read."""
+    return _read_cfg(Path(run), "teller-ensemble")
 
 
 def mix(p_mot: np.ndarray, p_gbdt: np.ndarray, w: float) -> np.ndarray:
@@ -56,15 +86,26 @@ def _predictions(
     split's label names and the latency per sample of both models (seconds)."""
     from teller.models.baselines import load_baselines, load_raw
     from teller.models.data import load_model_split
-    from teller.models.train import check_shards_version, load_checkpoint, predict, shards_run_dir
+    from teller.models.train import (
+        check_eval_data,
+        check_shards_version,
+        load_checkpoint,
+        predict,
+        shards_run_dir,
+    )
 
     model, cfg = load_checkpoint(mot_run)
     b = load_baselines(baselines_run / "baselines.pkl")
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+    mc = cfg["model"]
+    check_eval_data(cfg, run_dir, split, mot_run, (mc.get("trace_vocab"), mc.get("log_vocab")))
     check_shards_version(cfg, run_dir)
     bcfg = baselines_run / "config.json"
     if bcfg.is_file():
-        check_shards_version(read_json(bcfg, "baselines configuration"), run_dir)
+        bc = read_json(bcfg, "baselines configuration")
+        if isinstance(bc, dict):
+            check_eval_data(bc, run_dir, split, baselines_run, (int(b.trace_vocab), len(b.log_vocab)))
+        check_shards_version(bc, run_dir)
     samples, names = load_model_split(run_dir, split, cfg["model"])
     raw, _ = load_raw(run_dir, split)
     t0 = time.perf_counter()
@@ -86,12 +127,14 @@ def fit_ensemble(
     split: str = "val",
 ) -> Path:
     """Choose the mixing weight on ``split`` (val) and write the ensemble's run directory."""
-    mot, base = Path(mot_run), Path(baselines_run)
+    from teller.models.train import check_new_run_dir, shards_run_dir, write_text_atomic
+
+    mot, base, out = Path(mot_run), Path(baselines_run), Path(output_dir)
+    check_new_run_dir(out)  # (before any work: never over another run, the MoT's or the GBDT's)
     mc = _read_cfg(mot, "teller-rca-checkpoint")
     bc = _read_cfg(base, "teller-baselines")
     if list(mc["label_names"]) != list(bc["label_names"]):
         raise ConfigError(f"{mot} and {base} have different label names")
-    from teller.models.train import shards_run_dir
 
     shas = []
     for c in (mc, bc):
@@ -112,7 +155,7 @@ def fit_ensemble(
         )
         log(f"weight {w}: val AC@1 {scores[w]:.3f}")
     best = max(WEIGHTS, key=lambda w: (scores[w], -w))
-    out = Path(output_dir)
+    check_new_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {
         "format": "teller-ensemble",
@@ -126,14 +169,14 @@ def fit_ensemble(
         "label_names": mc["label_names"],
         "model": f"{mc['model']['arch']}+gbdt",
     }
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    write_text_atomic(out / "config.json", json.dumps(cfg, indent=1))
     return out
 
 
 def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) -> dict[str, Any]:
     """``teller evaluate`` of an ensemble run directory."""
     r = Path(run)
-    cfg = _read_cfg(r, "teller-ensemble")
+    cfg = read_ensemble_config(r)
     preds, pg, names, lat = _predictions(Path(cfg["mot"]), Path(cfg["baselines"]), data_dir, split)
     q = mix(np.stack([p.probs for p in preds]), pg, float(cfg["weight"])) if preds else pg
     normal = list(cfg["label_names"]).index("normal") if "normal" in cfg["label_names"] else -1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import warnings
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,6 +98,10 @@ def evaluate_any(
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfgp}: not a checkpoint configuration (a JSON object)")
     fmt = cfg.get("format")
+    if fmt == "teller-ensemble":  # (its fields checked, naming config.json)
+        from teller.models.ensemble import read_ensemble_config
+
+        cfg = read_ensemble_config(cfgp.parent)
     sp = Path(split)
     named = split in ("train", "val", "test", "test_ood", "all")
     dataset = None
@@ -423,12 +428,25 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     fault type, AC@1 by severity and by effect per split), ``results.json``, ``results-paired.json``
     and, where matplotlib is installed, ``results-*.png`` plots."""
     rows: list[dict[str, Any]] = []
+    seen: dict[Path, str] = {}
+    empty: list[str] = []
     for r in runs:
         p = Path(r)
         if not p.exists():
             raise TellerFileNotFoundError(f"{p}: no such run directory or evaluation file")
+        key = p.resolve()
+        if key in seen:  # (the same run twice would count as two runs of its kind)
+            raise ConfigError(f"{p}: given twice (also as {seen[key]}); name each run once", path=str(p))
+        seen[key] = str(r)
         files = sorted(p.glob("eval-*.json")) if p.is_dir() else [p]
+        if not files:
+            empty.append(str(p))
         for f in files:
+            if f.resolve() in seen:
+                raise ConfigError(
+                    f"{f}: given twice (also in {seen[f.resolve()]}); name each run once", path=str(f)
+                )
+            seen[f.resolve()] = str(r)
             m = _load_eval(f)
             rows.append(
                 {
@@ -445,7 +463,15 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                 }
             )
     if not rows:
-        raise TellerFileNotFoundError("no eval-*.json in the given runs (run teller evaluate first)")
+        raise TellerFileNotFoundError(
+            f"no eval-*.json in {', '.join(empty)} (run directories of teller train, after teller evaluate)",
+            path=empty[0] if empty else None,
+        )
+    if empty:
+        warnings.warn(
+            f"{', '.join(empty)}: no eval-*.json (not a run directory, or not evaluated yet): left out",
+            stacklevel=2,
+        )
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     order = {"test": 0, "test_ood": 1}

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics, metrics_for
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
@@ -609,6 +609,116 @@ def _check_output_dir(out: Path) -> None:
         )
 
 
+# what any teller run directory holds (a trained model's, a baselines run's, an ensemble's config)
+ANY_RUN_FILES = (*RUN_FILES, "baselines.pkl", "history.json")
+
+
+def check_new_run_dir(out: Path) -> None:
+    """``out`` can take a new run that cannot be resumed (baselines, an ensemble): a directory (or
+    a path one can be created at), writable, holding no run yet (else a :class:`TellerError` naming
+    it and what it holds, before any work)."""
+    _check_output_dir(out)
+    present = [f for f in ANY_RUN_FILES if (out / f).exists()]
+    if present:
+        raise ConfigError(
+            f"{out}: already holds a run ({', '.join(present)}); "
+            "pick another --output-dir (or remove this one)",
+            path=str(out),
+        )
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed over it (never half written)."""
+    _commit(path.parent, {path.name: _write_tmp(path, lambda t: t.write_text(text))})
+
+
+def distinct_extra_train(run_dir: Path, extra_dirs: Sequence[Path]) -> None:
+    """Refuse ``--extra-train`` shards given twice (by resolved path): they would be trained on twice."""
+    seen: dict[Path, Path] = {}
+    for e in extra_dirs:
+        r = e.resolve()
+        if r in seen:
+            raise ConfigError(
+                f"{e}: given twice as --extra-train (also as {seen[r]}); "
+                "its samples would be trained on twice",
+                path=str(e),
+            )
+        seen[r] = e
+
+
+def _sha(man: dict[str, Any], part: str) -> Any:
+    d = man.get(part)
+    return d.get("sha256") if isinstance(d, dict) else None
+
+
+def check_eval_data(
+    cfg: dict[str, Any],
+    run_dir: Path,
+    split: str,
+    ckpt: str | Path,
+    vocab: tuple[int | None, int | None] = (None, None),
+) -> None:
+    """The shards ``run_dir`` that a run (``cfg``, its config.json) is about to be evaluated on:
+    encoded with the TPE and log tokenizers it was trained on (their SHA-256 against the run's
+    training shards' manifest; where those are gone, the recorded TPE tokenizer file's, else the
+    vocabulary sizes ``vocab`` = (trace, log) the model reads), and holding samples in ``split``.
+    Else a :class:`ConfigError` naming the shards."""
+    from teller.data.tokenize import _sha256, read_shards_manifest
+
+    man = read_shards_manifest(run_dir)
+    hint = (
+        "evaluate a dataset directory instead (--data-dir DATASET or --split DATASET: it is encoded "
+        "with the checkpoint's own tokenizers)"
+    )
+    trained = cfg.get("data_dir")
+    tman: dict[str, Any] | None = None
+    if isinstance(trained, str) and trained:
+        with contextlib.suppress(TellerError, OSError, ValueError):
+            tdir = shards_run_dir(trained)
+            if tdir.resolve() == run_dir.resolve():
+                tman = man
+            else:
+                tman = read_shards_manifest(tdir)
+    checks: list[tuple[str, Any, Any]] = []
+    if tman is not None:
+        checks += [
+            ("TPE tokenizer", _sha(tman, "tokenizer"), _sha(man, "tokenizer")),
+            ("log tokenizer", _sha(tman, "log_tokenizer"), _sha(man, "log_tokenizer")),
+        ]
+    else:
+        tpe_file = cfg.get("tpe_dir")
+        if isinstance(tpe_file, str) and tpe_file:
+            from teller import tpe
+
+            f = Path(tpe_file)
+            f = f / tpe.FILE_NAME if f.is_dir() else f
+            if f.is_file():
+                checks.append(("TPE tokenizer", _sha256(f), _sha(man, "tokenizer")))
+        lt = man.get("log_tokenizer") if isinstance(man.get("log_tokenizer"), dict) else {}
+        tk = man.get("tokenizer") if isinstance(man.get("tokenizer"), dict) else {}
+        checks += [
+            ("TPE vocabulary size", vocab[0], tk.get("vocab_size")),
+            ("log vocabulary size", vocab[1], lt.get("vocab_size")),
+        ]
+    for what, want, have in checks:
+        if want is not None and have is not None and want != have:
+            why = (
+                f"its {what} is {have}, {ckpt} was trained on {want}"
+                if "size" in what
+                else f"encoded with another {what} than {ckpt} was trained on"
+            )
+            raise ConfigError(f"{run_dir}: {why}; {hint}", path=str(run_dir))
+    names = [split] if split != "all" else list(man["splits"])
+    if split != "all" and split not in man["splits"]:
+        raise ConfigError(
+            f"{run_dir}: no {split!r} split (it has {', '.join(man['splits']) or 'none'})", path=str(run_dir)
+        )
+    if sum(len(man["splits"][n].get("samples") or []) for n in names) == 0:
+        raise ConfigError(
+            f"{run_dir}: its {split!r} split holds no samples: nothing to evaluate", path=str(run_dir)
+        )
+
+
 def _shards_identity(man: dict[str, Any]) -> str:
     """What tokenized shards hold, not where they or their inputs lie: the hash of their manifest
     without the input paths (the same shards moved elsewhere are the same)."""
@@ -826,6 +936,7 @@ def train(
         )
     check_shards_version({"model": mc.to_dict(), "shards_version": int(man.get("version", 1))}, run_dir)
     extra_dirs = [shards_run_dir(e) for e in extra_train]
+    distinct_extra_train(run_dir, extra_dirs)
     for e in extra_dirs:
         check_extra_train(run_dir, e)
     # what the run trains on, in state.pt: a resume must give the same
@@ -1090,6 +1201,7 @@ def evaluate(
     model, cfg = load_checkpoint(checkpoint, device)
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
+    check_eval_data(cfg, run_dir, split, checkpoint, (mc.get("trace_vocab"), mc.get("log_vocab")))
     check_shards_version(cfg, run_dir)
     samples, names = load_model_split(run_dir, split, mc)
     preds, _ = predict(model, samples)
