@@ -48,6 +48,19 @@ def test_convert_refuses_to_overwrite_its_input(tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+def test_convert_into_its_run_directory_can_be_rerun(tmp_path):
+    """Only the files the loader reads are inputs: a run directory's own earlier conversion is not."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "gpu" / "h200_llama_tiny", run)
+    for _ in range(2):
+        p = teller("trace", "convert", str(run), "-o", str(run / "merged.json.gz"))
+        assert p.returncode == 0, p.stderr
+    raw = next((run / "raw").glob("*.tmsgpack"))
+    refused(teller("trace", "convert", str(run), "-o", str(raw)), "is one of the inputs")
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -212,6 +212,16 @@ def test_an_interrupted_run_leaves_the_files_of_its_last_epoch(data, tmp_path, m
         train(_cfg(3), shards, ck, resume=True)
     monkeypatch.undo()
     assert _snapshot(ck) == before and not list(ck.glob(".*.tmp"))
+
+    # (what a real full disk raises: torch.save a RuntimeError from its writer, not an OSError)
+    def full_torch(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(tr.torch, "save", full_torch)
+    with pytest.raises(TellerIOError, match=r"state.pt: cannot write it \(RuntimeError: "):
+        train(_cfg(3), shards, ck, resume=True)
+    monkeypatch.undo()
+    assert _snapshot(ck) == before and not list(ck.glob(".*.tmp"))
     train(_cfg(3), shards, ck, resume=True)
     assert len(json.loads((ck / "history.json").read_text())) == 3
 
@@ -308,3 +318,23 @@ def test_cli_train_errors_are_one_line(data, tmp_path) -> None:
         assert r.returncode == 2 and msg in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_sigterm_waits_for_the_commit_too():
+    """A scheduler's SIGTERM (or `timeout`) during the renames of one checkpoint is held until they
+    are done, then delivered to the handler that was there."""
+    import os
+    import signal
+
+    from teller.models.train import _interrupts_deferred
+
+    got: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda *a: got.append(a[0]))
+    try:
+        with _interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert got == []  # (held)
+        assert got == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -100,10 +100,10 @@ def _output_file(path: str, inputs: list[str], option: str) -> None:
         raise _fail(ConfigError(f"{path}: a directory ({option} names a file)"))
     if not o.exists():
         return
-    for i in map(Path, inputs):
-        files = i.rglob("*") if i.is_dir() else [i]
-        if any(f.is_file() and os.path.samefile(f, o) for f in files):
-            raise _fail(ConfigError(f"{path}: is one of the inputs; write {option} elsewhere"))
+    # (the files the loader read, not everything under an input directory: a run directory's own
+    # earlier conversion, say RUN/merged.json.gz, is not an input of RUN)
+    if any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):
+        raise _fail(ConfigError(f"{path}: is one of the inputs; write {option} elsewhere"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -239,10 +239,11 @@ def trace_convert(
     step_name: StepOpt = None,
 ) -> None:
     """Merge and align inputs into one Chrome trace that opens in Perfetto (ui.perfetto.dev)."""
-    _output_file(output, inputs, "--output")
+    _output_file(output, [], "--output")
     t0 = time.perf_counter()
     try:
         tr = _load(inputs, step_name)
+        _output_file(output, [src["path"] for src in tr.sources], "--output")
         tr.to_chrome(output)
     except TellerError as e:
         raise _fail(e) from None
@@ -774,11 +775,16 @@ def tokenize_cmd(
     output_dir: Annotated[str, typer.Option("--output-dir", help="Shards go to OUTPUT_DIR/<run-id>/.")],
     run_id: Annotated[
         str | None,
-        typer.Option(help="Run id (default: a hash of dataset, tokenizer and settings; reruns resume)."),
+        typer.Option(
+            help="Run id, a plain name (default: a hash of dataset, tokenizer and settings; reruns "
+            "resume; a run id holding another dataset, tokenizer or settings is refused)."
+        ),
     ] = None,
     shard_size: Annotated[int, typer.Option(help="Samples per shard.")] = 256,
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
-    log_vocab_size: Annotated[int, typer.Option(help="Log word vocabulary size (built on train).")] = 4096,
+    log_vocab_size: Annotated[
+        int, typer.Option(help="Log word vocabulary size (built on train; at least 11).")
+    ] = 4096,
     log_tokenizer: Annotated[
         str | None,
         typer.Option(
@@ -889,7 +895,12 @@ _TpeOpt = Annotated[
     ),
 ]
 _OutOpt = Annotated[
-    str | None, typer.Option("--output-dir", help="Run directory (checkpoints, config.json).")
+    str | None,
+    typer.Option(
+        "--output-dir",
+        help="Run directory (checkpoints, config.json); one already holding a run is refused (train "
+        "mot / single: unless --resume).",
+    ),
 ]
 _ExtraOpt = Annotated[
     list[str] | None,

@@ -512,7 +512,7 @@ def generate(
         ("--num-samples", num_samples, 1, MAX_SAMPLES),
         ("--workers", workers, 1, 1024),
     ):
-        if v is None:
+        if v is None and name != "--seed":  # (the others have defaults: the preset's, one worker)
             continue
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
             raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")

@@ -13,6 +13,7 @@ Both localize with the per-token anomaly score (the GBDT has no per-token output
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import time
@@ -464,9 +465,17 @@ def train_baselines(
         indent=1,
     )
     # the model, then its configuration, each through a temporary file renamed into place
-    tmp_pkl = _write_tmp(out / "baselines.pkl", lambda t: t.write_bytes(pickle.dumps(b)))
-    tmp_cfg = _write_tmp(out / "config.json", lambda t: t.write_text(cfg_text))
-    _commit(out, {"baselines.pkl": tmp_pkl, "config.json": tmp_cfg})
+    # (the fitted model renamed last: a commit cut short leaves no baselines.pkl to be loaded with
+    # another run's configuration; no temporary file is left behind on an error)
+    tmps: dict[str, Path] = {}
+    try:
+        tmps["config.json"] = _write_tmp(out / "config.json", lambda t: t.write_text(cfg_text))
+        tmps["baselines.pkl"] = _write_tmp(out / "baselines.pkl", lambda t: t.write_bytes(pickle.dumps(b)))
+        _commit(out, tmps)
+    finally:
+        for t in tmps.values():
+            with contextlib.suppress(OSError):
+                t.unlink(missing_ok=True)
     return out
 
 

@@ -57,21 +57,17 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
     return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
 
 
-def _refuse_input_as_output(out: str | Path, inputs: Path | list[Path], log: Path | None) -> None:
-    """``--perfetto`` naming one of the inputs would overwrite what is being diagnosed."""
+def _refuse_input_as_output(out: str | Path, inputs: list[str | Path]) -> None:
+    """``--perfetto`` naming one of the files read (the loader's sources, the log) would overwrite
+    what is being diagnosed; a directory is no file name. (Not everything under a run directory:
+    its own earlier diagnosis output is no input.)"""
     o = Path(out)
     if o.is_dir():
         raise TellerIOError(
             f"{o}: a directory; --perfetto takes a file name (e.g. culprits.json.gz)", path=str(o)
         )
-    if not o.exists():
-        return
-    ins = [*(inputs if isinstance(inputs, list) else [inputs]), *([log] if log else [])]
-    for i in ins:
-        i = Path(i)
-        files = list(i.rglob("*")) if i.is_dir() else [i]
-        if any(f.exists() and os.path.samefile(f, o) for f in files):
-            raise ConfigError(f"{o}: is an input of this diagnosis; write the Perfetto trace elsewhere")
+    if o.exists() and any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):
+        raise ConfigError(f"{o}: is an input of this diagnosis; write the Perfetto trace elsewhere")
 
 
 _REFERENCES: dict[str, Any] = {}
@@ -207,7 +203,7 @@ def diagnose(
     logtok = LogTokenizer.load(cfg["log_tokenizer"])
     trace_in, log_path = _find_inputs(p)
     if perfetto:
-        _refuse_input_as_output(perfetto, trace_in, log_path)
+        _refuse_input_as_output(perfetto, [])  # (a directory: refused before the work)
     if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
         warnings.warn(
             f"{p}: no log.txt beside the trace: the model's log side reads an empty log "
@@ -222,6 +218,10 @@ def diagnose(
     )
     # what the loader had to skip or repair (a raw file cut short, unknown categories): the diagnosis
     # rests on what was read, so say so (the collector's info notes stay out)
+    if perfetto:
+        _refuse_input_as_output(
+            perfetto, [*(src["path"] for src in tr.sources), *([log_path] if log_path else [])]
+        )
     input_warnings = _trace.split_collector_notes(tr.warnings)[1]
     for w in input_warnings:
         warnings.warn(w, TellerWarning, stacklevel=2)

@@ -337,33 +337,50 @@ def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
             tmp.unlink()
         if isinstance(e, OSError):
             raise TellerIOError(f"{path}: cannot write it ({e.strerror or e})", path=str(path)) from None
+        if isinstance(e, Exception):
+            # (a full disk reaches torch.save as a RuntimeError, safetensors as its SafetensorError)
+            raise TellerIOError(
+                f"{path}: cannot write it ({type(e).__name__}: {_one_line(e)})", path=str(path)
+            ) from None
         raise
     return tmp
 
 
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C (SIGINT) waits until the block is done: the files of one checkpoint are replaced
-    together, so that an interrupted run leaves the earlier ones, or the new ones, never a mix."""
+    """Ctrl-C (SIGINT) and SIGTERM (a scheduler, `timeout`) wait until the block is done: the files
+    of one checkpoint are replaced together, so that an interrupted run leaves the earlier ones, or
+    the new ones, never a mix. (SIGKILL cannot wait: resume then finds the two epochs differ.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    got: list[Any] = []
+    got: list[tuple[int, Any]] = []
+    before: dict[int, Any] = {}
     try:
-        before = signal.signal(signal.SIGINT, lambda *a: got.append(a))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            before[sig] = signal.signal(sig, lambda *a: got.append(a))
     except (ValueError, OSError):  # (no signals here)
+        for sig, h in before.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
         yield
         return
     try:
         yield
     finally:
         # (None: a handler not installed from Python, which cannot be put back: the default)
-        signal.signal(signal.SIGINT, before if before is not None else signal.SIG_DFL)
-        if got and before is not signal.SIG_IGN:
-            if callable(before):
-                before(*got[0])  # (Python's own handler raises KeyboardInterrupt)
-            else:
+        for sig, h in before.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
+        if got:
+            sig = got[0][0]
+            h = before.get(sig)
+            if h is signal.SIG_IGN:
+                pass
+            elif callable(h):
+                h(*got[0])  # (Python's own SIGINT handler raises KeyboardInterrupt)
+            elif sig == signal.SIGINT:
                 raise KeyboardInterrupt
+            else:
+                signal.raise_signal(sig)  # (the default action, now that the files are in place)
 
 
 def _commit(out: Path, files: dict[str, Path]) -> None:
@@ -701,6 +718,9 @@ def check_eval_data(
             ("log vocabulary size", vocab[1], lt.get("vocab_size")),
         ]
     for what, want, have in checks:
+        # (by size, the last resort: sizes that differ. A model given a larger model.trace_vocab than
+        # its shards' whose shards and tokenizer are both gone is refused too; the size is all that
+        # is left to tell another tokenizer's shards by)
         if want is not None and have is not None and want != have:
             why = (
                 f"its {what} is {have}, {ckpt} was trained on {want}"
