@@ -248,7 +248,7 @@ def test_tokenize_refuses_bad_arguments_before_writing(setup, tmp_path):
     assert not out.exists() and not (tmp_path.parent / "escape").exists()
     f = tmp_path / "file"
     f.write_text("keep")
-    with pytest.raises(ConfigError, match=f"{f}: exists and is not a directory"):
+    with pytest.raises(TellerIOError, match=f"{f}: exists and is not a directory"):
         tokenize_dataset(data, tdir, f)
     assert f.read_text() == "keep"
     r = _cli("tokenize", "--data-dir", str(data), "--tokenizer-dir", str(tdir), "--output-dir", str(f))

@@ -97,9 +97,9 @@ def test_baselines_and_ensemble_refuse_a_directory_holding_a_run(runs, tmp_path)
             train_baselines(shards, out, **QUIET)
     f = tmp_path / "afile"
     f.write_text("x")
-    with pytest.raises(TellerIOError, match="afile: not a directory"):
+    with pytest.raises(TellerIOError, match="afile: exists and is not a directory"):
         train_baselines(shards, f, **QUIET)
-    with pytest.raises(TellerIOError, match="afile: not a directory"):
+    with pytest.raises(TellerIOError, match="afile: exists and is not a directory"):
         fit_ensemble(mot, base, f, split="train", **QUIET)
     _one_line_error(
         _cli("train", "ensemble", "--mot", str(mot), "--baselines", str(base), "--output-dir", str(mot)),

@@ -88,22 +88,23 @@ def _fail(e: Exception, code: int = 2) -> typer.Exit:
 def _output_dir(path: str | None, option: str) -> None:
     """Refuse an output directory that is an existing file before any work is done (not after
     minutes of it, with a traceback)."""
-    if path and Path(path).exists() and not Path(path).is_dir():
-        raise _fail(ConfigError(f"{path}: exists and is not a directory ({option} names a directory)"))
+    from teller._io import check_output_dir
+
+    if path:
+        try:
+            check_output_dir(path, f"{option} names a directory")
+        except TellerError as e:
+            raise _fail(e) from None
 
 
 def _output_file(path: str, inputs: list[str], option: str) -> None:
-    """Refuse an output file that is one of the inputs (it would be overwritten by its own conversion)
-    or a directory."""
-    o = Path(path)
-    if o.is_dir():
-        raise _fail(ConfigError(f"{path}: a directory ({option} names a file)"))
-    if not o.exists():
-        return
-    # (the files the loader read, not everything under an input directory: a run directory's own
-    # earlier conversion, say RUN/merged.json.gz, is not an input of RUN)
-    if any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):
-        raise _fail(ConfigError(f"{path}: is one of the inputs; write {option} elsewhere"))
+    """Refuse an output file that is a directory or one of the inputs (teller._io.check_output_file)."""
+    from teller._io import check_output_file
+
+    try:
+        check_output_file(path, inputs, option)
+    except TellerError as e:
+        raise _fail(e) from None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
+from teller._io import check_output_dir
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
 
 TOPOLOGY_VARS = (
@@ -115,17 +116,8 @@ def validate_groups(groups: Any, path: str) -> None:
             raise ConfigError(f"{path}: group #{i}: unknown keys {sorted(unknown)}", path=path, index=i)
 
 
-def _check_trace_dir(trace_dir: Path, where: str = "the trace directory") -> None:
-    """Refuse a trace directory that is an existing file (or under one), before any work."""
-    for p in (trace_dir, *trace_dir.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise TellerIOError(f"{p}: exists and is not a directory ({where})", path=str(p))
-            return
-
-
 def new_run_dir(trace_dir: Path) -> Path:
-    _check_trace_dir(trace_dir)
+    check_output_dir(trace_dir, "the trace directory")
     try:
         trace_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -255,7 +247,7 @@ def collect(
     if not cmd:
         raise ConfigError("no command given: use `teller collect [OPTIONS] -- CMD ...`")
     td = Path(trace_dir or os.environ.get("TELLER_TRACE_DIR") or "teller-traces")
-    _check_trace_dir(
+    check_output_dir(
         td,
         "--trace-dir names a directory"
         if trace_dir

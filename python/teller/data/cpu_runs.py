@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
+from teller._io import check_output_dir
 from teller.errors import ConfigError, TellerIOError
 
 KINDS = (
@@ -526,13 +527,7 @@ def collect_cpu(
     if bad:
         raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
     out = Path(output_dir)
-    for q in (out, *out.parents):  # (an output path that is, or lies under, a file: refused first)
-        if q.exists():
-            if not q.is_dir():
-                raise TellerIOError(
-                    f"{q}: exists and is not a directory (--output-dir names a directory)", path=str(q)
-                )
-            break
+    check_output_dir(out, "--output-dir names a directory")  # (refused before any work)
     shape_known = _check_shape(out, shape)
     try:
         out.mkdir(parents=True, exist_ok=True)

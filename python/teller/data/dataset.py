@@ -27,6 +27,7 @@ import numpy as np
 import yaml
 
 from teller import __version__
+from teller._io import check_output_dir, yaml_error_line
 from teller.data import kernels as K
 from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
 from teller.data.simulator import Workload, simulate
@@ -56,23 +57,10 @@ def _read_yaml(text: str, where: str) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML: {_yaml_error_line(e)}", path=where) from None
+        raise ConfigError(f"{where}: not valid YAML: {yaml_error_line(e)}", path=where) from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: the configuration must be a mapping", path=where)
     return cfg
-
-
-def _yaml_error_line(e: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong and where (line, column), not PyYAML's multi-line
-    rendering with the offending source line and a caret."""
-    problem = getattr(e, "problem", None)
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    if not problem:
-        return " ".join(str(e).split())
-    context = getattr(e, "context", None)
-    text = f"{context}: {problem}" if context else problem
-    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-    return " ".join(text.split()) + where
 
 
 def load_config(preset: str | None = None, config: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -523,10 +511,7 @@ def generate(
     n = int(num_samples if num_samples is not None else cfg["num_samples"])
     seed = int(seed)
     out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise TellerIOError(
-            f"{out}: exists and is not a directory (--output-dir names a directory)", path=str(out)
-        )
+    check_output_dir(out, "--output-dir names a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from teller._io import check_output_dir
 from teller.data.dataset import (
     annotation_problem,
     file_problem,
@@ -556,10 +557,7 @@ def tokenize_dataset(
             "the run directory goes inside --output-dir"
         )
     out_root = Path(output_dir)
-    if out_root.exists() and not out_root.is_dir():
-        raise ConfigError(
-            f"{out_root}: exists and is not a directory (--output-dir names a directory)", path=str(out_root)
-        )
+    check_output_dir(out_root, "--output-dir names a directory")
     tok = tpe.load(tfile)  # fail early on a bad tokenizer
     labels: list[str] = list(man["labels"])
     t_hash = _sha256(tfile)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import warnings
 from collections import defaultdict
@@ -22,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from teller._io import check_output_file
 from teller.data.summary import process_log_levels, token_process_log, token_work
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
+from teller.errors import TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
@@ -55,19 +55,6 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         raise TellerFileNotFoundError(f"{path}: no trace (trace.json or raw files)", path=str(path))
     log = path / "log.txt"
     return (traces if len(traces) > 1 else traces[0]), (log if log.is_file() else None)
-
-
-def _refuse_input_as_output(out: str | Path, inputs: list[str | Path]) -> None:
-    """``--perfetto`` naming one of the files read (the loader's sources, the log) would overwrite
-    what is being diagnosed; a directory is no file name. (Not everything under a run directory:
-    its own earlier diagnosis output is no input.)"""
-    o = Path(out)
-    if o.is_dir():
-        raise TellerIOError(
-            f"{o}: a directory; --perfetto takes a file name (e.g. culprits.json.gz)", path=str(o)
-        )
-    if o.exists() and any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):
-        raise ConfigError(f"{o}: is an input of this diagnosis; write the Perfetto trace elsewhere")
 
 
 _REFERENCES: dict[str, Any] = {}
@@ -203,7 +190,7 @@ def diagnose(
     logtok = LogTokenizer.load(cfg["log_tokenizer"])
     trace_in, log_path = _find_inputs(p)
     if perfetto:
-        _refuse_input_as_output(perfetto, [])  # (a directory: refused before the work)
+        check_output_file(perfetto, [], "--perfetto")  # (a directory: refused before the work)
     if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
         warnings.warn(
             f"{p}: no log.txt beside the trace: the model's log side reads an empty log "
@@ -219,8 +206,8 @@ def diagnose(
     # what the loader had to skip or repair (a raw file cut short, unknown categories): the diagnosis
     # rests on what was read, so say so (the collector's info notes stay out)
     if perfetto:
-        _refuse_input_as_output(
-            perfetto, [*(src["path"] for src in tr.sources), *([log_path] if log_path else [])]
+        check_output_file(
+            perfetto, [*(src["path"] for src in tr.sources), *([log_path] if log_path else [])], "--perfetto"
         )
     input_warnings = _trace.split_collector_notes(tr.warnings)[1]
     for w in input_warnings:

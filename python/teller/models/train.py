@@ -31,6 +31,8 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from teller._io import check_output_dir, yaml_error_line
+from teller.data.tokenize import LogTokenizer, read_shards_manifest
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics, metrics_for
@@ -118,23 +120,6 @@ def _config_sections(d: Any, where: str) -> None:
             raise ConfigError(f"{where}: {k}: must be a mapping of settings, got {d[k]!r}")
 
 
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong, and where (line and column, 1-based)."""
-    mark = getattr(e, "problem_mark", None)
-    what = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e)
-    if mark is not None:
-        where = f"line {mark.line + 1}, column {mark.column + 1}"
-    elif getattr(e, "position", None) is not None:
-        where = f"character {e.position}"  # (a ReaderError: a character YAML does not accept)
-    else:
-        where = ""
-    what = " ".join(str(what).split())
-    ctx = getattr(e, "context", None)
-    if ctx:
-        what = f"{' '.join(str(ctx).split())}: {what}"
-    return f"{where}: {what}" if where else what
-
-
 def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
     """A training configuration: a YAML file, a shipped configuration's name, or (``None``) the
     shipped ``default``. Its ``model:`` and ``train:`` sections are type-checked here, so that a
@@ -161,7 +146,7 @@ def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
     try:
         d = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(e)}", path=str(p)) from None
+        raise ConfigError(f"{p}: not valid YAML: {yaml_error_line(e)}", path=str(p)) from None
     if d is None:
         raise ConfigError(
             f"{p}: the configuration is empty (expected {' and/or '.join(CONFIG_SECTIONS)} sections)",
@@ -598,28 +583,12 @@ def _one_line(e: BaseException) -> str:
     return msg
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TellerFileNotFoundError(f"{path}: missing ({what})", path=str(path)) from None
-    except OSError as e:
-        raise TellerIOError(f"{path}: cannot read it ({e.strerror or e})", path=str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not readable JSON ({what}): {_one_line(e)}", path=str(path)) from None
-
-
 def _check_output_dir(out: Path) -> None:
     """``out`` can be the run directory: a directory, or a path one can be created at, writable."""
-    if out.exists() and not out.is_dir():
-        raise TellerIOError(
-            f"{out}: not a directory (--output-dir is the run directory to write into)", path=str(out)
-        )
+    check_output_dir(out, "--output-dir names the run directory")
     q = out
     while not q.exists() and q.parent != q:
         q = q.parent
-    if not q.is_dir():
-        raise TellerIOError(f"{out}: cannot create it: {q} is not a directory", path=str(out))
     if not os.access(q, os.W_OK | os.X_OK):
         raise TellerIOError(
             f"{out}: cannot write {'it' if q == out else q} (permission denied)", path=str(out)
@@ -921,11 +890,10 @@ def train(
                 path=str(out),
             )
     run_dir = shards_run_dir(data_dir)
-    man = _read_json(run_dir / "manifest.json", "the shards' manifest")
-    lt = _read_json(run_dir / "log_tokenizer.json", "the shards' log tokenizer")
+    man = read_shards_manifest(run_dir)
+    log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
     try:
         label_names = [str(n) for n in man["label_names"]]
-        log_vocab = lt["vocab"]
         mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
         mcfg_d.setdefault("log_vocab", len(log_vocab))
         man["splits"]["train"]  # noqa: B018 - (present)
@@ -964,9 +932,7 @@ def train(
         "shards": _shards_identity(man),
         "path": str(run_dir.resolve()),
         "run_id": man.get("run_id"),
-        "extra": [
-            _shards_identity(_read_json(e / "manifest.json", "the shards' manifest")) for e in extra_dirs
-        ],
+        "extra": [_shards_identity(read_shards_manifest(e)) for e in extra_dirs],
         "extra_paths": [str(e.resolve()) for e in extra_dirs],
     }
     st, last, prev = _resume_state(out, tc, mc, data, run_dir, extra_dirs) if resume else (None, None, {})
