@@ -180,3 +180,13 @@ def test_damaged_fitted_baselines_are_named(tmp_path):
         load_baselines(p)
     (tmp_path / "config.json").write_text('{"format": "teller-baselines", "data_dir": "x"}')
     refused(teller("evaluate", "--checkpoint", str(tmp_path)), "baselines.pkl: holds a list")
+
+
+def test_doctor_refuses_a_cuda_home_that_is_not_a_directory(tmp_path):
+    """An explicit --cuda-home naming nothing (a typo) is a usage error, not a table of 'not found'
+    with exit 0; a directory without a toolkit is still reported (test_cli)."""
+    missing = tmp_path / "cuda-12.4"
+    refused(teller("doctor", "--cuda-home", str(missing)), f"--cuda-home {missing}: no such directory")
+    f = tmp_path / "file"
+    f.write_text("x")
+    refused(teller("doctor", "--json", "--cuda-home", str(f)), "no such directory")

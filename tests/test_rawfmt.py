@@ -305,3 +305,22 @@ def test_device_properties_without_an_id_are_kept_once_after_the_numbered(tmp_pa
     assert [x["name"] for x in tr.device_properties] == want
     tr.to_chrome(tmp_path / "trace.json")
     assert [x["name"] for x in T.load(tmp_path / "trace.json").device_properties] == want
+
+
+def test_not_a_raw_file_is_named_as_such(tmp_path):
+    """Random bytes, another MessagePack document or a header cut short each get one plain reason
+    (random bytes used to read "string is not valid UTF-8 at byte 13")."""
+    rng = np.random.default_rng(0)
+    full = write_small(tmp_path / "full.tmsgpack").read_bytes()
+    cases = {
+        "random.tmsgpack": (rng.integers(1, 256, 4096, dtype=np.uint8).tobytes(), "not a teller raw trace"),
+        "array.tmsgpack": (bytes([0x93, 0x01, 0x02, 0x03]), "not a teller raw trace"),
+        "cut.tmsgpack": (full[:9], "truncated before the end of the HEADER record"),
+        "torn.tmsgpack": (b"\x00" + full[1:], "torn HEADER record"),
+    }
+    for name, (data, reason) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(TraceFormatError) as e:
+            T.load(p)
+        assert str(e.value).startswith(f"{p}: ") and reason in str(e.value), str(e.value)

@@ -160,7 +160,15 @@ def doctor(
         str | None, typer.Option(help="CUDA toolkit root to check instead of the defaults.")
     ] = None,
 ) -> None:
-    """Show the build, versions, and whether CUDA/CUPTI/NVTX headers, libcupti and torch CUDA are found."""
+    """Show the build, versions, and whether CUDA/CUPTI/NVTX headers, libcupti and torch CUDA are found.
+
+    A toolkit that lacks some of them is reported (exit 0); an explicit --cuda-home that is not a
+    directory is a usage error (exit 2), as for `teller shim build` and `teller collect`.
+    """
+    if cuda_home and not Path(cuda_home).is_dir():
+        from teller.errors import CudaNotFoundError
+
+        raise _fail(CudaNotFoundError(f"--cuda-home {cuda_home}: no such directory (a CUDA toolkit's root)"))
     rep = _doctor_report(cuda_home)
     if as_json:
         print(json.dumps(rep, indent=2))

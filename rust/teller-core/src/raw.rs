@@ -282,6 +282,26 @@ pub fn looks_like_raw(b: &[u8]) -> bool {
     matches!(d.value(1), Ok(MVal::Int(1))) && matches!(d.value(1), Ok(MVal::Str(s)) if s == MAGIC)
 }
 
+/// Is the whole buffer a proper prefix of a HEADER record's opening (array header, type 1, the
+/// magic string)? Then the file was cut inside its header, rather than being something else.
+fn is_header_prefix(b: &[u8]) -> bool {
+    let Some(&first) = b.first() else { return true };
+    let rest = match first {
+        0x90..=0x9f => &b[1..],
+        0xdc => &b[b.len().min(3)..],
+        _ => return false,
+    };
+    let want = header_opening();
+    rest.len() < want.len() && want.starts_with(rest)
+}
+
+/// A HEADER record's fields up to the magic string: type 1, then the magic as a fixstr.
+fn header_opening() -> Vec<u8> {
+    let mut want = vec![0x01u8, 0xa0 | MAGIC.len() as u8];
+    want.extend_from_slice(MAGIC.as_bytes());
+    want
+}
+
 struct Open {
     layer: Layer,
     name: u32,
@@ -299,6 +319,23 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         });
     }
     let fe = |off: usize, idx: u64, msg: String| Error::format(path, Some(off as u64), Some(idx), msg);
+    // Say what the file is not before decoding it: random bytes or another format would otherwise
+    // fail somewhere inside the decoder ("string is not valid UTF-8 at byte 13").
+    if !looks_like_raw(b) {
+        let msg = if is_header_prefix(b) {
+            "truncated before the end of the HEADER record".to_string()
+        } else if b[0] == 0 && header_opening().starts_with(&b[1..b.len().min(1 + header_opening().len())]) {
+            // the writer stores a record's first byte last: a crash left the HEADER unfinished
+            "torn HEADER record (the writer stopped before finishing it): nothing can be read".to_string()
+        } else {
+            let head: Vec<String> = b.iter().take(4).map(|c| format!("{c:02x}")).collect();
+            format!(
+                "not a teller raw trace: it does not start with a \"{MAGIC}\" HEADER record (first bytes {})",
+                head.join(" ")
+            )
+        };
+        return Err(Error::format(path, None, None, msg));
+    }
 
     // Pass 1: decode records (borrowing), find the header and the string table.
     let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
@@ -1161,8 +1198,24 @@ mod tests {
             "{:?}",
             t.warnings
         );
-        // not a raw file
-        assert!(read_raw("p", b"[1,2]", 0).is_err());
+        // not a raw file: said before decoding (random bytes used to read "string is not valid UTF-8")
+        for junk in [
+            &b"[1,2]"[..],
+            &[0xa3, 0xff, 0xfe, 0x00][..],
+            &[0x93, 0x01, 0x02, 0x03][..],
+        ] {
+            let e = read_raw("p", junk, 0).unwrap_err().to_string();
+            assert!(e.contains("not a teller raw trace"), "{e}");
+        }
+        // cut inside the HEADER's opening, or torn before its first byte was written
+        for cut in 1..14 {
+            let e = read_raw("p", &b[..cut], 0).unwrap_err().to_string();
+            assert!(e.contains("truncated before the end of the HEADER"), "{cut}: {e}");
+        }
+        let mut torn = b.clone();
+        torn[0] = 0;
+        let e = read_raw("p", &torn, 0).unwrap_err().to_string();
+        assert!(e.contains("torn HEADER record"), "{e}");
         assert!(!looks_like_raw(b"{\"traceEvents\": []}"));
         assert!(looks_like_raw(&b));
         // a wrong version
