@@ -357,6 +357,25 @@ def _set(a: np.ndarray, i: int, v: int) -> np.ndarray:
             "expected an integer array",
         ),
         (lambda s: (s / "done.json").write_bytes(b"\xff"), DatasetError, "done.json", "not UTF-8"),
+        # token ids past the vocabularies the manifest records (an IndexError inside an embedding)
+        (
+            lambda s: _save(s / "trace_ids.npy", lambda a: _set(a, 0, 1_000_000)),
+            DatasetError,
+            "trace_ids.npy",
+            r"token id 1000000 out of range \(manifest.json: a vocabulary of \d+\)",
+        ),
+        (
+            lambda s: _save(s / "log_ids.npy", lambda a: _set(a, 2, 4096)),
+            DatasetError,
+            "log_ids.npy",
+            "token id 4096 out of range",
+        ),
+        (
+            lambda s: _save(s / "summary_ids.npy", lambda a: _set(a, 0, 1_000_000)),
+            DatasetError,
+            "summary_ids.npy",
+            "token id 1000000 out of range",
+        ),
     ],
 )
 def test_a_damaged_shard_is_named(setup, tmp_path, breakage, err, file, msg):

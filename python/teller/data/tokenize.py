@@ -897,11 +897,18 @@ def _load_array(f: Path, mmap: bool) -> np.ndarray:
 
 
 def _check_shard(
-    d: Path, a: dict[str, np.ndarray], loaded: set[str], done: dict[str, Any], num_labels: int | None
+    d: Path,
+    a: dict[str, np.ndarray],
+    loaded: set[str],
+    done: dict[str, Any],
+    num_labels: int | None,
+    vocab_sizes: dict[str, int] | None = None,
 ) -> None:
     """The arrays of a shard agree with each other and with its ``done.json``: dtypes and widths,
     one row per sample, offsets that start at 0, never decrease and end at the length of what they
-    index, label values within the label names."""
+    index, label values within the label names, token ids within the vocabularies
+    (``vocab_sizes``: array name -> size; an id past the end would otherwise surface as an
+    IndexError deep inside an embedding)."""
 
     def bad(what: str, k: str | None = None) -> DatasetError:
         where = d / f"{k}.npy" if k else d
@@ -947,14 +954,29 @@ def _check_shard(
                 + (f" (manifest.json has {num_labels} label names)" if num_labels is not None else ""),
                 "labels",
             )
+    # (one vectorized pass per array, a few MB per shard at most: measured level with the loads)
+    for k, size in (vocab_sizes or {}).items():
+        ids = a[k]
+        if len(ids):
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= size:
+                raise bad(
+                    f"token id {lo if lo < 0 else hi} out of range (manifest.json: a vocabulary of {size})", k
+                )
 
 
 def load_shard(
-    run_dir: str | os.PathLike[str], name: str, mmap: bool = True, *, num_labels: int | None = None
+    run_dir: str | os.PathLike[str],
+    name: str,
+    mmap: bool = True,
+    *,
+    num_labels: int | None = None,
+    vocab_sizes: dict[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """All arrays of one shard (memory-mapped by default), checked against each other and the
-    shard's ``done.json`` (and label values against ``num_labels``, when given): a missing,
-    damaged or inconsistent array is a TellerError naming the file."""
+    shard's ``done.json`` (label values against ``num_labels`` and token ids against
+    ``vocab_sizes``, when given): a missing, damaged or inconsistent array is a TellerError naming
+    the file."""
     d = Path(run_dir) / "shards" / name
     if not (d / "done.json").is_file():
         raise TellerFileNotFoundError(f"{d}: no such complete shard", path=str(d))
@@ -988,7 +1010,7 @@ def load_shard(
             out[k] = np.zeros(n + 1, np.int64)
         else:
             out[k] = np.zeros((0, N_SUMMARY_FEATURES) if k == "summary_features" else 0, np.float32)
-    _check_shard(d, out, set(got), done, num_labels)
+    _check_shard(d, out, set(got), done, num_labels, vocab_sizes)
     return out
 
 
@@ -1053,6 +1075,18 @@ def read_shards_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return man
 
 
+def shard_vocab_sizes(man: dict[str, Any]) -> dict[str, int]:
+    """The id arrays of a shard and the vocabulary sizes the manifest records for them (trace and
+    summary ids: the TPE tokenizer's; log ids: the log tokenizer's). A size the manifest lacks or
+    garbles is not checked."""
+    out: dict[str, int] = {}
+    for part, keys in (("tokenizer", ("trace_ids", "summary_ids")), ("log_tokenizer", ("log_ids",))):
+        v = man.get(part, {}).get("vocab_size") if isinstance(man.get(part), dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out.update(dict.fromkeys(keys, v))
+    return out
+
+
 def split_names(run_dir: str | os.PathLike[str], split: str) -> list[str]:
     """``[split]``, or every split of the run for ``"all"`` (how a whole unseen dataset is evaluated)."""
     if split != "all":
@@ -1077,6 +1111,7 @@ class ShardedSplit:
         self._shards = sp["shards"]
         self._starts = np.array([s["rows"][0] for s in self._shards], dtype=np.int64)
         self._cache: dict[str, dict[str, np.ndarray]] = {}
+        self._vocab_sizes = shard_vocab_sizes(self.manifest)
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -1084,7 +1119,9 @@ class ShardedSplit:
     def _shard(self, name: str) -> dict[str, np.ndarray]:
         a = self._cache.get(name)
         if a is None:
-            a = load_shard(self.run_dir, name, num_labels=len(self.label_names))
+            a = load_shard(
+                self.run_dir, name, num_labels=len(self.label_names), vocab_sizes=self._vocab_sizes
+            )
             sh = next(s for s in self._shards if s["name"] == name)
             want = sh["rows"][1] - sh["rows"][0]
             if len(a["labels"]) != want:
