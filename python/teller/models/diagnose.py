@@ -412,7 +412,7 @@ def render(d: dict[str, Any], console: Any) -> None:
     for c in ("#", "cause", "confidence", "layer"):
         t.add_column(c)
     for i, c in enumerate(d["root_causes"], 1):
-        t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"]))
+        t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"] or "-"))
     console.print(t)
     o = Table(title="culprit operators (localization head)")
     # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
