@@ -317,6 +317,7 @@ def test_not_a_raw_file_is_named_as_such(tmp_path):
         "array.tmsgpack": (bytes([0x93, 0x01, 0x02, 0x03]), "not a teller raw trace"),
         "cut.tmsgpack": (full[:9], "truncated before the end of the HEADER record"),
         "torn.tmsgpack": (b"\x00" + full[1:], "torn HEADER record"),
+        "zeros.tmsgpack": (bytes(4096) + full, "unfinished or torn HEADER record"),
     }
     for name, (data, reason) in cases.items():
         p = tmp_path / name

@@ -324,9 +324,10 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     if !looks_like_raw(b) {
         let msg = if is_header_prefix(b) {
             "truncated before the end of the HEADER record".to_string()
-        } else if b[0] == 0 && header_opening().starts_with(&b[1..b.len().min(1 + header_opening().len())]) {
-            // the writer stores a record's first byte last: a crash left the HEADER unfinished
-            "torn HEADER record (the writer stopped before finishing it): nothing can be read".to_string()
+        } else if b[0] == 0 {
+            // the HEADER is written first, at offset 0: zero bytes there mean a write that never
+            // finished (or damage), and without the HEADER no record can be read
+            "unfinished or torn HEADER record (the file starts with zero bytes): nothing can be read".to_string()
         } else {
             let head: Vec<String> = b.iter().take(4).map(|c| format!("{c:02x}")).collect();
             format!(
@@ -1216,6 +1217,11 @@ mod tests {
         torn[0] = 0;
         let e = read_raw("p", &torn, 0).unwrap_err().to_string();
         assert!(e.contains("torn HEADER record"), "{e}");
+        // a zero byte, loose values, zeros: once skipped as a torn record, leaving no HEADER (a panic)
+        let mut z = vec![0u8, 0x03, 0x02, 0xa1, b'y'];
+        z.extend_from_slice(&[0; 64]);
+        let e = read_raw("p", &z, 0).unwrap_err().to_string();
+        assert!(e.contains("HEADER"), "{e}");
         assert!(!looks_like_raw(b"{\"traceEvents\": []}"));
         assert!(looks_like_raw(&b));
         // a wrong version
