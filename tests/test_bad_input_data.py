@@ -357,6 +357,14 @@ def _set(a: np.ndarray, i: int, v: int) -> np.ndarray:
             "expected an integer array",
         ),
         (lambda s: (s / "done.json").write_bytes(b"\xff"), DatasetError, "done.json", "not UTF-8"),
+        # an array the shard's version holds, gone: incomplete, not an older shard read as zeros
+        (lambda s: (s / "token_gpu.npy").unlink(), TellerFileNotFoundError, "token_gpu.npy", "missing"),
+        (
+            lambda s: (s / "token_proc_log.npy").unlink(),
+            TellerFileNotFoundError,
+            "token_proc_log.npy",
+            "missing",
+        ),
         # token ids past the vocabularies the manifest records (an IndexError inside an embedding)
         (
             lambda s: _save(s / "trace_ids.npy", lambda a: _set(a, 0, 1_000_000)),
@@ -443,6 +451,17 @@ def test_model_inputs_name_a_missing_log_tokenizer_and_bad_extra_shards(setup, t
     (x / "manifest.json").write_text("{")
     with pytest.raises(DatasetError, match=f"{x / 'manifest.json'}: not a shards manifest"):
         check_extra_train(run, x)
+    # extra shards of an older version: both versions named
+    from teller.data.tokenize import SHARDS_VERSION
+    from teller.errors import ConfigError
+
+    v = _copy(run, tmp_path / "v")
+    man = json.loads((v / "manifest.json").read_text())
+    (v / "manifest.json").write_text(json.dumps({**man, "version": SHARDS_VERSION - 1}))
+    with pytest.raises(
+        ConfigError, match=f"shards version {SHARDS_VERSION - 1}, .* version {SHARDS_VERSION}"
+    ):
+        check_extra_train(run, v)
     # a damaged shard read for a model: the same named error
     r2 = _copy(run, tmp_path / "r2")
     _save(_shard(r2) / "labels.npy", lambda a: _set(a, 0, 99))

@@ -582,3 +582,72 @@ def test_family_shift_ignores_bins_without_the_family():
     # a real change inside the occupied bins is still found: bins 4-7 read 0.2 more
     r2 = r + np.where(tbin >= 4, 0.2, 0.0)
     assert _family_reference(fam, r2, pid, tbin)[0][2] == pytest.approx(0.2)
+
+
+def test_token_gpu_time_hand_computed():
+    """Per token, ln(1 + us) of its kernels outside collectives and of its collective kernels, and
+    the collectives' share; host events, copies and <close> positions add nothing."""
+    from teller.data.summary import token_gpu_time
+    from teller.trace import LAYER_NAMES
+
+    k, h, m = (LAYER_NAMES.index(x) for x in ("kernel", "host_op", "memcpy"))
+    symbols = [
+        "host_op:aten::mm",
+        "kernel:ampere_gemm",
+        "kernel:ncclDevKernel_AllReduce_Sum_bf16",
+        "memcpy:HtoD",
+    ]
+    tr = type(
+        "T",
+        (),
+        {
+            "layer": np.array([h, k, k, m, k]),
+            "symbols": symbols,
+            "symbol": np.array([0, 1, 2, 3, 1]),
+            "dur": np.array([5_000, 40_000, 9_000, 7_000, 2_000]),  # ns
+            "__len__": lambda self: 5,
+        },
+    )()
+    # tokens: [host, gemm, allreduce], [<close>], [memcpy, gemm], [<close>]
+    ev = np.array([0, 1, 2, -1, 3, 4, -1])
+    offs = np.array([0, 3, 4, 6, 7])
+    f = token_gpu_time(tr, ev, offs)
+    expect = [[math.log1p(40), math.log1p(9), 9 / 49], [0, 0, 0], [math.log1p(2), 0, 0], [0, 0, 0]]
+    np.testing.assert_allclose(f, np.array(expect, np.float32), rtol=1e-6)
+    assert f.dtype == np.float32
+    assert token_gpu_time(tr, ev[:0], offs[:1]).shape == (0, 3)
+
+
+def test_token_gpu_time_tells_the_straggler_from_its_peers(tmp_path):
+    """On simulated nccl_straggler samples, the straggler's tokens (the culprit ones) spend a smaller
+    share of their GPU time in all-reduce than its peers' tokens, which wait for it there."""
+    from teller.data import generate
+    from teller.data.dataset import culprit_mask
+    from teller.data.summary import token_gpu_time
+
+    data = tmp_path / "ds"
+    generate(data, num_samples=39, seed=3, preset="tiny")
+    tok = tpe.train(data, vocab_size=0)
+    seen = 0
+    for sd in sorted(data.glob("s0*")):
+        ann = json.loads((sd / "annotation.json").read_text())
+        if ann["label"] != "nccl_straggler":
+            continue
+        tr = teller.trace.load(sd / "trace.json", warn=False)
+        enc = tok.encode(tr)
+        ev, offs = np.asarray(enc.events, np.int64), np.asarray(enc.offsets, np.int64)
+        g = token_gpu_time(tr, ev, offs).astype(np.float64)
+        f = np.expm1(g[:, :2])
+        mask = culprit_mask(tr, ann)
+        base = np.zeros(len(ev), bool)
+        base[ev >= 0] = mask[ev[ev >= 0]]
+        cs = np.r_[0, np.cumsum(base)]
+        culprit = (cs[offs[1:]] - cs[offs[:-1]]) > 0
+        peers = ~culprit & (f[:, 1] > 0)
+        if not culprit.any() or not peers.any():
+            continue
+        share = g[:, 2]
+        np.testing.assert_allclose(share, f[:, 1] / np.maximum(f.sum(1), 1e-300), rtol=1e-4, atol=1e-6)
+        assert share[culprit].mean() < share[peers].mean(), sd.name
+        seen += 1
+    assert seen >= 1, seen

@@ -544,6 +544,7 @@ CFG = {
         "log_summary_tokens": True,
         "work_features": True,
         "log_process_features": True,
+        "token_gpu_features": True,
         "log_gap_features": True,
         "log_burst_features": True,
     },
@@ -1048,6 +1049,31 @@ def test_relative_token_features_hand_computed() -> None:
     assert relative_token_features(np.zeros(0, np.int64), np.zeros((0, 5)), np.zeros(0)).shape == (0, 4)
 
 
+def test_gpu_time_token_features_hand_computed() -> None:
+    """token_gpu against the same token type's opening steps: the straggler's steps read compute up
+    and all-reduce share down, whatever the deployment's level."""
+    from teller.models.data import gpu_time_token_features
+
+    # 10 segments; type 4 (the straggler's steps) in segments 0-4, type 5 (a peer's) in 5-9 (absent
+    # from the opening: its baseline is its median)
+    ids = np.array([4] * 5 + [5] * 5)
+    g = np.zeros((10, 3), np.float32)
+    g[:5] = [[5.0, 3.0, 0.2], [5.0, 3.0, 0.2], [6.0, 2.0, 0.05], [6.5, 2.0, 0.04], [6.0, 2.5, 0.1]]
+    g[5:, 0] = 5.0
+    g[5:, 1] = [3.0, 4.0, 5.0, 4.0, 3.0]
+    g[5:, 2] = [0.2, 0.3, 0.5, 0.3, 0.2]
+    r = gpu_time_token_features(ids, g, np.arange(10))
+    assert r.shape == (10, 3) and r.dtype == np.float32
+    np.testing.assert_allclose(r[:5], g[:5] - g[0], atol=1e-6)  # segment 0 is the opening
+    np.testing.assert_allclose(r[5:, 1], [-1.0, 0.0, 1.0, 0.0, -1.0], atol=1e-6)
+    np.testing.assert_allclose(r[5:, 2], [-0.1, 0.0, 0.2, 0.0, -0.1], atol=1e-6)
+    # the same capture on a GPU twice as fast at compute (every level shifted): the same features
+    h = g.copy()
+    h[:, 0] -= np.log(2)
+    np.testing.assert_allclose(gpu_time_token_features(ids, h, np.arange(10)), r, atol=1e-6)
+    assert gpu_time_token_features(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros(0)).shape == (0, 3)
+
+
 def test_listwise_localization_loss_hand_computed() -> None:
     from teller.models.train import loss_fn
 
@@ -1248,6 +1274,8 @@ def _older_shards(out, dst, version: int, drop: str):
     (dst / "manifest.json").write_text(json.dumps(man))
     for f in (dst / "shards").glob(f"*/{drop}.npy"):
         f.unlink()
+    for f in (dst / "shards").glob("*/done.json"):  # (a shard records its version too)
+        f.write_text(json.dumps({**json.loads(f.read_text()), "version": version}))
     return dst, man
 
 
@@ -1334,13 +1362,39 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
     assert a["token_proc_log"].shape == (len(a["trace_ids"]), 2) and not a["token_proc_log"].any()
     with pytest.raises(ConfigError, match="token_proc_log"):
         train(CFG, old, tmp_path / "r", tpe_dir=tdir)
-    ok = {"model": {**CFG["model"], "log_process_features": False}, "train": CFG["train"]}
+    ok = {
+        "model": {**CFG["model"], "log_process_features": False, "token_gpu_features": False},
+        "train": CFG["train"],
+    }
     assert (train(ok, old, tmp_path / "r2", tpe_dir=tdir) / "model.safetensors").is_file()
     # a checkpoint that reads it, evaluated on them: refused too
     from teller.models.train import evaluate
 
     r3 = train(CFG, out, tmp_path / "r3", tpe_dir=tdir)
     with pytest.raises(ConfigError, match="token_proc_log"), pytest.warns(UserWarning, match="GPU work"):
+        evaluate(r3, old, "train")
+
+
+def test_token_gpu_features_need_version_12_shards(shards, tmp_path) -> None:
+    """Shards before version 12 have no token_gpu: they load it as zeros, and a model that reads it
+    is refused on them (training and evaluation); one that does not still trains."""
+    from teller.data.tokenize import load_shard
+    from teller.errors import ConfigError
+    from teller.models.train import evaluate
+
+    _root, _data, tdir, out = shards
+    name = json.loads((out / "manifest.json").read_text())["splits"]["train"]["shards"][0]["name"]
+    new = load_shard(out, name)
+    assert new["token_gpu"].shape == (len(new["trace_ids"]), 3) and new["token_gpu"].any()
+    old, man = _older_shards(out, tmp_path / "v11", 11, "token_gpu")
+    a = load_shard(old, man["splits"]["train"]["shards"][0]["name"])
+    assert a["token_gpu"].shape == (len(a["trace_ids"]), 3) and not a["token_gpu"].any()
+    with pytest.raises(ConfigError, match="token_gpu"):
+        train(CFG, old, tmp_path / "r", tpe_dir=tdir)
+    ok = {"model": {**CFG["model"], "token_gpu_features": False}, "train": CFG["train"]}
+    assert (train(ok, old, tmp_path / "r2", tpe_dir=tdir) / "model.safetensors").is_file()
+    r3 = train(CFG, out, tmp_path / "r3", tpe_dir=tdir)
+    with pytest.raises(ConfigError, match="token_gpu"):
         evaluate(r3, old, "train")
 
 
@@ -1433,7 +1487,10 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
     for f in (old / "shards").glob("*/summary_features.npy"):
         np.save(f, np.load(f)[:, :14])
     assert N_SUMMARY_FEATURES > 14
-    cfg14 = {"model": {**CFG["model"], "n_summary_features": 14}, "train": CFG["train"]}
+    cfg14 = {
+        "model": {**CFG["model"], "n_summary_features": 14, "token_gpu_features": False},
+        "train": CFG["train"],
+    }
     r14 = train(cfg14, old, tmp_path / "r14", tpe_dir=tdir)
     b14 = train_baselines(old, tmp_path / "b14", log=lambda _m: None)
     assert json.loads((b14 / "config.json").read_text())["summary_width"] == 14

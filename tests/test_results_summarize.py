@@ -384,6 +384,9 @@ def test_model_settings_added_later_keep_the_recipe(tmp_path: Path) -> None:
     for later in ({"speed_aug": 0.0}, {"speed_aug": 0}):  # added after trace_mean_columns
         assert recipe_id({**new, "model": {**new["model"], **later}}) == recipe_id(old)
     assert recipe_id({**new, "model": {**new["model"], "speed_aug": 1.0}}) != recipe_id(old)
+    # (and token_gpu_features, added after speed_aug)
+    assert recipe_id({**new, "model": {**new["model"], "token_gpu_features": False}}) == recipe_id(old)
+    assert recipe_id({**new, "model": {**new["model"], "token_gpu_features": True}}) != recipe_id(old)
     # evaluations of mid were hashed with the model setting counted (the definition before)
     assert recipe_id(mid, model_dropped=False) != recipe_id(mid)
     for name, c, stored in (

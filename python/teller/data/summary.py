@@ -265,6 +265,40 @@ def token_process_log(
     return out
 
 
+N_GPU_TIME_FEATURES = 3
+
+
+def token_gpu_time(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per TPE token, ``ln(1 + us)`` of the time of its kernels outside collectives, and of its
+    collective kernels (``_COLLECTIVE``), and the collectives' share of the two (0 without kernel
+    time; a ratio, so it reads the same on a faster or slower GPU). A token is often a whole step of
+    one rank, and its TPE features mix the two: a straggler rank's steps hold long compute and
+    short all-reduces, its peers' the reverse (their all-reduce waits for it), and the largest
+    z-score of a step sits in the peers' waits. ``float32 [tokens, 3]``; the shards' ``token_gpu``."""
+    from teller.trace import LAYER_NAMES
+
+    ev = np.asarray(events, np.int64)
+    o = np.asarray(offsets, np.int64)
+    t = max(len(o) - 1, 0)
+    out = np.zeros((t, N_GPU_TIME_FEATURES), np.float32)
+    if not t or not len(tr) or not len(ev):
+        return out
+    kern = np.asarray(tr.layer) == LAYER_NAMES.index("kernel")
+    coll_sym = np.array([bool(_COLLECTIVE.match(nm)) for nm in tr.symbols] + [False])
+    coll = coll_sym[np.asarray(tr.symbol, dtype=np.int64)]
+    us = np.maximum(np.asarray(tr.dur, np.float64), 0.0) / 1000.0
+    at = np.maximum(ev, 0)
+    tot = []
+    for col, sel in enumerate((kern & ~coll, kern & coll)):
+        per_pos = np.where(ev >= 0, np.where(sel, us, 0.0)[at], 0.0)  # (<close>: no event)
+        c = np.concatenate([[0.0], np.cumsum(per_pos)])
+        tot.append(np.maximum(c[o[1:]] - c[o[:-1]], 0.0))
+        out[:, col] = np.log1p(tot[-1])
+    both = tot[0] + tot[1]
+    out[:, 2] = np.where(both > 0, tot[1] / np.where(both > 0, both, 1.0), 0.0)
+    return out
+
+
 @lru_cache(maxsize=N_BINS + 1)
 def _windows(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (exclusive) of every window of >= 2 contiguous bins out of ``n`` that leaves at

@@ -38,7 +38,12 @@ from teller.data.dataset import (
     read_json,
     read_manifest,
 )
-from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, SUMMARY_FEATURE_NAMES
+from teller.data.summary import (
+    N_GPU_TIME_FEATURES,
+    N_PROC_LOG_FEATURES,
+    N_SUMMARY_FEATURES,
+    SUMMARY_FEATURE_NAMES,
+)
 from teller.errors import (
     ConfigError,
     DatasetError,
@@ -61,8 +66,10 @@ SHARDS_FORMAT = "teller-shards"
 # reference.json beside the shards; columns 0-16 unchanged); 10: columns 17-19 against a version-2
 # reference (load in tokens and sequences, a table or a quadratic per row; same columns, smaller
 # residuals; 9 was an inverted column 19, tried and never shipped, docs/models-history.md); 11: + summary
-# columns 20-22, the reference residuals pooled over the kernel's family (columns 0-19 unchanged)
-SHARDS_VERSION = 11
+# columns 20-22, the reference residuals pooled over the kernel's family (columns 0-19 unchanged);
+# 12: + token_gpu, each token's compute and collective kernel time (teller.data.summary.token_gpu_time;
+# the other arrays unchanged, so a version-11 model reads version-12 shards)
+SHARDS_VERSION = 12
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
 # dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side
@@ -242,6 +249,8 @@ ARRAYS = {
     "(teller.data.summary.token_work)",
     "token_proc_log": "float32 [tokens, 2]: log1p of the ERROR and WARNING log lines of the process "
     "of each token's first event (teller.data.summary.token_process_log)",
+    "token_gpu": "float32 [tokens, 3]: ln(1 + us) of each token's kernel time outside collectives and "
+    "of its collective kernels' time, and the collectives' share (teller.data.summary.token_gpu_time)",
     "base_events": "int64 [base positions]: trace event index of each base position (-1: <close>)",
     "base_offsets": "int64 [samples + 1]: sample i's base positions are base_events[b[i]:b[i+1]]",
     "segment_starts": "int64 [segments]: first token (within its sample) of each step",
@@ -255,15 +264,28 @@ ARRAYS = {
     "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }
 # Arrays a version-1 run lacks (token_work: before version 3, summary_culprit: before 4,
-# token_proc_log: before 5; effect_events / effect_share: shards encoded before they existed, which
-# are still version 7 since no model reads them); readers get them empty (token_work,
-# token_proc_log: zeros, "no information"; summary_culprit: all False; effect: -1 / NaN, unknown).
+# token_proc_log: before 5; token_gpu: before 12; effect_events / effect_share: shards encoded
+# before they existed, which are still version 7 since no model reads them); readers get them empty
+# (token_work, token_proc_log, token_gpu: zeros, "no information"; summary_culprit: all False;
+# effect: -1 / NaN, unknown).
+# the shards version that added each optional array: a shard of that version or later that lacks
+# it is incomplete (not an older shard), and is named rather than read as zeros
+_ARRAY_SINCE = {
+    "summary_ids": 2,
+    "summary_features": 2,
+    "summary_offsets": 2,
+    "token_work": 3,
+    "summary_culprit": 4,
+    "token_proc_log": 5,
+    "token_gpu": 12,
+}
 OPTIONAL_ARRAYS = (
     "summary_ids",
     "summary_features",
     "summary_offsets",
     "token_work",
     "token_proc_log",
+    "token_gpu",
     "severity",
     "summary_culprit",
     "effect_events",
@@ -295,6 +317,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller.data.summary import (  # noqa: PLC0415
         process_log_levels,
         symbol_summary,
+        token_gpu_time,
         token_process_log,
         token_work,
     )
@@ -365,6 +388,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         cols["trace_culprit"].append(tok_c)
         cols["token_event_pos"].append(o[:-1])
         cols["token_work"].append(token_work(tr, ev, o))
+        cols["token_gpu"].append(token_gpu_time(tr, ev, o))
         cols["base_events"].append(ev)
         cols["segment_starts"].append(np.asarray(enc.segment_starts, dtype=np.int64))
         resid = None
@@ -405,6 +429,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "token_event_pos": np.int64,
         "token_work": np.float32,
         "token_proc_log": np.float32,
+        "token_gpu": np.float32,
         "base_events": np.int64,
         "segment_starts": np.int64,
         "log_ids": np.uint32,
@@ -419,6 +444,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
             "log_features": 2,
             "summary_features": N_SUMMARY_FEATURES,
             "token_proc_log": N_PROC_LOG_FEATURES,
+            "token_gpu": N_GPU_TIME_FEATURES,
         }.get(k, 0)
         empty = np.zeros((0, width) if width else 0, dtype=dtypes[k])
         arr = np.concatenate(parts).astype(dtypes[k], copy=False) if parts else empty
@@ -863,6 +889,7 @@ _ARRAY_SHAPES: dict[str, tuple[str, int | None, str]] = {
     "token_event_pos": ("iu", 0, "trace_offsets"),
     "token_work": ("f", 0, "trace_offsets"),
     "token_proc_log": ("f", N_PROC_LOG_FEATURES, "trace_offsets"),
+    "token_gpu": ("f", N_GPU_TIME_FEATURES, "trace_offsets"),
     "base_events": ("iu", 0, "base_offsets"),
     "segment_starts": ("iu", 0, "segment_offsets"),
     "log_ids": ("iu", 0, "log_offsets"),
@@ -983,11 +1010,14 @@ def load_shard(
     done = read_json(d / "done.json", "shard's completion record")
     if not isinstance(done, dict):
         raise DatasetError(f"{d / 'done.json'}: not a shard's completion record (a JSON object)", path=str(d))
+    ver = done.get("version")
+    ver = ver if isinstance(ver, int) and not isinstance(ver, bool) else None
     got: dict[str, np.ndarray] = {}
     for k in ARRAYS:
         f = d / f"{k}.npy"
-        if k in OPTIONAL_ARRAYS and not f.exists():  # an older shard: no summaries / token work
-            continue
+        since = _ARRAY_SINCE.get(k)
+        if k in OPTIONAL_ARRAYS and not f.exists() and (ver is None or since is None or ver < since):
+            continue  # an older shard: no summaries / token work / ...
         got[k] = _load_array(f, mmap)
     n = len(got["labels"])
     t = len(got["trace_ids"])
@@ -1000,6 +1030,8 @@ def load_shard(
             out[k] = np.zeros(t, np.float32)
         elif k == "token_proc_log":
             out[k] = np.zeros((t, N_PROC_LOG_FEATURES), np.float32)
+        elif k == "token_gpu":
+            out[k] = np.zeros((t, N_GPU_TIME_FEATURES), np.float32)
         elif k in ("severity", "effect_share"):
             out[k] = np.full(n, np.nan, np.float32)
         elif k == "effect_events":
@@ -1159,6 +1191,7 @@ class ShardedSplit:
             "token_event_pos": a["token_event_pos"][o0:o1],
             "token_work": a["token_work"][o0:o1],
             "token_proc_log": a["token_proc_log"][o0:o1],
+            "token_gpu": a["token_gpu"][o0:o1],
             "base_events": a["base_events"][b0:b1],
             "segment_starts": a["segment_starts"][s0:s1],
             "log_ids": a["log_ids"][l0:l1],

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, load_slope
+from teller.data.summary import N_GPU_TIME_FEATURES, N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, load_slope
 from teller.data.tokenize import LogTokenizer, ShardedSplit, read_shards_manifest, split_names
 from teller.errors import ConfigError
 
@@ -79,19 +79,48 @@ def relative_token_features(
     if t == 0:
         return out
     f = np.asarray(feats, np.float64)
-    seg = np.searchsorted(np.asarray(segment_starts), np.arange(t), side="right") - 1
-    nseg = max(len(segment_starts), 1)
-    frac = np.clip(seg, 0, None) / nseg
+    frac = _segment_frac(t, segment_starts)
     cols = np.stack([f[:, 1] / np.maximum(f[:, 0], 1), f[:, 2], f[:, 4]], 1)
-    early = frac < baseline_frac
+    out[:, :3] = _minus_opening(ids, cols, frac < baseline_frac)
+    out[:, 3] = frac
+    return out
+
+
+def _segment_frac(t: int, segment_starts: np.ndarray) -> np.ndarray:
+    """Per token, its segment's index over the number of segments (its position in time)."""
+    seg = np.searchsorted(np.asarray(segment_starts), np.arange(t), side="right") - 1
+    return np.clip(seg, 0, None) / max(len(segment_starts), 1)
+
+
+def _minus_opening(ids: np.ndarray, cols: np.ndarray, early: np.ndarray) -> np.ndarray:
+    """``cols`` minus, per token type, their median over its ``early`` tokens (over all of its
+    tokens for a type absent there)."""
+    out = np.zeros_like(cols)
     order = np.argsort(ids, kind="stable")
     bounds = np.flatnonzero(np.diff(np.asarray(ids)[order])) + 1
     for grp in np.split(order, bounds):
         e = grp[early[grp]]
         base = np.median(cols[e if len(e) else grp], axis=0)
-        out[grp, :3] = cols[grp] - base
-    out[:, 3] = frac
+        out[grp] = cols[grp] - base
     return out
+
+
+def gpu_time_token_features(
+    ids: np.ndarray, gpu: np.ndarray, segment_starts: np.ndarray, baseline_frac: float = 0.1
+) -> np.ndarray:
+    """The shards' ``token_gpu`` (compute and collective kernel time, ln(1 + us), and the
+    collectives' share) minus the same token type's in the sample's opening steps, as
+    :func:`relative_token_features` does for the TPE features. Relative, because the level is the
+    deployment's: measured as they are, the columns made models call captures of unseen
+    deployments (test_ood) `nvlink_degradation`; against the capture's own opening, a straggler's
+    steps read compute up and all-reduce share down, its peers' the reverse, and a slow link every
+    rank's all-reduce up. ``float32 [T, 3]``."""
+    t = len(ids)
+    g = np.asarray(gpu, np.float64).reshape(-1, N_GPU_TIME_FEATURES)
+    if t == 0:
+        return np.zeros((0, N_GPU_TIME_FEATURES), np.float32)
+    early = _segment_frac(t, segment_starts) < baseline_frac
+    return _minus_opening(ids, g, early).astype(np.float32)
 
 
 def work_token_features(
@@ -337,6 +366,7 @@ def load_split(
     proc_log_features: bool = False,
     log_lines: bool = False,
     log_bursts: bool = False,
+    gpu_time: bool = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -364,6 +394,7 @@ def load_split(
             proc_log_features,
             log_lines,
             log_bursts,
+            gpu_time,
         )
     return out, label_names
 
@@ -389,6 +420,12 @@ def check_extra_train(run_dir: str | Path, extra: str | Path) -> None:
         "shards version": (a.get("version"), b.get("version")),
     }
     for what, (x, y) in checks.items():
+        if x != y and what == "shards version":
+            raise ConfigError(
+                f"{extra}: shards version {y}, {run_dir}'s are version {x}; tokenize it again with "
+                "this teller (`teller tokenize --log-tokenizer RUN/log_tokenizer.json`, as before)",
+                path=str(extra),
+            )
         if x != y:
             raise ConfigError(
                 f"{extra}: its {what} differs from {run_dir}'s; tokenize it with the same TPE tokenizer "
@@ -440,6 +477,7 @@ def load_model_split(
         proc_log_features=bool(model_cfg.get("log_process_features")),
         log_lines=bool(model_cfg.get("log_lines")),
         log_bursts=bool(model_cfg.get("log_burst_features")),
+        gpu_time=bool(model_cfg.get("token_gpu_features")),
     )
 
 
@@ -459,6 +497,7 @@ def _load_into(
     proc_log_features: bool = False,
     log_lines: bool = False,
     log_bursts: bool = False,
+    gpu_time: bool = False,
 ) -> None:
     if max_summary_tokens and len(ss):
         width = ss[0]["summary_features"].shape[1]
@@ -488,7 +527,9 @@ def _load_into(
                 effect_events=int(d.get("effect_events", -1)),
                 effect_share=float(d.get("effect_share", np.nan)),
                 trace_ids=np.asarray(d["trace_ids"][:n], dtype=np.int64),
-                trace_features=_trace_features(d, n, relative_features, work_features, proc_log_features),
+                trace_features=_trace_features(
+                    d, n, relative_features, work_features, proc_log_features, gpu_time
+                ),
                 culprit=np.asarray(d["trace_culprit"][:n], dtype=bool),
                 log_ids=li,
                 log_features=lf,
@@ -511,7 +552,12 @@ def _load_into(
 
 
 def _trace_features(
-    d: dict[str, Any], n: int, relative: bool, work: bool = False, proc_log: bool = False
+    d: dict[str, Any],
+    n: int,
+    relative: bool,
+    work: bool = False,
+    proc_log: bool = False,
+    gpu_time: bool = False,
 ) -> np.ndarray:
     f = np.array(d["trace_features"][:n], dtype=np.float32)
     parts = [f]
@@ -529,6 +575,10 @@ def _trace_features(
             if pl is None
             else np.asarray(pl[:n], np.float32).reshape(-1, N_PROC_LOG_FEATURES)
         )
+    if gpu_time:  # whole sample, then cut
+        g = d.get("token_gpu")
+        g = np.zeros((len(ids), N_GPU_TIME_FEATURES), np.float32) if g is None else np.asarray(g)
+        parts.append(gpu_time_token_features(ids, g, d["segment_starts"])[:n])
     return np.concatenate(parts, 1) if len(parts) > 1 else f
 
 

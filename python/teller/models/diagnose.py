@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from teller._io import check_output_file
-from teller.data.summary import process_log_levels, token_process_log, token_work
+from teller.data.summary import process_log_levels, token_gpu_time, token_process_log, token_work
 from teller.errors import TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log
 
@@ -126,6 +126,7 @@ def sample_inputs(
         "token_proc_log": token_process_log(tr, ev, offs, process_log_levels(lines))
         if mc.get("log_process_features")
         else None,
+        "token_gpu": token_gpu_time(tr, ev, offs) if mc.get("token_gpu_features") else None,
     }
     tf = _trace_features(
         d,
@@ -133,6 +134,7 @@ def sample_inputs(
         bool(mc.get("relative_features")),
         bool(mc.get("work_features")),
         bool(mc.get("log_process_features")),
+        bool(mc.get("token_gpu_features")),
     )
     s = Sample(name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("log_summary_tokens"):

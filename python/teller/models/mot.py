@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from teller.data.summary import N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES
+from teller.data.summary import N_GPU_TIME_FEATURES, N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES
 from teller.errors import ConfigError
 from teller.models.data import (
     BOL_ID,
@@ -98,6 +98,11 @@ class ModelConfig:
     # + 2 per-token features: the ERROR and WARNING log lines of the token's process (shards v5
     # token_proc_log, teller.data.summary.token_process_log)
     log_process_features: bool = False
+    # + 3 per-token features: ln(1 + us) of the token's compute and of its collective kernel time
+    # and the collectives' share (shards v12 token_gpu, teller.data.summary.token_gpu_time), each
+    # minus the token type's median in the opening steps (teller.models.data.gpu_time_token_features):
+    # which rank of a tensor-parallel group is the straggler, and which ones wait for it
+    token_gpu_features: bool = False
     feature_norm: bool = False  # standardize token features per token id (fitted on train, fit_feature_norm)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
     log_summary_tokens: bool = (
@@ -208,6 +213,7 @@ class ModelConfig:
             + (N_RELATIVE_FEATURES if self.relative_features else 0)
             + (N_WORK_FEATURES if self.work_features else 0)
             + (N_PROC_LOG_FEATURES if self.log_process_features else 0)
+            + (N_GPU_TIME_FEATURES if self.token_gpu_features else 0)
         )
 
     @classmethod

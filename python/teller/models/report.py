@@ -167,6 +167,7 @@ _MODEL_ADDED_LATER: dict[str, Any] = {
     "log_burst_features": False,
     "trace_mean_columns": [],
     "speed_aug": 0.0,
+    "token_gpu_features": False,
 }
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'

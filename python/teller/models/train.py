@@ -1169,6 +1169,12 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
             "reads (version 5); re-run `teller tokenize` (or set model.log_process_features: false)",
             path=str(run_dir),
         )
+    if mc and mc.get("token_gpu_features") and trace_side and have < 12:
+        raise ConfigError(
+            f"{run_dir}: shards version {have} have no token_gpu, which model.token_gpu_features "
+            "reads (version 12); re-run `teller tokenize` (or set model.token_gpu_features: false)",
+            path=str(run_dir),
+        )
     if not trace_side or (mc is not None and not mc.get("summary_tokens")):
         return
     if (have >= 5) != (trained >= 5):
