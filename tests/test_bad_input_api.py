@@ -299,3 +299,15 @@ def test_trace_summary_of_a_dataset_dir(dataset):
     assert str(dataset / "s000000" / "trace.json") in str(ei.value)
     refused(cli("trace", "summary", str(dataset)), "a dataset directory", "s000000")
     assert isinstance(ei.value, TellerError)
+
+
+def test_make_output_dir_names_what_it_could_not_create(tmp_path):
+    """One wording wherever a command creates its output directory (collect, generate, collect-cpu,
+    train, tpe save): the path, what it is for, and the OS's reason."""
+    from teller._io import make_output_dir
+
+    assert make_output_dir(tmp_path / "a" / "b").is_dir()
+    assert make_output_dir(tmp_path / "a" / "b").is_dir()  # (already there: fine)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(TellerIOError, match=r"f/run: cannot create the run directory: \S"):
+        make_output_dir(tmp_path / "f" / "run", "run directory")

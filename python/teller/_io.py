@@ -21,6 +21,17 @@ def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
             return
 
 
+def make_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+    """Create ``path`` (and its parents) if needed; a failure (no permission, a full disk, a file in
+    the way) is a :class:`TellerIOError` naming it and ``what`` it is for. Returns the path."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TellerIOError(f"{p}: cannot create the {what}: {e.strerror or e}", path=str(p)) from None
+    return p
+
+
 def yaml_error_line(e: Any) -> str:
     """A YAML error on one line: where (line and column, 1-based) and what is wrong, not PyYAML's
     multi-line rendering with the source line and a caret."""

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__, _native
+from teller._io import make_output_dir
 from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TokenizerError
 from teller.trace import LAYER_NAMES, Trace, _int_arg, check_normalize, step_patterns
 from teller.trace import load as load_trace
@@ -289,10 +290,7 @@ class TPETokenizer:
             raise TellerIOError(
                 f"{d}: exists and is not a directory (save takes the tokenizer directory)", path=str(d)
             )
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TellerIOError(f"{d}: cannot create the directory: {e.strerror or e}", path=str(d)) from None
+        make_output_dir(d, "tokenizer directory")
         path = d / FILE_NAME
         tmp = d / f".{FILE_NAME}.tmp-{os.getpid()}"
         tmp.write_text(json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")

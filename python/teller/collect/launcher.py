@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
-from teller._io import check_output_dir
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
+from teller._io import check_output_dir, make_output_dir
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
 
 TOPOLOGY_VARS = (
     "RANK",
@@ -118,12 +118,7 @@ def validate_groups(groups: Any, path: str) -> None:
 
 def new_run_dir(trace_dir: Path) -> Path:
     check_output_dir(trace_dir, "the trace directory")
-    try:
-        trace_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TellerIOError(
-            f"{trace_dir}: cannot create the trace directory: {e.strerror or e}", path=str(trace_dir)
-        ) from None
+    make_output_dir(trace_dir, "trace directory")
     stamp = time.strftime("run-%Y%m%d-%H%M%S")
     for k in range(1000):
         d = trace_dir / (stamp if k == 0 else f"{stamp}-{k}")

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
-from teller._io import check_output_dir
-from teller.errors import ConfigError, TellerIOError
+from teller._io import check_output_dir, make_output_dir
+from teller.errors import ConfigError
 
 KINDS = (
     "normal",
@@ -529,12 +529,7 @@ def collect_cpu(
     out = Path(output_dir)
     check_output_dir(out, "--output-dir names a directory")  # (refused before any work)
     shape_known = _check_shape(out, shape)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TellerIOError(
-            f"{out}: cannot create the output directory: {e.strerror or e}", path=str(out)
-        ) from None
+    make_output_dir(out)
     plans = _plan(seed, num_samples, kinds)
     split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
     ood = not splits[0] > 0

@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from teller import __version__
-from teller._io import check_output_dir, yaml_error_line
+from teller._io import check_output_dir, make_output_dir, yaml_error_line
 from teller.data import kernels as K
 from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
 from teller.data.simulator import Workload, simulate
@@ -512,10 +512,7 @@ def generate(
     seed = int(seed)
     out = Path(output_dir)
     check_output_dir(out, "--output-dir names a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TellerIOError(f"{out}: cannot create the output directory: {e}", path=str(out)) from None
+    make_output_dir(out)
     man_path = out / "manifest.json"
     # (a resumed run must not mix samples of two simulator versions)
     cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n, "generator_version": GENERATOR_VERSION}

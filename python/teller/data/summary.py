@@ -135,6 +135,15 @@ SUMMARY_FEATURE_NAMES: tuple[str, ...] = (
 _COLLECTIVE = re.compile(
     r"^kernel:.*(nccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all)", re.I
 )
+
+
+def collective_events(tr: Any) -> np.ndarray:
+    """Per event of ``tr``, whether it is a collective kernel (its symbol matches ``_COLLECTIVE``;
+    an event without a symbol is not)."""
+    coll_sym = np.array([bool(_COLLECTIVE.match(nm)) for nm in tr.symbols] + [False])
+    return coll_sym[np.asarray(tr.symbol, dtype=np.int64)]
+
+
 N_BINS = 16  # time bins of the window scan (about one per engine step at the default capture length)
 N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
 
@@ -284,8 +293,7 @@ def token_gpu_time(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarr
     if not t or not len(tr) or not len(ev):
         return out
     kern = np.asarray(tr.layer) == LAYER_NAMES.index("kernel")
-    coll_sym = np.array([bool(_COLLECTIVE.match(nm)) for nm in tr.symbols] + [False])
-    coll = coll_sym[np.asarray(tr.symbol, dtype=np.int64)]
+    coll = collective_events(tr)
     us = np.maximum(np.asarray(tr.dur, np.float64), 0.0) / 1000.0
     at = np.maximum(ev, 0)
     tot = []
@@ -354,8 +362,7 @@ def symbol_summary(
     w = step_work(tr)
     tbin = np.minimum(((ts - t0) * (N_BINS / span)).astype(np.int64), N_BINS - 1)
     step = np.asarray(tr.step, dtype=np.int64)
-    coll_sym = np.array([bool(_COLLECTIVE.match(nm)) for nm in names] + [False])
-    coll = coll_sym[np.asarray(tr.symbol, dtype=np.int64)]
+    coll = collective_events(tr)
     sord = step_ordinal(tr) if coll.any() else None
     fam = fam_stats = None
     if ref_resid is not None:

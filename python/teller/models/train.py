@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from teller._io import check_output_dir, yaml_error_line
+from teller._io import check_output_dir, make_output_dir, yaml_error_line
 from teller.data.tokenize import LogTokenizer, read_shards_manifest
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
@@ -1068,10 +1068,7 @@ def train(
         if progress:
             progress("epoch", epoch + 1, tc.epochs, rec)
         # this epoch's files: written beside the run's, then renamed in together
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out)) from None
+        make_output_dir(out, "run directory")
         files: dict[str, Path] = {}
         try:
             if score > best:
