@@ -319,6 +319,67 @@ def test_cli_train_errors_are_one_line(data, tmp_path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+_KILL_MID_COMMIT = """
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+import teller.models.train as tr
+real = os.replace
+def replace(a, b):
+    real(a, b)
+    if os.path.basename(str(b)) == "last.safetensors":
+        os._exit(9)  # (SIGKILL's effect: no finally, no handler, in the middle of the renames)
+tr.os.replace = replace
+cfg, shards, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+tr.train(cfg, shards, out, resume=True)
+"""
+
+
+def test_a_run_killed_between_the_renames_of_a_save_is_finished(data, tmp_path) -> None:
+    """SIGKILL cannot be deferred: a process killed after renaming some of an epoch's files leaves
+    the journal of the renames (.commit.json), and the next `teller train` into the directory
+    finishes them, so the run holds one epoch's files (it used to refuse to resume: two epochs)."""
+    import warnings
+
+    from safetensors import safe_open
+    from teller.models.train import COMMIT_JOURNAL, recover_commit
+
+    root, shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", _KILL_MID_COMMIT, json.dumps(_cfg(2)), str(shards), str(ck)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 9, r.stderr
+
+    def last_epoch() -> str:
+        with safe_open(str(ck / "last.safetensors"), framework="pt") as fh:
+            return fh.metadata()["epoch"]
+
+    # killed half way: epoch 2's weights, epoch 1's state, the journal and the rest still to rename
+    assert last_epoch() == "2" and torch.load(ck / "state.pt", weights_only=False)["epoch"] == 1
+    assert (ck / COMMIT_JOURNAL).is_file() and (ck / ".state.pt.tmp").is_file()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        train(_cfg(2), shards, ck, resume=True)  # (epoch 2 is done: nothing left to train)
+    assert any("finished the save of an epoch" in str(x.message) for x in w)
+    st = torch.load(ck / "state.pt", weights_only=False)
+    assert last_epoch() == "2" and st["epoch"] == 2 == len(json.loads((ck / "history.json").read_text()))
+    assert not (ck / COMMIT_JOURNAL).exists() and not list(ck.glob(".*.tmp"))
+    load_checkpoint(ck)
+    assert recover_commit(ck) == []  # (nothing left: a no-op)
+    # a journal that is not one is named, and nothing is renamed
+    for bad in ("{", '{"renames": [["state.pt", "../x"]]}', '{"renames": 3}'):
+        (ck / COMMIT_JOURNAL).write_text(bad)
+        before = _snapshot(ck)
+        with pytest.raises(ConfigError, match=r"\.commit\.json: not a commit journal teller wrote"):
+            train(_cfg(3), shards, ck, resume=True)
+        assert _snapshot(ck) == before
+
+
 def test_sigterm_waits_for_the_commit_too():
     """A scheduler's SIGTERM (or `timeout`) during the renames of one checkpoint is held until they
     are done, then delivered to the handler that was there."""

@@ -335,7 +335,7 @@ def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
 def _interrupts_deferred() -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM (a scheduler, `timeout`) wait until the block is done: the files
     of one checkpoint are replaced together, so that an interrupted run leaves the earlier ones, or
-    the new ones, never a mix. (SIGKILL cannot wait: resume then finds the two epochs differ.)"""
+    the new ones, never a mix. (SIGKILL cannot wait: :func:`recover_commit` finishes the renames.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -368,22 +368,99 @@ def _interrupts_deferred() -> Iterator[None]:
                 signal.raise_signal(sig)  # (the default action, now that the files are in place)
 
 
-def _commit(out: Path, files: dict[str, Path]) -> None:
-    """Move the temporary files ``files`` (name -> temporary path, in this order) into ``out``."""
-    with _interrupts_deferred():
-        for name, tmp in files.items():
-            try:
-                os.replace(tmp, out / name)
-            except OSError as e:
-                raise TellerIOError(
-                    f"{out / name}: cannot write it ({e.strerror or e})", path=str(out / name)
-                ) from None
-    with contextlib.suppress(OSError):  # (the renames themselves, on disk)
-        fd = os.open(out, os.O_RDONLY)
+COMMIT_JOURNAL = ".commit.json"  # the renames of a commit in progress (see _commit)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # (the renames themselves, on disk; not every system allows it)
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _commit(out: Path, files: dict[str, Path]) -> None:
+    """Move the temporary files ``files`` (name -> temporary path in ``out``, in this order) into
+    ``out``, as one step. Signals wait (:func:`_interrupts_deferred`). A process killed outright
+    between two renames (SIGKILL, the OOM killer, a power cut) cannot wait, so with several files
+    the list of renames is written first, atomically, to ``out/.commit.json``, after every
+    temporary file is on disk: :func:`recover_commit` finishes a commit it finds there (a write-
+    ahead journal, rolled forward), and the run holds one epoch's files, never a mix."""
+    journal = out / COMMIT_JOURNAL if len(files) > 1 else None
+    with _interrupts_deferred():
+        if journal is not None:
+            jtmp = _write_tmp(
+                journal,
+                lambda t: t.write_text(json.dumps({"renames": [[n, tmp.name] for n, tmp in files.items()]})),
+            )
+            try:
+                os.replace(jtmp, journal)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    jtmp.unlink()
+                raise TellerIOError(
+                    f"{journal}: cannot write it ({e.strerror or e})", path=str(journal)
+                ) from None
+            _fsync_dir(out)
+        try:
+            for name, tmp in files.items():
+                try:
+                    os.replace(tmp, out / name)
+                except OSError as e:
+                    raise TellerIOError(
+                        f"{out / name}: cannot write it ({e.strerror or e})", path=str(out / name)
+                    ) from None
+        finally:
+            # (done, or failed in this process: the caller removes the temporary files it names)
+            if journal is not None:
+                with contextlib.suppress(OSError):
+                    journal.unlink()
+    _fsync_dir(out)
+
+
+def recover_commit(out: Path) -> list[str]:
+    """Finish a commit of :func:`_commit` that a killed process left in ``out`` (its
+    ``.commit.json``): rename in the temporary files it names that are still there. Returns the
+    names renamed. Every temporary file was on disk before the journal was, so the result is the
+    commit's files. A journal that is not one (damaged, or not teller's) is a :class:`ConfigError`
+    naming it, and nothing is renamed."""
+    journal = out / COMMIT_JOURNAL
+    if not journal.is_file():
+        return []
+    try:
+        renames = json.loads(journal.read_text())["renames"]
+        ok = isinstance(renames, list) and all(
+            isinstance(r, list)
+            and len(r) == 2
+            and all(isinstance(x, str) and x and Path(x).name == x and x not in (".", "..") for x in r)
+            for r in renames
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{journal}: not a commit journal teller wrote (it lists the renames of an interrupted save); "
+            "remove it if this run's files are whole, or train into another --output-dir",
+            path=str(journal),
+        )
+    done = []
+    for name, tmp in renames:
+        if (out / tmp).is_file():
+            try:
+                os.replace(out / tmp, out / name)
+            except OSError as e:
+                raise TellerIOError(
+                    f"{out / name}: cannot finish the interrupted save ({e.strerror or e})",
+                    path=str(out / name),
+                ) from None
+            done.append(name)
+    try:
+        journal.unlink()
+    except OSError as e:
+        raise TellerIOError(f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal)) from None
+    _fsync_dir(out)
+    return done
 
 
 def _weights_writer(model: nn.Module, metadata: dict[str, str] | None = None) -> Callable[[Path], None]:
@@ -602,8 +679,11 @@ ANY_RUN_FILES = (*RUN_FILES, "baselines.pkl", "history.json")
 def check_new_run_dir(out: Path) -> None:
     """``out`` can take a new run that cannot be resumed (baselines, an ensemble): a directory (or
     a path one can be created at), writable, holding no run yet (else a :class:`TellerError` naming
-    it and what it holds, before any work)."""
+    it and what it holds, before any work). A save a killed fit left half done is finished first
+    (:func:`recover_commit`), so the run it names is whole."""
     _check_output_dir(out)
+    if out.is_dir():
+        recover_commit(out)
     present = [f for f in ANY_RUN_FILES if (out / f).exists()]
     if present:
         raise ConfigError(
@@ -881,6 +961,10 @@ def train(
     dev = resolve_device(tc.device)
     out = Path(output_dir)
     _check_output_dir(out)
+    if out.is_dir() and recover_commit(out):  # (a save a killed run left half done: finished first)
+        warnings.warn(
+            f"{out}: finished the save of an epoch that an interrupted run left half done", stacklevel=2
+        )
     if not resume:
         present = [f for f in RUN_FILES if (out / f).exists()]
         if present:
