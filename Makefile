@@ -22,8 +22,8 @@ PY_SRC := $(shell find python -name '*.py' -o -name '*.pyi' -o -name '*.json' -o
 
 help:
 	@echo "make demo   - create .venv, install pinned deps, build (release), run the main job"
-	@echo "make test   - the full test suite (cargo test + pytest)"
-	@echo "make bench  - benchmarks against the peers (results in docs/benchmarks.md)"
+	@echo "make test   - the full test suite (cargo test, the shim's C tests, pytest)"
+	@echo "make bench  - benchmarks against the peers (docs/benchmarks-*.json; read in docs/benchmarks.md)"
 	@echo "make lint   - ruff check + format --check, cargo fmt --check, clippy -D warnings"
 
 # --- environment -------------------------------------------------------------------------------

@@ -495,7 +495,8 @@ def tpe_train(
     max_token_events: Annotated[int | None, typer.Option(help="Cap on base events per token.")] = None,
     step_name: StepOpt = None,
 ) -> None:
-    """Train a tokenizer on every trace under DATA_DIR; prints the tokenizer directory."""
+    """Train a tokenizer on the traces under DATA_DIR (of a dataset directory, its train split only: no
+    test leakage); prints the tokenizer directory."""
     from teller import tpe
 
     if vocab_size is None and num_merges is None:
@@ -644,11 +645,14 @@ def dataset_generate(
         str | None,
         typer.Option(
             help="tiny (tests), default (the benchmark), diverse (extra training data for it, "
-            "with --train-only) or large."
+            "with --train-only) or large (default: the --config file's `base:`, else default)."
         ),
     ] = None,
     config: Annotated[
-        str | None, typer.Option(help="A YAML file overlaid on the preset (its `base:` names the preset).")
+        str | None,
+        typer.Option(
+            help="A YAML file overlaid on the preset (its `base:` names the preset; --preset overrides it)."
+        ),
     ] = None,
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
     train_only: Annotated[
@@ -892,7 +896,12 @@ def _train_model(
 
 
 _ConfigOpt = Annotated[
-    str | None, typer.Option("--config", help="YAML configuration (default: the shipped one for the model).")
+    str | None,
+    typer.Option(
+        "--config",
+        help="A YAML configuration, or a shipped one by name: mot, single, mot_minilm, demo (default: the "
+        "shipped one for the model).",
+    ),
 ]
 _DataOpt = Annotated[str, typer.Option("--data-dir", help="Tokenized shards (teller tokenize output).")]
 _TpeOpt = Annotated[
@@ -907,8 +916,15 @@ _OutOpt = Annotated[
     str | None,
     typer.Option(
         "--output-dir",
-        help="Run directory (checkpoints, config.json); one already holding a run is refused (train "
-        "mot / single: unless --resume).",
+        help="Run directory (checkpoints, config.json); one already holding a run is refused.",
+    ),
+]
+_ResumableOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output-dir",
+        help="Run directory (checkpoints, config.json); one already holding a run is refused unless "
+        "--resume.",
     ),
 ]
 _ExtraOpt = Annotated[
@@ -926,7 +942,7 @@ def train_mot_cmd(
     data_dir: _DataOpt,
     config: _ConfigOpt = None,
     tpe_dir: _TpeOpt = None,
-    output_dir: _OutOpt = None,
+    output_dir: _ResumableOutOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
     epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
@@ -952,7 +968,7 @@ def train_single_cmd(
     data_dir: _DataOpt,
     config: _ConfigOpt = None,
     tpe_dir: _TpeOpt = None,
-    output_dir: _OutOpt = None,
+    output_dir: _ResumableOutOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
     epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
@@ -1043,8 +1059,8 @@ def evaluate_cmd(
     """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault,
     per-severity and per-effect tables (simulated data: what each fault actually did; AC@1 without
     the faults that did nothing), confusion matrix (CSV + PNG), latency. Writes
-    eval-<split>[-<model>].json next to the checkpoint (eval-<dataset>-<split>-<model>.json for a
-    dataset directory's split)."""
+    eval-<split>-<model>.json (eval-<dataset>-<split>-<model>.json for a dataset directory's split)
+    and the confusion files into --output, by default the checkpoint's directory."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     _output_dir(output, "--output")
@@ -1104,8 +1120,8 @@ def diagnose_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Ranked root causes with confidence, layer, culprit operators with their evidence, the culprit
-    symbols of the summary-row head (where the model has one) with their load-normalized shift, and a
-    Perfetto trace with the culprit events highlighted."""
+    symbols of the summary-row head (where the model has one) with their load-normalized shift, and
+    (--perfetto) a Perfetto trace with the culprit events highlighted."""
     from teller.models.diagnose import diagnose, render
 
     try:
