@@ -1074,6 +1074,36 @@ def test_gpu_time_token_features_hand_computed() -> None:
     assert gpu_time_token_features(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros(0)).shape == (0, 3)
 
 
+def test_token_gpu_features_absolute_reads_the_columns_as_measured() -> None:
+    """model.token_gpu_features: absolute appends the shards' token_gpu as it is (the level is what
+    tells a deployment's slow step), relative (or true) minus the opening steps; anything else is
+    refused by name."""
+    from teller.errors import ConfigError
+    from teller.models.data import _trace_features, gpu_time_token_features
+
+    rng = np.random.default_rng(0)
+    ids = np.array([4, 5, 4, 5, 4, 6])
+    d = {
+        "trace_ids": ids,
+        "trace_features": rng.random((6, 5)).astype(np.float32),
+        "segment_starts": np.array([0, 2, 4]),
+        "token_gpu": rng.random((6, 3)).astype(np.float32) * 5,
+    }
+    a = _trace_features(d, 4, False, gpu_time="absolute")
+    np.testing.assert_array_equal(a, np.concatenate([d["trace_features"][:4], d["token_gpu"][:4]], 1))
+    r = _trace_features(d, 4, False, gpu_time="relative")
+    np.testing.assert_array_equal(r, _trace_features(d, 4, False, gpu_time=True))
+    np.testing.assert_array_equal(
+        r[:, 5:], gpu_time_token_features(ids, d["token_gpu"], d["segment_starts"])[:4]
+    )
+    assert not np.array_equal(a, r)
+    assert ModelConfig.from_dict({**TINY, "token_gpu_features": "absolute"}).n_trace_token_columns == 8
+    with pytest.raises(
+        ConfigError, match="token_gpu_features: 'absolut' is not one of false, relative, absolute"
+    ):
+        ModelConfig.from_dict({**TINY, "token_gpu_features": "absolut"})
+
+
 def test_listwise_localization_loss_hand_computed() -> None:
     from teller.models.train import loss_fn
 

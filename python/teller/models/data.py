@@ -366,7 +366,7 @@ def load_split(
     proc_log_features: bool = False,
     log_lines: bool = False,
     log_bursts: bool = False,
-    gpu_time: bool = False,
+    gpu_time: bool | str = False,
 ) -> tuple[list[Sample], list[str]]:
     """All samples of a split as compact in-memory arrays (traces cut to ``max_trace_tokens``; the
     first ``max_summary_tokens`` summary rows, i.e. the most frequent base symbols of the TPE
@@ -477,7 +477,7 @@ def load_model_split(
         proc_log_features=bool(model_cfg.get("log_process_features")),
         log_lines=bool(model_cfg.get("log_lines")),
         log_bursts=bool(model_cfg.get("log_burst_features")),
-        gpu_time=bool(model_cfg.get("token_gpu_features")),
+        gpu_time=model_cfg.get("token_gpu_features") or False,
     )
 
 
@@ -497,7 +497,7 @@ def _load_into(
     proc_log_features: bool = False,
     log_lines: bool = False,
     log_bursts: bool = False,
-    gpu_time: bool = False,
+    gpu_time: bool | str = False,
 ) -> None:
     if max_summary_tokens and len(ss):
         width = ss[0]["summary_features"].shape[1]
@@ -557,7 +557,7 @@ def _trace_features(
     relative: bool,
     work: bool = False,
     proc_log: bool = False,
-    gpu_time: bool = False,
+    gpu_time: bool | str = False,
 ) -> np.ndarray:
     f = np.array(d["trace_features"][:n], dtype=np.float32)
     parts = [f]
@@ -578,7 +578,10 @@ def _trace_features(
     if gpu_time:  # whole sample, then cut
         g = d.get("token_gpu")
         g = np.zeros((len(ids), N_GPU_TIME_FEATURES), np.float32) if g is None else np.asarray(g)
-        parts.append(gpu_time_token_features(ids, g, d["segment_starts"])[:n])
+        if gpu_time == "absolute":
+            parts.append(np.asarray(g, np.float32).reshape(-1, N_GPU_TIME_FEATURES)[:n])
+        else:  # (True: "relative", the first reading)
+            parts.append(gpu_time_token_features(ids, g, d["segment_starts"])[:n])
     return np.concatenate(parts, 1) if len(parts) > 1 else f
 
 

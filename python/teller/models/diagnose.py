@@ -134,7 +134,7 @@ def sample_inputs(
         bool(mc.get("relative_features")),
         bool(mc.get("work_features")),
         bool(mc.get("log_process_features")),
-        bool(mc.get("token_gpu_features")),
+        mc.get("token_gpu_features") or False,
     )
     s = Sample(name, 0, ids[:n], tf, np.zeros(n, bool), li, lf)
     if mc.get("log_summary_tokens"):

@@ -99,10 +99,12 @@ class ModelConfig:
     # token_proc_log, teller.data.summary.token_process_log)
     log_process_features: bool = False
     # + 3 per-token features: ln(1 + us) of the token's compute and of its collective kernel time
-    # and the collectives' share (shards v12 token_gpu, teller.data.summary.token_gpu_time), each
-    # minus the token type's median in the opening steps (teller.models.data.gpu_time_token_features):
-    # which rank of a tensor-parallel group is the straggler, and which ones wait for it
-    token_gpu_features: bool = False
+    # and the collectives' share (shards v12 token_gpu, teller.data.summary.token_gpu_time):
+    # "absolute" as measured (with feature_norm, against the token type's mean over the training
+    # data: what a deployment's step costs), "relative" (or true) each minus the token type's median
+    # in the opening steps (teller.models.data.gpu_time_token_features): which rank of a tensor-
+    # parallel group is the straggler, and which ones wait for it (docs/models.md)
+    token_gpu_features: bool | str = False
     feature_norm: bool = False  # standardize token features per token id (fitted on train, fit_feature_norm)
     summary_tokens: bool = False  # append per-symbol summary rows (teller.data.summary) to the trace stream
     log_summary_tokens: bool = (
@@ -170,6 +172,14 @@ class ModelConfig:
         if self.token_bins and not self.feature_norm:
             raise ConfigError(
                 "model.token_bins needs model.feature_norm: true (bins of standardized features)"
+            )
+        if isinstance(self.token_gpu_features, str) and self.token_gpu_features not in (
+            "relative",
+            "absolute",
+        ):
+            raise ConfigError(
+                f"model.token_gpu_features: {self.token_gpu_features!r} is not one of false, relative, "
+                "absolute (true: relative)"
             )
         if self.summary_bins < 0 or self.token_bins < 0:
             raise ConfigError("model.summary_bins and model.token_bins must be >= 0")
