@@ -654,6 +654,12 @@ class RCAModel(nn.Module):
             valid, (tf[..., 1] + self.speed_gpu_events[ids] * d).clamp(min=0), tf[..., 1]
         )
         tf[..., 2] = torch.where(valid, (tf[..., 2] + self.speed_gpu_share[ids] * d).clamp(min=0), tf[..., 2])
+        if self.cfg.token_gpu_features == "absolute":
+            # the token's compute and collective kernel time, ln(1 + us), the last columns but the
+            # share (models.data._trace_features appends token_gpu last); the share does not move
+            c0 = self.cfg.n_trace_token_columns - N_GPU_TIME_FEATURES
+            for c in (c0, c0 + 1):
+                tf[..., c] = torch.where(valid & (tf[..., c] > 0), (tf[..., c] + d).clamp(min=0), tf[..., c])
         out["trace_features"] = tf
         if self.use_summary and "summary_features" in batch:
             sf = batch["summary_features"].to(tf.device).clone()
