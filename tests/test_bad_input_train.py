@@ -193,8 +193,14 @@ def test_an_interrupted_run_leaves_the_files_of_its_last_epoch(data, tmp_path, m
         real(a, b)
 
     monkeypatch.setattr(tr.os, "replace", replace)
-    with pytest.raises(KeyboardInterrupt):
-        train(_cfg(3), shards, ck, resume=True)
+    # (Python's own Ctrl-C handler, whatever this process inherited: a shell's background job starts
+    # with SIGINT ignored, and then the deferred Ctrl-C is rightly dropped)
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(_cfg(3), shards, ck, resume=True)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
     monkeypatch.undo()
     assert len(calls) >= 4  # (config.json, last.safetensors, state.pt, history.json)
     st = torch.load(ck / "state.pt", weights_only=False)
@@ -371,13 +377,31 @@ def test_a_run_killed_between_the_renames_of_a_save_is_finished(data, tmp_path) 
     assert not (ck / COMMIT_JOURNAL).exists() and not list(ck.glob(".*.tmp"))
     load_checkpoint(ck)
     assert recover_commit(ck) == []  # (nothing left: a no-op)
-    # a journal that is not one is named, and nothing is renamed
-    for bad in ("{", '{"renames": [["state.pt", "../x"]]}', '{"renames": 3}'):
+    # a journal that is not one is named, and nothing is renamed (a real temporary file beside it)
+    (ck / ".state.pt.tmp").write_bytes(b"not a state")
+    for bad in (
+        "{",
+        '{"renames": 3}',
+        '{"renames": [["state.pt", ".state.pt.tmp"], ["history.json", "../x"]]}',
+        '{"renames": [["state.pt", ".state.pt.tmp"], ["config.json", "model.safetensors"]]}',
+    ):
         (ck / COMMIT_JOURNAL).write_text(bad)
-        before = _snapshot(ck)
+        before = {**_snapshot(ck), "tmp": (ck / ".state.pt.tmp").read_bytes()}
         with pytest.raises(ConfigError, match=r"\.commit\.json: not a commit journal teller wrote"):
             train(_cfg(3), shards, ck, resume=True)
-        assert _snapshot(ck) == before
+        assert {**_snapshot(ck), "tmp": (ck / ".state.pt.tmp").read_bytes()} == before
+        assert (ck / COMMIT_JOURNAL).read_text() == bad
+    # a baselines or ensemble --output-dir with a save in progress (or left half done) is refused,
+    # untouched: another process may be writing it
+    from teller.models.train import check_new_run_dir
+
+    d = tmp_path / "half"
+    d.mkdir()
+    (d / COMMIT_JOURNAL).write_text('{"renames": [["config.json", ".config.json.tmp"]]}')
+    (d / ".config.json.tmp").write_text("{}")
+    with pytest.raises(ConfigError, match=r"half: already holds a run \(\.commit\.json\)"):
+        check_new_run_dir(d)
+    assert (d / ".config.json.tmp").is_file() and not (d / "config.json").exists()
 
 
 def test_sigterm_waits_for_the_commit_too():

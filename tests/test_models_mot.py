@@ -228,23 +228,36 @@ def test_speed_aug_shifts_gpu_side_durations_in_training_only() -> None:
     torch.manual_seed(3)
     assert not torch.allclose(out1, m(b)["logits"])  # the draw reaches the model (no dropout here)
     # with token_gpu_features: absolute, the token's compute and collective time move by d too
-    # (where there is any), the collectives' share does not
-    ga = build_model({**TINY, "feature_norm": True, "speed_aug": 0.5, "token_gpu_features": "absolute"})
+    # (where there is any), the collectives' share does not; token_gpu is the last block, after
+    # the relative columns here (5 + 4 + 3)
+    ga = build_model(
+        {
+            **TINY,
+            "feature_norm": True,
+            "speed_aug": 0.5,
+            "relative_features": True,
+            "token_gpu_features": "absolute",
+        }
+    )
+    assert ga.cfg.n_trace_token_columns == 12
     ga.fit_speed_aug([kinds[i % 4] for i in range(TINY["trace_vocab"])])
+    rel = torch.rand(*tf.shape[:2], 4) + 1.0
     g = torch.rand(*tf.shape[:2], 3) * 4 + 0.5
     g[0, 0, 1] = 0.0  # (no collective in this token: stays 0)
-    bg = {**b, "trace_features": torch.cat([tf, g], -1)}
+    bg = {**b, "trace_features": torch.cat([tf, rel, g], -1)}
     torch.manual_seed(1)
     ag = ga._speed_augmented(bg)["trace_features"]
     assert torch.equal(ag[..., :5], af)  # (the same draw)
+    assert torch.equal(ag[..., 5:9], rel)  # (relative columns: unmoved)
     for i, d in enumerate(shifts):
         v = valid[i]
-        assert torch.allclose(ag[i, v, 5] - g[i, v, 0], torch.full_like(g[i, v, 0], d), atol=1e-5)
-    assert (
-        ag[0, 0, 6] == 0
-        and torch.equal(ag[..., 7], g[..., 2])
-        and torch.equal(ag[~valid], bg["trace_features"][~valid])
-    )
+        for c in (9, 10):
+            moved = v & (g[i, :, c - 9] > 0)
+            assert torch.allclose(
+                ag[i, moved, c] - g[i, moved, c - 9], torch.full_like(g[i, moved, 0], d), atol=1e-5
+            )
+    assert ag[0, 0, 10] == 0 and torch.equal(ag[..., 11], g[..., 2])
+    assert torch.equal(ag[~valid], bg["trace_features"][~valid])
     with pytest.raises(ConfigError, match="speed_aug must be in"):
         build_model({**TINY, "speed_aug": -0.1})
     with pytest.raises(ConfigError, match="not a number"):

@@ -390,6 +390,7 @@ def _commit(out: Path, files: dict[str, Path]) -> None:
     journal = out / COMMIT_JOURNAL if len(files) > 1 else None
     with _interrupts_deferred():
         if journal is not None:
+            _fsync_dir(out)  # (the temporary files' names on disk before the journal that lists them)
             jtmp = _write_tmp(
                 journal,
                 lambda t: t.write_text(json.dumps({"renames": [[n, tmp.name] for n, tmp in files.items()]})),
@@ -411,11 +412,19 @@ def _commit(out: Path, files: dict[str, Path]) -> None:
                     raise TellerIOError(
                         f"{out / name}: cannot write it ({e.strerror or e})", path=str(out / name)
                     ) from None
-        finally:
-            # (done, or failed in this process: the caller removes the temporary files it names)
+        except BaseException:
+            # (failed in this process: the caller removes the temporary files it names)
             if journal is not None:
                 with contextlib.suppress(OSError):
                     journal.unlink()
+            raise
+        if journal is not None:
+            try:  # (a journal left behind would name the next save's temporary files half written)
+                journal.unlink()
+            except OSError as e:
+                raise TellerIOError(
+                    f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal)
+                ) from None
     _fsync_dir(out)
 
 
@@ -430,10 +439,15 @@ def recover_commit(out: Path) -> list[str]:
         return []
     try:
         renames = json.loads(journal.read_text())["renames"]
+        # (each entry exactly as _commit writes it: a file name and its _write_tmp temporary name)
         ok = isinstance(renames, list) and all(
             isinstance(r, list)
             and len(r) == 2
-            and all(isinstance(x, str) and x and Path(x).name == x and x not in (".", "..") for x in r)
+            and isinstance(r[0], str)
+            and r[0]
+            and Path(r[0]).name == r[0]
+            and r[0] not in (".", "..")
+            and r[1] == f".{r[0]}.tmp"
             for r in renames
         )
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
@@ -679,12 +693,11 @@ ANY_RUN_FILES = (*RUN_FILES, "baselines.pkl", "history.json")
 def check_new_run_dir(out: Path) -> None:
     """``out`` can take a new run that cannot be resumed (baselines, an ensemble): a directory (or
     a path one can be created at), writable, holding no run yet (else a :class:`TellerError` naming
-    it and what it holds, before any work). A save a killed fit left half done is finished first
-    (:func:`recover_commit`), so the run it names is whole."""
+    it and what it holds, before any work). A save in progress or left half done by a killed
+    process (its ``.commit.json``) counts as a run: it is not touched here, where another process
+    may be writing it."""
     _check_output_dir(out)
-    if out.is_dir():
-        recover_commit(out)
-    present = [f for f in ANY_RUN_FILES if (out / f).exists()]
+    present = [f for f in (*ANY_RUN_FILES, COMMIT_JOURNAL) if (out / f).exists()]
     if present:
         raise ConfigError(
             f"{out}: already holds a run ({', '.join(present)}); "
