@@ -368,6 +368,12 @@ def test_a_run_killed_between_the_renames_of_a_save_is_finished(data, tmp_path) 
     # killed half way: epoch 2's weights, epoch 1's state, the journal and the rest still to rename
     assert last_epoch() == "2" and torch.load(ck / "state.pt", weights_only=False)["epoch"] == 1
     assert (ck / COMMIT_JOURNAL).is_file() and (ck / ".state.pt.tmp").is_file()
+    # a reader (evaluate, diagnose) says so and changes nothing: a trainer may be renaming right now
+    from teller.errors import TellerWarning
+
+    with pytest.warns(TellerWarning, match=r"ck: a save of this run is in progress or was cut short"):
+        load_checkpoint(ck)
+    assert (ck / COMMIT_JOURNAL).is_file() and (ck / ".state.pt.tmp").is_file()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         train(_cfg(2), shards, ck, resume=True)  # (epoch 2 is done: nothing left to train)

@@ -33,7 +33,7 @@ from torch import nn
 
 from teller._io import check_output_dir, make_output_dir, yaml_error_line
 from teller.data.tokenize import LogTokenizer, read_shards_manifest
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import Prediction, compute_metrics, metrics_for
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
@@ -563,6 +563,13 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
     if not weights.is_file() or not cfg_path.is_file():
         raise TellerFileNotFoundError(
             f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run)
+        )
+    if (run / COMMIT_JOURNAL).is_file():  # (read-only here: a trainer may be renaming right now)
+        warnings.warn(
+            f"{run}: a save of this run is in progress or was cut short ({COMMIT_JOURNAL}): its files may "
+            "be of two epochs until `teller train --resume` into it finishes the save",
+            TellerWarning,
+            stacklevel=2,
         )
     try:
         cfg = json.loads(cfg_path.read_text())
