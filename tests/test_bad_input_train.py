@@ -325,6 +325,23 @@ def test_cli_train_errors_are_one_line(data, tmp_path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_run_stopped_by_max_minutes_says_so(data, tmp_path) -> None:
+    """train.max_minutes ends a run before its last epoch with a warning naming both, not silently
+    (a run beside another CPU-heavy process can take several times as long)."""
+    from teller.errors import TellerWarning
+
+    _root, shards, _other, _run = data
+    cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 0}}
+    with pytest.warns(TellerWarning, match=r"stopped after epoch 1 of 3: train.max_minutes \(0\) reached"):
+        out = train(cfg, shards, tmp_path / "capped")
+    assert torch.load(out / "state.pt", weights_only=False)["epoch"] == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TellerWarning)  # (the last epoch: nothing was cut)
+        train({**cfg, "train": {**cfg["train"], "epochs": 1}}, shards, tmp_path / "whole")
+
+
 _KILL_MID_COMMIT = """
 import json, os, sys
 import torch

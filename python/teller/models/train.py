@@ -1212,6 +1212,15 @@ def train(
         if bad_epochs >= tc.patience:
             break
         if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
+            if epoch + 1 < tc.epochs:  # (not silent: the schedule was cut short, a busy CPU can do it)
+                warnings.warn(
+                    f"{out}: stopped after epoch {epoch + 1} of {tc.epochs}: train.max_minutes "
+                    f"({tc.max_minutes:g}) reached, before the end of the learning-rate schedule "
+                    "(another process on these cores slows training several fold; or lower "
+                    "train.epochs, or raise train.max_minutes)",
+                    TellerWarning,
+                    stacklevel=2,
+                )
             break
     if not (out / "model.safetensors").exists():
         if ema is not None:
