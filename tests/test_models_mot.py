@@ -19,6 +19,7 @@ from teller import tpe  # noqa: E402
 from teller.data import generate  # noqa: E402
 from teller.data.summary import N_SUMMARY_FEATURES  # noqa: E402
 from teller.data.tokenize import tokenize_dataset  # noqa: E402
+from teller.errors import TellerWarning  # noqa: E402
 from teller.models.data import Sample, collate, compact_log  # noqa: E402
 from teller.models.mot import LOG, TRACE, ModelConfig, build_model  # noqa: E402
 from teller.models.train import load_checkpoint, loss_fn, predict, train  # noqa: E402
@@ -969,7 +970,8 @@ def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
     cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3}}
     full = train(cfg, out, root / "full", tpe_dir=tdir)
     cut = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 0.0}}
-    part = train(cut, out, root / "part", tpe_dir=tdir)  # stops after the first epoch
+    with pytest.warns(TellerWarning, match="stopped after epoch 1 of 3: train.max_minutes"):
+        part = train(cut, out, root / "part", tpe_dir=tdir)  # stops after the first epoch
     assert len(json.loads((part / "history.json").read_text())) == 1
     assert json.loads((full / "config.json").read_text())["trained_on"] == "cpu"
     # (as if the first part had run on a GPU: the resumed run names both devices)
@@ -1009,7 +1011,8 @@ def test_weight_ema_average_and_resume(shards, monkeypatch) -> None:
     kept, last = load_file(str(full / "model.safetensors")), _state(full)
     assert any(not torch.equal(kept[k], last[k]) for k in kept if kept[k].is_floating_point())
     cut = {"model": CFG["model"], "train": {**cfg["train"], "max_minutes": 0.0}}
-    part = train(cut, out, root / "ema-part", tpe_dir=tdir)  # stops after the first epoch
+    with pytest.warns(TellerWarning, match="stopped after epoch 1 of 3: train.max_minutes"):
+        part = train(cut, out, root / "ema-part", tpe_dir=tdir)  # stops after the first epoch
     train(cfg, out, root / "ema-part", tpe_dir=tdir, resume=True)
     a, b = _state(full), _state(part)
     for k in a:
