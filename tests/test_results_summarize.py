@@ -402,6 +402,34 @@ def test_model_settings_added_later_keep_the_recipe(tmp_path: Path) -> None:
     assert f"| test | mot [{recipe_id(on)}] | 1: d |" in text
 
 
+def test_two_spellings_of_one_setting_are_one_recipe(tmp_path: Path) -> None:
+    """token_gpu_features: true is the relative reading: a run configured with `true` and one with
+    `relative` pool, and so does an evaluation of the `true` run hashed before the two were one (it
+    recorded the hash of `true` as written); `absolute` stays its own recipe."""
+    from teller.models.report import recipe_id
+
+    h = [True] * 4
+    base = {"model": {"arch": "mot", "d_model": 64}, "train": {"seed": 0}}
+
+    def cfg(v: object, seed: int) -> dict:
+        return {"model": {**base["model"], "token_gpu_features": v}, "train": {"seed": seed}}
+
+    t, r, a = cfg(True, 0), cfg("relative", 1), cfg("absolute", 2)
+    assert recipe_id(t) == recipe_id(r) != recipe_id(a)
+    assert recipe_id(t, synonyms=False) != recipe_id(r)  # the definition before
+    assert recipe_id(cfg(1, 3)) != recipe_id(r)  # only the spelling `true`, not any truthy value
+    for name, c, stored in (
+        ("t", t, recipe_id(t, synonyms=False)),
+        ("r", r, recipe_id(r)),
+        ("a", a, recipe_id(a)),
+    ):
+        _with_samples(tmp_path / name, "mot", "test", h, recipe=stored, data="/d")
+        (tmp_path / name / "config.json").write_text(json.dumps(c))
+    text = summarize([tmp_path / x for x in "tra"], tmp_path / "out")
+    assert f"| test | mot [{recipe_id(r)}] | 2: t, r |" in text
+    assert f"| test | mot [{recipe_id(a)}] | 1: a |" in text
+
+
 def test_a_kind_trained_on_two_devices_says_so(tmp_path: Path) -> None:
     h = [True] * 4
     _with_samples(tmp_path / "c", "mot", "test", h, recipe="aaaa", data="/d", trained_on="cpu")

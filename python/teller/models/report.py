@@ -169,6 +169,9 @@ _MODEL_ADDED_LATER: dict[str, Any] = {
     "speed_aug": 0.0,
     "token_gpu_features": False,
 }
+# model settings with two spellings of one value, hashed as the second (definitions before
+# 2026-12-06 hashed them as written: `token_gpu_features: true` and `relative` were two recipes)
+_MODEL_SYNONYMS: dict[str, tuple[Any, Any]] = {"token_gpu_features": (True, "relative")}
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
 # content-addressed names and the reference's hash pin the same things)
@@ -215,10 +218,11 @@ def run_recipe(run_dir: Path, stored: str | None) -> str | None:
         if stored is None or stored == now:
             return now
         earlier = {
-            recipe_id(cfg, whole=w, dropped=d, model_dropped=m)
+            recipe_id(cfg, whole=w, dropped=d, model_dropped=m, synonyms=y)
             for w in (True, False)
             for d in _DROPPED_BEFORE
             for m in (True, False)
+            for y in (True, False)
         }
         return now if stored in earlier else stored
     except Exception:  # noqa: BLE001 - a configuration of the wrong shape: what was recorded stands
@@ -231,6 +235,7 @@ def recipe_id(
     whole: bool = True,
     dropped: tuple[str, ...] | None = None,
     model_dropped: bool = True,
+    synonyms: bool = True,
 ) -> str:
     """What a run was trained as, without its seed and what its fit produced: the runs of one recipe
     with different seeds share it (``teller results summarize`` pools them). Shards count by their
@@ -238,9 +243,10 @@ def recipe_id(
     ``train.device`` counts as given (``auto`` on CPU and on CUDA is one recipe: ``trained_on`` in
     the run's config says where it ran); an ensemble's recipe is made of its MoT's and its
     baselines' recipes. ``whole=False`` / ``dropped`` (the settings of ``_ADDED_LATER`` dropped at
-    their default; None: all), ``model_dropped=False`` (``_MODEL_ADDED_LATER`` kept): the
-    definitions before whole numbers were normalized and before those settings were dropped (what
-    evaluation files written then recorded; :func:`run_recipe`)."""
+    their default; None: all), ``model_dropped=False`` (``_MODEL_ADDED_LATER`` kept),
+    ``synonyms=False`` (``_MODEL_SYNONYMS`` hashed as written): the definitions before whole numbers
+    were normalized, before those settings were dropped and before one value's two spellings were
+    one recipe (what evaluation files written then recorded; :func:`run_recipe`)."""
     import hashlib
 
     c = json.loads(json.dumps(cfg))
@@ -253,7 +259,7 @@ def recipe_id(
                 try:
                     part = json.loads((run / "config.json").read_text())
                     c[f"{key}_recipe"] = recipe_id(
-                        part, whole=whole, dropped=dropped, model_dropped=model_dropped
+                        part, whole=whole, dropped=dropped, model_dropped=model_dropped, synonyms=synonyms
                     )
                 except (OSError, ValueError, TypeError, AttributeError):
                     c[f"{key}_recipe"] = run.name
@@ -272,6 +278,10 @@ def recipe_id(
         for k, off in _MODEL_ADDED_LATER.items():
             if c["model"].get(k, off) == off:
                 c["model"].pop(k, None)
+    if synonyms and isinstance(c.get("model"), dict):
+        for k, (alias, value) in _MODEL_SYNONYMS.items():
+            if k in c["model"] and c["model"][k] is alias:  # (`is`: 1 is not True here)
+                c["model"][k] = value
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:8]
 
 
