@@ -562,7 +562,7 @@ def test_family_reference_columns_hand_computed(tmp_path):
     assert rows["kernel:foo"][20] == pytest.approx(-0.1)  # no known family: its own
     (hk,) = [k for k in rows if k not in syms]
     assert not rows[hk][17:].any()
-    assert N_SUMMARY_FEATURES == len(SUMMARY_FEATURE_NAMES) == 23
+    assert N_SUMMARY_FEATURES == len(SUMMARY_FEATURE_NAMES) == 25
 
 
 def test_family_shift_ignores_bins_without_the_family():
@@ -651,3 +651,84 @@ def test_token_gpu_time_tells_the_straggler_from_its_peers(tmp_path):
         assert share[culprit].mean() < share[peers].mean(), sd.name
         seen += 1
     assert seen >= 1, seen
+
+
+def _ranks_trace(tmp_path, slow_gpu=(), slow_host=(), ranks=2, gc_pause=False):
+    """``ranks`` processes (pids 101, ...) with 16 ``engine_step#k`` ranges each (1 000 us apart, the
+    same load on every rank), each step holding two host operators (``prep`` 50 us, then ``post``
+    30 us) and launching two kernels (``gemm`` 100 us, then ``gemm`` again, 60 us: positions 0 and 1)
+    on its GPU (device pid = rank) and an all-reduce that every rank's GPU finishes together.
+    ``slow_gpu`` / ``slow_host``: steps where rank 1's kernels (all-reduce aside) / host operators take
+    1.5x; ``gc_pause``: one 5 ms ``post`` on rank 0 in step 3 (one event, a benign pause)."""
+    ev = []
+    for k in range(16):
+        for r in range(ranks):
+            h = {"pid": 101 + r, "tid": 101 + r}
+            g = {"pid": r, "tid": 7}
+            t = 1000 * k + 3 * r
+            sh = 1.5 if (r == 1 and k in slow_host) else 1.0
+            sg = 1.5 if (r == 1 and k in slow_gpu) else 1.0
+            post = 5000 if (gc_pause and r == 0 and k == 3) else 30 * sh
+            ev += [
+                {"ph": "X", "cat": "user_annotation", "name": f"engine_step#{k}", **h, "ts": t, "dur": 990,
+                 "args": {"num_tokens": 64, "num_seqs": 8}},
+                {"ph": "X", "cat": "cpu_op", "name": "prep", **h, "ts": t + 5, "dur": 50 * sh},
+                {"ph": "X", "cat": "cpu_op", "name": "post", **h, "ts": t + 800, "dur": post},
+                {"ph": "X", "cat": "kernel", "name": "gemm", **g, "ts": t + 100, "dur": 100 * sg},
+                {"ph": "X", "cat": "kernel", "name": "gemm", **g, "ts": t + 300, "dur": 60 * sg},
+                {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", **g,
+                 "ts": t + 400, "dur": 200 - 3 * r},
+            ]  # fmt: skip
+    p = tmp_path / "ranks.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    syms = ["host_op:prep", "host_op:post", "kernel:gemm", "kernel:ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
+    tok = tpe.train(tpe.corpus_from_symbols([syms]), vocab_size=0)
+    ids, f = symbol_summary(tr, tok)
+    names = [tok.token_str(int(i)) for i in ids]
+    return tr, {n.split(":")[0] + ":" + n.split(":")[1][:4]: f[k] for k, n in enumerate(names)}
+
+
+def test_cross_rank_residuals_hand_computed(tmp_path):
+    """An event against its peers: the same symbol, step ordinal and position on the other ranks."""
+    from teller.data.summary import cross_rank_residuals, step_ordinal
+
+    tr, _ = _ranks_trace(tmp_path, slow_gpu=range(8, 16))
+    x = np.log1p(np.maximum(np.asarray(tr.dur, np.float64), 0) / 1000.0)
+    r = cross_rank_residuals(tr, x, step_ordinal(tr))
+    name = np.array(tr.strings)[np.asarray(tr.name)]
+    pid, ts = np.asarray(tr.pid), np.asarray(tr.ts)
+    gemm1 = (name == "gemm") & (pid == 1)
+    # two ranks: the median of a pair is its mean, so each reads half the difference
+    late = gemm1 & (ts >= 8_000_000)  # (ns)
+    d100, d60 = (_x(150) - _x(100)) / 2, (_x(90) - _x(60)) / 2
+    np.testing.assert_allclose(np.sort(r[late]), np.sort([d100, d60] * 8), rtol=1e-6)
+    assert np.allclose(r[gemm1 & (ts < 8_000_000)], 0.0)
+    peer = (name == "gemm") & (pid == 0) & (ts >= 8_000_000)
+    np.testing.assert_allclose(np.sort(-r[peer]), np.sort(r[late]), rtol=1e-6)
+    # one rank: no peers, no residual
+    tr1, f1 = _ranks_trace(tmp_path, slow_gpu=range(8, 16), ranks=1)
+    x1 = np.log1p(np.maximum(np.asarray(tr1.dur, np.float64), 0) / 1000.0)
+    assert np.isnan(cross_rank_residuals(tr1, x1, step_ordinal(tr1))).all()
+    assert all(v[23] == 0 and v[24] == 0 for v in f1.values())
+
+
+def test_cross_rank_columns_tell_a_straggler_from_a_gpu_neighbour(tmp_path):
+    """Rank 1's kernels slow for the second half: its kernel rows and the GPU group move, the host
+    rows do not (a noisy neighbour on its GPU); with its host slow too (a straggler) the host rows and
+    the host group move as well. A single
+    5 ms pause on one rank's host is one event of its bin: the median keeps the host group still."""
+    _, f = _ranks_trace(tmp_path, slow_gpu=range(8, 16))
+    gemm = (_x(150) - _x(100)) / 2  # (the bin median of positions 0 and 1 lies between the two)
+    assert f["kernel:gemm"][23] == pytest.approx(np.median([gemm, (_x(90) - _x(60)) / 2]), rel=1e-6)
+    assert f["kernel:gemm"][24] == pytest.approx(f["kernel:gemm"][23], rel=1e-6)
+    assert f["host_op:prep"][23] == pytest.approx(0.0, abs=1e-9)
+    assert f["host_op:prep"][24] == pytest.approx(0.0, abs=1e-9)
+    assert f["kernel:nccl"][24] == f["kernel:gemm"][24]  # (the row's group: the GPU's, without it)
+    _, s = _ranks_trace(tmp_path, slow_gpu=range(8, 16), slow_host=range(8, 16))
+    assert s["host_op:prep"][23] == pytest.approx((_x(75) - _x(50)) / 2, rel=1e-6)
+    assert s["host_op:post"][24] > 0.005 and s["host_op:post"][24] == s["host_op:prep"][24]
+    assert s["kernel:gemm"][24] == pytest.approx(f["kernel:gemm"][24], rel=1e-6)
+    _, p = _ranks_trace(tmp_path, gc_pause=True)
+    assert p["host_op:post"][23] > 0.5  # (its own row sees it)
+    assert p["host_op:prep"][24] == pytest.approx(0.0, abs=1e-9)

@@ -33,6 +33,10 @@ row comparing its events to the same symbol's events in the trace's opening wind
 | 20 | ``ref_fam_dev`` | column 17 pooled over the kernel's family in the capture (all GEMMs, ...) |
 | 21 | ``ref_fam_pid_max`` | column 18 pooled likewise: the family's largest per-process median |
 | 22 | ``ref_fam_shift`` | the window scan (as ``shift``) over the family's mean residual per time bin |
+| 23 | ``xrank_shift`` | x against its peers on the other ranks (below); per process, the window scan over |
+|   |                 | the median per time bin; the largest over the processes (0: one process) |
+| 24 | ``xrank_group_shift`` | column 23 pooled over the row's group: every host event (annotation, |
+|   |                       | operator, Python, runtime and driver calls) or every GPU event but collectives |
 
 ``f_p`` is a fit of x on w per *position*: the occurrence index of the symbol within its (process,
 step). One kernel name runs several GEMM shapes per layer (QKV, output, up and down projections)
@@ -88,6 +92,18 @@ reads 0 in all of 17-22, and
 ``teller tokenize`` leaves them 0 for a fixed 30 % of the training samples (``REF_HIDE_FRAC``) so
 that a model learns to do without them.
 
+Columns 23-24 compare each rank with its tensor-parallel peers, which run the same operators,
+calls and kernels at the same load in every step: an event's *cross-rank residual* is its x minus
+the median x of the same symbol at the same step ordinal and occurrence position on every process
+that ran it (kept where >= 2 processes did; a single-process capture reads 0). A rank slower than
+its peers during part of the capture (a straggler, a noisy neighbour on its GPU, one throttled GPU,
+a stall on its host) moves them; a fault on every rank (a power cap, a slow link) does not. Per
+time bin the median, not the mean: a benign GC pause on one rank is one event. Column 24 is what
+tells a straggler (its kernels *and* its host slower: host x (1 + 0.3 s) in the simulator) from a
+bandwidth neighbour on its GPU (kernels only): measured on ``default``'s TP >= 2 captures (shards
+version 13), the host column's median is 0.074 for ``nccl_straggler`` and 0.027 for the bandwidth
+``hbm_contention``, 0.032 for normal ones; the GPU column's 0.21, 0.094 and 0.014.
+
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
@@ -129,6 +145,8 @@ SUMMARY_FEATURE_NAMES: tuple[str, ...] = (
     "ref_fam_dev",
     "ref_fam_pid_max",
     "ref_fam_shift",
+    "xrank_shift",
+    "xrank_group_shift",
 )
 # collective kernels (their symbol, ``kernel:`` + the normalized name): NCCL's and vLLM's custom
 # all-reduce (``cross_device_reduce_1stage/2stage``)
@@ -332,6 +350,68 @@ def window_scan(v: np.ndarray) -> tuple[float, int, int]:
     return float(d[k]), int(i[k]), int(j[k])
 
 
+# layers whose events a rank's host runs, and its GPU (teller.trace layer names)
+_HOST_LAYERS = ("annotation", "host_op", "python", "runtime", "driver")
+_GPU_LAYERS = ("kernel", "memcpy", "memset")
+
+
+def _group_medians(g: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(groups, median of v per group, count per group)`` for integer group labels ``g``."""
+    o = np.lexsort((v, g))
+    gs, vs = g[o], v[o]
+    starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+    cnt = np.diff(np.r_[starts, len(gs)])
+    lo, hi = starts + (cnt - 1) // 2, starts + cnt // 2
+    return gs[starts], 0.5 * (vs[lo] + vs[hi]), cnt
+
+
+def cross_rank_residuals(tr: Any, x: np.ndarray, sord: np.ndarray) -> np.ndarray:
+    """Per event, ``x`` minus the median ``x`` of its peers: the events of the same symbol at the
+    same step ordinal (``sord``, :func:`step_ordinal`) and the same occurrence index within their
+    process's (step, symbol), one per process that ran it. NaN outside every step and where fewer
+    than two processes ran it (a single-process capture, a rank whose capture missed the step)."""
+    n = len(x)
+    r = np.full(n, np.nan)
+    ok = sord >= 0
+    if not ok.any():
+        return r
+    idx = np.flatnonzero(ok)
+    sym = np.asarray(tr.symbol, dtype=np.int64)[idx]
+    pid = np.asarray(tr.pid, dtype=np.int64)[idx]
+    st = sord[idx]
+    ts = np.asarray(tr.ts, dtype=np.int64)[idx]
+    o = np.lexsort((ts, pid, st, sym))
+    sy, p, s2 = sym[o], pid[o], st[o]
+    new = np.r_[True, (sy[1:] != sy[:-1]) | (s2[1:] != s2[:-1]) | (p[1:] != p[:-1])]
+    start = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
+    pos = np.arange(len(o)) - start
+    g = (sy * (int(s2.max()) + 1) + s2) * (int(pos.max()) + 1) + pos  # (one integer per group)
+    # one event per (group, process) by construction: the count of a group is its processes
+    ug, med, cnt = _group_medians(g, x[idx][o])
+    at = np.searchsorted(ug, g)
+    keep = cnt[at] >= 2
+    r[idx[o][keep]] = x[idx][o][keep] - med[at][keep]
+    return r
+
+
+def _rank_shift(r: np.ndarray, pid: np.ndarray, tbin: np.ndarray) -> float:
+    """Per process, :func:`window_scan` over the median cross-rank residual ``r`` of each time bin
+    that holds its events (>= 4 such bins); the largest over the processes (0: no residuals)."""
+    ok = np.isfinite(r)
+    if not ok.any():
+        return 0.0
+    p, b = pid[ok], tbin[ok]
+    key, med, _ = _group_medians(p * N_BINS + b, r[ok])
+    kp = key // N_BINS
+    best = None
+    for q in np.unique(kp):
+        v = med[kp == q]  # (its bins in time order: keys sort by bin within a process)
+        if len(v) >= 4:
+            d = window_scan(v)[0]
+            best = d if best is None else max(best, d)
+    return 0.0 if best is None else float(best)
+
+
 def symbol_summary(
     tr: Any,
     tok: Any,
@@ -363,7 +443,14 @@ def symbol_summary(
     tbin = np.minimum(((ts - t0) * (N_BINS / span)).astype(np.int64), N_BINS - 1)
     step = np.asarray(tr.step, dtype=np.int64)
     coll = collective_events(tr)
-    sord = step_ordinal(tr) if coll.any() else None
+    sord_all = step_ordinal(tr)
+    sord = sord_all if coll.any() else None
+    xr = cross_rank_residuals(tr, x, sord_all)
+    host = np.asarray(tr.layer_mask(*_HOST_LAYERS), bool)
+    gpu = np.asarray(tr.layer_mask(*_GPU_LAYERS), bool)
+    host_shift = _rank_shift(xr[host], pid[host], tbin[host])
+    gm = gpu & ~coll  # (the peers of a slow rank wait in the collectives: longer there, not slower)
+    gpu_shift = _rank_shift(xr[gm], pid[gm], tbin[gm])
     fam = fam_stats = None
     if ref_resid is not None:
         fam = _event_family(tr)
@@ -409,6 +496,8 @@ def symbol_summary(
         _work_normalized(out[g], xs, w[idx], tbin[idx], pid[idx], pos)
         if transfer:
             _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], pos_all, end[idx] / 1000.0)
+        out[g, 23] = _rank_shift(xr[idx], pid[idx], tbin[idx])
+        out[g, 24] = host_shift if host[idx[0]] else gpu_shift if gpu[idx[0]] else 0.0
         if ref_resid is not None:
             _reference_columns(out[g], ref_resid[idx], pid[idx])
             if out[g, 19] > 0:  # a kernel with residuals: its family's pooled columns

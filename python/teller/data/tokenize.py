@@ -68,8 +68,10 @@ SHARDS_FORMAT = "teller-shards"
 # residuals; 9 was an inverted column 19, tried and never shipped, docs/models-history.md); 11: + summary
 # columns 20-22, the reference residuals pooled over the kernel's family (columns 0-19 unchanged);
 # 12: + token_gpu, each token's compute and collective kernel time (teller.data.summary.token_gpu_time;
-# the other arrays unchanged, so a version-11 model reads version-12 shards)
-SHARDS_VERSION = 12
+# the other arrays unchanged, so a version-11 model reads version-12 shards); 13: + summary columns
+# 23-24, each rank against its tensor-parallel peers (teller.data.summary.cross_rank_residuals;
+# columns 0-22 and the other arrays unchanged, so a version-12 model reads version-13 shards)
+SHARDS_VERSION = 13
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
 # dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side

@@ -1237,7 +1237,8 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     an error"); a warning when the summary rows were computed differently from the training data's
     (version 5 changed what columns 9-11 mean, not their number), or the traces were linked
     differently (version 6: each rank's GPU work under its own process); :class:`ConfigError` when
-    the checkpoint reads more summary columns than the shards have (versions 7, 8 and 11 added 3 each)."""
+    the checkpoint reads more summary columns than the shards have (versions 7, 8 and 11 added 3
+    each, 13 added 2)."""
     mc = cfg.get("model")
     man = json.loads((run_dir / "manifest.json").read_text())
     have = int(man.get("version", 1))
@@ -1259,7 +1260,7 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
     if trace_side and need and width < int(need):
         raise ConfigError(
             f"{run_dir}: shards version {have} have {width} summary columns, the checkpoint reads "
-            f"{need} (trained on version {trained}; versions 7, 8 and 11 added 3 each); "
+            f"{need} (trained on version {trained}; versions 7, 8 and 11 added 3 each, 13 added 2); "
             "re-run `teller tokenize`",
             path=str(run_dir),
         )
