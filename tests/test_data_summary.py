@@ -732,3 +732,20 @@ def test_cross_rank_columns_tell_a_straggler_from_a_gpu_neighbour(tmp_path):
     _, p = _ranks_trace(tmp_path, gc_pause=True)
     assert p["host_op:post"][23] > 0.5  # (its own row sees it)
     assert p["host_op:prep"][24] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_cross_rank_columns_three_ranks(tmp_path):
+    """With three ranks the peers' median is the healthy ranks' value: the slow rank reads its whole
+    slowdown, the others 0 (a mean would spread it over all three)."""
+    from teller.data.summary import cross_rank_residuals, step_ordinal
+
+    tr, f = _ranks_trace(tmp_path, slow_host=range(8, 16), ranks=3)
+    x = np.log1p(np.maximum(np.asarray(tr.dur, np.float64), 0) / 1000.0)
+    r = cross_rank_residuals(tr, x, step_ordinal(tr))
+    name = np.array(tr.strings)[np.asarray(tr.name)]
+    pid, ts = np.asarray(tr.pid), np.asarray(tr.ts)
+    prep = name == "prep"
+    late = ts >= 8_000_000
+    np.testing.assert_allclose(r[prep & late & (pid == 102)], _x(75) - _x(50), rtol=1e-6)
+    assert np.allclose(r[prep & (pid != 102)], 0.0) and np.allclose(r[prep & ~late], 0.0)
+    assert f["host_op:prep"][23] == pytest.approx(_x(75) - _x(50), rel=1e-6)

@@ -1467,6 +1467,7 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
     `teller tokenize` stored and `load_model_split` reads, array for array, or a model would be
     diagnosed on features it was not trained on."""
     from teller import trace as _trace
+    from teller.data.summary import N_SUMMARY_FEATURES
     from teller.data.tokenize import LogTokenizer, parse_log
     from teller.models.data import load_model_split
     from teller.models.diagnose import sample_inputs
@@ -1496,10 +1497,11 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
     for s in samples:
         sd = data / s.sample_id
         if reference_hidden(seed, s.sample_id):
-            # a hidden training sample's reference columns are 0 in the shards: compare the rest
+            # a hidden training sample's reference columns (17-22) are 0 in the shards: compare the
+            # rest (0-16, and the cross-rank columns 23-24, which need no reference)
             n_hidden += 1
-            assert not s.summary_features[:, 17:].any()
-            s.summary_features = s.summary_features[:, :17]
+            assert not s.summary_features[:, 17:23].any()
+            s.summary_features = np.delete(s.summary_features, np.s_[17:23], axis=1)
         else:
             n_ref += int((s.summary_features[:, 19] > 0).any())
         tr = _trace.load(
@@ -1509,8 +1511,8 @@ def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
             warn=False,
         )
         d, _ = sample_inputs(tr, parse_log(sd / "log.txt"), tok, logtok, cfg, s.sample_id)
-        if s.summary_features.shape[1] == 17:
-            d.summary_features = d.summary_features[:, :17]
+        if s.summary_features.shape[1] == N_SUMMARY_FEATURES - 6:  # (hidden: without 17-22)
+            d.summary_features = np.delete(d.summary_features, np.s_[17:23], axis=1)
         for k in (
             "trace_ids",
             "trace_features",

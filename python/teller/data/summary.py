@@ -101,15 +101,17 @@ a stall on its host) moves them; a fault on every rank (a power cap, a slow link
 time bin the median, not the mean: a benign GC pause on one rank is one event. Column 24 is what
 tells a straggler (its kernels *and* its host slower: host x (1 + 0.3 s) in the simulator) from a
 bandwidth neighbour on its GPU (kernels only): measured on ``default``'s TP >= 2 captures (shards
-version 13), the host column's median is 0.074 for ``nccl_straggler`` and 0.027 for the bandwidth
-``hbm_contention``, 0.032 for normal ones; the GPU column's 0.21, 0.094 and 0.014.
+version 13), the host group's median is 0.079 for ``nccl_straggler`` and 0.029 for the bandwidth
+``hbm_contention``, 0.033 for normal ones; the GPU group's 0.215, 0.105 and 0.015. Ranks are
+matched by step ordinal only: captures must start at the same engine step on every rank.
 
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. Computed on the CPU with numpy in ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
 2-core box: version 4 7-10 ms, version 5 ~11 ms; on a slower machine of the same kind, the median
 over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the difference
-being the collective columns); ``teller tokenize`` stores them in the shards and
+being the collective columns; columns 23-24 add about 3 ms, 13.5 -> 16.8 ms over 60 ``default``
+traces); ``teller tokenize`` stores them in the shards and
 ``teller diagnose`` recomputes them the way the checkpoint's shards had them.
 """
 

@@ -170,7 +170,7 @@ _MODEL_ADDED_LATER: dict[str, Any] = {
     "token_gpu_features": False,
 }
 # model settings with two spellings of one value, hashed as the second (definitions before
-# 2026-12-06 hashed them as written: `token_gpu_features: true` and `relative` were two recipes)
+# session 28, 2026-12-05, hashed them as written: `token_gpu_features: true` and `relative` were two recipes)
 _MODEL_SYNONYMS: dict[str, tuple[Any, Any]] = {"token_gpu_features": (True, "relative")}
 
 # fields of a run's config.json that its fit produced or that only say where files lie (the shards'
