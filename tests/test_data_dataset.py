@@ -382,6 +382,28 @@ def test_the_default_benchmark_samples_are_pinned(tmp_path):
             assert ann["faults"][0]["effect"]["events"] > 0, label
 
 
+def test_start_up_log_lines_come_before_serving(tmp_path):
+    """The start-up lines (server version, engine init, graph capture, "Starting vLLM API server")
+    end at least a second before the first request. Before generator version 4 their draws could
+    add up past serving's start: in s000252 and s002375 of `default` "Starting vLLM API server" came
+    after the trace. Those two are the regression cases; s000000 was never affected."""
+    from teller.data.dataset import generate_sample
+
+    cfg = load_config("default")
+    plans = plan(cfg, 2600, 0)
+    for idx in (0, 252, 2375):
+        ann = generate_sample(cfg, 0, plans[idx], tmp_path)
+        lines = (tmp_path / plans[idx].sample_id / "log.txt").read_text().splitlines()
+        stamps = [int(x.split(" ", 1)[0]) for x in lines]
+        assert stamps == sorted(stamps)
+        at = [i for i, x in enumerate(lines) if "Starting vLLM API server" in x]
+        assert len(at) == 1 and at[0] + 1 < len(lines), plans[idx].sample_id
+        # the next line is serving's first (a request received or finished), a second or more later
+        assert stamps[at[0] + 1] - stamps[at[0]] >= 10**9, plans[idx].sample_id
+        assert "(APIServer" in lines[at[0] + 1] and "request" in lines[at[0] + 1]
+        assert stamps[at[0]] <= ann["trace"]["start_ns"] - 10**9, plans[idx].sample_id
+
+
 def test_trace_json_keeps_each_gpu_activity_linked_to_its_own_process(tmp_path):
     """A trace.json merged from several processes has one source but overlapping correlation ids
     (each process counts its own). Loading it back must link every kernel to its own process's
