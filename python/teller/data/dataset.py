@@ -35,9 +35,9 @@ from teller.errors import ConfigError, DatasetError, TellerFileNotFoundError, Te
 
 GENERATOR = "teller-sim"
 # 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
-GENERATOR_VERSION = (
-    4  # 3: hbm_contention may be a time-sliced neighbour process; 4: start-up log lines before serving
-)
+# 3: hbm_contention may be a time-sliced neighbour process
+# 4: the start-up log lines end at least a second before serving
+GENERATOR_VERSION = 4
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"
