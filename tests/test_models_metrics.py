@@ -211,3 +211,57 @@ def test_sample_records_and_paired_difference() -> None:
     assert same["diff"] == same["lo"] == same["hi"] == 0.0 and same["p_sign"] == 1.0
     with pytest.raises(ValueError):
         paired_difference(a, b[:3])
+
+
+def test_calibration_metrics_hand_computed() -> None:
+    from teller.models.metrics import brier, ece, nll
+
+    p = np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.5, 0.5]])
+    y = np.array([0, 1, 1, 0])
+    # NLL: -(ln .9 + ln .4 + ln .8 + ln .5) / 4
+    assert nll(p, y) == pytest.approx(-(np.log(0.9) + np.log(0.4) + np.log(0.8) + np.log(0.5)) / 4)
+    # ECE, 15 bins of width 1/15: 0.9 -> bin 13 (hit), 0.6 -> bin 8 (miss), 0.8 -> bin 11 (hit),
+    # 0.5 -> bin 7 (argmax 0 on a tie: hit). Each bin one sample: mean |hit - conf| =
+    # (0.1 + 0.6 + 0.2 + 0.5) / 4
+    assert ece(p, y) == pytest.approx((0.1 + 0.6 + 0.2 + 0.5) / 4)
+    # two bins: (0, .5] holds 0.5 (hit), (.5, 1] holds .9 hit, .6 miss, .8 hit: |2 - 2.3| -> 0.3
+    assert ece(p, y, bins=2) == pytest.approx((0.5 + 0.3) / 4)
+    # Brier: squared distance to the one-hot label, summed over classes, mean over samples
+    assert brier(p, y) == pytest.approx((2 * 0.01 + 2 * 0.36 + 2 * 0.04 + 2 * 0.25) / 4)
+    # a probability of exactly 0 on the true class: large, not inf
+    assert np.isfinite(nll(np.array([[1.0, 0.0]]), np.array([1])))
+    assert nll(np.zeros((0, 3)), np.zeros(0, int)) == ece(np.zeros((0, 3)), np.zeros(0, int)) == 0.0
+    with pytest.raises(ValueError, match="label outside"):
+        nll(p, np.array([0, 1, 2, 0]))
+    # compute_metrics reports them
+    preds = [
+        Prediction(int(t), q, np.array([1]), np.array([0.0]), np.array([t != 0]))
+        for q, t in zip(p, y, strict=True)
+    ]
+    m = compute_metrics(preds, ["normal", "a"])
+    assert m["nll"] == pytest.approx(nll(p, y)) and m["ece"] == pytest.approx(ece(p, y))
+    assert m["brier"] == pytest.approx(brier(p, y))
+
+
+def test_fit_temperature_recovers_an_over_confident_model() -> None:
+    from teller.models.metrics import TEMPERATURE_RANGE, fit_temperature, log_softmax, nll
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 2.0, (4000, 5))
+    # labels drawn from softmax(z): z is calibrated; a network that says 3 z is over-confident
+    p = np.exp(log_softmax(z))
+    y = np.array([rng.choice(5, p=row) for row in p])
+    t = fit_temperature(3.0 * z, y)
+    assert t == pytest.approx(3.0, rel=0.08)
+    assert fit_temperature(3.0 * z, y) == t  # deterministic
+    # the fitted T is the NLL minimum: either side is worse
+    for other in (t * 0.9, t * 1.1):
+        assert nll(np.exp(log_softmax(3.0 * z, other)), y) > nll(np.exp(log_softmax(3.0 * z, t)), y)
+    # an under-confident one is sharpened (T < 1)
+    assert fit_temperature(0.5 * z, y) == pytest.approx(0.5, rel=0.08)
+    # every sample right by a wide margin: the NLL falls all the way, T stops at the range's bound
+    sure = np.array([[10.0, 0.0], [0.0, 10.0]])
+    assert fit_temperature(sure, np.array([0, 1])) == pytest.approx(TEMPERATURE_RANGE[0])
+    assert fit_temperature(np.zeros((0, 3)), np.zeros(0, int)) == 1.0
+    # the order of the categories never changes
+    assert (log_softmax(3.0 * z, t).argmax(1) == z.argmax(1)).all()

@@ -951,6 +951,12 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
     cfg = load_config("demo", "demo")
     cfg["train"]["max_minutes"] = 60  # the epoch budget, not the machine's load, ends training here
     run = train(cfg, out, tmp_path / "mot", tpe_dir=tmp_path / "tpe")
+    # the temperature is fitted on val at the end of training, recorded, and what the loaded model uses
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    n_val = len(json.loads((out / "manifest.json").read_text())["splits"]["val"]["samples"])
+    assert cal["split"] == "val" and cal["n"] == n_val > 0
+    assert cal["nll_after"] <= cal["nll_before"] and cal["temperature"] != 1.0
+    assert load_checkpoint(run)[0].temperature == cal["temperature"]
     fresh = tmp_path / "fresh"
     generate(fresh, num_samples=26, seed=99, preset="tiny")
     wanted = {"eager_mode_misconfig", "oom_error", "launch_storm"}
@@ -1744,3 +1750,61 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
     with pytest.warns(TellerWarning, match="truncated"):
         d = diagnose(cut, run)
     assert any("truncated" in w for w in d["input_warnings"]) and d["root_causes"]
+
+
+def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) -> None:
+    """The category head's temperature: `teller calibrate` fits it on a split and records it in
+    config.json; load_checkpoint sets it; predict's probabilities are softmax(logits / T), ranked as
+    before; a damaged value is named; --reset removes it. (The fixture's shards hold a train split
+    only, so the fit is on train here; `teller train` fits on val: the 400-sample test below.)"""
+    from teller.errors import ConfigError
+    from teller.models.data import load_model_split
+    from teller.models.metrics import log_softmax
+    from teller.models.train import calibrate, predict_logits, shards_run_dir
+
+    root, _data, tdir, out = shards
+    run = train(CFG, out, tmp_path / "run", tpe_dir=tdir)
+    # no val in this fixture: nothing fitted at training time
+    assert "calibration" not in json.loads((run / "config.json").read_text())
+    model, cfg = load_checkpoint(run)
+    assert model.temperature == 1.0
+    samples, _ = load_model_split(shards_run_dir(out), "train", cfg["model"])
+    raw = predict(model, samples)[0]
+    cal = calibrate(run, split="train")
+    assert cal is not None and cal["split"] == "train" and cal["n"] == len(samples)
+    assert cal["temperature"] > 0 and cal["nll_after"] <= cal["nll_before"]
+    assert json.loads((run / "config.json").read_text())["calibration"] == cal
+    assert calibrate(run, split="train") == cal  # deterministic
+    model, _ = load_checkpoint(run)
+    assert model.temperature == cal["temperature"]
+    z = predict_logits(model, samples)
+    got = predict(model, samples)[0]
+    for g, r, zz in zip(got, raw, z, strict=True):
+        np.testing.assert_allclose(g.probs, np.exp(log_softmax(zz, cal["temperature"])), rtol=1e-4, atol=1e-6)
+        assert np.argmax(g.probs) == np.argmax(r.probs)
+    # the rest of config.json is kept
+    c = json.loads((run / "config.json").read_text())
+    assert c["model"] == cfg["model"] and c["label_names"] == cfg["label_names"]
+    # a damaged temperature is named
+    for bad in (-1.0, 0, "2", None, float("inf")):
+        (run / "config.json").write_text(json.dumps({**c, "calibration": {**cal, "temperature": bad}}))
+        with pytest.raises(
+            ConfigError, match=r"config.json: calibration.temperature: .* not a positive number"
+        ):
+            load_checkpoint(run)
+    (run / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ConfigError, match="its 'val' split holds no samples"):
+        calibrate(run)
+    assert calibrate(run, reset=True) is None
+    assert "calibration" not in json.loads((run / "config.json").read_text())
+    assert load_checkpoint(run)[0].temperature == 1.0
+    # the CLI
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "teller", "calibrate", "--checkpoint", str(run), "--split", "train"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(r.stdout) == cal and "temperature" in r.stderr and "fitted on train" in r.stderr

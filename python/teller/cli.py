@@ -873,6 +873,13 @@ def _train_model(
             def cb(what: str, done: int, total: int, rec: dict[str, float]) -> None:
                 if what == "train":
                     update(done, total)
+                elif what == "calibrate":
+                    err_console.print(
+                        f"calibrated on {rec['split']}: temperature {rec['temperature']:.3f} "
+                        f"(NLL {rec['nll_before']:.4f} -> {rec['nll_after']:.4f}, "
+                        f"ECE {rec['ece_before']:.4f} -> {rec['ece_after']:.4f})",
+                        highlight=False,
+                    )
                 else:
                     shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k != "epoch")
                     err_console.print(f"epoch {done}/{total}: {shown}", highlight=False)
@@ -1077,6 +1084,46 @@ def evaluate_cmd(
     else:
         for m in results:
             print_metrics(m, console)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="A run directory of teller train mot|single.")
+    ],
+    data_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--data-dir", help="Tokenized shards encoded like the training ones (default: training)."
+        ),
+    ] = None,
+    split: Annotated[
+        str, typer.Option(help="The split to fit on: one the run is not evaluated on (default val).")
+    ] = "val",
+    reset: Annotated[
+        bool, typer.Option("--reset", help="Remove the calibration: probabilities as the network gives them.")
+    ] = False,
+) -> None:
+    """Fit the temperature of a run's category probabilities (softmax(logits / T), minimizing the
+    NLL on --split) and record it in the run's config.json; evaluate and diagnose then use it.
+    `teller train` does this on val at the end of training; this refits a run (or one trained before
+    calibration existed) or removes it. The argmax never changes, only the confidence."""
+    from teller.models.train import calibrate
+
+    try:
+        cal = calibrate(checkpoint, data_dir, split, reset=reset)
+    except TellerError as e:
+        raise _fail(e) from None
+    if cal is None:
+        err_console.print(f"{checkpoint}: calibration removed (temperature 1)", highlight=False)
+    else:
+        err_console.print(
+            f"{checkpoint}: temperature {cal['temperature']:.3f} fitted on {cal['split']} (n={cal['n']}): "
+            f"NLL {cal['nll_before']:.4f} -> {cal['nll_after']:.4f}, "
+            f"ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}",
+            highlight=False,
+        )
+    print(json.dumps(cal))
 
 
 @results_app.command("summarize")

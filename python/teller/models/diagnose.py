@@ -231,7 +231,7 @@ def diagnose(
     )
     with torch.no_grad():
         out = model(collate([s]))
-    probs = torch.softmax(out["logits"][0].float(), -1).numpy()
+    probs = torch.softmax(out["logits"][0].float() / model.temperature, -1).numpy()  # (calibrated)
     loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
     names = cfg["label_names"]
     if ens is not None:

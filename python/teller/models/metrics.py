@@ -231,6 +231,104 @@ def ac_with_effect(preds: Sequence[Prediction], ranks: Sequence[int], normal_ind
     return ac_at_k(kept, 1) if kept else None
 
 
+# -- calibration: how far the category probabilities are from the frequencies they claim ----------
+ECE_BINS = 15  # equal-width confidence bins (Guo et al. 2017 use 15)
+_P_FLOOR = 1e-12  # (a probability of exactly 0 on the true class scores -ln 1e-12 = 27.6, not inf)
+
+
+def _probs_labels(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(probs, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if p.ndim != 2 or y.shape != (p.shape[0],):
+        raise ValueError(f"need probabilities [n, C] and n labels, got {p.shape} and {y.shape}")
+    if len(y) and (y.min() < 0 or y.max() >= p.shape[1]):
+        raise ValueError(f"a label outside 0..{p.shape[1] - 1}")
+    return p, y
+
+
+def nll(probs: Any, labels: Any) -> float:
+    """Mean negative log-likelihood of the true class (natural log; 0 for no samples)."""
+    p, y = _probs_labels(probs, labels)
+    if not len(y):
+        return 0.0
+    return float(-np.log(np.maximum(p[np.arange(len(y)), y], _P_FLOOR)).mean())
+
+
+def ece(probs: Any, labels: Any, bins: int = ECE_BINS) -> float:
+    """Expected calibration error of the top class: samples binned by their top probability into
+    ``bins`` equal-width bins over (0, 1]; the mean over bins, weighted by their share of samples, of
+    |accuracy - mean confidence|. 0 for no samples."""
+    p, y = _probs_labels(probs, labels)
+    if not len(y):
+        return 0.0
+    conf = p.max(1)
+    hit = p.argmax(1) == y
+    # bin b holds confidences in (b/bins, (b+1)/bins]; a confidence of 0 (all-zero rows) joins bin 0
+    b = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
+    n = np.bincount(b, minlength=bins)
+    gap = np.abs(np.bincount(b, hit, minlength=bins) - np.bincount(b, conf, minlength=bins))
+    return float(gap.sum() / len(y)) if n.sum() else 0.0
+
+
+def brier(probs: Any, labels: Any) -> float:
+    """Mean over samples of the squared distance between the probabilities and the one-hot label
+    (0 .. 2; 0 for no samples)."""
+    p, y = _probs_labels(probs, labels)
+    if not len(y):
+        return 0.0
+    onehot = np.zeros_like(p)
+    onehot[np.arange(len(y)), y] = 1.0
+    return float(((p - onehot) ** 2).sum(1).mean())
+
+
+def log_softmax(logits: Any, temperature: float = 1.0) -> np.ndarray:
+    """log softmax(logits / temperature) over the last axis, in float64."""
+    z = np.asarray(logits, dtype=np.float64) / float(temperature)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+# the range a fitted temperature is searched in: below 1 sharpens, above 1 softens
+TEMPERATURE_RANGE = (0.05, 20.0)
+
+
+def fit_temperature(logits: Any, labels: Any) -> float:
+    """The temperature T that minimizes the NLL of softmax(logits / T) on (held-out) samples: post-hoc
+    temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", 2017). It leaves
+    each sample's ranking of the categories as it is and makes the top probability mean what it
+    says. The NLL is convex in 1/T, so a golden-section search over ln(1/T) finds the one minimum
+    (deterministic; 1.0 for no samples; a bound of :data:`TEMPERATURE_RANGE` where the minimum lies
+    beyond it, e.g. every sample right by a wide margin)."""
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    _probs_labels(z, y)  # (shapes and labels checked)
+    if not len(y):
+        return 1.0
+    rows = np.arange(len(y))
+
+    def loss(u: float) -> float:  # u = ln(1/T)
+        return float(-log_softmax(z, float(np.exp(-u)))[rows, y].mean())
+
+    lo, hi = -np.log(TEMPERATURE_RANGE[1]), -np.log(TEMPERATURE_RANGE[0])
+    g = (np.sqrt(5.0) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(80):  # the bracket shrinks by 0.618 a step: 80 steps reach float precision
+        if fc <= fd:  # (ties keep the lower 1/T: the softer of two equal fits)
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = loss(d)
+    u = (a + b) / 2
+    # the ends themselves, where the minimum lies beyond the range (golden section stops inside it)
+    best = min(((loss(v), v) for v in (lo, u, hi)), key=lambda t: t[0])[1]
+    return float(np.exp(-best))
+
+
 def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
     """Every metric of ``teller evaluate`` over a list of predictions."""
     n = len(label_names)
@@ -243,6 +341,7 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
     l1v = [v for v in l1 if v is not None]
     l3v = [v for v in l3 if v is not None]
     pc = per_class(y, yp, n)
+    P = np.stack([np.asarray(p.probs, dtype=np.float64) for p in preds]) if preds else np.zeros((0, n))
     out: dict[str, object] = {
         "n": len(preds),
         "category_accuracy": float(np.mean(np.asarray(y) == np.asarray(yp))) if preds else 0.0,
@@ -259,6 +358,10 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "per_severity": per_severity(preds, ranks, normal),
         "per_effect": per_effect(preds, ranks, normal),
         "ac@1_with_effect": ac_with_effect(preds, ranks, normal),
+        # calibration of the category probabilities (`teller train` fits a temperature on val)
+        "nll": nll(P, y) if preds else None,
+        "ece": ece(P, y) if preds else None,
+        "brier": brier(P, y) if preds else None,
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
         "samples": sample_records(preds, yp, ranks, label_names),

@@ -358,6 +358,10 @@ class RCAModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        # the category head's temperature: probabilities are softmax(logits / temperature). 1 while
+        # training; a checkpoint's fitted value (config.json `calibration`, fitted on val after
+        # training) is set by load_checkpoint. Not a weight: the logits stay the raw ones
+        self.temperature = 1.0
         d = cfg.d_model
         n_exp = 2 if cfg.arch == "mot" else 1
         self.use_trace = cfg.modalities in ("both", "trace")

@@ -29,6 +29,8 @@ MAIN_KEYS = (
     "loc_top3",
     "detection_precision",
     "detection_recall",
+    "ece",
+    "nll",
     "latency_ms_per_sample",
     "n",
 )
@@ -186,6 +188,7 @@ _NOT_RECIPE = (
     "log_tokenizer",
     "reference",
     "trained_on",
+    "calibration",
 )
 
 

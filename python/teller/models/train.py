@@ -35,7 +35,15 @@ from teller._io import check_output_dir, make_output_dir, yaml_error_line
 from teller.data.tokenize import LogTokenizer, read_shards_manifest
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
-from teller.models.metrics import Prediction, compute_metrics, metrics_for
+from teller.models.metrics import (
+    Prediction,
+    compute_metrics,
+    ece,
+    fit_temperature,
+    log_softmax,
+    metrics_for,
+    nll,
+)
 from teller.models.mot import ModelConfig, RCAModel, build_model, init_log_side_from_bert
 
 ProgressFn = Callable[[str, int, int, dict[str, float]], Any]
@@ -279,7 +287,7 @@ def predict(
     for bs in batches(samples, batch_size, shuffle=False):
         b = collate(bs)
         out = model({k: v.to(dev) for k, v in b.items()})
-        probs = torch.softmax(out["logits"].float(), -1).cpu().numpy()
+        probs = torch.softmax(out["logits"].float() / model.temperature, -1).cpu().numpy()
         loc = out["loc_logits"].float().cpu().numpy() if "loc_logits" in out else None
         by = out["loc_logits_by_class"].float().cpu().numpy() if "loc_logits_by_class" in out else None
         for i, s in enumerate(bs):
@@ -300,6 +308,49 @@ def predict(
             )
     dt = (time.perf_counter() - t0) / max(1, len(samples))
     return preds, dt
+
+
+@torch.no_grad()
+def predict_logits(
+    model: RCAModel, samples: Sequence[Sample], batch_size: int = 32, device: torch.device | None = None
+) -> np.ndarray:
+    """The category head's raw logits [n, C] (float64), before any temperature."""
+    model.eval()
+    dev = device or next(model.parameters()).device
+    out = [
+        model({k: v.to(dev) for k, v in collate(bs).items()})["logits"].double().cpu().numpy()
+        for bs in batches(samples, batch_size, shuffle=False)
+    ]
+    return np.concatenate(out) if out else np.zeros((0, model.cfg.n_classes))
+
+
+def fit_calibration(
+    model: RCAModel, samples: Sequence[Sample], split: str, device: torch.device | None = None
+) -> dict[str, Any]:
+    """Temperature scaling of the category head fitted on ``samples`` (held out from training: val):
+    the ``calibration`` record of a checkpoint's config.json, with the split's NLL and ECE before and
+    after. The argmax of every sample stays; only how sure the probabilities say the model is
+    changes (metrics.fit_temperature)."""
+    z = predict_logits(model, samples, device=device)
+    y = np.asarray([s.label for s in samples], dtype=np.int64)
+    t = fit_temperature(z, y)
+    before, after = np.exp(log_softmax(z)), np.exp(log_softmax(z, t))
+    return {
+        "method": "temperature",
+        "temperature": t,
+        "split": split,
+        "n": len(y),
+        "nll_before": round(nll(before, y), 6),
+        "nll_after": round(nll(after, y), 6),
+        "ece_before": round(ece(before, y), 6),
+        "ece_after": round(ece(after, y), 6),
+    }
+
+
+def checkpoint_temperature(cfg: dict[str, Any]) -> float:
+    """The temperature a checkpoint's config.json records (1.0 without a ``calibration``)."""
+    cal = cfg.get("calibration")
+    return float(cal["temperature"]) if isinstance(cal, dict) else 1.0
 
 
 def _fsync(path: Path) -> None:
@@ -505,6 +556,7 @@ _CKPT_FIELDS: dict[str, tuple[type, ...]] = {
     "shards_version": (int, type(None)),
     "train": (dict, type(None)),
     "trained_on": (str, type(None)),
+    "calibration": (dict, type(None)),
 }
 
 
@@ -535,6 +587,15 @@ def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path) -> None:
                 for t in types
             )
             raise ConfigError(f"{cfg_path}: {k}: {v!r} is not {want}", path=str(cfg_path))
+    cal = cfg.get("calibration")
+    if cal is not None:
+        t = cal.get("temperature")
+        if type(t) not in (int, float) or not math.isfinite(t) or t <= 0:
+            raise ConfigError(
+                f"{cfg_path}: calibration.temperature: {t!r} is not a positive number "
+                "(refit it with `teller calibrate`, or remove the calibration section)",
+                path=str(cfg_path),
+            )
     names = cfg.get("label_names")
     if names is not None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -601,6 +662,7 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
         raise ConfigError(
             f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
         ) from None
+    model.temperature = checkpoint_temperature(cfg)
     model.to(device)
     model.eval()
     return model, cfg
@@ -1226,6 +1288,23 @@ def train(
         if ema is not None:
             ema.swap(model)
         save_checkpoint(model, out / "model.safetensors")
+    if val_s:
+        # temperature scaling of the kept weights on val (the split that chose them): a network
+        # trained with cross-entropy to near-zero training loss is over-confident (the shipped MoT
+        # fits T = 1.6-2.0: a wrong answer at p 1.000 reads 0.977), and diagnose prints these
+        # probabilities as its confidence. Deterministic; a resumed finished run refits the same T
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(out / "model.safetensors")))
+        cfg_json["calibration"] = fit_calibration(model, val_s, "val", device=dev)
+        if progress:
+            progress("calibrate", 1, 1, {k: v for k, v in cfg_json["calibration"].items() if k != "method"})
+        tmp = _write_tmp(out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1)))
+        try:
+            _commit(out, {"config.json": tmp})
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     return out
 
 
@@ -1295,6 +1374,54 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
             "trained the checkpoint, or retrain",
             stacklevel=2,
         )
+
+
+def calibrate(
+    checkpoint: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "val",
+    *,
+    reset: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any] | None:
+    """Refit the temperature of a trained run's category head on a split of tokenized shards
+    (``data_dir`` defaults to the training shards, ``split`` to val: fit on data the run is not
+    evaluated on), or with ``reset`` remove it (probabilities as the network gives them). Rewrites
+    the run's config.json atomically; returns the new ``calibration`` record (None after a reset)."""
+    p = Path(checkpoint)
+    model, cfg = load_checkpoint(p, device)
+    run = p if p.is_dir() else p.parent
+    cal: dict[str, Any] | None = None
+    if not reset:
+        if split == "all":
+            raise ConfigError("--split all: name one split to fit the temperature on (val, by default)")
+        run_dir = shards_run_dir(data_dir or cfg["data_dir"])
+        mc = cfg["model"]
+        check_eval_data(cfg, run_dir, split, checkpoint, (mc.get("trace_vocab"), mc.get("log_vocab")))
+        check_shards_version(cfg, run_dir)
+        samples, names = load_model_split(run_dir, split, mc)
+        if list(names) != list(cfg["label_names"]):
+            raise ConfigError(
+                f"{run_dir}: its labels ({', '.join(names)}) are not the classes of {checkpoint} "
+                f"({', '.join(cfg['label_names'])}): a temperature is fitted on samples of the model's "
+                "classes",
+                path=str(run_dir),
+            )
+        cal = fit_calibration(model, samples, split, device=torch.device(device))
+        if data_dir is not None:
+            cal["data_dir"] = str(run_dir.resolve())
+    new = dict(cfg)
+    new.pop("calibration", None)
+    if cal is not None:
+        new["calibration"] = cal
+    out = run / "config.json"
+    tmp = _write_tmp(out, lambda t: t.write_text(json.dumps(new, indent=1)))
+    try:
+        _commit(run, {"config.json": tmp})
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return cal
 
 
 def evaluate(
