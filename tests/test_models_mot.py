@@ -1762,7 +1762,7 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
     from teller.models.metrics import log_softmax
     from teller.models.train import calibrate, predict_logits, shards_run_dir
 
-    root, _data, tdir, out = shards
+    _root, data, tdir, out = shards
     run = train(CFG, out, tmp_path / "run", tpe_dir=tdir)
     # no val in this fixture: nothing fitted at training time
     assert "calibration" not in json.loads((run / "config.json").read_text())
@@ -1808,3 +1808,21 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
         check=True,
     )
     assert json.loads(r.stdout) == cal and "temperature" in r.stderr and "fitted on train" in r.stderr
+    # diagnose says which temperature its confidences were computed with, and they are the
+    # calibrated softmax: the sum of its top causes' confidences is at most 1, and at T the top
+    # confidence is lower than at T = 1 when T > 1 (it is here: the tiny run fits the train split)
+    from teller.models.diagnose import diagnose
+
+    faulty = next(
+        p
+        for p in sorted(data.glob("s0*"))
+        if json.loads((p / "annotation.json").read_text())["label"] != "normal"
+    )
+    d = diagnose(faulty, run, top=3)
+    assert d["temperature"] == cal["temperature"]
+    calibrate(run, reset=True)
+    d1 = diagnose(faulty, run, top=3)
+    assert d1["temperature"] == 1.0
+    assert [c["cause"] for c in d["root_causes"]] == [c["cause"] for c in d1["root_causes"]]
+    top, top1 = d["root_causes"][0]["confidence"], d1["root_causes"][0]["confidence"]
+    assert (top < top1) == (cal["temperature"] > 1.0) and top != top1

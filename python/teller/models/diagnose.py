@@ -297,6 +297,8 @@ def diagnose(
     return {
         "path": str(p),
         "root_causes": causes,
+        # the temperature the confidences were computed with (the checkpoint's calibration; 1: none)
+        "temperature": float(model.temperature),
         "operators": operators[: max(top, 1) * 2],
         "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],
         "culprit_symbols": symbols[: max(top, 1) * 2],
