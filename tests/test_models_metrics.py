@@ -253,7 +253,6 @@ def test_fit_temperature_recovers_an_over_confident_model() -> None:
     y = np.array([rng.choice(5, p=row) for row in p])
     t = fit_temperature(3.0 * z, y)
     assert t == pytest.approx(3.0, rel=0.08)
-    assert fit_temperature(3.0 * z, y) == t  # deterministic
     # the fitted T is the NLL minimum: either side is worse
     for other in (t * 0.9, t * 1.1):
         assert nll(np.exp(log_softmax(3.0 * z, other)), y) > nll(np.exp(log_softmax(3.0 * z, t)), y)
@@ -263,5 +262,5 @@ def test_fit_temperature_recovers_an_over_confident_model() -> None:
     sure = np.array([[10.0, 0.0], [0.0, 10.0]])
     assert fit_temperature(sure, np.array([0, 1])) == pytest.approx(TEMPERATURE_RANGE[0])
     assert fit_temperature(np.zeros((0, 3)), np.zeros(0, int)) == 1.0
-    # the order of the categories never changes
-    assert (log_softmax(3.0 * z, t).argmax(1) == z.argmax(1)).all()
+    # constant logits: T does not matter, the loss is flat; the search ends at the soft end
+    assert fit_temperature(np.zeros((3, 2)), np.array([0, 1, 0])) == pytest.approx(TEMPERATURE_RANGE[1])

@@ -667,6 +667,28 @@ def test_ensemble_mixes_gbdt_category_with_mot_localization(shards) -> None:
             assert (m["ac@1"], m["loc_top1"]) == pytest.approx((m_mot["ac@1"], m_mot["loc_top1"]))
     with pytest.raises(ConfigError, match="teller-rca-checkpoint"):
         fit_ensemble(base, mot, root / "bad", log=lambda _m: None)
+    # the MoT's temperature at fit time is recorded (1: this MoT had no val to calibrate on) and
+    # kept: recalibrating the MoT afterwards changes the MoT's evaluation, not the ensemble's
+    from teller.models.train import calibrate
+
+    c["weight"] = 0.5
+    (ens / "config.json").write_text(json.dumps(c))
+    assert c["mot_temperature"] == 1.0
+    before = evaluate_ensemble(ens, None, "train")
+    with pytest.warns(TellerWarning, match="train split"):
+        cal = calibrate(mot, split="train")
+    assert cal["temperature"] != 1.0
+    after = evaluate_ensemble(ens, None, "train")
+    assert after["temperature"] == 1.0 and after["samples"] == before["samples"]
+    assert evaluate(mot, None, "train")["temperature"] == cal["temperature"]
+    (ens / "config.json").write_text(json.dumps({**c, "mot_temperature": cal["temperature"]}))
+    assert evaluate_ensemble(ens, None, "train")["samples"] != before["samples"]  # (the p's)
+    (ens / "config.json").write_text(json.dumps({**c, "mot_temperature": -1}))
+    with pytest.raises(ConfigError, match="mot_temperature: -1 is not a positive number"):
+        evaluate_ensemble(ens, None, "train")
+    calibrate(mot, reset=True)
+    c["weight"] = 1.0
+    (ens / "config.json").write_text(json.dumps(c))
     # teller diagnose with the ensemble (weight 1: the GBDT's category): the causes and their
     # confidences are the GBDT's on the shards, so diagnose builds the GBDT's features as tokenize does
     import pickle
@@ -1752,15 +1774,15 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
     assert any("truncated" in w for w in d["input_warnings"]) and d["root_causes"]
 
 
-def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) -> None:
+def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, monkeypatch) -> None:
     """The category head's temperature: `teller calibrate` fits it on a split and records it in
     config.json; load_checkpoint sets it; predict's probabilities are softmax(logits / T), ranked as
     before; a damaged value is named; --reset removes it. (The fixture's shards hold a train split
     only, so the fit is on train here; `teller train` fits on val: the 400-sample test below.)"""
-    from teller.errors import ConfigError
+    from teller.errors import ConfigError, TellerFileNotFoundError
     from teller.models.data import load_model_split
     from teller.models.metrics import log_softmax
-    from teller.models.train import calibrate, predict_logits, shards_run_dir
+    from teller.models.train import calibrate, evaluate, predict_logits, shards_run_dir
 
     _root, data, tdir, out = shards
     run = train(CFG, out, tmp_path / "run", tpe_dir=tdir)
@@ -1770,11 +1792,13 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
     assert model.temperature == 1.0
     samples, _ = load_model_split(shards_run_dir(out), "train", cfg["model"])
     raw = predict(model, samples)[0]
-    cal = calibrate(run, split="train")
+    with pytest.warns(TellerWarning, match="fitting the temperature on the train split"):
+        cal = calibrate(run, split="train")
     assert cal is not None and cal["split"] == "train" and cal["n"] == len(samples)
     assert cal["temperature"] > 0 and cal["nll_after"] <= cal["nll_before"]
     assert json.loads((run / "config.json").read_text())["calibration"] == cal
-    assert calibrate(run, split="train") == cal  # deterministic
+    with pytest.warns(TellerWarning):
+        assert calibrate(run, split="train") == cal  # deterministic
     model, _ = load_checkpoint(run)
     assert model.temperature == cal["temperature"]
     z = predict_logits(model, samples)
@@ -1792,12 +1816,50 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
             ConfigError, match=r"config.json: calibration.temperature: .* not a positive number"
         ):
             load_checkpoint(run)
+    # ... and what calibrate replaces: a refit, or a reset
+    with pytest.warns(TellerWarning):
+        assert calibrate(run, split="train") == cal
+    (run / "config.json").write_text(json.dumps({**c, "calibration": {"temperature": "x"}}))
+    assert calibrate(run, reset=True) is None
+    assert json.loads((run / "config.json").read_text()) == {k: v for k, v in c.items() if k != "calibration"}
+    assert load_checkpoint(run)[0].temperature == 1.0
     (run / "config.json").write_text(json.dumps(c))
     with pytest.raises(ConfigError, match="its 'val' split holds no samples"):
         calibrate(run)
+    with pytest.raises(ConfigError, match="--split all: name one split"):
+        calibrate(run, split="all")
+    # the temperature describes model.safetensors: another weights file is refused, naming the run
+    with pytest.raises(
+        ConfigError, match=r"last.safetensors: a run's temperature describes its model.safetensors"
+    ):
+        calibrate(run / "last.safetensors", split="train")
+    with pytest.raises(TellerFileNotFoundError, match="not a checkpoint"):
+        calibrate(tmp_path, split="train")  # (a directory without a run)
+    (run / ".commit.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"\.commit\.json\): finish it with `teller train --resume`"):
+        calibrate(run, split="train")
+    (run / ".commit.json").unlink()
+    # evaluate records the temperature its probabilities had
+    assert evaluate(run, None, "train")["temperature"] == cal["temperature"]
     assert calibrate(run, reset=True) is None
     assert "calibration" not in json.loads((run / "config.json").read_text())
     assert load_checkpoint(run)[0].temperature == 1.0
+    assert evaluate(run, None, "train")["temperature"] == 1.0
+    # a split where every sample is right: nothing to calibrate against, T stays 1 with a note
+    import teller.models.train as tm
+
+    def perfect(model, samples, **_kw):
+        z = np.zeros((len(samples), len(cfg["label_names"])))
+        z[np.arange(len(samples)), [x.label for x in samples]] = 5.0
+        return z
+
+    monkeypatch.setattr(tm, "predict_logits", perfect)
+    with pytest.warns(TellerWarning) as got:
+        c2 = calibrate(run, split="train")
+    assert any("every train sample is right: nothing to calibrate against" in str(w.message) for w in got)
+    assert c2["temperature"] == 1.0 and "note" in c2
+    monkeypatch.undo()
+    calibrate(run, reset=True)
     # the CLI
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     r = subprocess.run(
@@ -1808,6 +1870,7 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
         check=True,
     )
     assert json.loads(r.stdout) == cal and "temperature" in r.stderr and "fitted on train" in r.stderr
+    assert "warning:" in r.stderr and "train split" in r.stderr
     # diagnose says which temperature its confidences were computed with, and they are the
     # calibrated softmax: the sum of its top causes' confidences is at most 1, and at T the top
     # confidence is lower than at T = 1 when T > 1 (it is here: the tiny run fits the train split)
@@ -1826,3 +1889,23 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path) ->
     assert [c["cause"] for c in d["root_causes"]] == [c["cause"] for c in d1["root_causes"]]
     top, top1 = d["root_causes"][0]["confidence"], d1["root_causes"][0]["confidence"]
     assert (top < top1) == (cal["temperature"] > 1.0) and top != top1
+
+
+def test_resuming_an_early_stopped_run_only_finishes_it(shards, tmp_path) -> None:
+    """A run that early stopping ended (train.patience) is finished: --resume trains no further
+    epoch (before, it trained one more, which could replace model.safetensors)."""
+    _root, _data, tdir, out = shards
+    run = train(CFG, out, tmp_path / "run", tpe_dir=tdir)
+    st = torch.load(run / "state.pt", weights_only=False)
+    st["bad_epochs"] = CFG["train"]["patience"]  # (as if the last epochs had not improved)
+    torch.save(st, run / "state.pt")
+    weights = (run / "model.safetensors").read_bytes()
+    more = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 4}}
+    train(more, out, run, tpe_dir=tdir, resume=True)
+    assert len(json.loads((run / "history.json").read_text())) == 2
+    assert (run / "model.safetensors").read_bytes() == weights
+    # a run that stopped for any other reason (here: its epochs) goes on
+    st["bad_epochs"] = 0
+    torch.save(st, run / "state.pt")
+    train(more, out, run, tpe_dir=tdir, resume=True)
+    assert len(json.loads((run / "history.json").read_text())) == 4

@@ -1106,8 +1106,10 @@ def calibrate_cmd(
 ) -> None:
     """Fit the temperature of a run's category probabilities (softmax(logits / T), minimizing the
     NLL on --split) and record it in the run's config.json; evaluate and diagnose then use it.
-    `teller train` does this on val at the end of training; this refits a run (or one trained before
-    calibration existed) or removes it. The argmax never changes, only the confidence."""
+    `teller train` does this on val at the end of training; this refits a run (one trained before
+    calibration existed, or interrupted before the fit) or removes it. The order of the causes never
+    changes, only their probabilities (AC@k ranks cause x location, so it can move by a sample; an
+    ensemble keeps the temperature it was fitted with)."""
     from teller.models.train import calibrate
 
     try:

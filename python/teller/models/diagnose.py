@@ -181,6 +181,8 @@ def diagnose(
             ens = read_ensemble_config(ens_cfg.parent)  # (its fields checked: a TellerError naming it)
             checkpoint = ens["mot"]
     model, cfg = load_checkpoint(checkpoint)
+    if ens is not None:  # the MoT's temperature the ensemble's weight was chosen with
+        model.temperature = float(ens.get("mot_temperature", 1.0))
     for key, what in (("tpe_dir", "TPE tokenizer"), ("log_tokenizer", "log tokenizer")):
         if not cfg.get(key) or not Path(cfg[key]).exists():
             raise TellerFileNotFoundError(
@@ -297,7 +299,8 @@ def diagnose(
     return {
         "path": str(p),
         "root_causes": causes,
-        # the temperature the confidences were computed with (the checkpoint's calibration; 1: none)
+        # the temperature of the model's probabilities (the checkpoint's calibration, 1 without; for an
+        # ensemble its MoT's at fit time, before the mix with the GBDT)
         "temperature": float(model.temperature),
         "operators": operators[: max(top, 1) * 2],
         "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],

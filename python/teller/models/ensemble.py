@@ -57,6 +57,9 @@ def _read_cfg(run: Path, fmt: str) -> dict[str, Any]:
             raise _bad(p, "weight", w, "a number in [0, 1]")
         if not isinstance(cfg.get("model"), str):
             raise _bad(p, "model", cfg.get("model"), "a model name")
+        t = cfg.get("mot_temperature", 1.0)
+        if type(t) not in (int, float) or not np.isfinite(t) or t <= 0:
+            raise _bad(p, "mot_temperature", t, "a positive number (the MoT's temperature at fit time)")
     if not isinstance(cfg.get("data_dir"), str) or not cfg["data_dir"]:
         raise _bad(p, "data_dir", cfg.get("data_dir"), "the path of the shards it was trained on")
     if fmt == "teller-rca-checkpoint" and not (
@@ -80,10 +83,16 @@ def mix(p_mot: np.ndarray, p_gbdt: np.ndarray, w: float) -> np.ndarray:
 
 
 def _predictions(
-    mot_run: Path, baselines_run: Path, data_dir: str | Path | None, split: str
+    mot_run: Path,
+    baselines_run: Path,
+    data_dir: str | Path | None,
+    split: str,
+    mot_temperature: float | None = None,
 ) -> tuple[list[Prediction], np.ndarray, list[str], float]:
     """The MoT's predictions, the GBDT's probabilities (aligned, in the MoT's label order), the
-    split's label names and the latency per sample of both models (seconds)."""
+    split's label names and the latency per sample of both models (seconds). ``mot_temperature``:
+    the MoT's probabilities at this temperature instead of its checkpoint's (an ensemble uses the
+    one its weight was chosen with)."""
     from teller.models.baselines import load_baselines, load_raw
     from teller.models.data import load_model_split
     from teller.models.train import (
@@ -95,6 +104,8 @@ def _predictions(
     )
 
     model, cfg = load_checkpoint(mot_run)
+    if mot_temperature is not None:
+        model.temperature = float(mot_temperature)
     b = load_baselines(baselines_run / "baselines.pkl")
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     mc = cfg["model"]
@@ -127,7 +138,12 @@ def fit_ensemble(
     split: str = "val",
 ) -> Path:
     """Choose the mixing weight on ``split`` (val) and write the ensemble's run directory."""
-    from teller.models.train import check_new_run_dir, shards_run_dir, write_text_atomic
+    from teller.models.train import (
+        check_new_run_dir,
+        checkpoint_temperature,
+        shards_run_dir,
+        write_text_atomic,
+    )
 
     mot, base, out = Path(mot_run), Path(baselines_run), Path(output_dir)
     check_new_run_dir(out)  # (before any work: never over another run, the MoT's or the GBDT's)
@@ -168,6 +184,9 @@ def fit_ensemble(
         "data_dir": mc["data_dir"],
         "label_names": mc["label_names"],
         "model": f"{mc['model']['arch']}+gbdt",
+        # the MoT's temperature the weight was chosen with (its calibration then): evaluate and
+        # diagnose use this one, so a later `teller calibrate` of the MoT does not change the ensemble
+        "mot_temperature": checkpoint_temperature(mc),
     }
     write_text_atomic(out / "config.json", json.dumps(cfg, indent=1))
     return out
@@ -177,7 +196,10 @@ def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) 
     """``teller evaluate`` of an ensemble run directory."""
     r = Path(run)
     cfg = read_ensemble_config(r)
-    preds, pg, names, lat = _predictions(Path(cfg["mot"]), Path(cfg["baselines"]), data_dir, split)
+    # (an ensemble fitted before calibration existed recorded no temperature: its MoT's raw
+    # probabilities, T = 1, are what its weight was chosen on)
+    t = float(cfg.get("mot_temperature", 1.0))
+    preds, pg, names, lat = _predictions(Path(cfg["mot"]), Path(cfg["baselines"]), data_dir, split, t)
     q = mix(np.stack([p.probs for p in preds]), pg, float(cfg["weight"])) if preds else pg
     normal = list(cfg["label_names"]).index("normal") if "normal" in cfg["label_names"] else -1
     out = []
@@ -196,4 +218,5 @@ def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) 
     m["checkpoint"] = str(run)
     m["model"] = cfg["model"]
     m["weight"] = cfg["weight"]
+    m["temperature"] = t  # (the MoT's)
     return m

@@ -265,9 +265,8 @@ def ece(probs: Any, labels: Any, bins: int = ECE_BINS) -> float:
     hit = p.argmax(1) == y
     # bin b holds confidences in (b/bins, (b+1)/bins]; a confidence of 0 (all-zero rows) joins bin 0
     b = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
-    n = np.bincount(b, minlength=bins)
     gap = np.abs(np.bincount(b, hit, minlength=bins) - np.bincount(b, conf, minlength=bins))
-    return float(gap.sum() / len(y)) if n.sum() else 0.0
+    return float(gap.sum() / len(y))
 
 
 def brier(probs: Any, labels: Any) -> float:
@@ -297,8 +296,10 @@ def fit_temperature(logits: Any, labels: Any) -> float:
     temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", 2017). It leaves
     each sample's ranking of the categories as it is and makes the top probability mean what it
     says. The NLL is convex in 1/T, so a golden-section search over ln(1/T) finds the one minimum
-    (deterministic; 1.0 for no samples; a bound of :data:`TEMPERATURE_RANGE` where the minimum lies
-    beyond it, e.g. every sample right by a wide margin)."""
+    (deterministic; 1.0 for no samples). Where the NLL keeps falling toward an end of
+    :data:`TEMPERATURE_RANGE` the result is at or near that end: every sample right gives a small T
+    somewhere on the plateau where float rounding makes the loss 0, constant logits a flat loss
+    and T = 20. :func:`teller.models.train.fit_calibration` does not use such a fit."""
     z = np.asarray(logits, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
     _probs_labels(z, y)  # (shapes and labels checked)

@@ -179,6 +179,7 @@ _MODEL_SYNONYMS: dict[str, tuple[Any, Any]] = {"token_gpu_features": (True, "rel
 # content-addressed names and the reference's hash pin the same things)
 # (trained_on, where a run ran, is not hashed: a recipe's hash must not change under runs and
 # evaluations made before it was recorded; train.device is, as given)
+# (calibration / mot_temperature: fitted after training, on the weights; not how they were trained)
 _NOT_RECIPE = (
     "info",
     "weight",
@@ -189,6 +190,7 @@ _NOT_RECIPE = (
     "reference",
     "trained_on",
     "calibration",
+    "mot_temperature",
 )
 
 

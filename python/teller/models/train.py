@@ -36,6 +36,7 @@ from teller.data.tokenize import LogTokenizer, read_shards_manifest
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import (
+    TEMPERATURE_RANGE,
     Prediction,
     compute_metrics,
     ece,
@@ -333,9 +334,24 @@ def fit_calibration(
     changes (metrics.fit_temperature)."""
     z = predict_logits(model, samples, device=device)
     y = np.asarray([s.label for s in samples], dtype=np.int64)
-    t = fit_temperature(z, y)
+    note = None
+    if len(y) and (z.argmax(1) == y).all():
+        # every sample right: the NLL falls all the way as T -> 0 and the "fit" would only make every
+        # confidence 1.000. Nothing here says how sure the model should be: left at 1
+        t = 1.0
+        note = f"every {split} sample is right: nothing to calibrate against, the temperature left at 1"
+    else:
+        t = fit_temperature(z, y)
+        lo, hi = TEMPERATURE_RANGE
+        if t <= lo * 1.01 or t >= hi * 0.99:
+            note = (
+                f"the temperature is at the end of its range ({lo:g} .. {hi:g}): {split} is too small "
+                "or too easy to fit it on"
+            )
+    if note:
+        warnings.warn(f"calibration: {note}", TellerWarning, stacklevel=2)
     before, after = np.exp(log_softmax(z)), np.exp(log_softmax(z, t))
-    return {
+    out: dict[str, Any] = {
         "method": "temperature",
         "temperature": t,
         "split": split,
@@ -345,6 +361,9 @@ def fit_calibration(
         "ece_before": round(ece(before, y), 6),
         "ece_after": round(ece(after, y), 6),
     }
+    if note:
+        out["note"] = note
+    return out
 
 
 def checkpoint_temperature(cfg: dict[str, Any]) -> float:
@@ -560,7 +579,7 @@ _CKPT_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path) -> None:
+def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path, calibration: bool = True) -> None:
     """A checkpoint's config.json, field by field: a :class:`ConfigError` naming the file."""
     fmt = cfg.get("format", _CKPT_FORMAT)
     if fmt != _CKPT_FORMAT:
@@ -588,12 +607,12 @@ def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path) -> None:
             )
             raise ConfigError(f"{cfg_path}: {k}: {v!r} is not {want}", path=str(cfg_path))
     cal = cfg.get("calibration")
-    if cal is not None:
+    if cal is not None and calibration:
         t = cal.get("temperature")
         if type(t) not in (int, float) or not math.isfinite(t) or t <= 0:
             raise ConfigError(
                 f"{cfg_path}: calibration.temperature: {t!r} is not a positive number "
-                "(refit it with `teller calibrate`, or remove the calibration section)",
+                "(refit it with `teller calibrate`, or remove it with `teller calibrate --reset`)",
                 path=str(cfg_path),
             )
     names = cfg.get("label_names")
@@ -609,8 +628,11 @@ def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path) -> None:
             )
 
 
-def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAModel, dict[str, Any]]:
-    """A trained model from a run directory (or its ``model.safetensors``) and its ``config.json``."""
+def load_checkpoint(
+    checkpoint: str | Path, device: str = "cpu", *, calibrated: bool = True
+) -> tuple[RCAModel, dict[str, Any]]:
+    """A trained model from a run directory (or its ``model.safetensors``) and its ``config.json``.
+    ``calibrated=False``: the recorded temperature is neither checked nor used (T = 1)."""
     from safetensors.torch import load_file
 
     p = Path(checkpoint)
@@ -640,7 +662,7 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
         raise ConfigError(f"{cfg_path}: not a readable checkpoint configuration ({e})") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         raise ConfigError(f"{cfg_path}: not a checkpoint configuration (no 'model' section)")
-    _check_checkpoint_config(cfg, cfg_path)
+    _check_checkpoint_config(cfg, cfg_path, calibration=calibrated)
     mc = dict(cfg["model"])
     mc["log_backbone"] = None  # the weights already hold it
     try:
@@ -662,7 +684,7 @@ def load_checkpoint(checkpoint: str | Path, device: str = "cpu") -> tuple[RCAMod
         raise ConfigError(
             f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
         ) from None
-    model.temperature = checkpoint_temperature(cfg)
+    model.temperature = checkpoint_temperature(cfg) if calibrated else 1.0
     model.to(device)
     model.eval()
     return model, cfg
@@ -1193,6 +1215,8 @@ def train(
                 f"{out / 'state.pt'}: its weight average (train.ema) does not fit ({_one_line(e)})",
                 path=str(out / "state.pt"),
             ) from None
+    if st is not None and bad_epochs >= tc.patience:
+        start_epoch = tc.epochs  # (it stopped early: a resume finishes it, without training on)
     use_amp = tc.amp and dev.type == "cuda"
     normal = label_names.index("normal") if "normal" in label_names else 0
     t_start = time.perf_counter()
@@ -1292,7 +1316,8 @@ def train(
         # temperature scaling of the kept weights on val (the split that chose them): a network
         # trained with cross-entropy to near-zero training loss is over-confident (the shipped MoT
         # fits T = 1.6-2.0: a wrong answer at p 1.000 reads 0.977), and diagnose prints these
-        # probabilities as its confidence. Deterministic; a resumed finished run refits the same T
+        # probabilities as its confidence. Deterministic: a run interrupted before this point and
+        # resumed (or `teller calibrate` on it) fits the same T
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(str(out / "model.safetensors")))
@@ -1387,14 +1412,37 @@ def calibrate(
     """Refit the temperature of a trained run's category head on a split of tokenized shards
     (``data_dir`` defaults to the training shards, ``split`` to val: fit on data the run is not
     evaluated on), or with ``reset`` remove it (probabilities as the network gives them). Rewrites
-    the run's config.json atomically; returns the new ``calibration`` record (None after a reset)."""
+    the run's config.json atomically; returns the new ``calibration`` record (None after a reset).
+    A damaged ``calibration`` does not stop either: it is what they replace."""
     p = Path(checkpoint)
-    model, cfg = load_checkpoint(p, device)
     run = p if p.is_dir() else p.parent
-    cal: dict[str, Any] | None = None
-    if not reset:
+    if not p.is_dir() and p.exists() and p.name != "model.safetensors":
+        raise ConfigError(
+            f"{p}: a run's temperature describes its model.safetensors (the weights val chose): pass the "
+            f"run directory {run}",
+            path=str(p),
+        )
+    if (run / COMMIT_JOURNAL).is_file():
+        raise ConfigError(
+            f"{run}: a save of this run is in progress or was cut short ({COMMIT_JOURNAL}): finish it with "
+            "`teller train --resume` into it first",
+            path=str(run),
+        )
+    if reset:  # (read as JSON only: a configuration whose calibration is damaged is reset too)
+        load_checkpoint(p, device, calibrated=False)  # (that it is a run, with its fields checked)
+        cfg = json.loads((run / "config.json").read_text())
+        cal: dict[str, Any] | None = None
+    else:
         if split == "all":
             raise ConfigError("--split all: name one split to fit the temperature on (val, by default)")
+        model, cfg = load_checkpoint(p, device, calibrated=False)
+        if split == "train":
+            warnings.warn(
+                f"{run}: fitting the temperature on the train split the weights were fitted on: it "
+                "will call the model surer than it is on new data (val is the split to fit on)",
+                TellerWarning,
+                stacklevel=2,
+            )
         run_dir = shards_run_dir(data_dir or cfg["data_dir"])
         mc = cfg["model"]
         check_eval_data(cfg, run_dir, split, checkpoint, (mc.get("trace_vocab"), mc.get("log_vocab")))
@@ -1444,5 +1492,6 @@ def evaluate(
     m["latency_ms_per_sample"] = 1000 * lat
     m["split"] = split
     m["checkpoint"] = str(checkpoint)
+    m["temperature"] = model.temperature  # (the calibration its probabilities had; 1: none)
     m["model"] = f"{mc['arch']}" + ("" if mc["modalities"] == "both" else f"-{mc['modalities']}-only")
     return m
