@@ -264,3 +264,32 @@ def test_fit_temperature_recovers_an_over_confident_model() -> None:
     assert fit_temperature(np.zeros((0, 3)), np.zeros(0, int)) == 1.0
     # constant logits: T does not matter, the loss is flat; the search ends at the soft end
     assert fit_temperature(np.zeros((3, 2)), np.array([0, 1, 0])) == pytest.approx(TEMPERATURE_RANGE[1])
+
+
+def test_selective_answers_hand_computed() -> None:
+    from teller.models.metrics import selective
+
+    # confidences 0.95 (right), 0.8 (wrong), 0.6 (right), 0.4 (wrong category)
+    probs = [
+        np.array([0.95, 0.03, 0.02]),
+        np.array([0.1, 0.8, 0.1]),
+        np.array([0.6, 0.3, 0.1]),
+        np.array([0.3, 0.4, 0.3]),
+    ]
+    labels = [0, 0, 0, 0]
+    preds = [
+        Prediction(t, q, np.array([1]), np.array([0.0]), np.array([False]))
+        for q, t in zip(probs, labels, strict=True)
+    ]
+    ranks = [1, 3, 1, 2]
+    s = selective(preds, ranks, levels=(0.5, 0.7, 0.9, 0.99))
+    assert s["0.5"] == {
+        "n": 3,
+        "coverage": 0.75,
+        "ac@1": pytest.approx(2 / 3),
+        "category_accuracy": pytest.approx(2 / 3),
+    }
+    assert s["0.7"] == {"n": 2, "coverage": 0.5, "ac@1": 0.5, "category_accuracy": 0.5}
+    assert s["0.9"] == {"n": 1, "coverage": 0.25, "ac@1": 1.0, "category_accuracy": 1.0}
+    assert s["0.99"] == {"n": 0, "coverage": 0.0, "ac@1": None, "category_accuracy": None}
+    assert set(compute_metrics(preds, ["normal", "a", "b"])["selective"]) == {"0.5", "0.7", "0.9"}

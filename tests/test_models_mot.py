@@ -1883,6 +1883,7 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     )
     d = diagnose(faulty, run, top=3)
     assert d["temperature"] == cal["temperature"]
+    assert d["uncertain"] == (d["root_causes"][0]["confidence"] < 0.7)
     calibrate(run, reset=True)
     d1 = diagnose(faulty, run, top=3)
     assert d1["temperature"] == 1.0
@@ -1909,3 +1910,30 @@ def test_resuming_an_early_stopped_run_only_finishes_it(shards, tmp_path) -> Non
     torch.save(st, run / "state.pt")
     train(more, out, run, tpe_dir=tdir, resume=True)
     assert len(json.loads((run / "history.json").read_text())) == 4
+
+
+def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
+    from rich.console import Console
+    from teller.models.diagnose import UNSURE_BELOW, render
+
+    def shown(conf: float) -> str:
+        d = {
+            "path": "x",
+            "root_causes": [
+                {"cause": "normal", "confidence": conf, "layer": None},
+                {"cause": "network_delay", "confidence": 1 - conf, "layer": "engine"},
+            ],
+            "uncertain": conf < UNSURE_BELOW,
+            "operators": [],
+            "culprit_symbols": [],
+            "log_evidence": [],
+            "inference_ms": 1.0,
+            "total_ms": 2.0,
+            "perfetto": None,
+        }
+        c = Console(record=True, width=160)
+        render(d, c)
+        return c.export_text()
+
+    assert "uncertain: normal (0.55) or network_delay (0.45)" in shown(0.55)
+    assert "uncertain" not in shown(0.95)

@@ -330,6 +330,35 @@ def fit_temperature(logits: Any, labels: Any) -> float:
     return float(np.exp(-best))
 
 
+# confidence levels of the selective table: the share of samples whose top category probability
+# reaches each, and how often those answers are right
+SELECTIVE_LEVELS = (0.5, 0.7, 0.9)
+
+
+def selective(
+    preds: Sequence[Prediction], ranks: Sequence[int], levels: Sequence[float] = SELECTIVE_LEVELS
+) -> dict[str, dict[str, float]]:
+    """Answers by confidence: for each level, the samples whose top category probability is at
+    least that (``coverage``: their share, ``n``), their AC@1 and category accuracy (None where no
+    sample reaches it). With calibrated probabilities (``teller train`` fits a temperature) this is
+    what an operator reads a diagnosis's confidence by: how often an answer that sure is right,
+    and how many answers are that sure."""
+    conf = np.asarray([float(np.max(p.probs)) for p in preds])
+    hit = np.asarray([int(np.argmax(p.probs)) == p.label for p in preds])
+    r1 = np.asarray(ranks) == 1
+    out: dict[str, dict[str, float]] = {}
+    for lv in levels:
+        m = conf >= lv
+        k = int(m.sum())
+        out[f"{lv:g}"] = {
+            "n": k,
+            "coverage": k / len(preds) if len(preds) else 0.0,
+            "ac@1": float(r1[m].mean()) if k else None,
+            "category_accuracy": float(hit[m].mean()) if k else None,
+        }
+    return out
+
+
 def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> dict[str, object]:
     """Every metric of ``teller evaluate`` over a list of predictions."""
     n = len(label_names)
@@ -363,6 +392,7 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "nll": nll(P, y) if preds else None,
         "ece": ece(P, y) if preds else None,
         "brier": brier(P, y) if preds else None,
+        "selective": selective(preds, ranks),
         "confusion": confusion(y, yp, n).tolist(),
         "label_names": list(label_names),
         "samples": sample_records(preds, yp, ranks, label_names),

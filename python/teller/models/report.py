@@ -388,6 +388,18 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
                 (rng, str(r["n"]), _fmt(r["category_accuracy"]), _fmt(r["ac@1"])) for rng, r in m[key].items()
             ]
             console.print(_table(title, (head, "n", "category accuracy", "AC@1"), rows))
+    if m.get("selective"):
+        rows = [
+            (f">= {lv}", str(r["n"]), _fmt(r["coverage"]), _fmt(r["ac@1"]), _fmt(r["category_accuracy"]))
+            for lv, r in m["selective"].items()
+        ]
+        console.print(
+            _table(
+                "answers by confidence (the top cause's probability)",
+                ("confidence", "n", "coverage", "AC@1", "category accuracy"),
+                rows,
+            )
+        )
     if m.get("unknown_cause"):
         rows = [
             (
