@@ -674,6 +674,9 @@ def test_ensemble_mixes_gbdt_category_with_mot_localization(shards) -> None:
     c["weight"] = 0.5
     (ens / "config.json").write_text(json.dumps(c))
     assert c["mot_temperature"] == 1.0
+    for run, what in ((ens, "an ensemble run"), (base, "a baselines run")):
+        with pytest.raises(ConfigError, match=f"{run}: {what}, not a MoT or single-stream one"):
+            calibrate(run, split="train")
     before = evaluate_ensemble(ens, None, "train")
     with pytest.warns(TellerWarning, match="train split"):
         cal = calibrate(mot, split="train")

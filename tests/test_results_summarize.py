@@ -131,7 +131,7 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     )
 
 
-def _with_samples(run: Path, model: str, split: str, hits: list[bool], **tags: str) -> None:
+def _with_samples(run: Path, model: str, split: str, hits: list[bool], **tags: str | float) -> None:
     """An evaluation file with per-sample records: sample i right (rank 1) where hits[i]; ``tags``:
     ``recipe`` and ``data`` as teller evaluate writes them."""
     _eval(run, model, split, sum(hits) / len(hits), {"normal": 0.5})
@@ -150,9 +150,9 @@ def test_seeds_pooled_and_paired_per_sample(tmp_path: Path) -> None:
     a0 = [True] * 18 + [False, False]
     a1 = [True] * 16 + [False, False, True, False]
     b = [False] * 4 + [True] * 16
-    _with_samples(tmp_path / "mot-0", "mot", "test", a0)
-    _with_samples(tmp_path / "mot-1", "mot", "test", a1)
-    _with_samples(tmp_path / "single-0", "single", "test", b)
+    _with_samples(tmp_path / "mot-0", "mot", "test", a0, ece=0.02)
+    _with_samples(tmp_path / "mot-1", "mot", "test", a1, ece=0.04)
+    _with_samples(tmp_path / "single-0", "single", "test", b)  # (evaluated before ece existed)
     out = tmp_path / "out"
     text = summarize([tmp_path / "mot-0", tmp_path / "mot-1", tmp_path / "single-0"], out)
     g = json.loads((out / "results-paired.json").read_text())
@@ -176,8 +176,9 @@ def test_seeds_pooled_and_paired_per_sample(tmp_path: Path) -> None:
     assert "## Paired differences (same samples)" in text
     assert "| test | ac@1 | mot | single | 20 | +0.075 |" in text
     assert (
-        "| test | mot | 2: mot-0, mot-1 | 0.875 ± 0.035 | 0.925 ± 0.035 |" in text
-    )  # (the files' own accuracy)
+        "| test | mot | 2: mot-0, mot-1 | 0.875 ± 0.035 | 0.925 ± 0.035 | 0.030 |" in text
+    )  # (the files' own accuracy; the mean ECE of the runs)
+    assert "| test | single | 1: single-0 | 0.800 | 0.850 | - |" in text
     # an evaluation without per-sample records is pooled but not paired
     _eval(tmp_path / "old", "gbdt", "test", 0.5, {"normal": 0.5})
     summarize([tmp_path / "mot-0", tmp_path / "old"], tmp_path / "out2")

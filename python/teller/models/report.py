@@ -575,6 +575,8 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             kind = model if recipes_of[model] == 1 else f"{model} [{recipe if recipe is not None else '?'}]"
             ac = np.array([x["ac@1"] for x in xs if isinstance(x["ac@1"], (int, float))], dtype=float)
             ca = [x["category_accuracy"] for x in xs if isinstance(x["category_accuracy"], (int, float))]
+            # (evaluations written before calibration metrics existed have none)
+            ec = [x.get("ece") for x in xs if isinstance(x.get("ece"), (int, float))]
             stats[kind] = {
                 "model": kind,
                 "arch": model,
@@ -587,6 +589,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ac@1_sd": float(ac.std(ddof=1)) if len(ac) > 1 else None,
                 "category_accuracy_mean": float(np.mean(ca)) if ca else None,
                 "category_accuracy_sd": float(np.std(ca, ddof=1)) if len(ca) > 1 else None,
+                "ece_mean": float(np.mean(ec)) if ec else None,
             }
             recs = [x["_samples"] for x in xs]
             if any(r is None for r in recs):
@@ -672,7 +675,7 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
     md: list[str] = []
     if any(g["models"] and max(m["runs"] for m in g["models"]) > 1 for g in groups):
         md += ["", "## Models over their runs (mean ± sd where a kind has several runs)", ""]
-        md += ["| split | model | runs | ac@1 | category_accuracy |", "|---|---|---|---|---|"]
+        md += ["| split | model | runs | ac@1 | category_accuracy | ece |", "|---|---|---|---|---|---|"]
         for g in groups:
             for m in g["models"]:  # (runs: their directory names)
                 sd = f" ± {m['ac@1_sd']:.3f}" if m["ac@1_sd"] is not None else ""
@@ -681,7 +684,7 @@ def _group_tables(groups: list[dict[str, Any]]) -> list[str]:
                 md.append(
                     f"| {g['split']} | {m['model']} | {m['runs']}: {', '.join(m['run_names'])}{dev} | "
                     f"{_fmt(m['ac@1_mean'])}{sd} | "
-                    f"{_fmt(m['category_accuracy_mean'])}{sdc} |"
+                    f"{_fmt(m['category_accuracy_mean'])}{sdc} | {_fmt(m.get('ece_mean'))} |"
                 )
     if any(g["paired"] for g in groups):
         md += [

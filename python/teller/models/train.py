@@ -1422,6 +1422,20 @@ def calibrate(
             f"run directory {run}",
             path=str(p),
         )
+    fmt = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # (else load_checkpoint names it)
+        fmt = json.loads((run / "config.json").read_text()).get("format")
+    if fmt == "teller-ensemble":
+        raise ConfigError(
+            f"{run}: an ensemble run, not a MoT or single-stream one: it keeps its MoT's temperature of "
+            "the time it was fitted; calibrate the MoT run and fit the ensemble again",
+            path=str(run),
+        )
+    if fmt == "teller-baselines":
+        raise ConfigError(
+            f"{run}: a baselines run, not a MoT or single-stream one: its models are not calibrated",
+            path=str(run),
+        )
     if (run / COMMIT_JOURNAL).is_file():
         raise ConfigError(
             f"{run}: a save of this run is in progress or was cut short ({COMMIT_JOURNAL}): finish it with "
