@@ -177,6 +177,28 @@ def test_real_traces_train_and_encode_losslessly(name, tmp_path):
     np.testing.assert_allclose(enc.features, enc2.features, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", FIXTURES[:2])
+def test_duration_z_is_the_max_dur_z_feature_of_a_single_event(name):
+    """diagnose's "how far from normal" (duration_z) is in the units of the Rust features: a token of
+    one event has max_dur_z equal to that event's duration_z (it once took ln(ns), some 15 off)."""
+    tr = teller.trace.load(TRACES / name, warn=False)
+    tok = teller.tpe.train([tr], num_merges=0)  # every token one symbol
+    enc = tok.encode(tr)
+    one = np.flatnonzero((np.diff(enc.offsets) == 1) & (enc.events[enc.offsets[:-1]] >= 0))
+    assert len(one) > 10
+    for k in one[:200].tolist():
+        b = int(enc.offsets[k])
+        want = tok.duration_z(int(enc.base_ids[b]), tr.dur[int(enc.events[b])])
+        assert enc.features[k, 3] == pytest.approx(want, rel=1e-4, abs=1e-4)
+    # by hand: 1000 ns is ln(1 + 1) us; a symbol's std is floored at STD_FLOOR
+    assert teller.tpe.log_duration([1000.0])[0] == pytest.approx(math.log(2.0))
+    sid = next(i for i, c in enumerate(tok.stats["count"]) if c > 0)
+    mu, sd = float(tok.stats["mean"][sid]), float(tok.stats["std"][sid])
+    want = (math.log(2.0) - mu) / max(sd, teller.tpe.STD_FLOOR)
+    assert tok.duration_z(sid, [1000.0]) == pytest.approx(want)
+    assert tok.duration_z(sid, []) == 0.0
+
+
 def test_fast_path_matches_symbol_path():
     ids, starts, _d, _s, nb = _native.tpe_synth_corpus(50_000, seed=1, n_symbols=200, step_events=400)
     names = [f"kernel:k{i}" for i in range(nb)]

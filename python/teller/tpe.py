@@ -41,6 +41,17 @@ PAD, UNK, CLS, SEP, MASK = range(5)
 CLOSE = "<close>"
 LAYER_UNKS = tuple(f"{layer}:[UNK]" for layer in LAYER_NAMES)
 FEATURE_NAMES = ("events", "sum_log_dur", "max_log_dur", "max_dur_z", "idle_gap_log")
+# the conventions of the per-token duration features and the per-symbol statistics (teller-core,
+# tpe/features.rs): a log-duration is ln(1 + duration in us), a z-score divides by the symbol's std
+# floored at STD_FLOOR
+STD_FLOOR = 0.1
+
+
+def log_duration(dur_ns: Any) -> np.ndarray:
+    """``ln(1 + max(dur_ns, 0) / 1000)``: the log-duration the statistics and features are in."""
+    return np.log1p(np.maximum(np.asarray(dur_ns, dtype=np.float64), 0.0) / 1000.0)
+
+
 DEFAULT_CLOSE_LAYERS = ("annotation", "python", "gpu_annotation")
 
 ProgressFn = Callable[[int, int], Any]
@@ -175,6 +186,17 @@ class TPETokenizer:
             return i
         layer = name.split(":", 1)[0]
         return self._index.get(f"{layer}:[UNK]", UNK)
+
+    def duration_z(self, symbol_id: int, dur_ns: Any) -> float:
+        """How far events of a base symbol ran from the training corpus's events of that symbol: the
+        mean of their log-durations (:func:`log_duration`) less the symbol's mean, over its std
+        floored at :data:`STD_FLOOR` (a single event's value is its ``max_dur_z`` feature). 0 for a
+        symbol the corpus never timed, or no events."""
+        d = log_duration(dur_ns)
+        if not d.size or int(self.stats["count"][symbol_id]) == 0:
+            return 0.0
+        mu, sd = float(self.stats["mean"][symbol_id]), float(self.stats["std"][symbol_id])
+        return float((d.mean() - mu) / max(sd, STD_FLOOR))
 
     def symbol_ids(self, names: Iterable[str]) -> np.ndarray:
         """Base ids of symbol names; unknown symbols map to their layer's ``[UNK]`` (else ``[UNK]``)."""

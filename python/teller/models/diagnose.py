@@ -264,14 +264,12 @@ def diagnose(
     for e, sc in ev_score.items():
         if sc >= 0.5:
             by_sym[syms[int(sym_col[e])]].append(e)
-    # symbol statistics (base vocabulary) for "how far from normal"
-    stats = tok.stats
+    # "how far from normal": against the tokenizer's per-symbol statistics of the training corpus,
+    # in their units (ln(1 + us); until session 30 this took ln(ns), which read every operator
+    # ln(1000) / std, some 15, too slow)
     operators = []
     for sym, evs in by_sym.items():
-        d = np.log(np.maximum(dur[evs].astype(np.float64), 1.0))
-        sid = tok.symbol_id(sym)
-        mu, sd = float(stats["mean"][sid]), float(stats["std"][sid])
-        z = float((d.mean() - mu) / sd) if sd > 0 else 0.0
+        z = tok.duration_z(tok.symbol_id(sym), dur[evs])
         name = sym.split(":", 1)[-1]
         ranks = sorted({int(dev[e]) if int(dev[e]) >= 0 else int(pid[e]) for e in evs})
         operators.append(
