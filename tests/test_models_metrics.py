@@ -293,3 +293,6 @@ def test_selective_answers_hand_computed() -> None:
     assert s["0.9"] == {"n": 1, "coverage": 0.25, "ac@1": 1.0, "category_accuracy": 1.0}
     assert s["0.99"] == {"n": 0, "coverage": 0.0, "ac@1": None, "category_accuracy": None}
     assert set(compute_metrics(preds, ["normal", "a", "b"])["selective"]) == {"0.5", "0.7", "0.9"}
+    # a confidence exactly at a level is counted at it (>=), the uncertain rule's complement
+    at = [Prediction(0, np.array([0.7, 0.2, 0.1]), np.array([1]), np.array([0.0]), np.array([False]))]
+    assert selective(at, [1], levels=(0.7,))["0.7"]["n"] == 1

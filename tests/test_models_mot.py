@@ -1887,6 +1887,17 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     d = diagnose(faulty, run, top=3)
     assert d["temperature"] == cal["temperature"]
     assert d["uncertain"] == (d["root_causes"][0]["confidence"] < 0.7)
+    # forced: the same sample with the threshold above its top confidence is uncertain
+    import teller.models.diagnose as dg
+
+    old = dg.UNSURE_BELOW
+    try:
+        dg.UNSURE_BELOW = d["root_causes"][0]["confidence"] + 1e-6
+        assert diagnose(faulty, run, top=3)["uncertain"] is True
+        dg.UNSURE_BELOW = d["root_causes"][0]["confidence"]
+        assert diagnose(faulty, run, top=3)["uncertain"] is False
+    finally:
+        dg.UNSURE_BELOW = old
     calibrate(run, reset=True)
     d1 = diagnose(faulty, run, top=3)
     assert d1["temperature"] == 1.0
@@ -1917,16 +1928,20 @@ def test_resuming_an_early_stopped_run_only_finishes_it(shards, tmp_path) -> Non
 
 def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
     from rich.console import Console
-    from teller.models.diagnose import UNSURE_BELOW, render
+    from teller.models.diagnose import UNSURE_BELOW, is_uncertain, render
 
-    def shown(conf: float) -> str:
+    # the rule: below UNSURE_BELOW, or not a number; at it, sure (selective's >=)
+    assert is_uncertain(0.69) and is_uncertain(float("nan"))
+    assert not is_uncertain(UNSURE_BELOW) and not is_uncertain(0.95)
+
+    def shown(conf: float, top: int = 2) -> str:
         d = {
             "path": "x",
             "root_causes": [
                 {"cause": "normal", "confidence": conf, "layer": None},
                 {"cause": "network_delay", "confidence": 1 - conf, "layer": "engine"},
-            ],
-            "uncertain": conf < UNSURE_BELOW,
+            ][:top],
+            "uncertain": is_uncertain(conf),
             "operators": [],
             "culprit_symbols": [],
             "log_evidence": [],
@@ -1939,4 +1954,5 @@ def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
         return c.export_text()
 
     assert "uncertain: normal (0.55) or network_delay (0.45)" in shown(0.55)
+    assert "uncertain: normal (0.55); the capture" in shown(0.55, top=1)  # --top 1
     assert "uncertain" not in shown(0.95)

@@ -197,6 +197,10 @@ def test_duration_z_is_the_max_dur_z_feature_of_a_single_event(name):
     want = (math.log(2.0) - mu) / max(sd, teller.tpe.STD_FLOOR)
     assert tok.duration_z(sid, [1000.0]) == pytest.approx(want)
     assert tok.duration_z(sid, []) == 0.0
+    # a tokenizer trained without durations has no statistics to measure against
+    bare = teller.tpe.train([["kernel:a", "kernel:b"]] * 3, num_merges=0)
+    assert not bare.has_duration_stats and tok.has_duration_stats
+    assert bare.duration_z(bare.symbol_id("kernel:a"), [1e6]) == 0.0
 
 
 def test_fast_path_matches_symbol_path():

@@ -1065,7 +1065,9 @@ def evaluate_cmd(
 ) -> None:
     """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault,
     per-severity and per-effect tables (simulated data: what each fault actually did; AC@1 without
-    the faults that did nothing), confusion matrix (CSV + PNG), latency. Writes
+    the faults that did nothing), calibration (nll, ece, brier), answers by confidence (the share
+    of samples with a top-cause probability of at least 0.5 / 0.7 / 0.9 and their AC@1: selective),
+    confusion matrix (CSV + PNG), latency. Writes
     eval-<split>-<model>.json (eval-<dataset>-<split>-<model>.json for a dataset directory's split)
     and the confusion files into --output, by default the checkpoint's directory."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics

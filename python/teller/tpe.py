@@ -159,6 +159,7 @@ class TPETokenizer:
                 raise TokenizerError(f"stats[{k!r}] has {len(v)} entries, the base vocabulary {nb}")
         self.settings = dict(settings or {})
         self._token_cache: dict[int, str] = {}
+        self._has_dur: bool | None = None
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -187,13 +188,20 @@ class TPETokenizer:
         layer = name.split(":", 1)[0]
         return self._index.get(f"{layer}:[UNK]", UNK)
 
+    @property
+    def has_duration_stats(self) -> bool:
+        """Whether the training corpus had durations (without, every mean and std is 0)."""
+        if self._has_dur is None:
+            self._has_dur = bool(self.stats["mean"].any() or self.stats["std"].any())
+        return self._has_dur
+
     def duration_z(self, symbol_id: int, dur_ns: Any) -> float:
         """How far events of a base symbol ran from the training corpus's events of that symbol: the
         mean of their log-durations (:func:`log_duration`) less the symbol's mean, over its std
         floored at :data:`STD_FLOOR` (a single event's value is its ``max_dur_z`` feature). 0 for a
-        symbol the corpus never timed, or no events."""
+        symbol the corpus never timed, a tokenizer trained without durations, or no events."""
         d = log_duration(dur_ns)
-        if not d.size or int(self.stats["count"][symbol_id]) == 0:
+        if not d.size or int(self.stats["count"][symbol_id]) == 0 or not self.has_duration_stats:
             return 0.0
         mu, sd = float(self.stats["mean"][symbol_id]), float(self.stats["std"][symbol_id])
         return float((d.mean() - mu) / max(sd, STD_FLOOR))

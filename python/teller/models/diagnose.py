@@ -299,7 +299,7 @@ def diagnose(
         "root_causes": causes,
         # the top cause below UNSURE_BELOW: the evidence does not settle it (a calibrated model's
         # answers that unsure were right six times in ten on the benchmark: docs/models.md)
-        "uncertain": bool(causes and causes[0]["confidence"] < UNSURE_BELOW),
+        "uncertain": bool(causes and is_uncertain(causes[0]["confidence"])),
         # the temperature of the model's probabilities (the checkpoint's calibration, 1 without; for an
         # ensemble its MoT's at fit time, before the mix with the GBDT)
         "temperature": float(model.temperature),
@@ -414,9 +414,15 @@ def _ratio(resid: float | None, cov: float | None) -> float | None:
 
 
 # a top cause less likely than this is reported as uncertain (below it the calibrated recipe MoTs'
-# answers were right 58 % / 61 % of the time on test / test_ood, above it 98 %: docs/models.md,
-# "Checkpoints")
+# answers were right 58 % / 61 % of the time on test / test_ood (AC@1), at or above it 97-98 %:
+# docs/models.md, "Checkpoints")
 UNSURE_BELOW = 0.7
+
+
+def is_uncertain(confidence: float) -> bool:
+    """Whether a top cause this likely is reported as uncertain: below :data:`UNSURE_BELOW`, or not a
+    number (the complement of ``metrics.selective``'s ``>=`` at that level)."""
+    return not (float(confidence) >= UNSURE_BELOW)
 
 
 def render(d: dict[str, Any], console: Any) -> None:
@@ -428,13 +434,10 @@ def render(d: dict[str, Any], console: Any) -> None:
     for i, c in enumerate(d["root_causes"], 1):
         t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"] or "-"))
     console.print(t)
-    if d.get("uncertain") and len(d["root_causes"]) > 1:
-        a, b = d["root_causes"][:2]
-        console.print(
-            f"uncertain: {a['cause']} ({a['confidence']:.2f}) or {b['cause']} ({b['confidence']:.2f}); "
-            "the capture does not settle it",
-            highlight=False,
-        )
+    if d.get("uncertain") and d["root_causes"]:
+        # the two likeliest causes (one with --top 1)
+        alts = " or ".join(f"{c['cause']} ({c['confidence']:.2f})" for c in d["root_causes"][:2])
+        console.print(f"uncertain: {alts}; the capture does not settle it", highlight=False)
     o = Table(title="culprit operators (localization head)")
     # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
     for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):

@@ -337,7 +337,7 @@ SELECTIVE_LEVELS = (0.5, 0.7, 0.9)
 
 def selective(
     preds: Sequence[Prediction], ranks: Sequence[int], levels: Sequence[float] = SELECTIVE_LEVELS
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | None]]:
     """Answers by confidence: for each level, the samples whose top category probability is at
     least that (``coverage``: their share, ``n``), their AC@1 and category accuracy (None where no
     sample reaches it). With calibrated probabilities (``teller train`` fits a temperature) this is
@@ -346,7 +346,7 @@ def selective(
     conf = np.asarray([float(np.max(p.probs)) for p in preds])
     hit = np.asarray([int(np.argmax(p.probs)) == p.label for p in preds])
     r1 = np.asarray(ranks) == 1
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for lv in levels:
         m = conf >= lv
         k = int(m.sum())
