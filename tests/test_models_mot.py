@@ -886,6 +886,8 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     d = json.loads(r.stdout)
     assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+    # a sample like the training data's is not flagged as unfamiliar
+    assert not d["unfamiliar"]["flagged"] and d["unfamiliar"]["trace_events"] < 0.05
     # the summary-row head ranks symbols present in the trace, with their evidence
     syms = d["culprit_symbols"]
     assert syms and all(0 <= x["score"] <= 1 and x["events"] > 0 for x in syms)
@@ -1956,3 +1958,59 @@ def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
     assert "uncertain: normal (0.55) or network_delay (0.45)" in shown(0.55)
     assert "uncertain: normal (0.55); the capture" in shown(0.55, top=1)  # --top 1
     assert "uncertain" not in shown(0.95)
+
+
+def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
+    """A capture whose events or log words the checkpoint's tokenizers mostly do not know (another
+    engine, workload or machine) is flagged: its causes are guesses whatever their confidence."""
+    import teller
+    from conftest import TRACES
+    from rich.console import Console
+    from teller.data.tokenize import LOG_PLACEHOLDERS, LOG_SPECIALS, LogTokenizer
+    from teller.models.diagnose import UNFAMILIAR_FROM, _unfamiliar, render
+
+    a = teller.trace.load(TRACES / "a100_nccl_2rank.kineto.json.gz", warn=False)
+    b = teller.trace.load(TRACES / "mi300x_sglang_decode_hipgraph.kineto.json.gz", warn=False)
+    tok = teller.tpe.train([a], num_merges=0)
+    logtok = LogTokenizer([*LOG_SPECIALS, *LOG_PLACEHOLDERS, "hello", "took", "ms"])
+    lines = [(0, "stdout", "hello world"), (1, "stdout", "took 12 ms")]  # 1 of 5 words unknown
+    same = _unfamiliar(a, lines, tok, logtok)
+    assert same == {"trace_events": 0.0, "log_words": pytest.approx(0.2), "flagged": False}
+    other = _unfamiliar(b, [(0, "stderr", "Traceback here")], tok, logtok)
+    names = set(tok.base_vocab)
+    stepped = np.asarray(b.symbol)[np.asarray(b.step) >= 0]
+    want = float(np.mean([b.symbols[i] not in names for i in stepped]))
+    assert other["trace_events"] == pytest.approx(want) and want >= UNFAMILIAR_FROM
+    assert other["log_words"] == 1.0 and other["flagged"]
+    # a ResNet-50 capture shares the A100's aten operators: 31 % unknown, under the threshold
+    resnet = teller.trace.load(TRACES / "resnet50_2020_barelist.kineto.json.gz", warn=False)
+    assert 0.1 < _unfamiliar(resnet, [], tok, logtok)["trace_events"] < UNFAMILIAR_FROM
+    # the log alone can flag it; no events and no words: nothing unknown
+    assert _unfamiliar(a, [(0, "stdout", "a b c")], tok, logtok)["flagged"]
+    from types import SimpleNamespace
+
+    no_events = SimpleNamespace(symbol=np.zeros(0, np.int64), step=np.zeros(0, np.int64), symbols=[])
+    empty = _unfamiliar(no_events, [], tok, logtok)
+    assert empty == {"trace_events": 0.0, "log_words": 0.0, "flagged": False}
+
+    def shown(u: dict) -> str:
+        d = {
+            "path": "x",
+            "root_causes": [{"cause": "nccl_straggler", "confidence": 0.9, "layer": "communication"}],
+            "uncertain": False,
+            "unfamiliar": u,
+            "operators": [],
+            "culprit_symbols": [],
+            "log_evidence": [],
+            "inference_ms": 1.0,
+            "total_ms": 2.0,
+            "perfetto": None,
+        }
+        c = Console(record=True, width=200)
+        render(d, c)
+        return c.export_text()
+
+    assert "unfamiliar capture: 100 % of its trace events and 0 % of its log words" in shown(
+        {"trace_events": 1.0, "log_words": 0.0, "flagged": True}
+    )
+    assert "unfamiliar" not in shown(same)

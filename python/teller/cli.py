@@ -1170,9 +1170,12 @@ def diagnose_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Ranked root causes with confidence, layer, culprit operators with their evidence, the culprit
-    symbols of the summary-row head (where the model has one) with their load-normalized shift, and
-    (--perfetto) a Perfetto trace with the culprit events highlighted."""
+    """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
+    operators with their evidence, the culprit symbols of the summary-row head (where the model has
+    one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
+    highlighted. A capture mostly unknown to the model's tokenizers (at least half its trace events
+    or log words: another engine, workload or machine than the training data) is flagged as
+    unfamiliar: its causes are guesses."""
     from teller.models.diagnose import diagnose, render
 
     try:

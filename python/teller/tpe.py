@@ -206,6 +206,10 @@ class TPETokenizer:
         mu, sd = float(self.stats["mean"][symbol_id]), float(self.stats["std"][symbol_id])
         return float((d.mean() - mu) / max(sd, STD_FLOOR))
 
+    def known(self, names: Iterable[str]) -> np.ndarray:
+        """Per symbol name, whether it is in the base vocabulary (else it encodes as an ``[UNK]``)."""
+        return np.fromiter((n in self._index for n in names), dtype=bool)
+
     def symbol_ids(self, names: Iterable[str]) -> np.ndarray:
         """Base ids of symbol names; unknown symbols map to their layer's ``[UNK]`` (else ``[UNK]``)."""
         return np.fromiter((self.symbol_id(n) for n in names), dtype=np.uint32)

@@ -227,6 +227,7 @@ def diagnose(
         )
     t0 = time.perf_counter()
     lines = parse_log(log_path) if log_path else []
+    unfamiliar = _unfamiliar(tr, lines, tok, logtok)
     s, x = sample_inputs(tr, lines, tok, logtok, cfg, p.name)
     ids, feats, offs, ev, lids, lfeat, n = (
         x[k] for k in ("ids", "feats", "offs", "ev", "lids", "lfeat", "n")
@@ -303,6 +304,8 @@ def diagnose(
         # the temperature of the model's probabilities (the checkpoint's calibration, 1 without; for an
         # ensemble its MoT's at fit time, before the mix with the GBDT)
         "temperature": float(model.temperature),
+        # how much of the capture the checkpoint's tokenizers never saw in training (_unfamiliar)
+        "unfamiliar": unfamiliar,
         "operators": operators[: max(top, 1) * 2],
         "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],
         "culprit_symbols": symbols[: max(top, 1) * 2],
@@ -419,6 +422,41 @@ def _ratio(resid: float | None, cov: float | None) -> float | None:
 UNSURE_BELOW = 0.7
 
 
+# a capture with at least this share of its trace events, or of its log words, unknown to the
+# checkpoint's tokenizers is flagged as unlike the training data. Measured (default preset): the
+# simulator's val, test and test_ood captures (unseen GPUs and models included) have no unknown
+# event and at most 0.7 % unknown log words; a CPU run of teller collect against a simulator-trained
+# model 100 % of its events and 22 % of its log words; real profiler captures 66-97 % of events.
+UNFAMILIAR_FROM = 0.5
+
+
+def _unfamiliar(tr: Any, lines: list[Any], tok: Any, logtok: Any) -> dict[str, Any]:
+    """The share of the trace's events (those in its steps, which the model reads) whose symbol the
+    TPE tokenizer does not know and of the log's words the log tokenizer does not know (each 0 when
+    there are none), and ``flagged``: either at
+    least :data:`UNFAMILIAR_FROM`. Such a capture (another engine, workload or machine than the
+    training data's) is encoded mostly as ``[UNK]``, and the model's confidence says nothing about
+    it: the calibration was fitted on captures like the training data."""
+    from teller.data.tokenize import split_log_line
+
+    ev = np.asarray(tr.symbol, dtype=np.int64)
+    in_steps = np.asarray(tr.step, dtype=np.int64) >= 0
+    if in_steps.any():  # (the events the model reads: those of the steps)
+        ev = ev[in_steps]
+    trace_share = float(1.0 - tok.known(tr.symbols)[ev].mean()) if len(ev) else 0.0
+    n_words = n_unknown = 0
+    for _ts, _stream, text in lines:
+        for w, _v in split_log_line(text):
+            n_words += 1
+            n_unknown += w not in logtok.index
+    log_share = n_unknown / n_words if n_words else 0.0
+    return {
+        "trace_events": trace_share,
+        "log_words": log_share,
+        "flagged": bool(trace_share >= UNFAMILIAR_FROM or log_share >= UNFAMILIAR_FROM),
+    }
+
+
 def is_uncertain(confidence: float) -> bool:
     """Whether a top cause this likely is reported as uncertain: below :data:`UNSURE_BELOW`, or not a
     number (the complement of ``metrics.selective``'s ``>=`` at that level)."""
@@ -438,6 +476,15 @@ def render(d: dict[str, Any], console: Any) -> None:
         # the two likeliest causes (one with --top 1)
         alts = " or ".join(f"{c['cause']} ({c['confidence']:.2f})" for c in d["root_causes"][:2])
         console.print(f"uncertain: {alts}; the capture does not settle it", highlight=False)
+    u = d.get("unfamiliar") or {}
+    if u.get("flagged"):
+        console.print(
+            f"unfamiliar capture: {100 * u['trace_events']:.0f} % of its trace events and "
+            f"{100 * u['log_words']:.0f} % of its log words are unknown to this model's tokenizers; "
+            "it was trained on other captures, so these causes and confidences are guesses "
+            "(train on captures like this one: docs/models.md)",
+            highlight=False,
+        )
     o = Table(title="culprit operators (localization head)")
     # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
     for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):
