@@ -1974,9 +1974,13 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     tok = teller.tpe.train([a], num_merges=0)
     logtok = LogTokenizer([*LOG_SPECIALS, *LOG_PLACEHOLDERS, "hello", "took", "ms"])
     lines = [(0, "stdout", "hello world"), (1, "stdout", "took 12 ms")]  # 1 of 5 words unknown
-    same = _unfamiliar(a, lines, tok, logtok)
+
+    def log(lines: list) -> np.ndarray:
+        return logtok.encode_lines(lines, 0)[0]
+
+    same = _unfamiliar(a, log(lines), tok, logtok)
     assert same == {"trace_events": 0.0, "log_words": pytest.approx(0.2), "flagged": False}
-    other = _unfamiliar(b, [(0, "stderr", "Traceback here")], tok, logtok)
+    other = _unfamiliar(b, log([(0, "stderr", "Traceback here")]), tok, logtok)
     names = set(tok.base_vocab)
     stepped = np.asarray(b.symbol)[np.asarray(b.step) >= 0]
     want = float(np.mean([b.symbols[i] not in names for i in stepped]))
@@ -1984,13 +1988,13 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     assert other["log_words"] == 1.0 and other["flagged"]
     # a ResNet-50 capture shares the A100's aten operators: 31 % unknown, under the threshold
     resnet = teller.trace.load(TRACES / "resnet50_2020_barelist.kineto.json.gz", warn=False)
-    assert 0.1 < _unfamiliar(resnet, [], tok, logtok)["trace_events"] < UNFAMILIAR_FROM
+    assert 0.1 < _unfamiliar(resnet, log([]), tok, logtok)["trace_events"] < UNFAMILIAR_FROM
     # the log alone can flag it; no events and no words: nothing unknown
-    assert _unfamiliar(a, [(0, "stdout", "a b c")], tok, logtok)["flagged"]
+    assert _unfamiliar(a, log([(0, "stdout", "a b c")]), tok, logtok)["flagged"]
     from types import SimpleNamespace
 
     no_events = SimpleNamespace(symbol=np.zeros(0, np.int64), step=np.zeros(0, np.int64), symbols=[])
-    empty = _unfamiliar(no_events, [], tok, logtok)
+    empty = _unfamiliar(no_events, log([]), tok, logtok)
     assert empty == {"trace_events": 0.0, "log_words": 0.0, "flagged": False}
 
     def shown(u: dict) -> str:

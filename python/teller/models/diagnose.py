@@ -227,11 +227,11 @@ def diagnose(
         )
     t0 = time.perf_counter()
     lines = parse_log(log_path) if log_path else []
-    unfamiliar = _unfamiliar(tr, lines, tok, logtok)
     s, x = sample_inputs(tr, lines, tok, logtok, cfg, p.name)
     ids, feats, offs, ev, lids, lfeat, n = (
         x[k] for k in ("ids", "feats", "offs", "ev", "lids", "lfeat", "n")
     )
+    unfamiliar = _unfamiliar(tr, lids, tok, logtok)
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float() / model.temperature, -1).numpy()  # (calibrated)
@@ -430,26 +430,23 @@ UNSURE_BELOW = 0.7
 UNFAMILIAR_FROM = 0.5
 
 
-def _unfamiliar(tr: Any, lines: list[Any], tok: Any, logtok: Any) -> dict[str, Any]:
+def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any) -> dict[str, Any]:
     """The share of the trace's events (those in its steps, which the model reads) whose symbol the
     TPE tokenizer does not know and of the log's words the log tokenizer does not know (each 0 when
     there are none), and ``flagged``: either at
     least :data:`UNFAMILIAR_FROM`. Such a capture (another engine, workload or machine than the
     training data's) is encoded mostly as ``[UNK]``, and the model's confidence says nothing about
-    it: the calibration was fitted on captures like the training data."""
-    from teller.data.tokenize import split_log_line
-
+    it: the calibration was fitted on captures like the training data. ``lids``: the log's
+    ``LogTokenizer.encode_lines`` ids (each line's ``[BOL]`` and stream token, then its words)."""
     ev = np.asarray(tr.symbol, dtype=np.int64)
     in_steps = np.asarray(tr.step, dtype=np.int64) >= 0
     if in_steps.any():  # (the events the model reads: those of the steps)
         ev = ev[in_steps]
     trace_share = float(1.0 - tok.known(tr.symbols)[ev].mean()) if len(ev) else 0.0
-    n_words = n_unknown = 0
-    for _ts, _stream, text in lines:
-        for w, _v in split_log_line(text):
-            n_words += 1
-            n_unknown += w not in logtok.index
-    log_share = n_unknown / n_words if n_words else 0.0
+    ix = logtok.index
+    lids = np.asarray(lids, dtype=np.int64)
+    words = lids[~np.isin(lids, [ix["[BOL]"], ix["<stdout>"], ix["<stderr>"]])]
+    log_share = float((words == ix["[UNK]"]).mean()) if len(words) else 0.0
     return {
         "trace_events": trace_share,
         "log_words": log_share,
