@@ -718,6 +718,11 @@ def test_ensemble_mixes_gbdt_category_with_mot_localization(shards) -> None:
     for c in d["root_causes"]:
         assert c["confidence"] == pytest.approx(pg.get(c["cause"], 0.0), abs=1e-6)
     assert d["root_causes"][0]["cause"] == max(pg, key=pg.get)
+    # the ensemble's MoT temperature is used, and the (cached) MoT keeps its own
+    ec = json.loads((ens / "config.json").read_text())
+    (ens / "config.json").write_text(json.dumps({**ec, "mot_temperature": 2.5}))
+    assert diagnose(_data / sid, ens, top=3)["temperature"] == 2.5
+    assert diagnose(_data / sid, mot, top=3)["temperature"] == 1.0
 
 
 def _state(run) -> dict[str, torch.Tensor]:
@@ -1888,10 +1893,14 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     )
     d = diagnose(faulty, run, top=3)
     assert d["temperature"] == cal["temperature"]
-    assert d["uncertain"] == (d["root_causes"][0]["confidence"] < 0.7)
-    # forced: the same sample with the threshold above its top confidence is uncertain
+    # the model is loaded once for captures diagnosed one after another, again when a file changed
     import teller.models.diagnose as dg
 
+    model = dg._load_model(run)[0]
+    assert dg._load_model(run)[0] is model
+    assert diagnose(faulty, run, top=3)["root_causes"] == d["root_causes"]
+    assert d["uncertain"] == (d["root_causes"][0]["confidence"] < 0.7)
+    # forced: the same sample with the threshold above its top confidence is uncertain
     old = dg.UNSURE_BELOW
     try:
         dg.UNSURE_BELOW = d["root_causes"][0]["confidence"] + 1e-6
@@ -1902,7 +1911,7 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
         dg.UNSURE_BELOW = old
     calibrate(run, reset=True)
     d1 = diagnose(faulty, run, top=3)
-    assert d1["temperature"] == 1.0
+    assert d1["temperature"] == 1.0 and dg._load_model(run)[0] is not model
     assert [c["cause"] for c in d["root_causes"]] == [c["cause"] for c in d1["root_causes"]]
     top, top1 = d["root_causes"][0]["confidence"], d1["root_causes"][0]["confidence"]
     assert (top < top1) == (cal["temperature"] > 1.0) and top != top1

@@ -58,6 +58,60 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
 
 
 _REFERENCES: dict[str, Any] = {}
+# the last checkpoint diagnose loaded (model, config, tokenizers) with the files' stamps: a caller
+# diagnosing captures one after another (the Python API, a service) loads it once; building the
+# model and reading its weights and tokenizers is some 30 ms of a 60 ms diagnosis. A file of the run
+# replaced or rewritten since (teller calibrate, a retrained run) changes its stamp and reloads it.
+_MODEL_CACHE: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _stamp(path: str | Path) -> tuple[Any, ...] | None:
+    """Identity and version of a file (a directory: its tokenizer.json), or None if not there."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any], Any, Any]:
+    """``(model, config, TPE tokenizer, log tokenizer)`` of a run, reused while none of its files
+    changed (:data:`_MODEL_CACHE`). A run with a save in progress is always read anew (and
+    load_checkpoint warns)."""
+    from teller import tpe
+    from teller.data.tokenize import LogTokenizer
+    from teller.models.train import COMMIT_JOURNAL, load_checkpoint
+
+    ck = Path(checkpoint)
+    run = ck if ck.is_dir() else ck.parent
+    weights = ck / "model.safetensors" if ck.is_dir() else ck
+    key = (_stamp(weights), _stamp(run / "config.json"))
+    hit = _MODEL_CACHE.get(key)
+    if (
+        hit is not None
+        and None not in key
+        and not (run / COMMIT_JOURNAL).exists()
+        and hit[4] == (_stamp(hit[1]["tpe_dir"]), _stamp(hit[1]["log_tokenizer"]))
+    ):
+        return hit[:4]
+    model, cfg = load_checkpoint(checkpoint)
+    for k, what in (("tpe_dir", "TPE tokenizer"), ("log_tokenizer", "log tokenizer")):
+        if not cfg.get(k) or not Path(cfg[k]).exists():
+            raise TellerFileNotFoundError(
+                f"{checkpoint}: its {what} {cfg.get(k)} (config.json's {k!r}) is not there: moved or "
+                "deleted since training? Put it back, or edit the path in config.json",
+                path=str(cfg.get(k)),
+            )
+    tok = tpe.load(cfg["tpe_dir"])
+    logtok = LogTokenizer.load(cfg["log_tokenizer"])
+    _MODEL_CACHE.clear()
+    if None not in key:
+        tok_stamps = (_stamp(cfg["tpe_dir"]), _stamp(cfg["log_tokenizer"]))
+        _MODEL_CACHE[key] = (model, cfg, tok, logtok, tok_stamps)
+    return model, cfg, tok, logtok
 
 
 def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str, str]]) -> np.ndarray | None:
@@ -158,12 +212,10 @@ def sample_inputs(
 def diagnose(
     path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
 ) -> dict[str, Any]:
-    from teller import tpe
     from teller import trace as _trace
     from teller.data.dataset import kernel_family
     from teller.data.faults import FAULT_INFO
-    from teller.data.tokenize import LogTokenizer, parse_log
-    from teller.models.train import load_checkpoint
+    from teller.data.tokenize import parse_log
 
     t_load = time.perf_counter()
     p = Path(path)
@@ -180,18 +232,10 @@ def diagnose(
 
             ens = read_ensemble_config(ens_cfg.parent)  # (its fields checked: a TellerError naming it)
             checkpoint = ens["mot"]
-    model, cfg = load_checkpoint(checkpoint)
+    model, cfg, tok, logtok = _load_model(checkpoint)
+    temperature = float(model.temperature)
     if ens is not None:  # the MoT's temperature the ensemble's weight was chosen with
-        model.temperature = float(ens.get("mot_temperature", 1.0))
-    for key, what in (("tpe_dir", "TPE tokenizer"), ("log_tokenizer", "log tokenizer")):
-        if not cfg.get(key) or not Path(cfg[key]).exists():
-            raise TellerFileNotFoundError(
-                f"{checkpoint}: its {what} {cfg.get(key)} (config.json's {key!r}) is not there: moved or "
-                "deleted since training? Put it back, or edit the path in config.json",
-                path=str(cfg.get(key)),
-            )
-    tok = tpe.load(cfg["tpe_dir"])
-    logtok = LogTokenizer.load(cfg["log_tokenizer"])
+        temperature = float(ens.get("mot_temperature", 1.0))
     trace_in, log_path = _find_inputs(p)
     if perfetto:
         check_output_file(perfetto, [], "--perfetto")  # (a directory: refused before the work)
@@ -234,7 +278,7 @@ def diagnose(
     unfamiliar = _unfamiliar(tr, lids, tok, logtok)
     with torch.no_grad():
         out = model(collate([s]))
-    probs = torch.softmax(out["logits"][0].float() / model.temperature, -1).numpy()  # (calibrated)
+    probs = torch.softmax(out["logits"][0].float() / temperature, -1).numpy()  # (calibrated)
     loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
     names = cfg["label_names"]
     if ens is not None:
@@ -303,7 +347,7 @@ def diagnose(
         "uncertain": bool(causes and is_uncertain(causes[0]["confidence"])),
         # the temperature of the model's probabilities (the checkpoint's calibration, 1 without; for an
         # ensemble its MoT's at fit time, before the mix with the GBDT)
-        "temperature": float(model.temperature),
+        "temperature": temperature,
         # how much of the capture the checkpoint's tokenizers never saw in training (_unfamiliar)
         "unfamiliar": unfamiliar,
         "operators": operators[: max(top, 1) * 2],
