@@ -1899,6 +1899,13 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     model = dg._load_model(run)[0]
     assert dg._load_model(run)[0] is model
     assert diagnose(faulty, run, top=3)["root_causes"] == d["root_causes"]
+    assert next(iter(dg._MODEL_CACHE.values()))[0] is model  # (diagnose went through the cache)
+    cfg = json.loads((run / "config.json").read_text())
+    st = os.stat(cfg["log_tokenizer"])
+    os.utime(cfg["log_tokenizer"], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a tokenizer rewritten
+    again = dg._load_model(run)[0]
+    assert again is not model and dg._load_model(run)[0] is again
+    model = again
     assert d["uncertain"] == (d["root_causes"][0]["confidence"] < 0.7)
     # forced: the same sample with the threshold above its top confidence is uncertain
     old = dg.UNSURE_BELOW
@@ -1982,13 +1989,14 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     b = teller.trace.load(TRACES / "mi300x_sglang_decode_hipgraph.kineto.json.gz", warn=False)
     tok = teller.tpe.train([a], num_merges=0)
     logtok = LogTokenizer([*LOG_SPECIALS, *LOG_PLACEHOLDERS, "hello", "took", "ms"])
-    lines = [(0, "stdout", "hello world"), (1, "stdout", "took 12 ms")]  # 1 of 5 words unknown
+    # words hello, world (unknown), took, ms; <num> is no word
+    lines = [(0, "stdout", "hello world"), (1, "stdout", "took 12 ms")]
 
     def log(lines: list) -> np.ndarray:
         return logtok.encode_lines(lines, 0)[0]
 
     same = _unfamiliar(a, log(lines), tok, logtok)
-    assert same == {"trace_events": 0.0, "log_words": pytest.approx(0.2), "flagged": False}
+    assert same == {"trace_events": 0.0, "log_words": pytest.approx(0.25), "flagged": False}
     other = _unfamiliar(b, log([(0, "stderr", "Traceback here")]), tok, logtok)
     names = set(tok.base_vocab)
     stepped = np.asarray(b.symbol)[np.asarray(b.step) >= 0]
@@ -1998,8 +2006,12 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     # a ResNet-50 capture shares the A100's aten operators: 31 % unknown, under the threshold
     resnet = teller.trace.load(TRACES / "resnet50_2020_barelist.kineto.json.gz", warn=False)
     assert 0.1 < _unfamiliar(resnet, log([]), tok, logtok)["trace_events"] < UNFAMILIAR_FROM
-    # the log alone can flag it; no events and no words: nothing unknown
+    # the log alone can flag it, unless the model does not read the log (and the trace likewise)
     assert _unfamiliar(a, log([(0, "stdout", "a b c")]), tok, logtok)["flagged"]
+    assert not _unfamiliar(a, log([(0, "stdout", "a b c")]), tok, logtok, "trace")["flagged"]
+    assert not _unfamiliar(b, log(lines), tok, logtok, "log")["flagged"]
+    assert _unfamiliar(b, log(lines), tok, logtok, "trace")["flagged"]
+    # no events and no words: nothing unknown
     from types import SimpleNamespace
 
     no_events = SimpleNamespace(symbol=np.zeros(0, np.int64), step=np.zeros(0, np.int64), symbols=[])

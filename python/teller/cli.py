@@ -1174,8 +1174,8 @@ def diagnose_cmd(
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
     one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
     highlighted. A capture mostly unknown to the model's tokenizers (at least half its trace events
-    or log words: another engine, workload or machine than the training data) is flagged as
-    unfamiliar: its causes are guesses."""
+    or log words, on a side the model reads: another engine, workload or machine than the training
+    data) is flagged as unfamiliar: its causes are guesses."""
     from teller.models.diagnose import diagnose, render
 
     try:

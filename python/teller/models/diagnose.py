@@ -24,7 +24,7 @@ import torch
 from teller._io import check_output_file
 from teller.data.summary import process_log_levels, token_gpu_time, token_process_log, token_work
 from teller.errors import TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
-from teller.models.data import Sample, _trace_features, collate, compact_log
+from teller.models.data import Sample, _trace_features, collate, compact_log, word_mask
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
 
@@ -58,7 +58,8 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
 
 
 _REFERENCES: dict[str, Any] = {}
-# the last checkpoint diagnose loaded (model, config, tokenizers) with the files' stamps: a caller
+# the last checkpoint diagnose loaded (model, config, tokenizers) with the files' stamps (an
+# ensemble's GBDT is still read on every call): a caller
 # diagnosing captures one after another (the Python API, a service) loads it once; building the
 # model and reading its weights and tokenizers is some 30 ms of a 60 ms diagnosis. A file of the run
 # replaced or rewritten since (teller calibrate, a retrained run) changes its stamp and reloads it.
@@ -88,12 +89,17 @@ def _load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any], Any, Any]:
     ck = Path(checkpoint)
     run = ck if ck.is_dir() else ck.parent
     weights = ck / "model.safetensors" if ck.is_dir() else ck
-    key = (_stamp(weights), _stamp(run / "config.json"))
+    try:  # (config.json is small: keyed by its bytes, a rewrite within one mtime tick is seen)
+        cfg_bytes: bytes | None = (run / "config.json").read_bytes()
+    except OSError:
+        cfg_bytes = None
+    key = (_stamp(weights), _stamp(run / "config.json"), cfg_bytes)
+    journal = (run / COMMIT_JOURNAL).exists()
     hit = _MODEL_CACHE.get(key)
     if (
         hit is not None
         and None not in key
-        and not (run / COMMIT_JOURNAL).exists()
+        and not journal
         and hit[4] == (_stamp(hit[1]["tpe_dir"]), _stamp(hit[1]["log_tokenizer"]))
     ):
         return hit[:4]
@@ -105,11 +111,11 @@ def _load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any], Any, Any]:
                 "deleted since training? Put it back, or edit the path in config.json",
                 path=str(cfg.get(k)),
             )
+    tok_stamps = (_stamp(cfg["tpe_dir"]), _stamp(cfg["log_tokenizer"]))  # (before they are read)
     tok = tpe.load(cfg["tpe_dir"])
     logtok = LogTokenizer.load(cfg["log_tokenizer"])
     _MODEL_CACHE.clear()
-    if None not in key:
-        tok_stamps = (_stamp(cfg["tpe_dir"]), _stamp(cfg["log_tokenizer"]))
+    if None not in key and not journal:
         _MODEL_CACHE[key] = (model, cfg, tok, logtok, tok_stamps)
     return model, cfg, tok, logtok
 
@@ -275,7 +281,7 @@ def diagnose(
     ids, feats, offs, ev, lids, lfeat, n = (
         x[k] for k in ("ids", "feats", "offs", "ev", "lids", "lfeat", "n")
     )
-    unfamiliar = _unfamiliar(tr, lids, tok, logtok)
+    unfamiliar = _unfamiliar(tr, lids, tok, logtok, cfg.get("model", {}).get("modalities", "both"))
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float() / temperature, -1).numpy()  # (calibrated)
@@ -469,33 +475,36 @@ UNSURE_BELOW = 0.7
 # a capture with at least this share of its trace events, or of its log words, unknown to the
 # checkpoint's tokenizers is flagged as unlike the training data. Measured (default preset): the
 # simulator's val, test and test_ood captures (unseen GPUs and models included) have no unknown
-# event and at most 0.7 % unknown log words; a CPU run of teller collect against a simulator-trained
-# model 100 % of its events and 22 % of its log words; real profiler captures 66-97 % of events.
+# event and at most 1.7 % unknown log words; a CPU run of teller collect against a simulator-trained
+# model 100 % of its events and 48 % of its log words; real profiler captures 66-97 % of events.
 UNFAMILIAR_FROM = 0.5
 
 
-def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any) -> dict[str, Any]:
-    """The share of the trace's events (those in its steps, which the model reads) whose symbol the
-    TPE tokenizer does not know and of the log's words the log tokenizer does not know (each 0 when
-    there are none), and ``flagged``: either at
-    least :data:`UNFAMILIAR_FROM`. Such a capture (another engine, workload or machine than the
-    training data's) is encoded mostly as ``[UNK]``, and the model's confidence says nothing about
-    it: the calibration was fitted on captures like the training data. ``lids``: the log's
-    ``LogTokenizer.encode_lines`` ids (each line's ``[BOL]`` and stream token, then its words)."""
+def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: str = "both") -> dict[str, Any]:
+    """The share of the trace's events (those in its steps, which the model encodes) whose symbol
+    the TPE tokenizer does not know and of the log's words the log tokenizer does not know (``[UNK]``
+    among the word tokens: placeholders such as ``<num>`` and punctuation, known whatever the log,
+    are left out; each 0 when there are none), and ``flagged``: either at least
+    :data:`UNFAMILIAR_FROM`, of the sides the model reads (``modalities``: both, trace or log).
+    Such a capture (another engine, workload or machine than the training data's) is encoded mostly
+    as ``[UNK]``, and the model's confidence says nothing about it: the calibration was fitted on
+    captures like the training data. ``lids``: the log's ``LogTokenizer.encode_lines`` ids."""
     ev = np.asarray(tr.symbol, dtype=np.int64)
     in_steps = np.asarray(tr.step, dtype=np.int64) >= 0
     if in_steps.any():  # (the events the model reads: those of the steps)
         ev = ev[in_steps]
     trace_share = float(1.0 - tok.known(tr.symbols)[ev].mean()) if len(ev) else 0.0
-    ix = logtok.index
+    is_word = getattr(logtok, "_word_mask", None)
+    if is_word is None:  # (once per tokenizer: the model cache keeps it)
+        is_word = logtok._word_mask = word_mask(logtok.vocab)
     lids = np.asarray(lids, dtype=np.int64)
-    words = lids[~np.isin(lids, [ix["[BOL]"], ix["<stdout>"], ix["<stderr>"]])]
-    log_share = float((words == ix["[UNK]"]).mean()) if len(words) else 0.0
-    return {
-        "trace_events": trace_share,
-        "log_words": log_share,
-        "flagged": bool(trace_share >= UNFAMILIAR_FROM or log_share >= UNFAMILIAR_FROM),
-    }
+    unk = lids == logtok.index["[UNK]"]
+    n_words = int(unk.sum() + is_word[lids[~unk]].sum())
+    log_share = float(unk.sum() / n_words) if n_words else 0.0
+    flagged = (modalities != "log" and trace_share >= UNFAMILIAR_FROM) or (
+        modalities != "trace" and log_share >= UNFAMILIAR_FROM
+    )
+    return {"trace_events": trace_share, "log_words": log_share, "flagged": bool(flagged)}
 
 
 def is_uncertain(confidence: float) -> bool:
