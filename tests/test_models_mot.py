@@ -1944,32 +1944,41 @@ def test_resuming_an_early_stopped_run_only_finishes_it(shards, tmp_path) -> Non
     assert len(json.loads((run / "history.json").read_text())) == 4
 
 
-def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
+def _rendered(**fields: object) -> str:
+    """The text view of a diagnosis with these fields (the rest: one sure cause, no evidence)."""
     from rich.console import Console
-    from teller.models.diagnose import UNSURE_BELOW, is_uncertain, render
+    from teller.models.diagnose import render
+
+    d = {
+        "path": "x",
+        "root_causes": [{"cause": "nccl_straggler", "confidence": 0.9, "layer": "communication"}],
+        "uncertain": False,
+        "operators": [],
+        "culprit_symbols": [],
+        "log_evidence": [],
+        "inference_ms": 1.0,
+        "total_ms": 2.0,
+        "perfetto": None,
+        **fields,
+    }
+    c = Console(record=True, width=200)
+    render(d, c)
+    return c.export_text()
+
+
+def test_diagnose_says_when_the_top_cause_is_uncertain() -> None:
+    from teller.models.diagnose import UNSURE_BELOW, is_uncertain
 
     # the rule: below UNSURE_BELOW, or not a number; at it, sure (selective's >=)
     assert is_uncertain(0.69) and is_uncertain(float("nan"))
     assert not is_uncertain(UNSURE_BELOW) and not is_uncertain(0.95)
 
     def shown(conf: float, top: int = 2) -> str:
-        d = {
-            "path": "x",
-            "root_causes": [
-                {"cause": "normal", "confidence": conf, "layer": None},
-                {"cause": "network_delay", "confidence": 1 - conf, "layer": "engine"},
-            ][:top],
-            "uncertain": is_uncertain(conf),
-            "operators": [],
-            "culprit_symbols": [],
-            "log_evidence": [],
-            "inference_ms": 1.0,
-            "total_ms": 2.0,
-            "perfetto": None,
-        }
-        c = Console(record=True, width=160)
-        render(d, c)
-        return c.export_text()
+        causes = [
+            {"cause": "normal", "confidence": conf, "layer": None},
+            {"cause": "network_delay", "confidence": 1 - conf, "layer": "engine"},
+        ]
+        return _rendered(root_causes=causes[:top], uncertain=is_uncertain(conf))
 
     assert "uncertain: normal (0.55) or network_delay (0.45)" in shown(0.55)
     assert "uncertain: normal (0.55); the capture" in shown(0.55, top=1)  # --top 1
@@ -1981,9 +1990,8 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     engine, workload or machine) is flagged: its causes are guesses whatever their confidence."""
     import teller
     from conftest import TRACES
-    from rich.console import Console
     from teller.data.tokenize import LOG_PLACEHOLDERS, LOG_SPECIALS, LogTokenizer
-    from teller.models.diagnose import UNFAMILIAR_FROM, _unfamiliar, render
+    from teller.models.diagnose import UNFAMILIAR_FROM, _unfamiliar
 
     a = teller.trace.load(TRACES / "a100_nccl_2rank.kineto.json.gz", warn=False)
     b = teller.trace.load(TRACES / "mi300x_sglang_decode_hipgraph.kineto.json.gz", warn=False)
@@ -2019,21 +2027,7 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     assert empty == {"trace_events": 0.0, "log_words": 0.0, "flagged": False}
 
     def shown(u: dict) -> str:
-        d = {
-            "path": "x",
-            "root_causes": [{"cause": "nccl_straggler", "confidence": 0.9, "layer": "communication"}],
-            "uncertain": False,
-            "unfamiliar": u,
-            "operators": [],
-            "culprit_symbols": [],
-            "log_evidence": [],
-            "inference_ms": 1.0,
-            "total_ms": 2.0,
-            "perfetto": None,
-        }
-        c = Console(record=True, width=200)
-        render(d, c)
-        return c.export_text()
+        return _rendered(unfamiliar=u)
 
     assert "unfamiliar capture: 100 % of its trace events and 0 % of its log words" in shown(
         {"trace_events": 1.0, "log_words": 0.0, "flagged": True}
