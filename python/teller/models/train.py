@@ -1324,13 +1324,19 @@ def train(
         cfg_json["calibration"] = fit_calibration(model, val_s, "val", device=dev)
         if progress:
             progress("calibrate", 1, 1, {k: v for k, v in cfg_json["calibration"].items() if k != "method"})
-        tmp = _write_tmp(out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1)))
-        try:
-            _commit(out, {"config.json": tmp})
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        _commit_config(out, cfg_json)
     return out
+
+
+def _commit_config(run: Path, cfg: dict[str, Any]) -> None:
+    """Replace the run's config.json with ``cfg`` through the commit journal (a reader never sees a
+    half-written file; a save cut short is finished by the next --resume)."""
+    tmp = _write_tmp(run / "config.json", lambda t: t.write_text(json.dumps(cfg, indent=1)))
+    try:
+        _commit(run, {"config.json": tmp})
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
@@ -1476,13 +1482,7 @@ def calibrate(
     new.pop("calibration", None)
     if cal is not None:
         new["calibration"] = cal
-    out = run / "config.json"
-    tmp = _write_tmp(out, lambda t: t.write_text(json.dumps(new, indent=1)))
-    try:
-        _commit(run, {"config.json": tmp})
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    _commit_config(run, new)
     return cal
 
 
