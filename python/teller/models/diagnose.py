@@ -58,11 +58,11 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
 
 
 _REFERENCES: dict[str, Any] = {}
-# the last checkpoint diagnose loaded (model, config, tokenizers) with the files' stamps (an
-# ensemble's GBDT is still read on every call): a caller
+# the last checkpoint diagnose loaded (model, config, tokenizers) with the files' stamps: a caller
 # diagnosing captures one after another (the Python API, a service) loads it once; building the
 # model and reading its weights and tokenizers is some 30 ms of a 60 ms diagnosis. A file of the run
 # replaced or rewritten since (teller calibrate, a retrained run) changes its stamp and reloads it.
+# (An ensemble's GBDT is still read on every call.)
 _MODEL_CACHE: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
