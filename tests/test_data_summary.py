@@ -749,3 +749,81 @@ def test_cross_rank_columns_three_ranks(tmp_path):
     np.testing.assert_allclose(r[prep & late & (pid == 102)], _x(75) - _x(50), rtol=1e-6)
     assert np.allclose(r[prep & (pid != 102)], 0.0) and np.allclose(r[prep & ~late], 0.0)
     assert f["host_op:prep"][23] == pytest.approx(_x(75) - _x(50), rel=1e-6)
+
+
+def _native_and_reference_agree(tr, tok, rng) -> int:
+    """Asserts that the Rust loop and the numpy reference give identical rows (float32, bit for bit)
+    with and without the per-position fit and reference residuals; returns the rows compared."""
+    from teller.data.summary import symbol_summary_reference
+
+    n = 0
+    for by_position in (True, False):
+        for with_ref in (False, True):
+            r = None
+            if with_ref:
+                r = rng.normal(0.0, 0.1, len(tr))
+                r[rng.random(len(tr)) < 0.4] = np.nan
+            a_ids, a = symbol_summary(tr, tok, by_position=by_position, ref_resid=r)
+            b_ids, b = symbol_summary_reference(tr, tok, by_position=by_position, ref_resid=r)
+            assert a.dtype == b.dtype == np.float32 and a_ids.dtype == b_ids.dtype == np.uint32
+            np.testing.assert_array_equal(a_ids, b_ids)
+            bad = np.argwhere(a != b)
+            assert not len(bad), [
+                (SUMMARY_FEATURE_NAMES[j], float(a[i, j]), float(b[i, j])) for i, j in bad[:5]
+            ]
+            n += len(a)
+    return n
+
+
+def test_native_rows_equal_the_numpy_reference(tmp_path, traces_dir):
+    # every class of the simulator (TP ranks, collectives, faults that start mid-capture), and two real
+    # profiler traces; a tokenizer that lacks some of their symbols, so that [UNK] rows pool them
+    from teller.data.dataset import generate
+
+    generate(tmp_path / "d", num_samples=26, preset="tiny", seed=11)
+    traces = [teller.trace.load(p, warn=False) for p in sorted((tmp_path / "d").glob("s*/trace.json"))]
+    traces += [teller.trace.load(traces_dir / f, warn=False) for f in ("a100_nccl_2rank.kineto.json.gz",)]
+    names = sorted({s for tr in traces for s in tr.symbols})
+    tok = tpe.train(tpe.corpus_from_symbols([names[::2]]), vocab_size=0)
+    rng = np.random.default_rng(0)
+    rows = sum(_native_and_reference_agree(tr, tok, rng) for tr in traces)
+    assert rows > 26 * 4 * 10
+
+
+def test_native_rows_refuse_a_broken_call():
+    from teller import _native
+
+    i = np.zeros(3, np.int64)
+    f = np.zeros(3)
+    b = np.zeros(3, bool)
+    ok = (
+        i,
+        i,
+        i,
+        i,
+        f,
+        b,
+        f,
+        i,
+        i,
+        b,
+        None,
+        f,
+        b,
+        b,
+        0.0,
+        0.0,
+        None,
+        None,
+        None,
+        np.log1p(np.arange(4.0)),
+        0.1,
+        True,
+    )
+    assert _native.symbol_rows(*ok)[0].tolist() == [0]
+    with pytest.raises(ValueError, match="ts has 2 values"):
+        _native.symbol_rows(i, i[:2], *ok[2:])
+    with pytest.raises(ValueError, match="largest symbol has 3 events"):
+        _native.symbol_rows(*ok[:19], np.zeros(3), 0.1, True)
+    with pytest.raises(ValueError, match="tbin"):
+        _native.symbol_rows(*ok[:7], np.full(3, 16, np.int64), *ok[8:])

@@ -79,3 +79,29 @@ def tpe_symbol_stats(ids: np.ndarray, dur_ns: np.ndarray, base_size: int) -> tup
 def tpe_synth_corpus(
     n_events: int, seed: int = 42, n_symbols: int = 1500, step_events: int = 2000
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
+def symbol_rows(
+    sid: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    pid: np.ndarray,
+    x: np.ndarray,
+    early: np.ndarray,
+    w: np.ndarray,
+    tbin: np.ndarray,
+    step: np.ndarray,
+    coll: np.ndarray,
+    sord: np.ndarray | None,
+    xrank: np.ndarray,
+    host: np.ndarray,
+    gpu: np.ndarray,
+    host_shift: float,
+    gpu_shift: float,
+    ref_resid: np.ndarray | None,
+    fam: np.ndarray | None,
+    fam_stats: np.ndarray | None,
+    log1p_count: np.ndarray,
+    baseline_frac: float,
+    by_position: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One summary row per distinct ``sid`` (ascending): ``(ids int64, rows float64 [S * 25])``."""
+    ...

@@ -425,10 +425,61 @@ def symbol_summary(
     unknown to ``tok`` are pooled into their layer's ``[UNK]`` row) and its summary row
     (``float32 [S, N_SUMMARY_FEATURES]``). ``ref_resid``: per event, its residual against the
     deployment's kernel reference (NaN: none; :func:`teller.data.reference.event_residuals`), for
-    columns 17-22; None leaves them 0."""
-    n = len(tr)
-    if n == 0:
+    columns 17-22; None leaves them 0.
+
+    The per-event inputs are numpy (:func:`_event_inputs`); the loop over symbols runs in the Rust
+    core (``teller_core::symrows``, with the GIL released): as a numpy loop it cost ~30 calls per
+    symbol, 20-35 ms of a ``default`` trace, the larger part of a ``teller diagnose`` call.
+    :func:`symbol_summary_reference` is the same loop in numpy, the readable definition and the
+    tests' oracle."""
+    from teller import _native
+
+    if len(tr) == 0:
         return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)
+    e = _event_inputs(tr, tok, baseline_frac, ref_resid)
+    fam_stats = None
+    if e["fam"] is not None:
+        n_fam = int(e["fam"].max()) + 1 if len(e["fam"]) else 0
+        fam_stats = np.full((n_fam, 3), np.nan)
+        for f, v in e["fam_stats"].items():
+            fam_stats[f] = v
+        fam_stats = fam_stats.ravel()
+
+    def c(k: str, dt: Any) -> np.ndarray:
+        return np.ascontiguousarray(e[k], dtype=dt)
+
+    ids, rows = _native.symbol_rows(
+        c("sid", np.int64),
+        c("ts", np.int64),
+        c("end", np.int64),
+        c("pid", np.int64),
+        c("x", np.float64),
+        c("early", bool),
+        c("w", np.float64),
+        c("tbin", np.int64),
+        c("step", np.int64),
+        c("coll", bool),
+        None if e["sord"] is None else c("sord", np.int64),
+        c("xr", np.float64),
+        c("host", bool),
+        c("gpu", bool),
+        float(e["host_shift"]),
+        float(e["gpu_shift"]),
+        None if ref_resid is None else np.ascontiguousarray(ref_resid, dtype=np.float64),
+        None if e["fam"] is None else c("fam", np.int64),
+        fam_stats,
+        # numpy's log1p of the bin counts (its SIMD log1p and libm's differ by an ulp on some
+        # integers, and column 13's windows over counts tie)
+        np.log1p(np.arange(int(np.bincount(e["sid"]).max()) + 1, dtype=np.float64)),
+        float(baseline_frac),
+        bool(by_position),
+    )
+    return ids.astype(np.uint32), rows.reshape(-1, N_SUMMARY_FEATURES).astype(np.float32)
+
+
+def _event_inputs(tr: Any, tok: Any, baseline_frac: float, ref_resid: np.ndarray | None) -> dict[str, Any]:
+    """The per-event arrays the loop over symbols reads (vectorized numpy), and the two shared
+    cross-rank shifts and the family statistics (columns 24 and 20-22)."""
     names = tr.symbols
     base = tok.symbol_ids(names).astype(np.int64)  # trace symbol id -> TPE base id
     sid = base[np.asarray(tr.symbol, dtype=np.int64)]
@@ -440,23 +491,57 @@ def symbol_summary(
     t0, t1 = int(ts.min()), int(end.max())
     span = max(t1 - t0, 1)
     cut = t0 + baseline_frac * span
-    early_all = ts < cut
-    w = step_work(tr)
     tbin = np.minimum(((ts - t0) * (N_BINS / span)).astype(np.int64), N_BINS - 1)
-    step = np.asarray(tr.step, dtype=np.int64)
     coll = collective_events(tr)
     sord_all = step_ordinal(tr)
-    sord = sord_all if coll.any() else None
     xr = cross_rank_residuals(tr, x, sord_all)
     host = np.asarray(tr.layer_mask(*_HOST_LAYERS), bool)
     gpu = np.asarray(tr.layer_mask(*_GPU_LAYERS), bool)
-    host_shift = _rank_shift(xr[host], pid[host], tbin[host])
     gm = gpu & ~coll  # (the peers of a slow rank wait in the collectives: longer there, not slower)
-    gpu_shift = _rank_shift(xr[gm], pid[gm], tbin[gm])
     fam = fam_stats = None
     if ref_resid is not None:
         fam = _event_family(tr)
         fam_stats = _family_reference(fam, ref_resid, pid, tbin)
+    return {
+        "sid": sid,
+        "ts": ts,
+        "end": end,
+        "pid": pid,
+        "x": x,
+        "early": ts < cut,
+        "w": np.ascontiguousarray(step_work(tr), dtype=np.float64),
+        "tbin": tbin,
+        "step": np.asarray(tr.step, dtype=np.int64),
+        "coll": np.ascontiguousarray(coll, dtype=bool),
+        "sord": sord_all if coll.any() else None,
+        "xr": xr,
+        "host": host,
+        "gpu": gpu,
+        "host_shift": _rank_shift(xr[host], pid[host], tbin[host]),
+        "gpu_shift": _rank_shift(xr[gm], pid[gm], tbin[gm]),
+        "fam": fam,
+        "fam_stats": fam_stats,
+    }
+
+
+def symbol_summary_reference(
+    tr: Any,
+    tok: Any,
+    baseline_frac: float = 0.1,
+    by_position: bool = True,
+    ref_resid: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`symbol_summary` with the loop over symbols in numpy: the definition of every column
+    (``teller_core::symrows`` mirrors it function by function) and the oracle the tests hold the
+    Rust loop to. ~20-35 ms per ``default`` trace."""
+    if len(tr) == 0:
+        return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)
+    e = _event_inputs(tr, tok, baseline_frac, ref_resid)
+    sid, ts, end, pid, x, w, tbin, step = (
+        e[k] for k in ("sid", "ts", "end", "pid", "x", "w", "tbin", "step")
+    )
+    early_all, coll, sord, xr, host, gpu = (e[k] for k in ("early", "coll", "sord", "xr", "host", "gpu"))
+    fam, fam_stats = e["fam"], e["fam_stats"]
     order = np.lexsort((ts, pid, sid))  # by symbol, then process, then time
     s_sorted = sid[order]
     bounds = np.flatnonzero(np.diff(s_sorted)) + 1
@@ -499,7 +584,7 @@ def symbol_summary(
         if transfer:
             _transfer(out[g], xs, w[idx], tbin[idx], pid[idx], sord[idx], pos_all, end[idx] / 1000.0)
         out[g, 23] = _rank_shift(xr[idx], pid[idx], tbin[idx])
-        out[g, 24] = host_shift if host[idx[0]] else gpu_shift if gpu[idx[0]] else 0.0
+        out[g, 24] = e["host_shift"] if host[idx[0]] else e["gpu_shift"] if gpu[idx[0]] else 0.0
         if ref_resid is not None:
             _reference_columns(out[g], ref_resid[idx], pid[idx])
             if out[g, 19] > 0:  # a kernel with residuals: its family's pooled columns

@@ -19,6 +19,7 @@ pub mod normalize;
 pub mod raw;
 pub mod sequence;
 pub mod summary;
+pub mod symrows;
 pub mod writer;
 
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@ use teller_core::model::{ArgValue, Layer, LAYER_NAMES};
 use teller_core::normalize::NormalizeOptions;
 use teller_core::{Error, LoadOptions};
 
+mod symrows;
 mod tpe;
 
 /// Maps a core error to the matching class of `teller.errors` (defined in Python so that each class
@@ -399,5 +400,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tpe::tpe_train, m)?)?;
     m.add_function(wrap_pyfunction!(tpe::tpe_symbol_stats, m)?)?;
     m.add_function(wrap_pyfunction!(tpe::tpe_synth_corpus, m)?)?;
+    m.add_function(wrap_pyfunction!(symrows::symbol_rows, m)?)?;
     Ok(())
 }
