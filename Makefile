@@ -143,6 +143,7 @@ bench: build $(VENV)/.bench-deps
 	$(PY) benches/bench_tpe.py --out docs/benchmarks-tpe.json
 	$(PY) benches/bench_collect.py --out docs/benchmarks-collect.json
 	$(PY) benches/bench_nsys.py --out docs/benchmarks-nsys.json
+	$(PY) benches/bench_summary.py --out docs/benchmarks-summary.json
 
 # --- lint ----------------------------------------------------------------------------------------
 lint: $(VENV)/.deps

@@ -1,0 +1,129 @@
+"""Per-symbol summary rows (`teller.data.summary.symbol_summary`): the Rust loop against the numpy one.
+
+The peer here is teller's own previous implementation, kept as `symbol_summary_reference` (the
+definition of every column, and the oracle of `tests/test_data_summary.py`): the same per-event
+inputs (numpy in both), then the loop over symbols in numpy or in `teller_core::symrows`. Same
+traces, same process, interleaved per trace; every trace's rows are also compared (they must be
+identical to the bit, float32). Data: `teller dataset generate --preset default` samples (seed 0,
+into a temporary directory), a TPE base vocabulary of their symbols, and each trace once without
+reference residuals and once with seeded synthetic ones (columns 17-22, as `teller tokenize` and
+`teller diagnose` compute them for a deployment the reference knows).
+
+The script measures and reports; it never asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _time(fn, repeat: int) -> float:
+    best = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best.append(time.perf_counter() - t)
+    return min(best)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=60, help="default-preset samples to generate (default 60)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="timed calls per trace and variant; the fastest counts"
+    )
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = ap.parse_args()
+
+    import teller
+    from teller import _native, tpe
+    from teller.data.dataset import generate
+    from teller.data.summary import _event_inputs, symbol_summary, symbol_summary_reference
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        generate(Path(tmp) / "d", num_samples=args.samples, preset="default", seed=0)
+        print(f"generated {args.samples} default samples in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        traces = [teller.trace.load(p, warn=False) for p in sorted((Path(tmp) / "d").glob("s*/trace.json"))]
+    tok = tpe.train(tpe.corpus_from_symbols([sorted({s for tr in traces for s in tr.symbols})]), vocab_size=0)
+    rng = np.random.default_rng(0)
+    rows = []
+    for tr in traces:
+        r = rng.normal(0.0, 0.05, len(tr))
+        r[rng.random(len(tr)) < 0.5] = np.nan
+        for ref in (None, r):
+            a_ids, a = symbol_summary(tr, tok, ref_resid=ref)
+            b_ids, b = symbol_summary_reference(tr, tok, ref_resid=ref)
+            same = bool(np.array_equal(a_ids, b_ids) and np.array_equal(a, b))
+            rows.append(
+                {
+                    "events": len(tr),
+                    "symbols": len(a_ids),
+                    "reference_residuals": ref is not None,
+                    "identical": same,
+                    "inputs_ms": 1e3
+                    * _time(lambda tr=tr, ref=ref: _event_inputs(tr, tok, 0.1, ref), args.repeat),
+                    "rust_ms": 1e3
+                    * _time(lambda tr=tr, ref=ref: symbol_summary(tr, tok, ref_resid=ref), args.repeat),
+                    "numpy_ms": 1e3
+                    * _time(
+                        lambda tr=tr, ref=ref: symbol_summary_reference(tr, tok, ref_resid=ref), args.repeat
+                    ),
+                }
+            )
+
+    def med(k: str, sel=lambda r: True) -> float:
+        return statistics.median(r[k] for r in rows if sel(r))
+
+    summary = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "native_build": _native.build_profile,
+        },
+        "traces": len(traces),
+        "median_events": statistics.median(r["events"] for r in rows),
+        "median_symbols": statistics.median(r["symbols"] for r in rows),
+        "all_identical": all(r["identical"] for r in rows),
+        "median_ms": {
+            k: {
+                "without_reference": med(k, lambda r: not r["reference_residuals"]),
+                "with": med(k, lambda r: r["reference_residuals"]),
+            }
+            for k in ("inputs_ms", "rust_ms", "numpy_ms")
+        },
+        "median_ratio_numpy_over_rust": statistics.median(r["numpy_ms"] / r["rust_ms"] for r in rows),
+        "rows": rows,
+    }
+    m = summary["median_ms"]
+    print(
+        f"{len(traces)} traces, median {summary['median_events']:.0f} events / "
+        f"{summary['median_symbols']:.0f} symbols, {_native.build_profile} build; "
+        f"rows identical: {summary['all_identical']}"
+    )
+    print(f"{'median per trace (ms)':<34}{'without reference':>18}{'with':>10}")
+    for k, name in (
+        ("numpy_ms", "numpy loop (reference)"),
+        ("rust_ms", "Rust loop (symbol_summary)"),
+        ("inputs_ms", "  of which per-event inputs"),
+    ):
+        print(f"{name:<34}{m[k]['without_reference']:>18.2f}{m[k]['with']:>10.2f}")
+    print(f"median ratio numpy / Rust per call: {summary['median_ratio_numpy_over_rust']:.1f}x")
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
