@@ -203,6 +203,90 @@ def test_log_tokenizer_roundtrip(setup, tmp_path):
     assert feats.shape == (len(ids), 2)
 
 
+def _same_encoding(lt, lines, t0=0):
+    a_ids, a_f = lt.encode_lines(lines, t0)
+    b_ids, b_f = lt.encode_lines_reference(lines, t0)
+    assert a_ids.dtype == b_ids.dtype == np.uint32 and a_f.dtype == b_f.dtype == np.float32
+    np.testing.assert_array_equal(a_ids, b_ids)
+    assert a_f.shape == b_f.shape and np.array_equal(a_f.view(np.uint32), b_f.view(np.uint32)), lines
+
+
+def test_native_log_encoding_equals_the_python_definition(setup, tmp_path):
+    # the Rust splitter (teller_core::logtok) against re and split_log_line, bit for bit: every log of
+    # the dataset, and seeded random lines of the characters where the pattern's alternatives and
+    # classes meet (Python's \s holds \x1c-\x1f; a line with non-ASCII text is split in Python)
+    import random
+
+    data, _tdir, _out = setup
+    logs = sorted(data.glob("s*/log.txt"))
+    lt = LogTokenizer.train(logs, vocab_size=300)
+    for p in logs:
+        _same_encoding(lt, parse_log(p), 10**18)
+    rng = random.Random(7)
+    pieces = [
+        *"aAfFxXeE_09.,:;/-+%'\"()[]=<>\t \x0b\x0c\x1c\x1f\x01\x7f",
+        "0x1f",
+        "cmpl-",
+        "req-ab",
+        ".py",
+        ".json:",
+        "/usr",
+        "1.2.3.4",
+        "11-24 16:00:01",
+        "deadbeef0123",
+        "1e5",
+        "1,000",
+        "é",
+        "█",
+        "\u00a0",
+        "\u0663",
+    ]
+    for _ in range(2000):
+        lines = [
+            (
+                rng.choice([0, 10**18 + rng.randrange(10**9)]),
+                rng.choice(["stdout", "stderr"]),
+                "".join(
+                    rng.choice(pieces[:-4] if rng.random() < 0.8 else pieces)
+                    for _ in range(rng.randrange(30))
+                ),
+            )
+            for _ in range(rng.randrange(1, 5))
+        ]
+        _same_encoding(lt, lines, 10**18)
+    assert lt.encode_lines([], 0)[0].shape == (0,)
+    # training counts tokens with the same splitter: the vocabulary of the Python definition
+    from collections import Counter
+
+    cnt = Counter(t for p in logs for _, _, text in parse_log(p) for t, _ in split_log_line(text))
+    fixed = [
+        "[PAD]",
+        "[UNK]",
+        "[BOL]",
+        "<stdout>",
+        "<stderr>",
+        "<num>",
+        "<hex>",
+        "<ip>",
+        "<path>",
+        "<time>",
+        "<id>",
+    ]
+    words = sorted((w for w, c in cnt.items() if c >= 2 and w not in fixed), key=lambda w: (-cnt[w], w))
+    assert lt.vocab == (fixed + words)[:300]
+    p = tmp_path / "log.txt"  # (non-ASCII lines are counted in Python)
+    p.write_text(
+        "\n".join("".join(rng.choice(pieces) for _ in range(20)) for _ in range(300)), encoding="utf-8"
+    )
+    cnt = Counter(t for _, _, text in parse_log(p) for t, _ in split_log_line(text))
+    got = LogTokenizer.train([p], vocab_size=100_000, min_count=1).vocab
+    assert got[len(fixed) :] == sorted((w for w in cnt if w not in fixed), key=lambda w: (-cnt[w], w))
+    # a vocabulary without the specials the encoder needs: encoded (and refused) as in Python
+    bare = LogTokenizer(["[PAD]", "word"])
+    with pytest.raises(KeyError):
+        bare.encode_lines([(0, "stdout", "word")], 0)
+
+
 def test_cli_tokenize(setup, tmp_path):
     data, tdir, _ = setup
     env = dict(os.environ, COLUMNS="200")

@@ -105,3 +105,18 @@ def symbol_rows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One summary row per distinct ``sid`` (ascending): ``(ids int64, rows float64 [S * 25])``."""
     ...
+
+class NativeLogVocab:
+    """A log tokenizer's vocabulary, ready to encode lines (``teller.data.tokenize.LogTokenizer``)."""
+
+    def __init__(self, vocab: list[str]) -> None: ...
+    def encode(
+        self, texts: list[str], stderr: list[bool]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+        """``(ids uint32, line uint32, num float64, deferred)``; ``deferred``: the non-ASCII lines,
+        ``(line, token index after its stream token)``, for the caller to split."""
+        ...
+
+def log_token_counts(texts: list[str]) -> tuple[list[tuple[str, int]], list[int]]:
+    """Token string counts over the ASCII lines, and the indices of the non-ASCII lines (not counted)."""
+    ...

@@ -13,6 +13,7 @@ pub mod chrome;
 pub mod error;
 pub mod json;
 pub mod load;
+pub mod logtok;
 pub mod model;
 pub mod names;
 pub mod normalize;

@@ -11,6 +11,7 @@ use teller_core::model::{ArgValue, Layer, LAYER_NAMES};
 use teller_core::normalize::NormalizeOptions;
 use teller_core::{Error, LoadOptions};
 
+mod logtok;
 mod symrows;
 mod tpe;
 
@@ -401,5 +402,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tpe::tpe_symbol_stats, m)?)?;
     m.add_function(wrap_pyfunction!(tpe::tpe_synth_corpus, m)?)?;
     m.add_function(wrap_pyfunction!(symrows::symbol_rows, m)?)?;
+    m.add_class::<logtok::NativeLogVocab>()?;
+    m.add_function(wrap_pyfunction!(logtok::log_token_counts, m)?)?;
     Ok(())
 }
