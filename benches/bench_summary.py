@@ -1,4 +1,6 @@
-"""Per-symbol summary rows (`teller.data.summary.symbol_summary`): the Rust loop against the numpy one.
+"""Per-sample encoders in Rust against the Python they replaced: summary rows and log lines.
+
+1. Per-symbol summary rows (`teller.data.summary.symbol_summary`): the Rust loop against the numpy one.
 
 The peer here is teller's own previous implementation, kept as `symbol_summary_reference` (the
 definition of every column, and the oracle of `tests/test_data_summary.py`): the same per-event
@@ -8,6 +10,10 @@ identical to the bit, float32). Data: `teller dataset generate --preset default`
 into a temporary directory), a TPE base vocabulary of their symbols, and each trace once without
 reference residuals and once with seeded synthetic ones (columns 17-22, as `teller tokenize` and
 `teller diagnose` compute them for a deployment the reference knows).
+
+2. Log encoding (`LogTokenizer.encode_lines`, `teller_core::logtok`) against the pure-Python
+definition (`encode_lines_reference`: `re` and `split_log_line`), on the same samples' `log.txt`, with
+a vocabulary trained on them; ids and features compared bit for bit.
 
 The script measures and reports; it never asserts a time.
 """
@@ -49,12 +55,16 @@ def main() -> int:
     from teller import _native, tpe
     from teller.data.dataset import generate
     from teller.data.summary import _event_inputs, symbol_summary, symbol_summary_reference
+    from teller.data.tokenize import LogTokenizer, parse_log
 
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         generate(Path(tmp) / "d", num_samples=args.samples, preset="default", seed=0)
         print(f"generated {args.samples} default samples in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         traces = [teller.trace.load(p, warn=False) for p in sorted((Path(tmp) / "d").glob("s*/trace.json"))]
+        log_paths = sorted((Path(tmp) / "d").glob("s*/log.txt"))
+        lt = LogTokenizer.train(log_paths)
+        logs = [parse_log(p) for p in log_paths]
     tok = tpe.train(tpe.corpus_from_symbols([sorted({s for tr in traces for s in tr.symbols})]), vocab_size=0)
     rng = np.random.default_rng(0)
     rows = []
@@ -82,6 +92,23 @@ def main() -> int:
                 }
             )
 
+    log_rows = []
+    for lines in logs:
+        a, fa = lt.encode_lines(lines, 0)
+        b, fb = lt.encode_lines_reference(lines, 0)
+        log_rows.append(
+            {
+                "lines": len(lines),
+                "tokens": len(a),
+                "identical": bool(
+                    np.array_equal(a, b) and np.array_equal(fa.view(np.uint32), fb.view(np.uint32))
+                ),
+                "rust_ms": 1e3 * _time(lambda lines=lines: lt.encode_lines(lines, 0), args.repeat),
+                "python_ms": 1e3
+                * _time(lambda lines=lines: lt.encode_lines_reference(lines, 0), args.repeat),
+            }
+        )
+
     def med(k: str, sel=lambda r: True) -> float:
         return statistics.median(r[k] for r in rows if sel(r))
 
@@ -105,6 +132,16 @@ def main() -> int:
         },
         "median_ratio_numpy_over_rust": statistics.median(r["numpy_ms"] / r["rust_ms"] for r in rows),
         "rows": rows,
+        "log": {
+            "median_lines": statistics.median(r["lines"] for r in log_rows),
+            "median_tokens": statistics.median(r["tokens"] for r in log_rows),
+            "all_identical": all(r["identical"] for r in log_rows),
+            "median_ms": {k: statistics.median(r[k] for r in log_rows) for k in ("python_ms", "rust_ms")},
+            "median_ratio_python_over_rust": statistics.median(
+                r["python_ms"] / r["rust_ms"] for r in log_rows
+            ),
+            "rows": log_rows,
+        },
     }
     m = summary["median_ms"]
     print(
@@ -120,6 +157,13 @@ def main() -> int:
     ):
         print(f"{name:<34}{m[k]['without_reference']:>18.2f}{m[k]['with']:>10.2f}")
     print(f"median ratio numpy / Rust per call: {summary['median_ratio_numpy_over_rust']:.1f}x")
+    lg = summary["log"]
+    print(
+        f"log encoding: {len(log_rows)} logs, median {lg['median_lines']:.0f} lines / "
+        f"{lg['median_tokens']:.0f} tokens; identical: {lg['all_identical']}; "
+        f"median {lg['median_ms']['python_ms']:.2f} ms (Python) vs "
+        f"{lg['median_ms']['rust_ms']:.2f} ms (Rust), {lg['median_ratio_python_over_rust']:.1f}x"
+    )
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
     return 0
