@@ -891,6 +891,59 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     d = json.loads(r.stdout)
     assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+    # several captures in one process: a JSON array in their order; one that cannot be read is named
+    # (stderr, and an object with its error) and the others are still diagnosed, exit status 2
+    other = next(p for p in sorted(data.glob("s0*")) if p != faulty)
+    r = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            str(faulty),
+            str(tmp_path / "missing"),
+            str(other),
+            "--checkpoint",
+            str(run),
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    many = json.loads(r.stdout)
+    assert r.returncode == 2 and "missing" in r.stderr, r.stderr
+    assert [x["path"] for x in many] == [str(faulty), str(tmp_path / "missing"), str(other)]
+    assert many[0]["root_causes"] == d["root_causes"] and "error" in many[1] and many[2]["root_causes"]
+    # text: each capture's tables; --perfetto takes one PATH; a bad checkpoint is said once
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), str(other), "--checkpoint", str(run)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.count("root causes:") == 2, r.stderr
+    r = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            str(faulty),
+            str(other),
+            "--checkpoint",
+            str(run),
+            "--perfetto",
+            str(tmp_path / "p.json.gz"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "one PATH, not 2" in r.stderr and not (tmp_path / "p.json.gz").exists()
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), str(other), "--checkpoint", str(tmp_path / "nock")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr.count("error:") == 1, r.stderr
     # a sample like the training data's is not flagged as unfamiliar
     assert not d["unfamiliar"]["flagged"] and d["unfamiliar"]["trace_events"] < 0.05
     # the summary-row head ranks symbols present in the trace, with their evidence

@@ -1151,11 +1151,13 @@ def results_summarize_cmd(
 
 @app.command("diagnose")
 def diagnose_cmd(
-    path: Annotated[
-        str,
+    paths: Annotated[
+        list[str],
         typer.Argument(
-            help="A sample directory (trace.json + log.txt), a collected run, or a trace file "
-            "(its log: the log.txt beside it)."
+            help="Sample directories (trace.json + log.txt), collected runs, or trace files (their log: "
+            "the log.txt beside each). Several are diagnosed in one process: the checkpoint is loaded once.",
+            show_default=False,
+            metavar="PATH",
         ),
     ],
     checkpoint: Annotated[
@@ -1166,26 +1168,53 @@ def diagnose_cmd(
     ],
     top: Annotated[int, typer.Option(min=1, help="Root causes and operators to show.")] = 3,
     perfetto: Annotated[
-        str | None, typer.Option("--perfetto", help="Output trace with the culprits highlighted.")
+        str | None,
+        typer.Option("--perfetto", help="Output trace with the culprits highlighted (one PATH only)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON object (with several PATHs, a JSON array of them)."),
+    ] = False,
 ) -> None:
     """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
     one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
     highlighted. A capture mostly unknown to the model's tokenizers (at least half its trace events
     or log words, on a side the model reads: another engine, workload or machine than the training
-    data) is flagged as unfamiliar: its causes are guesses."""
+    data) is flagged as unfamiliar: its causes are guesses. Several PATHs are diagnosed in one
+    process (a few tens of ms each after the first: Python and torch start once); one that cannot be
+    read is reported on stderr (in --json, an object with its path and error), the others still are,
+    and the exit status is 2."""
     from teller.models.diagnose import diagnose, render
 
-    try:
-        d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
-    except TellerError as e:
-        raise _fail(e) from None
+    if perfetto and len(paths) > 1:
+        raise _fail(TellerError(f"--perfetto writes one trace: give one PATH, not {len(paths)}"))
+    out: list[dict] = []
+    failed = False
+    for path in paths:
+        try:
+            d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
+        except TellerError as e:
+            ck = Path(checkpoint).resolve()
+            about_ck = str(checkpoint) in str(e) or (
+                e.path is not None and Path(e.path).resolve().is_relative_to(ck)
+            )
+            if len(paths) == 1 or about_ck:  # (a bad checkpoint fails every PATH: said once)
+                raise _fail(e) from None
+            # (one bad capture of a batch: named, and the rest diagnosed)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            failed = True
+            d = {"path": path, "error": str(e)}
+            if not as_json:
+                continue
+        if as_json:
+            out.append(d)
+        else:
+            render(d, console)
     if as_json:
-        print(json.dumps(d, indent=1))
-    else:
-        render(d, console)
+        print(json.dumps(out[0] if len(paths) == 1 else out, indent=1))
+    if failed:
+        raise typer.Exit(2)
 
 
 _default_showwarning = warnings.showwarning
