@@ -287,6 +287,19 @@ def test_native_log_encoding_equals_the_python_definition(setup, tmp_path):
         bare.encode_lines([(0, "stdout", "word")], 0)
 
 
+def test_reference_fit_in_workers_is_the_serial_one(setup):
+    # the samples read and the three references fitted in two processes: the same references
+    from teller.data.tokenize import fit_reference
+
+    data, tdir, _out = setup
+    man = json.loads((data / "manifest.json").read_text())
+    tok = tpe.load(tdir)
+    serial = fit_reference(data, man, tok)
+    par = fit_reference(data, man, tok, tok_file=tdir / tpe.FILE_NAME, workers=2)
+    dump = [json.dumps(r.to_dict(), sort_keys=True) for r in (serial[0], *serial[1])]
+    assert len(serial[0]) and dump == [json.dumps(r.to_dict(), sort_keys=True) for r in (par[0], *par[1])]
+
+
 def test_cli_tokenize(setup, tmp_path):
     data, tdir, _ = setup
     env = dict(os.environ, COLUMNS="200")

@@ -556,40 +556,78 @@ def reference_fold(seed: Any, sample_id: str) -> int:
     return int(_unit(seed, sample_id, "fold") >= 0.5)
 
 
-def fit_reference(data: Path, man: dict[str, Any], tok: Any) -> tuple[Any, list[Any]]:
+def _reference_points(job: tuple[str, str, Any, str], tok: Any = None) -> tuple[int, Any] | None:
+    """One training sample's kernel points outside its labelled fault windows, with its fold
+    (:func:`fit_reference`); None for a capture without a deployment key. ``job``: (sample
+    directory, sample id, dataset seed, TPE tokenizer file, read once per process unless ``tok``)."""
+    from teller import tpe
+    from teller.data.reference import deployment_key, kernel_points, outside_faults
+
+    sdir, sid, seed, tok_file = job
+    sd = Path(sdir)
+    if tok is None:
+        tok = _WORKER_TOK.get(tok_file) or _WORKER_TOK.setdefault(tok_file, tpe.load(tok_file))
+    try:
+        ann = json.loads((sd / "annotation.json").read_text())
+        tr = load_sample_trace(sd, tok)
+        log_text = (sd / "log.txt").read_text(errors="replace")
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{sd}: cannot read the sample to fit the kernel reference ({e})") from None
+    key = deployment_key(tr, log_text)
+    if key is None:
+        return None
+    idx, pk, w, s, x = kernel_points(tr)
+    keep = outside_faults(tr, idx, ann)
+    return reference_fold(seed, sid), (
+        key,
+        [k for k, ok in zip(pk, keep, strict=True) if ok],
+        w[keep],
+        s[keep],
+        x[keep],
+    )
+
+
+_WORKER_TOK: dict[str, Any] = {}  # (a worker process's TPE tokenizer, loaded once per file)
+
+
+def _fit_reference_part(pts_fold: tuple[list[Any], int | None]) -> Any:
+    """The reference fitted on ``pts`` (``(fold, points)`` pairs) without fold ``skip`` (None: all)."""
+    from teller.data.reference import KernelReference
+
+    pts, skip = pts_fold
+    return KernelReference.fit(p for f, p in pts if f != skip)
+
+
+def fit_reference(
+    data: Path,
+    man: dict[str, Any],
+    tok: Any,
+    *,
+    tok_file: str | os.PathLike[str] | None = None,
+    workers: int = 1,
+) -> tuple[Any, list[Any]]:
     """The deployments' kernel reference (:mod:`teller.data.reference`) from a dataset's train
     split (every kernel event outside the sample's labelled fault windows), and the two out-of-fold
     references: ``folds[f]`` is fitted without the training samples of half ``f``
     (:func:`reference_fold`). A training sample's residuals come from the reference that did not
     see it, as a val or test sample's do from the full one; in-sample residuals are smaller (a
     deployment with a handful of training captures fits them closely) and would teach a model that
-    any residual is a fault."""
-    from teller.data.reference import KernelReference, deployment_key, kernel_points, outside_faults
+    any residual is a fault.
 
+    With ``workers`` > 1 (and ``tok_file``, the file ``tok`` was loaded from), the samples are read
+    and the three references fitted in that many processes: the same points in the same order,
+    so the same references (it was half of a 2-worker ``teller tokenize`` of ``default``, serial)."""
     seed = man.get("seed")
-    pts: list[tuple[int, tuple[str | None, list[str], np.ndarray, np.ndarray, np.ndarray]]] = []
-    for sid in man["splits"].get("train", []):
-        sd = data / sid
-        try:
-            ann = json.loads((sd / "annotation.json").read_text())
-            tr = load_sample_trace(sd, tok)
-            log_text = (sd / "log.txt").read_text(errors="replace")
-        except (OSError, ValueError) as e:
-            raise TokenizerError(f"{sd}: cannot read the sample to fit the kernel reference ({e})") from None
-        key = deployment_key(tr, log_text)
-        if key is None:
-            continue
-        idx, pk, w, s, x = kernel_points(tr)
-        keep = outside_faults(tr, idx, ann)
-        pts.append(
-            (
-                reference_fold(seed, sid),
-                (key, [k for k, ok in zip(pk, keep, strict=True) if ok], w[keep], s[keep], x[keep]),
-            )
-        )
-    full = KernelReference.fit(p for _, p in pts)
-    folds = [KernelReference.fit(p for f, p in pts if f != g) for g in (0, 1)]
-    return full, folds
+    train = man["splits"].get("train", [])
+    if workers > 1 and tok_file is not None and len(train) > 1:
+        jobs = [(str(data / sid), sid, seed, str(tok_file)) for sid in train]
+        with mp.get_context("spawn").Pool(workers) as pool:
+            got = pool.map(_reference_points, jobs, chunksize=max(1, len(jobs) // (8 * workers)))
+            pts = [p for p in got if p is not None]
+            full, *folds = pool.map(_fit_reference_part, [(pts, None), (pts, 0), (pts, 1)], chunksize=1)
+        return full, folds
+    pts = [p for sid in train if (p := _reference_points((str(data / sid), sid, seed, ""), tok)) is not None]
+    return _fit_reference_part((pts, None)), [_fit_reference_part((pts, g)) for g in (0, 1)]
 
 
 def tokenize_dataset(
@@ -727,7 +765,7 @@ def tokenize_dataset(
             shutil.copyfile(reference, tmp)
             os.replace(tmp, ref_path)
         else:
-            full, folds = fit_reference(data, man, tok)
+            full, folds = fit_reference(data, man, tok, tok_file=tfile, workers=workers)
             if man["splits"].get("train") and not len(full):
                 import warnings
 
