@@ -255,6 +255,10 @@ def test_native_log_encoding_equals_the_python_definition(setup, tmp_path):
         ]
         _same_encoding(lt, lines, 10**18)
     assert lt.encode_lines([], 0)[0].shape == (0,)
+    # what the Rust path cannot take is encoded by the Python definition: a time stamp past int64, a
+    # lone surrogate (parse_log replaces undecodable bytes, a caller's own lines may hold one)
+    _same_encoding(lt, [(10**30, "stdout", "Running: 3"), (1, "stderr", "x")], 0)
+    _same_encoding(lt, [(0, "stdout", "bad \ud800 line 7")], 0)
     # training counts tokens with the same splitter: the vocabulary of the Python definition
     from collections import Counter
 

@@ -85,6 +85,8 @@ def symbol_rows(
     end: np.ndarray,
     pid: np.ndarray,
     x: np.ndarray,
+    ex: np.ndarray,
+    gap: np.ndarray,
     early: np.ndarray,
     w: np.ndarray,
     tbin: np.ndarray,
@@ -103,7 +105,8 @@ def symbol_rows(
     baseline_frac: float,
     by_position: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One summary row per distinct ``sid`` (ascending): ``(ids int64, rows float64 [S * 25])``."""
+    """One summary row per distinct ``sid`` (ascending): ``(ids int64, rows float64 [S * 25])``, column 6
+    left 0 (the caller's)."""
     ...
 
 class NativeLogVocab:

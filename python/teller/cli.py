@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -1185,23 +1185,24 @@ def diagnose_cmd(
     process (a few tens of ms each after the first: Python and torch start once); one that cannot be
     read is reported on stderr (in --json, an object with its path and error), the others still are,
     and the exit status is 2."""
-    from teller.models.diagnose import diagnose, render
+    from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis, render
 
     if perfetto and len(paths) > 1:
         raise _fail(TellerError(f"--perfetto writes one trace: give one PATH, not {len(paths)}"))
-    out: list[dict] = []
+    if len(paths) > 1:
+        try:  # (a checkpoint that cannot be used would fail every PATH: said once, before them)
+            load_checkpoint_for_diagnosis(checkpoint)
+        except TellerError as e:
+            raise _fail(e) from None
+    out: list[dict[str, Any]] = []
     failed = False
     for path in paths:
         try:
             d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
         except TellerError as e:
-            ck = Path(checkpoint).resolve()
-            about_ck = str(checkpoint) in str(e) or (
-                e.path is not None and Path(e.path).resolve().is_relative_to(ck)
-            )
-            if len(paths) == 1 or about_ck:  # (a bad checkpoint fails every PATH: said once)
+            if len(paths) == 1:
                 raise _fail(e) from None
-            # (one bad capture of a batch: named, and the rest diagnosed)
+            # (one bad capture of a batch, the checkpoint loaded: named, and the rest diagnosed)
             err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             failed = True
             d = {"path": path, "error": str(e)}

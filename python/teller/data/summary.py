@@ -108,8 +108,8 @@ matched by step ordinal only: captures must start at the same engine step on eve
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. The per-event inputs are numpy; the loop over
 symbols runs in the Rust core (``teller_core::symrows``), which mirrors :func:`symbol_summary_reference`
-to the bit: a median 2.3 ms for a 3 000-event ``default`` trace (5.3 ms with reference residuals)
-against 19.9 (26.2) ms for the numpy loop (``benches/bench_summary.py``). Before that, with numpy: ~7-11 ms
+to the bit: a median 2.2 ms for a 3 000-event ``default`` trace (5.0 ms with reference residuals)
+against 20.1 (25.5) ms for the numpy loop (``benches/bench_summary.py``). Before that, with numpy: ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
 2-core box: version 4 7-10 ms, version 5 ~11 ms; on a slower machine of the same kind, the median
 over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the difference
@@ -423,12 +423,15 @@ def symbol_summary(
     baseline_frac: float = 0.1,
     by_position: bool = True,
     ref_resid: np.ndarray | None = None,
+    *,
+    dtype: Any = np.float32,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, features)``: the TPE base id of each symbol present in ``tr`` (sorted by id; symbols
     unknown to ``tok`` are pooled into their layer's ``[UNK]`` row) and its summary row
     (``float32 [S, N_SUMMARY_FEATURES]``). ``ref_resid``: per event, its residual against the
     deployment's kernel reference (NaN: none; :func:`teller.data.reference.event_residuals`), for
-    columns 17-22; None leaves them 0.
+    columns 17-22; None leaves them 0. ``dtype``: of the rows (float64: before the cast, as the
+    tests compare them).
 
     The per-event inputs are numpy (:func:`_event_inputs`); the loop over symbols runs in the Rust
     core (``teller_core::symrows``, with the GIL released): as a numpy loop it cost ~30 calls per
@@ -438,7 +441,7 @@ def symbol_summary(
     from teller import _native
 
     if len(tr) == 0:
-        return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)
+        return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), dtype)
     e = _event_inputs(tr, tok, baseline_frac, ref_resid)
     fam_stats = None
     if e["fam"] is not None:
@@ -457,6 +460,8 @@ def symbol_summary(
         c("end", np.int64),
         c("pid", np.int64),
         c("x", np.float64),
+        c("ex", np.float64),
+        c("gap", np.float64),
         c("early", bool),
         c("w", np.float64),
         c("tbin", np.int64),
@@ -473,11 +478,18 @@ def symbol_summary(
         fam_stats,
         # numpy's log1p of the bin counts (its SIMD log1p and libm's differ by an ulp on some
         # integers, and column 13's windows over counts tie)
-        np.log1p(np.arange(int(np.bincount(e["sid"]).max()) + 1, dtype=np.float64)),
+        np.log1p(np.arange(int(np.unique(e["sid"], return_counts=True)[1].max()) + 1, dtype=np.float64)),
         float(baseline_frac),
         bool(by_position),
     )
-    return ids.astype(np.uint32), rows.reshape(-1, N_SUMMARY_FEATURES).astype(np.float32)
+    rows = rows.reshape(-1, N_SUMMARY_FEATURES)
+    # column 6 here, with numpy's logarithm (the Rust loop computes no transcendental function)
+    u, c = np.unique(e["sid"][e["early"]], return_counts=True)
+    n_early = np.zeros(len(ids))
+    n_early[np.searchsorted(ids, u)] = c
+    n_late = rows[:, 0] - n_early
+    rows[:, 6] = np.log((n_late + 1) / max(1 - baseline_frac, 1e-9)) - np.log((n_early + 1) / baseline_frac)
+    return ids.astype(np.uint32), rows.astype(dtype)
 
 
 def _event_inputs(tr: Any, tok: Any, baseline_frac: float, ref_resid: np.ndarray | None) -> dict[str, Any]:
@@ -501,6 +513,12 @@ def _event_inputs(tr: Any, tok: Any, baseline_frac: float, ref_resid: np.ndarray
     host = np.asarray(tr.layer_mask(*_HOST_LAYERS), bool)
     gpu = np.asarray(tr.layer_mask(*_GPU_LAYERS), bool)
     gm = gpu & ~coll  # (the peers of a slow rank wait in the collectives: longer there, not slower)
+    # per event, the gap since the previous event of its symbol on its process (NaN: none), in the
+    # order of the loop over symbols (symbol, process, time)
+    o = np.lexsort((ts, pid, sid))
+    gap = np.full(len(ts), np.nan)
+    same = (sid[o][1:] == sid[o][:-1]) & (pid[o][1:] == pid[o][:-1])
+    gap[o[1:][same]] = np.log1p(np.maximum(np.diff(ts[o])[same], 0) / 1000.0)
     fam = fam_stats = None
     if ref_resid is not None:
         fam = _event_family(tr)
@@ -511,6 +529,8 @@ def _event_inputs(tr: Any, tok: Any, baseline_frac: float, ref_resid: np.ndarray
         "end": end,
         "pid": pid,
         "x": x,
+        "ex": np.expm1(x),
+        "gap": gap,
         "early": ts < cut,
         "w": np.ascontiguousarray(step_work(tr), dtype=np.float64),
         "tbin": tbin,
@@ -533,12 +553,14 @@ def symbol_summary_reference(
     baseline_frac: float = 0.1,
     by_position: bool = True,
     ref_resid: np.ndarray | None = None,
+    *,
+    dtype: Any = np.float32,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`symbol_summary` with the loop over symbols in numpy: the definition of every column
     (``teller_core::symrows`` mirrors it function by function) and the oracle the tests hold the
     Rust loop to. ~20-35 ms per ``default`` trace."""
     if len(tr) == 0:
-        return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), np.float32)
+        return np.zeros(0, np.uint32), np.zeros((0, N_SUMMARY_FEATURES), dtype)
     e = _event_inputs(tr, tok, baseline_frac, ref_resid)
     sid, ts, end, pid, x, w, tbin, step = (
         e[k] for k in ("sid", "ts", "end", "pid", "x", "w", "tbin", "step")
@@ -594,7 +616,7 @@ def symbol_summary_reference(
                 fr = ref_resid[idx]
                 f = int(np.bincount(fam[idx][np.isfinite(fr)]).argmax())  # the family of most of them
                 out[g, 20:23] = fam_stats[f]
-    return ids, out.astype(np.float32)
+    return ids, out.astype(dtype)
 
 
 def _event_family(tr: Any) -> np.ndarray:
@@ -703,7 +725,8 @@ def _position_residual(x: np.ndarray, w: np.ndarray, pos: np.ndarray) -> tuple[n
     nd = np.bincount(inv[o][new], minlength=k)
     deg = np.where((nd >= 5) & (cnt >= 6), 2, np.where((nd >= 2) & (cnt >= 3), 1, 0))
     u = w - (np.bincount(inv, weights=w, minlength=k) / cnt)[inv]
-    pw = [np.ones_like(u), u, u * u, u * u * u, u**4]
+    u2 = u * u
+    pw = [np.ones_like(u), u, u2, u2 * u, u2 * u2]
     s = np.stack([np.bincount(inv, weights=q, minlength=k) for q in pw], 1)  # [k, 5]
     t = np.stack([np.bincount(inv, weights=x * q, minlength=k) for q in pw[:3]], 1)  # [k, 3]
     a = np.stack([s[:, i : i + 3] for i in range(3)], 1)  # a[g, i, j] = sum u^(i+j)
@@ -711,9 +734,34 @@ def _position_residual(x: np.ndarray, w: np.ndarray, pos: np.ndarray) -> tuple[n
     m = used[:, :, None] & used[:, None, :]
     a = np.where(m, a, np.eye(3)[None])
     a += 1e-12 * np.eye(3)[None] * np.maximum(s[:, :1, None], 1.0)  # keeps a near-tie solvable
-    coef = np.linalg.solve(a, np.where(used, t, 0.0)[..., None])[..., 0]
+    coef = _solve3(a, np.where(used, t, 0.0))
     fit = coef[inv, 0] + coef[inv, 1] * u + coef[inv, 2] * u * u
     return x - fit, load_slope(x, w)
+
+
+def _solve3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Solves a batch of 3 x 3 systems ``a[g] x = b[g]`` by Gaussian elimination with partial
+    pivoting (the first largest pivot): the arithmetic ``teller_core::symrows`` does per system, so
+    that the two agree to the bit (np.linalg.solve's LAPACK orders its operations otherwise)."""
+    a = a.astype(np.float64, copy=True)
+    b = b.astype(np.float64, copy=True)
+    g = np.arange(len(a))
+    for c in range(3):
+        p = c + np.argmax(np.abs(a[:, c:, c]), axis=1)  # (the first largest)
+        a[g, c], a[g, p] = a[g, p].copy(), a[g, c].copy()
+        b[g, c], b[g, p] = b[g, p].copy(), b[g, c].copy()
+        for r in range(c + 1, 3):
+            f = a[:, r, c] / a[:, c, c]
+            for k in range(c, 3):
+                a[:, r, k] -= f * a[:, c, k]
+            b[:, r] -= f * b[:, c]
+    x = np.zeros_like(b)
+    for c in (2, 1, 0):
+        s = b[:, c].copy()
+        for k in range(c + 1, 3):
+            s -= a[:, c, k] * x[:, k]
+        x[:, c] = s / a[:, c, c]
+    return x
 
 
 def _work_normalized(

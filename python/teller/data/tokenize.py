@@ -23,7 +23,7 @@ import shutil
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +155,11 @@ class LogTokenizer:
     [BOL] and its stream token."""
 
     vocab: list[str]
+    # the Rust encoder of this vocabulary, built on first use (None: it is encoded in Python)
+    _native: Any = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.index = {w: i for i, w in enumerate(self.vocab)}
-        self._native: Any = False  # (built on first use; None: this vocabulary is encoded in Python)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_native": False}  # (the native vocabulary is rebuilt, not pickled)
@@ -197,11 +198,14 @@ class LogTokenizer:
                 self._native = None
         if self._native is None or not lines or any(st not in ("stdout", "stderr") for _, st, _ in lines):
             return self.encode_lines_reference(lines, t0)
-        ids, line, num, deferred = self._native.encode(
-            [t for _, _, t in lines], [st == "stderr" for _, st, _ in lines]
-        )
-        ts = np.fromiter((ts for ts, _, _ in lines), np.int64, len(lines))
-        t_line = np.where(ts != 0, (ts - t0) / 1e6, 0.0)
+        try:
+            ids, line, num, deferred = self._native.encode(
+                [t for _, _, t in lines], [st == "stderr" for _, st, _ in lines]
+            )
+            ts = np.fromiter((ts for ts, _, _ in lines), np.int64, len(lines))
+            t_line = np.where(ts != 0, (ts - t0) / 1e6, 0.0)
+        except (OverflowError, UnicodeError):  # (a time stamp past int64, a lone surrogate: Python's)
+            return self.encode_lines_reference(lines, t0)
         is_num = ~np.isnan(num)
         v = np.zeros(len(num))
         v[is_num] = np.sign(num[is_num]) * np.log1p(np.abs(num[is_num]))

@@ -215,16 +215,12 @@ def sample_inputs(
     return s, {"ids": ids, "feats": feats, "offs": offs, "ev": ev, "lids": lids, "lfeat": lfeat, "n": n}
 
 
-def diagnose(
-    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
-) -> dict[str, Any]:
-    from teller import trace as _trace
-    from teller.data.dataset import kernel_family
-    from teller.data.faults import FAULT_INFO
-    from teller.data.tokenize import parse_log
-
-    t_load = time.perf_counter()
-    p = Path(path)
+def load_checkpoint_for_diagnosis(
+    checkpoint: str | Path,
+) -> tuple[dict[str, Any] | None, Any, dict[str, Any], Any, Any]:
+    """``(ensemble config or None, model, config, TPE tokenizer, log tokenizer)`` of a MoT/single run
+    or an ensemble run (its MoT's), through the cache :func:`diagnose` reads: a TellerError naming
+    the checkpoint's file if it cannot be used (so a caller with many captures can check it once)."""
     ck = Path(checkpoint)
     ens = None  # an ensemble run (teller train ensemble): its MoT, plus the GBDT's category
     ens_cfg = (ck if ck.is_dir() else ck.parent) / "config.json"
@@ -239,6 +235,22 @@ def diagnose(
             ens = read_ensemble_config(ens_cfg.parent)  # (its fields checked: a TellerError naming it)
             checkpoint = ens["mot"]
     model, cfg, tok, logtok = _load_model(checkpoint)
+    return ens, model, cfg, tok, logtok
+
+
+def diagnose(
+    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
+) -> dict[str, Any]:
+    from teller import trace as _trace
+    from teller.data.dataset import kernel_family
+    from teller.data.faults import FAULT_INFO
+    from teller.data.tokenize import parse_log
+
+    t_load = time.perf_counter()
+    p = Path(path)
+    ens, model, cfg, tok, logtok = load_checkpoint_for_diagnosis(checkpoint)
+    if ens is not None:
+        checkpoint = ens["mot"]
     temperature = float(model.temperature)
     if ens is not None:  # the MoT's temperature the ensemble's weight was chosen with
         temperature = float(ens.get("mot_temperature", 1.0))

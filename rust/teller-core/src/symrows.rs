@@ -4,11 +4,16 @@
 //! the family statistics: vectorized already) and hands them here; this module runs the loop over
 //! symbols. The loop was the cost: ~30 numpy calls per symbol and ~100 symbols per `default`
 //! trace made it 20-35 ms of every `teller diagnose` call and of every sample `teller tokenize`
-//! encodes, almost all of it call overhead. The Python loop stays in `teller.data.summary`
-//! (`_symbol_rows_reference`) as the readable definition and the tests' oracle: each function here
-//! mirrors one there, in the same order of operations, so that the two agree to a few ulps
-//! (numpy sums pairwise where this sums in order; medians, quantiles and the 3 x 3 solves are the
-//! same arithmetic).
+//! encodes, almost all of it call overhead. The numpy loop stays in `teller.data.summary`
+//! (`symbol_summary_reference`) as the readable definition and the tests' oracle.
+//!
+//! The two agree to the bit by keeping to what IEEE 754 fixes: each function here mirrors one
+//! there in the same order of operations, with only + - * / and sqrt (correctly rounded
+//! everywhere), comparisons and sorts; sums are numpy's pairwise sums (`np_sum`); the 3 x 3 solves
+//! are one hand-written elimination on both sides. Every transcendental value (the logarithms of
+//! durations, gaps and counts, `expm1`, column 6) comes from numpy: its SIMD kernels and libm
+//! differ in the last bit on a few percent of values, and the window scans hold exact ties (a
+//! window and its mirror over integer counts or near-constant residuals) that the last bit decides.
 
 use std::collections::BTreeMap;
 
@@ -27,6 +32,11 @@ pub struct SymRowsInput<'a> {
     pub pid: &'a [i64],
     /// ln(1 + max(dur, 0) / 1000).
     pub x: &'a [f64],
+    /// expm1(x), numpy's.
+    pub ex: &'a [f64],
+    /// ln(1 + max(0, ts - ts of the previous event of the same symbol and process) / 1000), numpy's,
+    /// in (symbol, process, time) order; NaN for the first event of each (symbol, process).
+    pub gap: &'a [f64],
     /// In the opening window (ts < t0 + baseline_frac * span).
     pub early: &'a [bool],
     /// The step's load, ln(1 + num_tokens) (0: none).
@@ -61,6 +71,7 @@ pub struct SymRowsInput<'a> {
 }
 
 /// `(ids, rows)`: one row per distinct `sid` (ascending), `rows` row-major `[ids.len() * N_COLS]`.
+/// Column 6 (`rate_change`, a difference of logarithms of the event counts) is left 0 for the caller.
 pub fn symbol_rows(inp: &SymRowsInput<'_>) -> Result<(Vec<i64>, Vec<f64>), String> {
     let n = inp.sid.len();
     let same_len = |k: usize, what: &str| -> Result<(), String> {
@@ -74,6 +85,8 @@ pub fn symbol_rows(inp: &SymRowsInput<'_>) -> Result<(Vec<i64>, Vec<f64>), Strin
     same_len(inp.end.len(), "end")?;
     same_len(inp.pid.len(), "pid")?;
     same_len(inp.x.len(), "x")?;
+    same_len(inp.ex.len(), "ex")?;
+    same_len(inp.gap.len(), "gap")?;
     same_len(inp.early.len(), "early")?;
     same_len(inp.w.len(), "w")?;
     same_len(inp.tbin.len(), "tbin")?;
@@ -140,11 +153,9 @@ fn gather<T: Copy>(v: &[T], idx: &[usize]) -> Vec<T> {
 }
 
 fn one_row(inp: &SymRowsInput<'_>, idx: &[usize], row: &mut [f64; N_COLS]) {
-    let bf = inp.baseline_frac;
     let xs = gather(inp.x, idx);
     let early = gather(inp.early, idx);
     let pid = gather(inp.pid, idx);
-    let ts = gather(inp.ts, idx);
     let step = gather(inp.step, idx);
     let w = gather(inp.w, idx);
     let tb: Vec<usize> = idx.iter().map(|&i| inp.tbin[i] as usize).collect();
@@ -163,13 +174,11 @@ fn one_row(inp: &SymRowsInput<'_>, idx: &[usize], row: &mut [f64; N_COLS]) {
         row[4] = hi;
         row[5] = hi - lo;
     }
-    let n_late = late.len() as f64;
-    let n_early = (idx.len() - late.len()) as f64;
-    row[6] = ((n_late + 1.0) / (1.0 - bf).max(1e-9)).ln() - ((n_early + 1.0) / bf).ln();
+    // (row[6], logarithms of the late and early counts, is the caller's: numpy's logarithm)
     // inter-arrival on the same process (idx is sorted by process, then time)
     let gaps: Vec<f64> = (1..idx.len())
         .filter(|&k| pid[k] == pid[k - 1])
-        .map(|k| ((ts[k] - ts[k - 1]).max(0) as f64 / 1000.0).ln_1p())
+        .map(|k| inp.gap[idx[k]])
         .collect();
     if !gaps.is_empty() {
         let g_max = gaps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -192,6 +201,7 @@ fn one_row(inp: &SymRowsInput<'_>, idx: &[usize], row: &mut [f64; N_COLS]) {
         transfer_cols(
             row,
             &xs,
+            &gather(inp.ex, idx),
             &w,
             &tb,
             &pid,
@@ -369,7 +379,9 @@ fn positions_recur(pos: &[i64], step: &[i64]) -> bool {
     s.len() >= 2
 }
 
-/// Solves a 3 x 3 system by LU with partial pivoting (what LAPACK's dgesv does for numpy).
+/// Solves a 3 x 3 system by Gaussian elimination with partial pivoting (the first largest pivot),
+/// as `teller.data.summary._solve3` does for a batch in numpy (np.linalg.solve's LAPACK orders its
+/// operations otherwise and differs in the last bit).
 #[allow(clippy::needless_range_loop)] // (rows r and c of one array: indices are the clear form)
 fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> [f64; 3] {
     for c in 0..3 {
@@ -431,7 +443,8 @@ fn position_residual(x: &[f64], w: &[f64], pos: &[i64]) -> (Vec<f64>, f64) {
     for i in 0..n {
         let g = inv[i];
         let ui = u[i];
-        let pw = [1.0, ui, ui * ui, ui * ui * ui, ui.powf(4.0)]; // (numpy: C pow for u**4)
+        let u2 = ui * ui;
+        let pw = [1.0, ui, u2, u2 * ui, u2 * u2];
         for p in 0..5 {
             s[g][p] += pw[p];
         }
@@ -587,6 +600,7 @@ fn work_normalized(
 fn transfer_cols(
     row: &mut [f64; N_COLS],
     x: &[f64],
+    ex: &[f64],
     w: &[f64],
     b: &[usize],
     pid: &[i64],
@@ -616,9 +630,11 @@ fn transfer_cols(
         }
         let g = &o[a..z];
         let distinct = 1 + (1..g.len()).filter(|&q| pid[g[q]] != pid[g[q - 1]]).count();
-        let x_min = g.iter().map(|&k| x[k]).fold(f64::INFINITY, f64::min);
+        // the fastest rank's x, and numpy's expm1 of it (of equal ones the first: the same value)
+        let k_min = g.iter().copied().fold(g[0], |m, k| if x[k] < x[m] { k } else { m });
+        let x_min = x[k_min];
         let (e_lo, e_hi) = min_max(&g.iter().map(|&k| end_us[k]).collect::<Vec<_>>());
-        if g.len() == n_proc && distinct == n_proc && e_hi - e_lo <= 0.5 * x_min.exp_m1() + 20.0 {
+        if g.len() == n_proc && distinct == n_proc && e_hi - e_lo <= 0.5 * ex[k_min] + 20.0 {
             xm.push(x_min);
             wm.push(g.iter().map(|&k| w[k]).fold(f64::NEG_INFINITY, f64::max));
             bm.push(g.iter().map(|&k| b[k]).min().unwrap_or(0));
@@ -768,6 +784,8 @@ mod tests {
             end: &[0, 0],
             pid: &[0, 0],
             x: &[0.0, 0.0],
+            ex: &[0.0, 0.0],
+            gap: &[f64::NAN, 0.0],
             early: &[true, false],
             w: &[0.0, 0.0],
             tbin: &[0, 1],

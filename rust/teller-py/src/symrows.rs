@@ -6,12 +6,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use teller_core::symrows::{symbol_rows as core_rows, SymRowsInput};
 
-/// `(ids int64 [S], rows float64 [S * 25])`: one summary row per distinct `sid`, ascending. Every
+/// `(ids int64 [S], rows float64 [S * 25])`: one summary row per distinct `sid`, ascending, column 6
+/// left 0 (the caller's: numpy's logarithm; see `teller_core::symrows`). Every
 /// per-event array has the trace's length; `fam_stats` is `[n_families * 3]`; `log1p_count` is
 /// numpy's `log1p(arange(k))` for k beyond the largest symbol's event count. A length or range
 /// mismatch is a ValueError (the caller's contract, not the user's data).
 #[pyfunction]
-#[pyo3(signature = (sid, ts, end, pid, x, early, w, tbin, step, coll, sord, xrank, host, gpu,
+#[pyo3(signature = (sid, ts, end, pid, x, ex, gap, early, w, tbin, step, coll, sord, xrank, host, gpu,
                     host_shift, gpu_shift, ref_resid, fam, fam_stats, log1p_count, baseline_frac, by_position))]
 #[allow(clippy::too_many_arguments)]
 pub fn symbol_rows<'py>(
@@ -21,6 +22,8 @@ pub fn symbol_rows<'py>(
     end: PyReadonlyArray1<'py, i64>,
     pid: PyReadonlyArray1<'py, i64>,
     x: PyReadonlyArray1<'py, f64>,
+    ex: PyReadonlyArray1<'py, f64>,
+    gap: PyReadonlyArray1<'py, f64>,
     early: PyReadonlyArray1<'py, bool>,
     w: PyReadonlyArray1<'py, f64>,
     tbin: PyReadonlyArray1<'py, i64>,
@@ -45,6 +48,8 @@ pub fn symbol_rows<'py>(
         end: end.as_slice()?,
         pid: pid.as_slice()?,
         x: x.as_slice()?,
+        ex: ex.as_slice()?,
+        gap: gap.as_slice()?,
         early: early.as_slice()?,
         w: w.as_slice()?,
         tbin: tbin.as_slice()?,
