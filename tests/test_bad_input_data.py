@@ -273,6 +273,19 @@ def test_a_binary_log_is_warned_about(setup, tmp_path):
     assert validate(d) == []
 
 
+def test_log_text_problem_counts_what_is_not_text(tmp_path):
+    from teller.data.dataset import log_text_problem
+
+    f = tmp_path / "log.txt"
+    # control characters other than \t \n \v \f \r and ESC, and replaced bytes: 6 of 100 is too many
+    f.write_bytes(b"a" * 94 + b"\x01\x02\x1c\x1f" + b"\xff\xfe")
+    assert (
+        log_text_problem(f) == "not text: 6 of its first 100 characters are not UTF-8 text (a binary file?)"
+    )
+    f.write_bytes(b"a" * 95 + b"\t\n\x0b\x0c\x1b" + b"\x01" * 5)  # (5 of 105: still text)
+    assert log_text_problem(f) is None
+
+
 # -- 3. damaged shards ---------------------------------------------------------------------------
 
 

@@ -155,6 +155,17 @@ def _engine_trace(
     return f[[tok.token_str(int(i)) for i in ids].index("host_op:gemm")]
 
 
+def test_step_load_is_kept_on_the_trace(tmp_path):
+    from teller.data.summary import _step_arg_uncached, step_seqs, step_work
+
+    _engine_trace(tmp_path)
+    tr = teller.trace.load(tmp_path / "engine.json", warn=False)
+    w = step_work(tr)
+    assert step_work(tr) is w and not w.flags.writeable  # (read-only: shared by every caller)
+    np.testing.assert_array_equal(w, _step_arg_uncached(tr, ("num_tokens", "num_seqs")))
+    assert w.max() == pytest.approx(np.log1p(1000)) and step_seqs(tr).max() == pytest.approx(np.log1p(8))
+
+
 def test_positions_hand_computed():
     from teller.data.summary import _positions
 

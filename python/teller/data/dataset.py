@@ -783,6 +783,11 @@ def annotation_problem(ann: Any, labels: list[str] | tuple[str, ...]) -> tuple[s
     return None
 
 
+# a replaced byte, or a control character other than \t \n \v \f \r and ESC (colours): counted by
+# the regex engine (a Python loop over the 64 KiB was 1 ms a sample of every `teller tokenize`)
+_NOT_TEXT = re.compile(r"[\ufffd\x00-\x08\x0e-\x1a\x1c-\x1f]")
+
+
 def log_text_problem(path: str | os.PathLike[str], head: int = 1 << 16) -> str | None:
     """Why a ``log.txt`` does not read as text (NUL bytes, or more than 5 % of the characters of its
     first 64 KiB not UTF-8 text or control characters), or None. The log tokenizer reads any bytes
@@ -795,7 +800,7 @@ def log_text_problem(path: str | os.PathLike[str], head: int = 1 << 16) -> str |
     if b"\0" in raw:
         return "not text: it holds NUL bytes (a binary file?)"
     text = raw.decode("utf-8", errors="replace")
-    bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\f\v\x1b"))
+    bad = len(_NOT_TEXT.findall(text))
     if bad > 0.05 * len(text):
         return f"not text: {bad} of its first {len(text)} characters are not UTF-8 text (a binary file?)"
     return None

@@ -173,7 +173,20 @@ N_SUMMARY_FEATURES = len(SUMMARY_FEATURE_NAMES)
 
 def _step_arg(tr: Any, keys: tuple[str, ...]) -> np.ndarray:
     """Per event, ln(1 + the first of ``keys`` its step's range records); 0 where the step records
-    none of them (or not a finite number) or the event has no step."""
+    none of them (or not a finite number) or the event has no step. Kept on a :class:`teller.trace.Trace`
+    (read-only): a sample's encoding asks for it four or five times, each a Python loop over steps."""
+    cache = getattr(tr, "__dict__", None)
+    key = ("_step_arg", keys)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = _step_arg_uncached(tr, keys)
+    if cache is not None:
+        out.flags.writeable = False
+        cache[key] = out
+    return out
+
+
+def _step_arg_uncached(tr: Any, keys: tuple[str, ...]) -> np.ndarray:
     steps = tr.steps()
     w = np.zeros(len(steps) + 1)
     for s in steps:
