@@ -203,13 +203,14 @@ def _step_arg_uncached(tr: Any, keys: tuple[str, ...]) -> np.ndarray:
 def step_work(tr: Any) -> np.ndarray:
     """Per event, ln(1 + ``num_tokens``) of its step's range (``num_seqs`` for a range that records
     no token count, a coarser measure of the same load; 0 where the step has neither or the event
-    has no step)."""
+    has no step). Read-only, shared by every caller of the same trace (kept on it: ``_step_arg``)."""
     return _step_arg(tr, ("num_tokens", "num_seqs"))
 
 
 def step_seqs(tr: Any) -> np.ndarray:
     """Per event, ln(1 + ``num_seqs``) of its step's range: the batch's sequence count, what the
-    sampling kernels (one row per sequence) scale with; 0 where the step records none."""
+    sampling kernels (one row per sequence) scale with; 0 where the step records none. Read-only,
+    shared like :func:`step_work`'s."""
     return _step_arg(tr, ("num_seqs",))
 
 

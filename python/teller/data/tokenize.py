@@ -625,7 +625,7 @@ def fit_reference(
     train = man["splits"].get("train", [])
     if workers > 1 and tok_file is not None and len(train) > 1:
         jobs = [(str(data / sid), sid, seed, str(tok_file)) for sid in train]
-        with mp.get_context("spawn").Pool(workers) as pool:
+        with mp.get_context("spawn").Pool(min(workers, len(train))) as pool:
             got = pool.map(_reference_points, jobs, chunksize=max(1, len(jobs) // (8 * workers)))
             pts = [p for p in got if p is not None]
             full, *folds = pool.map(_fit_reference_part, [(pts, None), (pts, 0), (pts, 1)], chunksize=1)
