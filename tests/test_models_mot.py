@@ -921,6 +921,15 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         text=True,
     )
     assert r.returncode == 0 and r.stdout.count("root causes:") == 2, r.stderr
+    assert "2 captures" in r.stdout  # (the summary table after the reports)
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), str(tmp_path / "missing"), "--checkpoint", str(run), "--brief"],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "root causes:" not in r.stdout and "2 captures" in r.stdout, r.stdout
+    assert d["root_causes"][0]["cause"] in r.stdout and "error:" in r.stdout
     r = subprocess.run(
         [
             *cli,

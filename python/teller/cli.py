@@ -1175,6 +1175,13 @@ def diagnose_cmd(
         bool,
         typer.Option("--json", help="Print one JSON object (with several PATHs, a JSON array of them)."),
     ] = False,
+    brief: Annotated[
+        bool,
+        typer.Option(
+            "--brief",
+            help="Print only the summary table: a row per capture (cause, confidence, top operator, flags).",
+        ),
+    ] = False,
 ) -> None:
     """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
@@ -1184,8 +1191,9 @@ def diagnose_cmd(
     data) is flagged as unfamiliar: its causes are guesses. Several PATHs are diagnosed in one
     process (a few tens of ms each after the first: Python and torch start once); one that cannot be
     read is reported on stderr (in --json, an object with its path and error), the others still are,
-    and the exit status is 2."""
-    from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis, render
+    and the exit status is 2; a summary table, one row per capture, follows their reports (--brief:
+    only the table)."""
+    from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis, render, render_summary
 
     if perfetto and len(paths) > 1:
         raise _fail(TellerError(f"--perfetto writes one trace: give one PATH, not {len(paths)}"))
@@ -1206,14 +1214,13 @@ def diagnose_cmd(
             err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             failed = True
             d = {"path": path, "error": str(e)}
-            if not as_json:
-                continue
-        if as_json:
-            out.append(d)
-        else:
+        out.append(d)
+        if not as_json and not brief and "error" not in d:
             render(d, console)
     if as_json:
         print(json.dumps(out[0] if len(paths) == 1 else out, indent=1))
+    elif brief or len(paths) > 1:
+        render_summary(out, console)
     if failed:
         raise typer.Exit(2)
 

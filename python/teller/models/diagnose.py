@@ -598,3 +598,35 @@ def render(d: dict[str, Any], console: Any) -> None:
         + (f"; Perfetto trace: {d['perfetto']}" if d["perfetto"] else ""),
         highlight=False,
     )
+
+
+def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
+    """One row per diagnosed capture (``teller diagnose PATH...``): its likeliest cause and
+    confidence, the second one, the top culprit operator and its ranks, and the flags; a capture
+    that could not be read shows its error."""
+    from rich.table import Table
+
+    t = Table(title=f"{len(ds)} captures")
+    for c in ("path", "cause", "conf", "next", "top operator", "ranks/pids", "flags"):
+        t.add_column(c, overflow="fold" if c in ("path", "top operator") else "ellipsis")
+    for d in ds:
+        if "error" in d:
+            t.add_row(d["path"], "-", "-", "-", "-", "-", f"error: {d['error']}")
+            continue
+        rc = d["root_causes"]
+        top = rc[0] if rc else {"cause": "-", "confidence": float("nan")}
+        nxt = f"{rc[1]['cause']} ({rc[1]['confidence']:.2f})" if len(rc) > 1 else "-"
+        op = d["operators"][0] if d["operators"] and top["cause"] != "normal" else None
+        flags = ["uncertain"] * bool(d.get("uncertain")) + ["unfamiliar"] * bool(
+            (d.get("unfamiliar") or {}).get("flagged")
+        )
+        t.add_row(
+            d["path"],
+            top["cause"],
+            f"{top['confidence']:.2f}",
+            nxt,
+            op["symbol"] if op else "-",
+            ",".join(map(str, op["ranks_or_pids"])) if op else "-",
+            ", ".join(flags) or "-",
+        )
+    console.print(t)
