@@ -913,6 +913,8 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert r.returncode == 2 and "missing" in r.stderr, r.stderr
     assert [x["path"] for x in many] == [str(faulty), str(tmp_path / "missing"), str(other)]
     assert many[0]["root_causes"] == d["root_causes"] and "error" in many[1] and many[2]["root_causes"]
+    w = d["culprit_where"]  # (the GPUs and processes of the culprit events)
+    assert set(w) == {"devices", "pids"} and all(isinstance(v, int) for v in w["devices"] + w["pids"])
     # text: each capture's tables; --perfetto takes one PATH; a bad checkpoint is said once
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), str(other), "--checkpoint", str(run)],
@@ -2095,3 +2097,58 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
         {"trace_events": 1.0, "log_words": 0.0, "flagged": True}
     )
     assert "unfamiliar" not in shown(same)
+
+
+def test_diagnose_summary_table_hand_made() -> None:
+    # one row per capture: the summary-row head's symbol before the operators', where the culprit
+    # events are, the flags; a normal capture names no culprit; a capture that failed shows its error
+    from rich.console import Console
+    from teller.models.diagnose import render_summary
+
+    base = {
+        "operators": [{"symbol": "runtime:cudaLaunchKernel", "ranks_or_pids": [7]}],
+        "culprit_symbols": [],
+    }
+    ds = [
+        {
+            **base,
+            "path": "a",
+            "root_causes": [
+                {"cause": "nccl_straggler", "confidence": 0.97},
+                {"cause": "hbm_contention", "confidence": 0.02},
+            ],
+            "culprit_symbols": [{"symbol": "kernel:reduce_kernel"}],
+            "culprit_where": {"devices": [2], "pids": [49299]},
+            "unfamiliar": {"flagged": True},
+        },
+        {**base, "path": "b", "root_causes": [{"cause": "normal", "confidence": 0.55}], "uncertain": True},
+        {
+            **base,
+            "path": "c",
+            "root_causes": [{"cause": "cpu_contention", "confidence": 0.9}],
+            "culprit_where": {"devices": [], "pids": [5]},
+        },
+        {"path": "d", "error": "d: no such file or directory"},
+    ]
+    c = Console(record=True, width=220)
+    render_summary(ds, c)
+    rows = {
+        ln.split("│")[1].strip(): [x.strip() for x in ln.split("│")[2:-1]]
+        for ln in c.export_text().splitlines()
+        if ln.startswith("│")
+    }
+    assert rows["a"] == [
+        "nccl_straggler",
+        "0.97",
+        "hbm_contention (0.02)",
+        "kernel:reduce_kernel",
+        "gpu 2; pid 49299",
+        "unfamiliar",
+    ]
+    assert rows["b"] == ["normal", "0.55", "-", "-", "-", "uncertain"]
+    assert rows["c"][3:] == [
+        "runtime:cudaLaunchKernel",
+        "pid 5",
+        "-",
+    ]  # (no summary-row head: the operators')
+    assert rows["d"][-1] == "error: d: no such file or directory" and rows["d"][0] == "-"

@@ -355,6 +355,12 @@ def diagnose(
     evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
     symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
     culprit_events = sorted(e for e, sc in ev_score.items() if sc >= 0.5)
+    # where the localization head puts them: the GPUs of their device events, the processes of the rest
+    ce = np.asarray(culprit_events, np.int64)
+    where = {
+        "devices": sorted({int(v) for v in dev[ce] if v >= 0})[:16],
+        "pids": sorted({int(v) for v in pid[ce][dev[ce] < 0]})[:16],
+    }
     if perfetto:
         tr.to_chrome(perfetto, highlight=culprit_events)
     return {
@@ -373,6 +379,8 @@ def diagnose(
         "culprit_symbols": symbols[: max(top, 1) * 2],
         "log_evidence": evidence_lines,
         "culprit_events": len(culprit_events),
+        # the GPUs (device indices) and host processes (pids) of the culprit events
+        "culprit_where": where,
         "trace_tokens": int(len(ids)),
         "log_tokens": int(len(s.log_ids)),
         "inference_ms": infer_ms,
@@ -602,13 +610,15 @@ def render(d: dict[str, Any], console: Any) -> None:
 
 def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     """One row per diagnosed capture (``teller diagnose PATH...``): its likeliest cause and
-    confidence, the second one, the top culprit operator and its ranks, and the flags; a capture
-    that could not be read shows its error."""
+    confidence, the second one, the top culprit (the summary-row head's first symbol where the model
+    has that head, else the first culprit operator of the localization head, whose token-level
+    scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
+    culprit events, and the flags; a capture that could not be read shows its error."""
     from rich.table import Table
 
     t = Table(title=f"{len(ds)} captures")
-    for c in ("path", "cause", "conf", "next", "top operator", "ranks/pids", "flags"):
-        t.add_column(c, overflow="fold" if c in ("path", "top operator") else "ellipsis")
+    for c in ("path", "cause", "conf", "next", "top culprit", "where", "flags"):
+        t.add_column(c, overflow="fold" if c in ("path", "top culprit") else "ellipsis")
     for d in ds:
         if "error" in d:
             t.add_row(d["path"], "-", "-", "-", "-", "-", f"error: {d['error']}")
@@ -616,7 +626,14 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
         rc = d["root_causes"]
         top = rc[0] if rc else {"cause": "-", "confidence": float("nan")}
         nxt = f"{rc[1]['cause']} ({rc[1]['confidence']:.2f})" if len(rc) > 1 else "-"
-        op = d["operators"][0] if d["operators"] and top["cause"] != "normal" else None
+        sym = None
+        if top["cause"] != "normal":
+            sym = (d.get("culprit_symbols") or d["operators"] or [{}])[0].get("symbol")
+        w = d.get("culprit_where") or {}
+        parts = [
+            f"{k} {','.join(map(str, w[f]))}" for k, f in (("gpu", "devices"), ("pid", "pids")) if w.get(f)
+        ]
+        where = "; ".join(parts)
         flags = ["uncertain"] * bool(d.get("uncertain")) + ["unfamiliar"] * bool(
             (d.get("unfamiliar") or {}).get("flagged")
         )
@@ -625,8 +642,8 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
             top["cause"],
             f"{top['confidence']:.2f}",
             nxt,
-            op["symbol"] if op else "-",
-            ",".join(map(str, op["ranks_or_pids"])) if op else "-",
+            sym or "-",
+            (where or "-") if sym else "-",
             ", ".join(flags) or "-",
         )
     console.print(t)
