@@ -933,6 +933,13 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert r.returncode == 2 and "root causes:" not in r.stdout and "2 captures" in r.stdout, r.stdout
     assert d["root_causes"][0]["cause"] in r.stdout and "error:" in r.stdout
     r = subprocess.run(
+        [*cli, "diagnose", str(faulty), "--checkpoint", str(run), "--brief", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "--brief and --json: choose one" in r.stderr and not r.stdout
+    r = subprocess.run(
         [
             *cli,
             "diagnose",
@@ -2152,3 +2159,17 @@ def test_diagnose_summary_table_hand_made() -> None:
         "-",
     ]  # (no summary-row head: the operators')
     assert rows["d"][-1] == "error: d: no such file or directory" and rows["d"][0] == "-"
+
+
+def test_diagnose_with_a_log_only_model_names_no_culprit_events(shards, tmp_path) -> None:
+    # a model without a localization head (log-only) marks no trace event as a culprit (a score of 0
+    # for every token once read as 0.5, at the threshold: every event a culprit, on every GPU)
+    from teller.models.diagnose import diagnose
+
+    _root, data, tdir, out = shards
+    cfg = json.loads(json.dumps(CFG))
+    cfg["model"]["modalities"] = "log"
+    run = train(cfg, out, tmp_path / "log-only", tpe_dir=tdir)
+    d = diagnose(sorted(data.glob("s0*"))[0], run)
+    assert d["root_causes"] and d["culprit_events"] == 0 and not d["operators"]
+    assert d["culprit_where"] == {"devices": [], "pids": []}

@@ -1179,7 +1179,7 @@ def diagnose_cmd(
         bool,
         typer.Option(
             "--brief",
-            help="Print only the summary table: a row per capture (cause, confidence, top operator, flags).",
+            help="Print only the summary table: a row per capture (cause, confidence, culprit, flags).",
         ),
     ] = False,
 ) -> None:
@@ -1191,10 +1191,12 @@ def diagnose_cmd(
     data) is flagged as unfamiliar: its causes are guesses. Several PATHs are diagnosed in one
     process (a few tens of ms each after the first: Python and torch start once); one that cannot be
     read is reported on stderr (in --json, an object with its path and error), the others still are,
-    and the exit status is 2; a summary table, one row per capture, follows their reports (--brief:
-    only the table)."""
+    and the exit status is 2; with several PATHs a summary table, one row per capture, follows their
+    reports (--brief: only the table, for one PATH too)."""
     from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis, render, render_summary
 
+    if brief and as_json:
+        raise _fail(TellerError("--brief and --json: choose one (--json has everything)"))
     if perfetto and len(paths) > 1:
         raise _fail(TellerError(f"--perfetto writes one trace: give one PATH, not {len(paths)}"))
     if len(paths) > 1:
@@ -1221,6 +1223,8 @@ def diagnose_cmd(
         print(json.dumps(out[0] if len(paths) == 1 else out, indent=1))
     elif brief or len(paths) > 1:
         render_summary(out, console)
+        if brief and perfetto and "error" not in out[0]:
+            console.print(f"Perfetto trace: {perfetto}", highlight=False)
     if failed:
         raise typer.Exit(2)
 

@@ -297,7 +297,8 @@ def diagnose(
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float() / temperature, -1).numpy()  # (calibrated)
-    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
+    # (a model without a localization head, log-only: no culprit events, where 0 scored every one 0.5)
+    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.full(n, -np.inf)
     names = cfg["label_names"]
     if ens is not None:
         probs, loc = _ensemble(ens, names, probs, out, n, tr, tok, ids, feats, lids, lfeat, lines)
@@ -358,8 +359,8 @@ def diagnose(
     # where the localization head puts them: the GPUs of their device events, the processes of the rest
     ce = np.asarray(culprit_events, np.int64)
     where = {
-        "devices": sorted({int(v) for v in dev[ce] if v >= 0})[:16],
-        "pids": sorted({int(v) for v in pid[ce][dev[ce] < 0]})[:16],
+        "devices": [int(v) for v in np.unique(dev[ce][dev[ce] >= 0])[:16]],
+        "pids": [int(v) for v in np.unique(pid[ce][dev[ce] < 0])[:16]],
     }
     if perfetto:
         tr.to_chrome(perfetto, highlight=culprit_events)
@@ -433,7 +434,8 @@ def _ensemble(
     pg = np.zeros(len(names))
     pg[[names.index(b.label_names[c]) for c in b.gbdt.classes_]] = b.gbdt.predict_proba(b.X([rs]))[0]
     q = mix(probs[None], pg[None], float(ens["weight"]))[0]
-    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.zeros(n)
+    # (a model without a localization head, log-only: no culprit events, where 0 scored every one 0.5)
+    loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.full(n, -np.inf)
     if "loc_logits_by_class" in out:
         f = q.copy()
         if "normal" in names:
@@ -616,7 +618,7 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     culprit events, and the flags; a capture that could not be read shows its error."""
     from rich.table import Table
 
-    t = Table(title=f"{len(ds)} captures")
+    t = Table(title=f"{len(ds)} capture{'s' * (len(ds) != 1)}")
     for c in ("path", "cause", "conf", "next", "top culprit", "where", "flags"):
         t.add_column(c, overflow="fold" if c in ("path", "top culprit") else "ellipsis")
     for d in ds:
