@@ -263,19 +263,9 @@ def test_native_log_encoding_equals_the_python_definition(setup, tmp_path):
     from collections import Counter
 
     cnt = Counter(t for p in logs for _, _, text in parse_log(p) for t, _ in split_log_line(text))
-    fixed = [
-        "[PAD]",
-        "[UNK]",
-        "[BOL]",
-        "<stdout>",
-        "<stderr>",
-        "<num>",
-        "<hex>",
-        "<ip>",
-        "<path>",
-        "<time>",
-        "<id>",
-    ]
+    from teller.data.tokenize import LOG_PLACEHOLDERS, LOG_SPECIALS
+
+    fixed = [*LOG_SPECIALS, *LOG_PLACEHOLDERS]
     words = sorted((w for w, c in cnt.items() if c >= 2 and w not in fixed), key=lambda w: (-cnt[w], w))
     assert lt.vocab == (fixed + words)[:300]
     p = tmp_path / "log.txt"  # (non-ASCII lines are counted in Python)
