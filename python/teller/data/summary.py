@@ -108,8 +108,8 @@ matched by step ordinal only: captures must start at the same engine step on eve
 A fault present from the first event (a misconfiguration) shows no change here; the absolute
 columns (count, median) and the TPE tokens carry it. The per-event inputs are numpy; the loop over
 symbols runs in the Rust core (``teller_core::symrows``), which mirrors :func:`symbol_summary_reference`
-to the bit: a median 2.2 ms for a 3 000-event ``default`` trace (5.0 ms with reference residuals)
-against 20.1 (25.5) ms for the numpy loop (``benches/bench_summary.py``). Before that, with numpy: ~7-11 ms
+to the bit: a median 2.6 ms for a 3 000-event ``default`` trace (5.3 ms with reference residuals)
+against 21.2 (26.8) ms for the numpy loop (``benches/bench_summary.py``). Before that, with numpy: ~7-11 ms
 for a 3 200-event ``default`` trace (~100 symbols; a Python loop over symbols, measured on this
 2-core box: version 4 7-10 ms, version 5 ~11 ms; on a slower machine of the same kind, the median
 over 30 ``default`` traces of 3 600 events: version 6 37.0 ms, version 7 39.5 ms, the difference
