@@ -33,6 +33,30 @@ def test_help_lists_commands():
         assert cmd in out
 
 
+def test_command_lists_are_one_line_each():
+    """A group's command list shows one short line per command (`short_help`, or a one-line first
+    paragraph): rich keeps a docstring's line breaks there, so a long first paragraph would print
+    as a broken block of text."""
+    import inspect
+
+    import typer.main
+    from teller.cli import app
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            text = inspect.cleandoc(cmd.short_help or cmd.help or "").split("\n\n")[0]
+            yield f"{prefix}{name}", text
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, f"{prefix}{name} ")
+
+    rows = dict(walk(typer.main.get_command(app), ""))
+    assert {"diagnose", "tokenize", "dataset generate", "train mot"} <= set(rows)
+    bad = {k: v for k, v in rows.items() if not v or "\n" in v or len(v) > 110}
+    assert not bad, bad
+    out = run("--help").stdout
+    assert "Name the likely root causes" in out
+
+
 def test_doctor_json():
     rep = json.loads(run("doctor", "--json").stdout)
     assert rep["teller"] == teller.__version__

@@ -480,7 +480,9 @@ def shim_build(
 # tpe
 
 
-@tpe_app.command("train")
+@tpe_app.command(
+    "train", short_help="Train a TPE tokenizer on a dataset's train split (or a directory of traces)."
+)
 def tpe_train(
     data_dir: Annotated[
         str, typer.Option("--data-dir", help="Dataset directory, run directory, or trace file(s) dir.")
@@ -634,7 +636,10 @@ dataset_app = typer.Typer(
 app.add_typer(dataset_app, name="dataset")
 
 
-@dataset_app.command("generate")
+@dataset_app.command(
+    "generate",
+    short_help="Simulate a vLLM-like serving engine with injected faults: a labelled dataset (resumable).",
+)
 def dataset_generate(
     output_dir: Annotated[str, typer.Option("--output-dir", help="The dataset directory to create.")],
     num_samples: Annotated[
@@ -693,7 +698,9 @@ def dataset_generate(
     print(output_dir)
 
 
-@dataset_app.command("validate")
+@dataset_app.command(
+    "validate", short_help="Check every sample and the manifest against their schemas; exit 1 on any problem."
+)
 def dataset_validate(
     directory: Annotated[str, typer.Argument(help="The dataset directory.")],
     deep: Annotated[
@@ -719,7 +726,10 @@ def dataset_validate(
     err_console.print("[green]ok[/]: the dataset is valid", highlight=False)
 
 
-@dataset_app.command("collect-cpu")
+@dataset_app.command(
+    "collect-cpu",
+    short_help="Real fault runs on this CPU: a tiny GPT-2 under `teller collect` with host faults injected.",
+)
 def dataset_collect_cpu(
     output_dir: Annotated[
         str, typer.Option("--output-dir", help="The dataset directory to create or resume.")
@@ -779,7 +789,10 @@ def dataset_collect_cpu(
     print(output_dir)
 
 
-@app.command("tokenize")
+@app.command(
+    "tokenize",
+    short_help="Encode a dataset into training shards: TPE trace tokens, log tokens, per-symbol summaries.",
+)
 def tokenize_cmd(
     data_dir: Annotated[str, typer.Option("--data-dir", help="A dataset directory (manifest.json).")],
     tokenizer_dir: Annotated[
@@ -1017,7 +1030,10 @@ def train_baselines_cmd(
     print(out)
 
 
-@train_app.command("ensemble")
+@train_app.command(
+    "ensemble",
+    short_help="Mix the GBDT's cause probabilities with the MoT's localization (weight chosen on val).",
+)
 def train_ensemble_cmd(
     mot: Annotated[str, typer.Option("--mot", help="A MoT (or single-stream) run directory.")],
     baselines: Annotated[str, typer.Option("--baselines", help="A baselines run on the same shards.")],
@@ -1039,7 +1055,10 @@ def train_ensemble_cmd(
     print(out)
 
 
-@app.command("evaluate")
+@app.command(
+    "evaluate",
+    short_help="Score a trained model on a split: accuracy, AC@k, localization, calibration, per fault.",
+)
 def evaluate_cmd(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="A run directory of teller train.")],
     data_dir: Annotated[
@@ -1088,7 +1107,7 @@ def evaluate_cmd(
             print_metrics(m, console)
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Fit (or remove) the temperature of a run's cause probabilities.")
 def calibrate_cmd(
     checkpoint: Annotated[
         str, typer.Option("--checkpoint", help="A run directory of teller train mot|single.")
@@ -1130,7 +1149,9 @@ def calibrate_cmd(
     print(json.dumps(cal))
 
 
-@results_app.command("summarize")
+@results_app.command(
+    "summarize", short_help="Compare every evaluated model on every split: results.md, results.json, plots."
+)
 def results_summarize_cmd(
     runs: Annotated[list[str], typer.Argument(help="Run directories holding eval-*.json files.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
@@ -1149,7 +1170,10 @@ def results_summarize_cmd(
     print(md)
 
 
-@app.command("diagnose")
+@app.command(
+    "diagnose",
+    short_help="Name the likely root causes of captured runs: ranked causes, culprit operators, evidence.",
+)
 def diagnose_cmd(
     paths: Annotated[
         list[str],
