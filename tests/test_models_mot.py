@@ -922,7 +922,7 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 0 and r.stdout.count("root causes:") == 2, r.stderr
+    assert r.returncode == 0 and r.stdout.count("root causes") == 2, r.stderr
     assert "2 captures" in r.stdout  # (the summary table after the reports)
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), str(tmp_path / "missing"), "--checkpoint", str(run), "--brief"],
@@ -930,7 +930,7 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 2 and "root causes:" not in r.stdout and "2 captures" in r.stdout, r.stdout
+    assert r.returncode == 2 and "root causes" not in r.stdout and "2 captures" in r.stdout, r.stdout
     assert d["root_causes"][0]["cause"] in r.stdout and "error:" in r.stdout
     r = subprocess.run(
         [*cli, "diagnose", str(faulty), "--checkpoint", str(run), "--brief", "--json"],
@@ -2104,6 +2104,10 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
         {"trace_events": 1.0, "log_words": 0.0, "flagged": True}
     )
     assert "unfamiliar" not in shown(same)
+    # ... and points at what the capture itself shows, with a path a shell reads back
+    hint = _rendered(path="my run/x", unfamiliar={"trace_events": 1.0, "log_words": 0.0, "flagged": True})
+    assert "teller trace summary 'my run/x'" in hint and hint.splitlines()[0] == "my run/x"
+    assert "teller trace summary" not in shown(same)
 
 
 def test_diagnose_summary_table_hand_made() -> None:
@@ -2159,6 +2163,31 @@ def test_diagnose_summary_table_hand_made() -> None:
         "-",
     ]  # (no summary-row head: the operators')
     assert rows["d"][-1] == "error: d: no such file or directory" and rows["d"][0] == "-"
+
+
+def test_diagnose_summary_paths_relative_to_their_common_directory() -> None:
+    # a batch under one directory reads its sample names, the directory in the title; paths with
+    # nothing in common (or one that holds the others) are shown whole
+    from rich.console import Console
+    from teller.models.diagnose import _common_dir, render_summary
+
+    assert _common_dir(["/x/runs/s1", "/x/runs/s2/"]) == "/x/runs"
+    assert _common_dir(["runs/a/s1", "runs/b/s2"]) == "runs"
+    assert _common_dir(["/x/s1"]) is None
+    assert _common_dir(["/x/s1", "y/s2"]) is None  # (absolute and relative)
+    assert _common_dir(["/a/s1", "/b/s2"]) is None  # (only the root)
+    assert _common_dir(["s1", "s2"]) is None
+    assert _common_dir(["/x/runs", "/x/runs/s2"]) is None
+    ds = [
+        {"path": "/x/runs/[b]/s000010", "error": "bad"},
+        {"path": "/x/runs/[b]/s000011", "error": "worse"},
+    ]
+    c = Console(record=True, width=120)
+    render_summary(ds, c)
+    text = c.export_text()
+    assert "2 captures under /x/runs/[b]" in text
+    rows = [ln.split("│")[1].strip() for ln in text.splitlines() if ln.startswith("│")]
+    assert rows == ["s000010", "s000011"]
 
 
 def test_diagnose_with_a_log_only_model_names_no_culprit_events(shards, tmp_path) -> None:

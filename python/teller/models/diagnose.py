@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
 import time
 import warnings
 from collections import defaultdict
@@ -542,8 +544,11 @@ def is_uncertain(confidence: float) -> bool:
 
 def render(d: dict[str, Any], console: Any) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"root causes: {d['path']}")
+    # the path on its own line: as the table's title it would wrap at the narrow table's width
+    console.print(Text(str(d["path"]), style="bold"))
+    t = Table(title="root causes")
     for c in ("#", "cause", "confidence", "layer"):
         t.add_column(c)
     for i, c in enumerate(d["root_causes"], 1):
@@ -561,6 +566,13 @@ def render(d: dict[str, Any], console: Any) -> None:
             "it was trained on other captures, so these causes and confidences are guesses "
             "(train on captures like this one: docs/models.md)",
             highlight=False,
+            markup=False,
+        )
+        console.print(
+            f"  what the capture itself shows (GPU busy, launch delay, top kernels, steps): "
+            f"teller trace summary {shlex.quote(str(d['path']))}",
+            highlight=False,
+            markup=False,
         )
     o = Table(title="culprit operators (localization head)")
     # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
@@ -621,14 +633,20 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     has that head, else the first culprit operator of the localization head, whose token-level
     scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
     culprit events, and the flags; a capture that could not be read shows its error."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{len(ds)} capture{'s' * (len(ds) != 1)}")
+    # paths under one directory are shown relative to it (named in the title), so that a batch of
+    # sample directories reads s000010, s000011, ... rather than one long path folded over lines
+    under = _common_dir([str(d["path"]) for d in ds])
+    title = f"{len(ds)} capture{'s' * (len(ds) != 1)}" + (f" under {under}" if under else "")
+    t = Table(title=escape(title))
+    shown = [os.path.relpath(str(d["path"]), under) if under else str(d["path"]) for d in ds]
     for c in ("path", "cause", "conf", "next", "top culprit", "where", "flags"):
         t.add_column(c, overflow="fold" if c in ("path", "top culprit") else "ellipsis")
-    for d in ds:
+    for d, path in zip(ds, shown, strict=True):
         if "error" in d:
-            t.add_row(d["path"], "-", "-", "-", "-", "-", f"error: {d['error']}")
+            t.add_row(path, "-", "-", "-", "-", "-", f"error: {d['error']}")
             continue
         rc = d["root_causes"]
         top = rc[0] if rc else {"cause": "-", "confidence": float("nan")}
@@ -645,7 +663,7 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
             (d.get("unfamiliar") or {}).get("flagged")
         )
         t.add_row(
-            d["path"],
+            path,
             top["cause"],
             f"{top['confidence']:.2f}",
             nxt,
@@ -654,3 +672,18 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
             ", ".join(flags) or "-",
         )
     console.print(t)
+
+
+def _common_dir(paths: list[str]) -> str | None:
+    """The deepest directory holding every path, as the paths spell it; None for fewer than two
+    paths, for paths with nothing in common but the root or the working directory, or a mix of
+    absolute and relative ones."""
+    if len(paths) < 2:
+        return None
+    try:
+        common = os.path.commonpath([os.path.normpath(p) for p in paths])
+    except ValueError:  # absolute and relative paths mixed
+        return None
+    if common in ("", ".", os.sep) or common in {os.path.normpath(p) for p in paths}:
+        return None  # (nothing shared; or one path is the directory holding the others: keep them whole)
+    return common
