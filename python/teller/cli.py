@@ -266,19 +266,29 @@ def trace_convert(
     )
 
 
-@trace_app.command("summary")
+@trace_app.command(
+    "summary",
+    short_help="Events, top kernels, where each GPU's time went, steps, warnings, and what stands out.",
+)
 def trace_summary(
     inputs: Annotated[list[str], typer.Argument(help="Trace files or run directories.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
     top: Annotated[int, typer.Option(min=0, help="How many kernels to list.")] = 10,
     step_name: StepOpt = None,
 ) -> None:
-    """Events per layer and category, top kernels, GPU busy/idle, launch delay, sync wait, steps, warnings."""
+    """Events per layer and category, top kernels, GPU busy/idle, launch delay, sync wait, where each
+    GPU's time went (compute, communication, copies; idle time by what the GPU waited for: the host,
+    a launch, queued work), steps, warnings, and findings: what stands out, largest share of time
+    first (GPU waiting for the host, launch-bound, queued work, exposed communication, a straggler
+    rank, a slow step)."""
     try:
         tr = _load(inputs, step_name)
     except TellerError as e:
         raise _fail(e) from None
+    from teller.findings import findings
+
     s = tr.summary(top)
+    s["findings"] = findings(tr, s)
     if as_json:
         print(json.dumps(s, indent=2))
         return
@@ -320,6 +330,40 @@ def trace_summary(
                 _fmt_ns(d["sync_ns"]),
             )
         console.print(dt)
+        bt = Table(
+            title="where each GPU's time went (% of its span; idle by what it waited for)",
+            title_justify="left",
+        )
+        for c in (
+            "device",
+            "compute",
+            "comm",
+            "comm overlapped",
+            "memory",
+            "idle: host",
+            "launch",
+            "queued",
+            "unlinked",
+        ):
+            bt.add_column(c, justify="right")
+        for d in s["devices"]:
+            sp = d["span_ns"] or 1
+
+            def pc(ns: int, sp: int = sp) -> str:
+                return f"{100 * ns / sp:.1f}"
+
+            bt.add_row(
+                str(d["device"]),
+                pc(d["compute_ns"]),
+                pc(d["comm_ns"]),
+                f"{100 * d['comm_compute_overlap_ns'] / d['comm_ns']:.0f} %" if d["comm_ns"] else "-",
+                pc(d["memory_ns"]),
+                pc(d["idle_host_ns"]),
+                pc(d["idle_launch_ns"]),
+                pc(d["idle_queued_ns"]),
+                pc(d["idle_unlinked_ns"]),
+            )
+        console.print(bt)
     if s["top_kernels"]:
         kt = Table(title=f"top {len(s['top_kernels'])} kernels by GPU time", title_justify="left")
         kt.add_column("kernel (normalized)")
@@ -347,6 +391,17 @@ def trace_summary(
         console.print(f"[yellow]{len(warnings)} parse warning(s):[/]")
         for w in warnings:
             console.print(f"  - {escape(str(w))}", highlight=False, soft_wrap=True)
+    _print_findings(s["findings"])
+
+
+def _print_findings(fs: list[dict[str, Any]]) -> None:
+    """The findings (`teller.findings`) as a list; says so when there are none."""
+    if not fs:
+        console.print('findings: nothing above the thresholds (docs/trace-format.md, "Findings")')
+        return
+    console.print(f"[bold]findings[/] ({len(fs)}, largest share of time first):")
+    for f in fs:
+        console.print(f"  - {escape(f['message'])}", highlight=False, soft_wrap=True)
 
 
 @trace_app.command("tree")
@@ -1210,7 +1265,8 @@ def diagnose_cmd(
     """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
     one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
-    highlighted. A capture mostly unknown to the model's tokenizers (at least half its trace events
+    highlighted, and what the capture itself shows without the model (teller.findings). A capture
+    mostly unknown to the model's tokenizers (at least half its trace events
     or log words, on a side the model reads: another engine, workload or machine than the training
     data) is flagged as unfamiliar: its causes are guesses. Several PATHs are diagnosed in one
     process (a few tens of ms each after the first: Python and torch start once); one that cannot be

@@ -371,6 +371,9 @@ def diagnose(
     }
     if perfetto:
         tr.to_chrome(perfetto, highlight=culprit_events)
+    from teller.findings import findings
+
+    facts = findings(tr)
     return {
         "path": str(p),
         "root_causes": causes,
@@ -386,6 +389,8 @@ def diagnose(
         "kernel_families": sorted(fam, key=lambda k: -fam[k])[:5],
         "culprit_symbols": symbols[: max(top, 1) * 2],
         "log_evidence": evidence_lines,
+        # what the capture itself shows, without the model (teller.findings: GPU time breakdown rules)
+        "findings": facts,
         "culprit_events": len(culprit_events),
         # the GPUs (device indices) and host processes (pids) of the culprit events
         "culprit_where": where,
@@ -569,7 +574,7 @@ def render(d: dict[str, Any], console: Any) -> None:
             markup=False,
         )
         console.print(
-            f"  what the capture itself shows (GPU busy, launch delay, top kernels, steps): "
+            f"  the full breakdown of the capture, without a model: "
             f"teller trace summary {shlex.quote(str(d['path']))}",
             highlight=False,
             markup=False,
@@ -620,6 +625,10 @@ def render(d: dict[str, Any], console: Any) -> None:
         for line in d["log_evidence"]:
             # one console line per log line, cut at the console's width (the whole line is in --json)
             console.print("  " + line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis")
+    if d.get("findings"):
+        console.print("what the capture itself shows (no model; largest share of time first):")
+        for f in d["findings"][:4]:
+            console.print("  - " + f["message"], highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"inference {d['inference_ms']:.1f} ms (total with loading {d['total_ms']:.0f} ms)"
         + (f"; Perfetto trace: {d['perfetto']}" if d["perfetto"] else ""),

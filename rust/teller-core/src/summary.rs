@@ -28,6 +28,68 @@ pub struct DeviceStat {
     pub launches: u64,
     /// Time in CUPTI synchronization records on the device (host threads waiting for its work).
     pub sync_ns: i64,
+    /// Where the device's time went (HTA's temporal breakdown): the union of its compute kernels,
+    /// of its communication kernels (NCCL/RCCL, vLLM's custom all-reduce: [`is_collective`]), of
+    /// its copies and memsets, and the time communication overlapped compute.
+    pub compute_ns: i64,
+    pub comm_ns: i64,
+    pub memory_ns: i64,
+    pub comm_compute_overlap_ns: i64,
+    /// The idle time (`span_ns - busy_ns`) by what the GPU waited for, from the launching call of
+    /// the work that ended each gap: `idle_host_ns`, the part of the gap before the call (the host
+    /// had not asked yet: CPU-side work, Python, data loading, a blocking sync); `idle_launch_ns`,
+    /// the part during the call (the launch's own cost); `idle_queued_ns`, the part after the call
+    /// returned (the launch latency, microseconds on a free GPU; more when the stream waits on an
+    /// event or another device, or another process holds the GPU); `idle_unlinked_ns`, gaps ended
+    /// by work without a launching call in the trace. They sum to the idle time.
+    pub idle_host_ns: i64,
+    pub idle_launch_ns: i64,
+    pub idle_queued_ns: i64,
+    pub idle_unlinked_ns: i64,
+    /// Kernels on the device, and those that ran shorter than the call that launched them (a
+    /// stream of such kernels is launch-bound: the GPU finishes each before the host issues the next).
+    pub kernels: u64,
+    pub kernels_shorter_than_launch: u64,
+}
+
+/// What a GPU activity is, for the time breakdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Compute,
+    Comm,
+    Memory,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Act {
+    start: i64,
+    end: i64,
+    work: Work,
+    /// Index of the launching call, -1 when unlinked.
+    link: i64,
+}
+
+/// A collective (communication) kernel by name: NCCL's and RCCL's, vLLM's custom all-reduce
+/// (`cross_device_reduce_*`) and names spelling a collective (`all_reduce`, `AllGather`,
+/// `reduce_scatter`, `all_to_all`); case and underscores ignored. The same set as
+/// `teller.data.summary`'s `_COLLECTIVE`, plus RCCL.
+pub fn is_collective(name: &str) -> bool {
+    let k: String = name
+        .chars()
+        .filter(|c| *c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    [
+        "nccl",
+        "rccl",
+        "crossdevicereduce",
+        "allreduce",
+        "allgather",
+        "reducescatter",
+        "alltoall",
+    ]
+    .iter()
+    .any(|p| k.contains(p))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -91,7 +153,10 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut layers = [0u64; NUM_LAYERS];
     let mut kern: HashMap<u32, KernelStat> = HashMap::new();
     let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
-    let mut dev: HashMap<i32, Vec<(i64, i64)>> = HashMap::new();
+    let mut dev: HashMap<i32, Vec<Act>> = HashMap::new();
+    // per name id: is it a collective kernel (names repeat: each is classified once)
+    let mut coll: HashMap<u32, bool> = HashMap::new();
+    let mut kernels: HashMap<i32, (u64, u64)> = HashMap::new();
     // launching call -> (device, earliest start of the GPU work it launched)
     let mut first_work: HashMap<i64, (i32, i64)> = HashMap::new();
     let mut sync: HashMap<i32, i64> = HashMap::new();
@@ -115,7 +180,31 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                     *e = (t.device[i], t.ts[i]);
                 }
             }
-            dev.entry(t.device[i]).or_default().push((t.ts[i], t.end(i)));
+            let link = if t.link.is_empty() { -1 } else { t.link[i] };
+            let work = match l {
+                Layer::Kernel => {
+                    let c = *coll
+                        .entry(t.name[i])
+                        .or_insert_with(|| is_collective(t.strings.get(t.name[i])));
+                    let k = kernels.entry(t.device[i]).or_insert((0, 0));
+                    k.0 += 1;
+                    if link >= 0 && t.dur[i] < t.dur[link as usize] {
+                        k.1 += 1;
+                    }
+                    if c {
+                        Work::Comm
+                    } else {
+                        Work::Compute
+                    }
+                }
+                _ => Work::Memory,
+            };
+            dev.entry(t.device[i]).or_default().push(Act {
+                start: t.ts[i],
+                end: t.end(i),
+                work,
+                link,
+            });
         } else if !l.on_gpu() {
             if l == Layer::Sync && t.device[i] >= 0 {
                 *sync.entry(t.device[i]).or_insert(0) += t.dur[i];
@@ -179,20 +268,39 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     }
     let mut d: Vec<DeviceStat> = dev
         .into_iter()
-        .map(|(device, mut iv)| {
-            let st = iv.iter().map(|x| x.0).min().unwrap_or(0);
-            let en = iv.iter().map(|x| x.1).max().unwrap_or(0);
+        .map(|(device, mut acts)| {
+            let st = acts.iter().map(|x| x.start).min().unwrap_or(0);
+            let en = acts.iter().map(|x| x.end).max().unwrap_or(0);
             let mut dl = delays.remove(&device).unwrap_or_default();
             dl.sort_unstable();
-            DeviceStat {
+            let of = |w: &[Work]| -> Vec<(i64, i64)> {
+                acts.iter()
+                    .filter(|a| w.contains(&a.work))
+                    .map(|a| (a.start, a.end))
+                    .collect()
+            };
+            let compute_ns = union_len(&mut of(&[Work::Compute]));
+            let comm_ns = union_len(&mut of(&[Work::Comm]));
+            let both = union_len(&mut of(&[Work::Compute, Work::Comm]));
+            let (k, k_short) = kernels.get(&device).copied().unwrap_or((0, 0));
+            let mut x = DeviceStat {
                 device,
-                busy_ns: union_len(&mut iv),
+                busy_ns: 0,
                 span_ns: en - st,
                 launch_delay_p50_ns: percentile(&dl, 0.50),
                 launch_delay_p99_ns: percentile(&dl, 0.99),
                 launches: dl.len() as u64,
                 sync_ns: sync.get(&device).copied().unwrap_or(0),
-            }
+                compute_ns,
+                comm_ns,
+                memory_ns: union_len(&mut of(&[Work::Memory])),
+                comm_compute_overlap_ns: compute_ns + comm_ns - both,
+                kernels: k,
+                kernels_shorter_than_launch: k_short,
+                ..Default::default()
+            };
+            idle_breakdown(t, &mut acts, &mut x);
+            x
         })
         .collect();
     d.sort_by_key(|x| x.device);
@@ -200,6 +308,42 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     s.threads = threads.len() as u64;
     s.processes = procs.len() as u64;
     s
+}
+
+/// Sets `busy_ns` and the `idle_*` parts of `x` from the device's activities (sorted in place).
+/// Each gap between the merged busy blocks is charged by the launching call of the work that ends
+/// it (the first to start; of several starting together, the first with a launching call).
+fn idle_breakdown(t: &Trace, acts: &mut [Act], x: &mut DeviceStat) {
+    acts.sort_unstable_by_key(|a| (a.start, a.link < 0, a.end, a.link));
+    let Some(first) = acts.first() else {
+        return;
+    };
+    let (mut block_start, mut block_end) = (first.start, first.end);
+    for a in acts.iter().skip(1) {
+        if a.start <= block_end {
+            block_end = block_end.max(a.end);
+            continue;
+        }
+        x.busy_ns += block_end - block_start;
+        let (g0, g1) = (block_end, a.start);
+        let gap = g1 - g0;
+        if a.link < 0 {
+            x.idle_unlinked_ns += gap;
+        } else {
+            // the gap cut by the launching call [c0, c1], clamped to it: before the call (the host
+            // had not asked), during it, after its return (host and GPU clocks may disagree by a
+            // little: the clamp keeps the three parts within the gap, summing to it)
+            let c = a.link as usize;
+            let c0 = t.ts[c].clamp(g0, g1);
+            let c1 = t.end(c).clamp(c0, g1);
+            x.idle_host_ns += c0 - g0;
+            x.idle_launch_ns += c1 - c0;
+            x.idle_queued_ns += g1 - c1;
+        }
+        block_start = a.start;
+        block_end = a.end;
+    }
+    x.busy_ns += block_end - block_start;
 }
 
 #[cfg(test)]
@@ -211,6 +355,23 @@ mod tests {
         assert_eq!(super::percentile(&v, 0.99), 99);
         assert_eq!(super::percentile(&[7], 0.99), 7);
         assert_eq!(super::percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn collectives() {
+        for n in [
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            "rcclKernel_Broadcast",
+            "void vllm::cross_device_reduce_2stage<float, 4>",
+            "AllGather_kernel",
+            "reduce_scatter",
+            "all_to_all_combine",
+        ] {
+            assert!(super::is_collective(n), "{n}");
+        }
+        for n in ["gemm", "reduce_kernel", "all_gemm", "scatter_kernel"] {
+            assert!(!super::is_collective(n), "{n}");
+        }
     }
 
     #[test]

@@ -344,6 +344,16 @@ impl NativeTrace {
             dd.set_item("launch_delay_p50_ns", x.launch_delay_p50_ns)?;
             dd.set_item("launch_delay_p99_ns", x.launch_delay_p99_ns)?;
             dd.set_item("sync_ns", x.sync_ns)?;
+            dd.set_item("compute_ns", x.compute_ns)?;
+            dd.set_item("comm_ns", x.comm_ns)?;
+            dd.set_item("memory_ns", x.memory_ns)?;
+            dd.set_item("comm_compute_overlap_ns", x.comm_compute_overlap_ns)?;
+            dd.set_item("idle_host_ns", x.idle_host_ns)?;
+            dd.set_item("idle_launch_ns", x.idle_launch_ns)?;
+            dd.set_item("idle_queued_ns", x.idle_queued_ns)?;
+            dd.set_item("idle_unlinked_ns", x.idle_unlinked_ns)?;
+            dd.set_item("kernels", x.kernels)?;
+            dd.set_item("kernels_shorter_than_launch", x.kernels_shorter_than_launch)?;
             dv.append(dd)?;
         }
         d.set_item("devices", dv)?;

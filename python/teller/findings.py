@@ -1,0 +1,218 @@
+"""What a capture itself shows, without a model: rules over the trace summary's time breakdown.
+
+``findings(tr)`` reads :meth:`teller.trace.Trace.summary` (per GPU: compute, communication and
+copy time, and its idle time split by what the GPU waited for, computed in the Rust core) and the
+trace's steps, and returns the statements worth a look, largest share of time first. Each is a
+dict: ``kind``, ``device`` (None for the capture as a whole), ``share`` (the fraction of the
+device's active span, or of the step time, the finding is about: the ranking key), ``message``
+(one sentence with its numbers) and ``values`` (those numbers).
+
+These are facts of the capture, thresholded, in the spirit of HTA's temporal and idle-time
+breakdowns; they name no root cause, and they work on any capture (a `teller collect` run, a
+PyTorch profiler trace), where a model trained on other captures may not (`teller diagnose` flags
+those as unfamiliar and prints these findings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# A finding is reported when its share of the device's span (first to last GPU activity) reaches:
+HOST_WAIT = 0.20  # idle before the launching call: the host was late to ask
+LAUNCH = 0.10  # idle inside launch calls
+QUEUED = 0.10  # idle after the launch returned
+COMM = 0.15  # communication kernels (NCCL/RCCL, custom all-reduce)
+MEMORY = 0.10  # copies and memsets
+SYNC = 0.10  # host threads blocked in synchronization records of the device
+SHORT_KERNELS = (
+    0.5  # share of kernels shorter than their launch call that makes a host-bound GPU launch-bound
+)
+STRAGGLER_GAP = 0.10  # the spread of the ranks' communication shares that points at the least waiting one
+STEP_OUTLIER = 1.5  # the slowest step against the median of its process
+MIN_STEPS = 3
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms" if ns >= 1e5 else f"{ns / 1e3:.1f} us"
+
+
+def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The findings of one device entry of ``Trace.summary()["devices"]``."""
+    span = d.get("span_ns") or 0
+    if span <= 0:
+        return []
+    dev = d["device"]
+    out: list[dict[str, Any]] = []
+
+    def add(kind: str, share: float, message: str, **values: Any) -> None:
+        out.append({"kind": kind, "device": dev, "share": float(share), "message": message, "values": values})
+
+    host = d["idle_host_ns"] / span
+    kernels = d.get("kernels", 0)
+    short = d.get("kernels_shorter_than_launch", 0) / kernels if kernels else 0.0
+    if host >= HOST_WAIT:
+        msg = (
+            f"GPU {dev} waited for the host {_pct(host)} of its time ({_ms(d['idle_host_ns'])}): "
+            "it went idle before the next launch call was made (CPU-side work between launches: "
+            "Python, scheduling, input preparation, a blocking synchronization)"
+        )
+        if short >= SHORT_KERNELS:
+            msg += (
+                f"; {_pct(short)} of its kernels ran shorter than their launch call, so it is launch-bound "
+                "(CUDA graphs or fused kernels issue fewer launches)"
+            )
+        add("host_wait", host, msg, idle_host_ns=d["idle_host_ns"], short_kernel_share=short)
+    launch = d["idle_launch_ns"] / span
+    if launch >= LAUNCH:
+        add(
+            "launch_overhead",
+            launch,
+            f"GPU {dev} sat idle {_pct(launch)} of its time ({_ms(d['idle_launch_ns'])}) "
+            "while launch calls were in progress (slow launches: module loading, first-call setup, "
+            "driver contention)",
+            idle_launch_ns=d["idle_launch_ns"],
+        )
+    queued = d["idle_queued_ns"] / span
+    if queued >= QUEUED:
+        add(
+            "queued",
+            queued,
+            f"GPU {dev} sat idle {_pct(queued)} of its time ({_ms(d['idle_queued_ns'])}) with work already "
+            f"launched (launch delay p50 {_ms(d['launch_delay_p50_ns'])}, "
+            f"p99 {_ms(d['launch_delay_p99_ns'])}): "
+            "streams waiting on events or another device, or another process holding the GPU",
+            idle_queued_ns=d["idle_queued_ns"],
+            launch_delay_p50_ns=d["launch_delay_p50_ns"],
+            launch_delay_p99_ns=d["launch_delay_p99_ns"],
+        )
+    comm = d["comm_ns"] / span
+    if comm >= COMM:
+        hidden = d["comm_compute_overlap_ns"] / d["comm_ns"] if d["comm_ns"] else 0.0
+        add(
+            "communication",
+            comm,
+            f"collective kernels take {_pct(comm)} of GPU {dev}'s time ({_ms(d['comm_ns'])}), "
+            f"{_pct(hidden)} of it overlapped with compute (a collective's time includes waiting for the "
+            "slowest peer)",
+            comm_ns=d["comm_ns"],
+            overlapped_share=hidden,
+        )
+    mem = d["memory_ns"] / span
+    if mem >= MEMORY:
+        add(
+            "memory_copies",
+            mem,
+            f"copies and memsets take {_pct(mem)} of GPU {dev}'s time ({_ms(d['memory_ns'])})",
+            memory_ns=d["memory_ns"],
+        )
+    sync = d["sync_ns"] / span
+    if sync >= SYNC:
+        add(
+            "host_sync",
+            sync,
+            f"host threads waited on GPU {dev} in synchronization calls for {_ms(d['sync_ns'])} "
+            f"({_pct(sync)} of its span)",
+            sync_ns=d["sync_ns"],
+        )
+    return out
+
+
+def straggler_finding(devices: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of two or more GPUs that run collectives, the one with the smallest share of its time in
+    them, when the others spend clearly more: in a collective every rank waits for the last to
+    arrive, so the rank that waits least is the one the others wait for."""
+    shares = [
+        (d["comm_ns"] / d["span_ns"], d) for d in devices if d.get("span_ns", 0) > 0 and d["comm_ns"] > 0
+    ]
+    if len(shares) < 2:
+        return None
+    shares.sort(key=lambda x: (x[0], x[1]["device"]))
+    low, d = shares[0]
+    others = [s for s, _ in shares[1:]]
+    if min(others) - low < STRAGGLER_GAP:
+        return None
+    rng = f"{_pct(min(others))}" if len(others) == 1 else f"{_pct(min(others))}-{_pct(max(others))}"
+    return {
+        "kind": "straggler",
+        "device": d["device"],
+        "share": float(min(others) - low),
+        "message": (
+            f"GPU {d['device']} spends the least of its time in collectives ({_pct(low)}, the others {rng}): "
+            "the others wait for it in each collective (a slower or busier GPU, a noisy neighbour, more work)"
+        ),
+        "values": {"comm_share": low, "others_min": min(others), "others_max": max(others)},
+    }
+
+
+def step_findings(tr: Any) -> list[dict[str, Any]]:
+    """The slowest step of each process (of at least ``MIN_STEPS``), when it took ``STEP_OUTLIER``
+    times the median step of that process or more."""
+    steps = tr.steps()
+    by_proc: dict[int, list[Any]] = {}
+    for s in steps:
+        if s.event >= 0:
+            by_proc.setdefault(int(s.pid), []).append(s)
+    out = []
+    for pid, ss in sorted(by_proc.items()):
+        if len(ss) < MIN_STEPS:
+            continue
+        dur = np.array([s.dur_ns for s in ss], dtype=np.float64)
+        med = float(np.median(dur))
+        k = int(np.argmax(dur))
+        if med <= 0 or dur[k] < STEP_OUTLIER * med:
+            continue
+        slow = int((dur >= STEP_OUTLIER * med).sum())
+        first = " (its first: warm-up, lazy initialization, compilation)" if k == 0 else ""
+        out.append(
+            {
+                "kind": "slow_step",
+                "device": None,
+                "share": float((dur[k] - med) / dur.sum()),
+                "message": (
+                    f"step {ss[k].name!r} of pid {pid}{first} took {dur[k] / med:.1f}x the median step "
+                    f"({_ms(dur[k])} against {_ms(med)}); {slow} of its {len(ss)} steps took "
+                    f"{STEP_OUTLIER}x or more"
+                ),
+                "values": {
+                    "pid": pid,
+                    "step": ss[k].index,
+                    "dur_ns": int(dur[k]),
+                    "median_ns": med,
+                    "slow_steps": slow,
+                },
+            }
+        )
+    return out
+
+
+def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every finding of the capture ``tr`` (a :class:`teller.trace.Trace`), largest share first;
+    ``summary``: its ``tr.summary()`` when already computed."""
+    s = summary if summary is not None else tr.summary(0)
+    out = [f for d in s["devices"] for f in device_findings(d)]
+    st = straggler_finding(s["devices"])
+    if st is not None:
+        out.append(st)
+    out += step_findings(tr)
+    gpu, linked = s["gpu_events"], s["linked_gpu_events"]
+    if gpu and linked < 0.5 * gpu:
+        out.append(
+            {
+                "kind": "unlinked",
+                "device": None,
+                "share": 1.0 - linked / gpu,
+                "message": (
+                    f"only {linked} of {gpu} GPU activities are linked to their launching call: "
+                    "the idle time by cause counts the rest as 'unlinked'"
+                ),
+                "values": {"gpu_events": gpu, "linked_gpu_events": linked},
+            }
+        )
+    out.sort(key=lambda f: (-f["share"], f["kind"], -1 if f["device"] is None else f["device"]))
+    return out

@@ -1,0 +1,317 @@
+"""Where each GPU's time went (the Rust summary's breakdown) and the findings over it, by scenario:
+hand-built Kineto-style traces with known answers, a pure-Python oracle of the breakdown on the real
+fixtures and simulated captures, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import teller
+from conftest import TRACES
+from teller.findings import findings
+
+RUNTIME = 4  # LAYER_NAMES index of runtime calls
+GPU_LAYERS = (6, 7, 8)  # kernel, memcpy, memset
+
+
+class _Trace:
+    """A Kineto-style trace in the making: host calls launch GPU work by correlation id (us)."""
+
+    def __init__(self) -> None:
+        self.ev: list[dict] = []
+        self.corr = 0
+
+    def launch(self, t: float, call_dur: float, start: float, dur: float, *, device: int = 0,
+               name: str = "gemm_kernel", cat: str = "kernel", linked: bool = True) -> None:  # fmt: skip
+        self.corr += 1
+        args = {"correlation": self.corr} if linked else {}
+        host = {"pid": 100 + device, "tid": 100 + device}
+        self.ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host, "ts": t,
+                        "dur": call_dur, "args": dict(args)})  # fmt: skip
+        self.ev.append({"ph": "X", "cat": cat, "name": name, "pid": device, "tid": 7, "ts": start, "dur": dur,
+                        "args": {**args, "device": device, "stream": 7}})  # fmt: skip
+
+    def step(self, name: str, t: float, dur: float, device: int = 0) -> None:
+        self.ev.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 100 + device,
+                        "tid": 100 + device, "ts": t, "dur": dur})  # fmt: skip
+
+    def load(self, tmp_path, name: str = "t.json"):
+        p = tmp_path / name
+        p.write_text(json.dumps({"traceEvents": self.ev}))
+        return teller.trace.load(p, warn=False)
+
+
+def _dev(tr, device: int = 0) -> dict:
+    return next(d for d in tr.summary(0)["devices"] if d["device"] == device)
+
+
+def _kinds(fs: list[dict]) -> list[tuple[str, int | None]]:
+    return [(f["kind"], f["device"]) for f in fs]
+
+
+def test_host_bound_gpu(tmp_path) -> None:
+    # call k at 100k us for 5 us, its kernel at 100k + 8 for 10 us: each 90 us gap is 82 us before
+    # the next call, 5 us inside it, 3 us after it
+    t = _Trace()
+    n = 20
+    for k in range(n):
+        t.launch(100 * k, 5, 100 * k + 8, 10)
+    d = _dev(t.load(tmp_path))
+    us = 1000
+    assert d["busy_ns"] == 10 * us * n and d["span_ns"] == (100 * (n - 1) + 10) * us
+    assert (d["idle_host_ns"], d["idle_launch_ns"], d["idle_queued_ns"], d["idle_unlinked_ns"]) == (
+        82 * us * (n - 1),
+        5 * us * (n - 1),
+        3 * us * (n - 1),
+        0,
+    )
+    assert d["compute_ns"] == d["busy_ns"] and d["comm_ns"] == d["memory_ns"] == 0
+    assert d["kernels"] == n and d["kernels_shorter_than_launch"] == 0
+    fs = findings(t.load(tmp_path))
+    assert _kinds(fs) == [("host_wait", 0)]
+    assert fs[0]["share"] == pytest.approx(82 * (n - 1) / (100 * (n - 1) + 10))
+    assert "waited for the host 82 %" in fs[0]["message"] and "launch-bound" not in fs[0]["message"]
+
+
+def test_launch_bound_when_kernels_are_shorter_than_their_calls(tmp_path) -> None:
+    t = _Trace()
+    for k in range(10):
+        t.launch(30 * k, 12, 30 * k + 13, 4)  # a 4 us kernel behind a 12 us launch call
+    tr = t.load(tmp_path)
+    d = _dev(tr)
+    assert d["kernels_shorter_than_launch"] == 10
+    fs = findings(tr)
+    assert fs[0]["kind"] == "host_wait" and "100 % of its kernels ran shorter" in fs[0]["message"]
+    assert ("launch_overhead", 0) in _kinds(fs)  # (12 of every 26 idle us inside the call)
+
+
+def test_queued_work(tmp_path) -> None:
+    # every call made up front; the work starts 50 us after the previous kernel: queued, not host
+    t = _Trace()
+    for k in range(10):
+        t.launch(k, 1, 60 * k + 50, 10)
+    d = _dev(t.load(tmp_path))
+    assert d["idle_host_ns"] == d["idle_launch_ns"] == 0 and d["idle_queued_ns"] == 9 * 50_000
+    fs = findings(t.load(tmp_path))
+    assert _kinds(fs) == [("queued", 0)] and "launch delay p50" in fs[0]["message"]
+
+
+def test_unlinked_work_is_its_own_part(tmp_path) -> None:
+    t = _Trace()
+    for k in range(6):
+        t.launch(100 * k, 5, 100 * k + 8, 10, linked=False)
+    tr = t.load(tmp_path)
+    d = _dev(tr)
+    assert d["idle_unlinked_ns"] == d["idle_ns"] == 5 * 90_000
+    assert ("unlinked", None) in _kinds(findings(tr))
+
+
+def test_communication_overlap_and_the_straggler(tmp_path) -> None:
+    # two GPUs: compute, then an all-reduce that ends when the last rank arrives. GPU 1 computes
+    # longer (80 us against 40) and so waits least in the collective; half of GPU 0's collective
+    # runs beside a compute kernel on another stream
+    t = _Trace()
+    for k in range(8):
+        base = 200 * k
+        for dev, work in ((0, 40), (1, 80)):
+            t.launch(base, 2, base + 3, work, device=dev)
+            t.launch(base + 1, 2, base + 3 + work, 100 - work, device=dev,
+                     name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL")  # fmt: skip
+        t.launch(base + 2, 1, base + 43, 30, device=0, name="side_kernel")
+    tr = t.load(tmp_path)
+    d0, d1 = _dev(tr, 0), _dev(tr, 1)
+    assert d0["comm_ns"] == 8 * 60_000 and d1["comm_ns"] == 8 * 20_000
+    assert d0["comm_compute_overlap_ns"] == 8 * 30_000 and d1["comm_compute_overlap_ns"] == 0
+    assert d0["compute_ns"] == 8 * 70_000 and d0["busy_ns"] == 8 * 100_000
+    fs = findings(tr)
+    kinds = _kinds(fs)
+    assert ("straggler", 1) in kinds and ("communication", 0) in kinds
+    st = next(f for f in fs if f["kind"] == "straggler")
+    assert st["values"]["comm_share"] < st["values"]["others_min"]
+    assert "GPU 1 spends the least of its time in collectives" in st["message"]
+
+
+def test_collectives_by_name() -> None:
+    # the Rust classifier against the simulator's summary regex (teller.data.summary), plus RCCL
+    from teller.data.summary import _COLLECTIVE
+
+    names = [
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        "ncclKernel_AllGather_RING_LL_Sum_int8_t",
+        "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*)",
+        "custom_all_reduce_kernel",
+        "reduce_scatter_fused",
+        "all_to_all_dispatch",
+        "gemm_kernel",
+        "reduce_kernel",
+        "vectorized_elementwise_kernel",
+    ]
+    ev = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": 10 * i, "dur": 1,
+           "args": {"device": 0}} for i, n in enumerate(names)]  # fmt: skip
+    rccl = {"ph": "X", "cat": "kernel", "name": "rcclKernel_x", "pid": 0, "tid": 7, "ts": 500, "dur": 1}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "t.json"
+        for n_comm, events in ((None, ev), (1, [rccl])):
+            p.write_text(json.dumps({"traceEvents": events}))
+            tr = teller.trace.load(p, warn=False)
+            got = _dev(tr)["comm_ns"] // 1000
+            want = (
+                n_comm if n_comm is not None else sum(bool(_COLLECTIVE.match(f"kernel:{n}")) for n in names)
+            )
+            assert got == want
+
+
+def test_slow_step_and_warm_up(tmp_path) -> None:
+    t = _Trace()
+    durs = [100, 100, 100, 350, 100, 100]
+    at = 0
+    for k, dur in enumerate(durs):
+        t.step(f"ProfilerStep#{k}", at, dur)
+        t.launch(at + 1, 2, at + 4, dur - 10)
+        at += dur + 1
+    fs = findings(t.load(tmp_path))
+    slow = [f for f in fs if f["kind"] == "slow_step"]
+    assert len(slow) == 1 and "'ProfilerStep#3'" in slow[0]["message"] and "3.5x" in slow[0]["message"]
+    assert "warm-up" not in slow[0]["message"] and slow[0]["values"]["slow_steps"] == 1
+    t2 = _Trace()
+    at = 0
+    for k, dur in enumerate([400, 100, 100, 100]):
+        t2.step(f"ProfilerStep#{k}", at, dur)
+        at += dur + 1
+    slow = [f for f in findings(t2.load(tmp_path, "t2.json")) if f["kind"] == "slow_step"]
+    assert len(slow) == 1 and "warm-up" in slow[0]["message"]
+
+
+def test_nothing_to_say(tmp_path) -> None:
+    # a busy GPU whose kernels follow each other back to back; and a trace without GPU work
+    t = _Trace()
+    for k in range(10):
+        t.launch(k, 1, 20 + 10 * k, 10)
+    assert findings(t.load(tmp_path)) == []
+    t2 = _Trace()
+    t2.ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5})
+    tr = t2.load(tmp_path, "host.json")
+    assert tr.summary(0)["devices"] == [] and findings(tr) == []
+
+
+def _breakdown_reference(tr) -> dict[int, dict[str, int]]:
+    """The definition of the breakdown (teller_core::summary), event by event in Python: the oracle."""
+    layer = np.asarray(tr.layer)
+    out: dict[int, dict[str, int]] = {}
+    gpu = np.flatnonzero(np.isin(layer, GPU_LAYERS))
+    link = np.asarray(tr.link)
+    names = tr.strings
+    coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
+    for dev in sorted(set(np.asarray(tr.device)[gpu].tolist())):
+        acts = []
+        for i in gpu[np.asarray(tr.device)[gpu] == dev].tolist():
+            s, e = int(tr.ts[i]), int(tr.ts[i] + tr.dur[i])
+            if layer[i] == 6:
+                kind = "comm" if coll.search(names[tr.name[i]].lower().replace("_", "")) else "compute"
+            else:
+                kind = "memory"
+            acts.append((s, int(link[i]) < 0, e, int(link[i]), kind))
+        acts.sort()
+
+        def union(kinds: tuple[str, ...], acts: list = acts) -> int:
+            total, cur = 0, None
+            for s, _, e, _, k in acts:
+                if k not in kinds:
+                    continue
+                if cur and s <= cur[1]:
+                    cur[1] = max(cur[1], e)
+                else:
+                    if cur:
+                        total += cur[1] - cur[0]
+                    cur = [s, e]
+            return total + (cur[1] - cur[0] if cur else 0)
+
+        r = dict.fromkeys(("host", "launch", "queued", "unlinked"), 0)
+        end = acts[0][2]
+        for s, _, e, c, _ in acts[1:]:
+            if s > end:
+                g0, g1 = end, s
+                if c < 0:
+                    r["unlinked"] += g1 - g0
+                else:
+                    c0 = min(max(int(tr.ts[c]), g0), g1)
+                    c1 = min(max(int(tr.ts[c] + tr.dur[c]), c0), g1)
+                    r["host"] += c0 - g0
+                    r["launch"] += c1 - c0
+                    r["queued"] += g1 - c1
+            end = max(end, e)
+        comp, comm = union(("compute",)), union(("comm",))
+        out[dev] = {
+            "busy_ns": union(("compute", "comm", "memory")),
+            "compute_ns": comp,
+            "comm_ns": comm,
+            "memory_ns": union(("memory",)),
+            "comm_compute_overlap_ns": comp + comm - union(("compute", "comm")),
+            **{f"idle_{k}_ns": v for k, v in r.items()},
+        }
+    return out
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a100_nccl_2rank.kineto.json.gz",
+        "b300_cuda13_moe.kineto.json.gz",
+        "mi250_rocm62_tiny.kineto.json.gz",
+        "mi300x_sglang_decode_hipgraph.kineto.json.gz",
+        "resnet50_2020_barelist.kineto.json.gz",
+    ],
+)
+def test_breakdown_equals_the_reference_on_real_traces(name) -> None:
+    tr = teller.trace.load(TRACES / name, warn=False)
+    ref = _breakdown_reference(tr)
+    got = {d["device"]: d for d in tr.summary(0)["devices"]}
+    assert set(got) == set(ref) and ref
+    for dev, want in ref.items():
+        d = got[dev]
+        assert {k: d[k] for k in want} == want
+        assert (
+            d["idle_host_ns"] + d["idle_launch_ns"] + d["idle_queued_ns"] + d["idle_unlinked_ns"]
+            == d["idle_ns"]
+        )
+
+
+def test_breakdown_equals_the_reference_on_simulated_captures(tmp_path) -> None:
+    # tensor-parallel simulated captures: NCCL and custom all-reduce kernels, several GPUs
+    from teller.data.dataset import generate
+
+    out = tmp_path / "ds"
+    generate(out, num_samples=13, seed=5, preset="tiny")  # one sample per class
+    seen_comm = 0
+    for sd in sorted(p for p in out.iterdir() if p.is_dir() and p.name.startswith("s")):
+        tr = teller.trace.load(sd / "trace.json", warn=False)
+        ref = _breakdown_reference(tr)
+        for d in tr.summary(0)["devices"]:
+            assert {k: d[k] for k in ref[d["device"]]} == ref[d["device"]]
+            seen_comm += d["comm_ns"] > 0
+    assert seen_comm > 0
+
+
+def test_cli_summary_prints_the_breakdown_and_findings(tmp_path) -> None:
+    t = _Trace()
+    for k in range(20):
+        t.launch(100 * k, 5, 100 * k + 8, 10)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": t.ev}))
+    run = [sys.executable, "-m", "teller", "trace", "summary"]
+    r = subprocess.run([*run, str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "where each GPU's time went" in r.stdout and "GPU 0 waited for the host 82 %" in r.stdout
+    r = subprocess.run([*run, "--json", str(p)], capture_output=True, text=True, timeout=120)
+    s = json.loads(r.stdout)
+    assert [f["kind"] for f in s["findings"]] == ["host_wait"] and s["devices"][0][
+        "idle_host_ns"
+    ] == 82_000 * 19
