@@ -962,6 +962,33 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         text=True,
     )
     assert r.returncode == 2 and r.stderr.count("error:") == 1, r.stderr
+    # with --json one PATH that cannot be read is an object with its error too (a bad checkpoint is not)
+    r = subprocess.run(
+        [*cli, "diagnose", str(tmp_path / "missing"), "--checkpoint", str(run), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and json.loads(r.stdout) == {
+        "path": str(tmp_path / "missing"),
+        "error": f"{tmp_path / 'missing'}: no such file or directory",
+    }
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), "--checkpoint", str(tmp_path / "nock"), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and not r.stdout and "nock" in r.stderr
+    # a dataset directory is many captures, not one: refused (merged, it would read as one capture)
+    r = subprocess.run(
+        [*cli, "diagnose", str(data), "--checkpoint", str(run)], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "a directory of captures" in r.stderr and not r.stdout, r.stderr
+    # what the capture itself shows, without the model (teller.findings)
+    assert isinstance(d["findings"], list) and all(
+        {"kind", "share", "message"} <= set(f) for f in d["findings"]
+    )
     # a sample like the training data's is not flagged as unfamiliar
     assert not d["unfamiliar"]["flagged"] and d["unfamiliar"]["trace_events"] < 0.05
     # the summary-row head ranks symbols present in the trace, with their evidence

@@ -1279,8 +1279,10 @@ def diagnose_cmd(
         raise _fail(TellerError("--brief and --json: choose one (--json has everything)"))
     if perfetto and len(paths) > 1:
         raise _fail(TellerError(f"--perfetto writes one trace: give one PATH, not {len(paths)}"))
-    if len(paths) > 1:
-        try:  # (a checkpoint that cannot be used would fail every PATH: said once, before them)
+    if len(paths) > 1 or as_json:
+        # (a checkpoint that cannot be used would fail every PATH: said once, before them, and with
+        # --json not as a capture's error; loaded once, diagnose reuses it)
+        try:
             load_checkpoint_for_diagnosis(checkpoint)
         except TellerError as e:
             raise _fail(e) from None
@@ -1290,9 +1292,10 @@ def diagnose_cmd(
         try:
             d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
         except TellerError as e:
-            if len(paths) == 1:
+            if len(paths) == 1 and not as_json:
                 raise _fail(e) from None
-            # (one bad capture of a batch, the checkpoint loaded: named, and the rest diagnosed)
+            # (one bad capture of a batch, the checkpoint loaded: named, and the rest diagnosed;
+            # with --json its object says so on stdout too, one PATH or several)
             err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             failed = True
             d = {"path": path, "error": str(e)}

@@ -51,7 +51,16 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         # a sample directory (docs/dataset.md) without its trace: not a directory of loose traces
         raise TellerFileNotFoundError(f"{path}: a sample directory without its trace.json", path=str(t))
     from teller import tpe
+    from teller.trace import _dataset_sample
 
+    sample = _dataset_sample(str(path))
+    if sample is not None:
+        # (its samples' traces merged into one capture would be diagnosed as one: a wrong answer)
+        raise TellerIOError(
+            f"{path}: a directory of captures (sample or run directories holding trace.json), not one "
+            f"capture: give one, e.g. {Path(sample).parent}, or several (teller diagnose {path}/*/)",
+            path=str(path),
+        )
     traces = tpe.discover_traces(path)
     if not traces:
         raise TellerFileNotFoundError(f"{path}: no trace (trace.json or raw files)", path=str(path))
