@@ -311,3 +311,93 @@ def test_make_output_dir_names_what_it_could_not_create(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(TellerIOError, match=r"f/run: cannot create the run directory: \S"):
         make_output_dir(tmp_path / "f" / "run", "run directory")
+
+
+# -- 5. found by an audit (session 33) -------------------------------------------------------------
+
+
+def test_paths_that_are_not_utf8_are_named(tmp_path, sample):
+    # a file name whose bytes are not UTF-8 (Python holds them as surrogate escapes): named, not a
+    # UnicodeEncodeError from the binding; in a directory, not read under another ("lossy") name
+    import os
+    import shutil
+
+    bad = os.fsdecode(bytes(tmp_path) + b"/n\xffm.json")
+    shutil.copyfile(sample, bad)
+    with pytest.raises(TellerIOError, match="not valid UTF-8") as e:
+        trace.load(bad)
+    assert isinstance(e.value, OSError) and "n\ufffdm.json" in str(e.value)
+    d = tmp_path / "dir"
+    d.mkdir()
+    shutil.copyfile(sample, os.fsdecode(bytes(d) + b"/t\xff.json"))
+    with pytest.raises(TellerError, match="file name is not valid UTF-8"):
+        trace.load(d)
+    tr = trace.load(sample, warn=False)
+    with pytest.raises(TellerIOError, match="not valid UTF-8"):
+        tr.to_chrome(os.fsdecode(bytes(tmp_path) + b"/o\xff.json"))
+    r = cli("trace", "summary", bad)
+    assert r.exit_code == 2 and "not valid UTF-8" in r.output
+
+
+def test_to_chrome_checks_highlight(tmp_path, tr):
+    out = tmp_path / "o.json"
+    n = len(tr)
+    for bad, needle in (
+        ([-1], rf"highlight\[0\] = -1 is not an event of this trace \(0..{n - 1}\)"),
+        ([0, n], rf"highlight\[1\] = {n} is not an event"),
+        (["a"], r"highlight\[0\] must be an event index \(int\), got str"),
+        ([True], r"highlight\[0\] must be an event index"),
+        (5, "highlight must be a sequence of event indices"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            tr.to_chrome(out, highlight=bad)
+        assert not out.exists()
+    tr.to_chrome(out, highlight=np.array([0, n - 1]))
+    assert out.is_file()
+
+
+def test_output_under_a_file_says_so(tmp_path, tr):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(TellerIOError, match=r"afile: exists and is not a directory"):
+        tr.to_chrome(f / "out.json")
+    with pytest.raises(TellerError, match="no such file or directory"):
+        tr.to_chrome(tmp_path / "nodir" / "out.json")
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (
+            lambda d: d["merges"].__setitem__(0, [-1, 1]),
+            r"merges\[0\] = \[-1, 1\]: token ids must be in 0\.\.",
+        ),
+        (lambda d: d["merges"].__setitem__(0, [10**9, 1]), r"merges\[0\] = \[1000000000, 1\]: token ids"),
+        (lambda d: d["merges"].__setitem__(0, [1, 2, 3]), r"merges\[0\] must be a pair of token ids"),
+        (lambda d: d["merges"].__setitem__(0, ["a", "b"]), r"merges\[0\] must be a pair of token ids"),
+        (lambda d: d["merges"].__setitem__(0, [True, 1]), r"merges\[0\] must be a pair of token ids"),
+        # merge k may only join earlier tokens (the base symbols and merges 0..k-1)
+        (lambda d: d["merges"].__setitem__(0, [len(d["base_vocab"]), 0]), r"merges\[0\] = .*: token ids"),
+        (lambda d: d.__setitem__("version", "1"), r"field 'version' must be an integer .*got str '1'"),
+        (
+            lambda d: d["settings"].__setitem__("normalize", {"max_len": -5}),
+            r"settings\['normalize'\]: normalization option 'max_len' must be an integer",
+        ),
+    ],
+)
+def test_tokenizer_file_fields_are_checked(tmp_path, edit, needle):
+    d = json.loads((GOLDEN / "tokenizer.json").read_text())
+    assert d["merges"], "the golden tokenizer has merges"
+    edit(d)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(d))
+    with pytest.raises(TokenizerError, match=needle) as e:
+        tpe.load(tmp_path)
+    assert isinstance(e.value, ValueError) and str(tmp_path / "tokenizer.json") in str(e.value)
+
+
+def test_step_names_that_match_nothing_are_said(sample):
+    tr = trace.load(sample, step_names=["zzz*"], warn=False)
+    assert any("no range matches the step patterns" in w and "zzz*" in w for w in tr.warnings)
+    with pytest.warns(Warning, match="no range matches the step patterns"):
+        trace.load(sample, step_names=["zzz*"])
+    assert not any("step patterns" in w for w in trace.load(sample, warn=False).warnings)  # (defaults)

@@ -291,6 +291,8 @@ def test_a_checkpoint_config_of_the_wrong_shape_names_config_json(data, tmp_path
         ({"version": "1"}, "version: '1' is not a checkpoint version"),
         ({"tpe_dir": 5}, "tpe_dir: 5 is not a string or null"),
         ({"shards_version": "11"}, "shards_version: '11' is not an integer or null"),
+        # two orders of the causes (a hand-edited file): every cause would be named by another's logit
+        ({"label_names": cfg["label_names"][::-1]}, "label_names and model.label_names differ"),
     ):
         ck = tmp_path / f"ck-{len(list(tmp_path.iterdir()))}"
         _copy(run, ck)

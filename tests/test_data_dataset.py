@@ -166,6 +166,28 @@ def test_validate_reports_each_broken_sample_with_its_path(tiny, tmp_path):
     assert all(any(p.startswith(s) for s in bad) for p in probs)
 
 
+def test_validate_catches_non_finite_numbers_and_an_empty_trace(tiny, tmp_path):
+    # NaN passes a JSON schema's "number" and its bounds; a 0-byte trace.json is not a trace
+    from teller.data.dataset import LABELS, annotation_problem
+
+    d = _broken(tiny, tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    a, b = [s for s, v in man["samples"].items() if v["label"] != "normal"][:2]
+    x = _ann(d, a)
+    x["faults"][0]["severity"] = float("nan")
+    _put(d, a, x)
+    (d / b / "trace.json").write_bytes(b"")
+    text = "\n".join(str(p) for p in validate(d))
+    assert f"{a}/annotation.json $.faults[0].severity: is not a finite number" in text
+    assert f"{b}/trace.json: empty file" in text
+    # what tokenize checks before encoding: a severity that is not a number in [0, 1]
+    for bad in (float("nan"), "high", 1.5):
+        x["faults"][0]["severity"] = bad
+        assert annotation_problem(x, LABELS)[0] == "$.faults[0].severity", bad
+    x["faults"][0]["severity"] = 0.5
+    assert annotation_problem(x, LABELS) is None
+
+
 def test_validate_manifest_problems(tiny, tmp_path):
     d = _broken(tiny, tmp_path)
     man = json.loads((d / "manifest.json").read_text())

@@ -1907,6 +1907,20 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     assert json.loads((run / "config.json").read_text())["calibration"] == cal
     with pytest.warns(TellerWarning):
         assert calibrate(run, split="train") == cal  # deterministic
+    # a split models are evaluated on: fitted, with a warning that its calibration will read better
+    # (this fixture's test split is empty: its train samples stand in for it)
+    import teller.models.train as trm
+
+    real = trm.load_model_split
+    with monkeypatch.context() as mp:
+        mp.setattr(trm, "load_model_split", lambda d, sp, mc: real(d, "train" if sp == "test" else sp, mc))
+        mp.setattr(trm, "check_eval_data", lambda *a, **k: None)
+        with pytest.warns(
+            TellerWarning, match="fitting the temperature on test, a split models are evaluated on"
+        ):
+            calibrate(run, split="test")
+    with pytest.warns(TellerWarning):
+        calibrate(run, split="train")
     model, _ = load_checkpoint(run)
     assert model.temperature == cal["temperature"]
     z = predict_logits(model, samples)

@@ -129,6 +129,15 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     assert isinstance(ConfigError("x"), ValueError) and isinstance(
         TellerFileNotFoundError("x"), FileNotFoundError
     )
+    # a headline number that is not one (a hand-edited file): named, not a TypeError while sorting
+    _eval(bad, "mot", "test", 0.8, {"normal": 0.7})
+    m = json.loads((bad / "eval-test-mot.json").read_text())
+    for k, v in (("ac@1", "x"), ("category_accuracy", True), ("n", [10])):
+        (bad / "eval-test-mot.json").write_text(json.dumps({**m, k: v}))
+        with pytest.raises(ConfigError, match=rf"eval-test-mot.json: '{k}' must be a number"):
+            summarize([bad], tmp_path / "out")
+    (bad / "eval-test-mot.json").write_text(json.dumps({**m, "nll": None}))  # (null: not measured)
+    summarize([bad], tmp_path / "out")
 
 
 def _with_samples(run: Path, model: str, split: str, hits: list[bool], **tags: str | float) -> None:

@@ -340,6 +340,13 @@ class TPETokenizer:
                 else f"{path}: not a JSON object",
                 path=path,
             )
+        ver = d.get("version")
+        if not isinstance(ver, int) or isinstance(ver, bool):
+            raise TokenizerError(
+                f"{path}: field 'version' must be an integer (this teller reads {FORMAT_VERSION}), "
+                f"got {type(ver).__name__} {ver!r}",
+                path=path,
+            )
         if d.get("version") != FORMAT_VERSION:
             raise TokenizerError(
                 f"{path}: unsupported tokenizer format version {d.get('version')!r} "
@@ -390,6 +397,21 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
         k = next((i for i, x in enumerate(bv) if not isinstance(x, str)), None)
         if k is not None:
             return f"base_vocab[{k}] must be a string, got {type(bv[k]).__name__}"
+    ms = d.get("merges")
+    if isinstance(bv, list) and isinstance(ms, list):
+        # merge k joins two earlier tokens: ids below len(base_vocab) + k
+        for k, m in enumerate(ms):
+            if (
+                not isinstance(m, list)
+                or len(m) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in m)
+            ):
+                return f"merges[{k}] must be a pair of token ids, got {json.dumps(m)[:60]}"
+            lim = len(bv) + k
+            if lim == 0:
+                return f"merges[{k}] = {m}: the base vocabulary is empty, so there is nothing to merge"
+            if not all(0 <= x < lim for x in m):
+                return f"merges[{k}] = {m}: token ids must be in 0..{lim - 1} (base symbols, earlier merges)"
     st = d.get("stats")
     if "stats" in d:
         # a saved tokenizer always carries them; absent, the per-symbol features would read as 0
@@ -408,6 +430,14 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
             return f"settings[{key!r}] must be an array of strings, got {json.dumps(v)}"
     if se.get("normalize") is not None and not isinstance(se["normalize"], dict):
         return f"settings['normalize'] must be an object or null, got {json.dumps(se['normalize'])}"
+    if se.get("normalize"):
+        from teller.errors import ConfigError
+        from teller.trace import check_normalize
+
+        try:  # (used at every load of a trace to encode: said here, naming the tokenizer)
+            check_normalize(se["normalize"])
+        except ConfigError as e:
+            return f"settings['normalize']: {e}"
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from teller import _native
-from teller.errors import ConfigError, EmptyTraceError, TellerWarning
+from teller.errors import ConfigError, EmptyTraceError, TellerIOError, TellerWarning
 
 LAYER_NAMES: tuple[str, ...] = tuple(_native.LAYER_NAMES)
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = tuple(_native.DEFAULT_STEP_PATTERNS)
@@ -323,8 +323,24 @@ class Trace:
 
     # -- output -------------------------------------------------------------------------------
     def to_chrome(self, path: PathLike, *, highlight: Sequence[int] | None = None) -> None:
-        """Write a Chrome trace (gzip when ``path`` ends in .gz) that opens in Perfetto."""
-        self._n.to_chrome(os.fspath(path), None if highlight is None else [int(x) for x in highlight])
+        """Write a Chrome trace (gzip when ``path`` ends in .gz) that opens in Perfetto; ``highlight``:
+        indices of events to mark (each in ``range(len(self))``, else :class:`teller.ConfigError`)."""
+        hl = None
+        if highlight is not None:
+            if isinstance(highlight, (str, bytes, dict)) or not isinstance(highlight, Iterable):
+                raise ConfigError(
+                    f"highlight must be a sequence of event indices, got {type(highlight).__name__}"
+                )
+            hl = []
+            for k, x in enumerate(highlight):
+                if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+                    raise ConfigError(f"highlight[{k}] must be an event index (int), got {type(x).__name__}")
+                if not 0 <= int(x) < len(self):
+                    raise ConfigError(
+                        f"highlight[{k}] = {int(x)} is not an event of this trace (0..{len(self) - 1})"
+                    )
+                hl.append(int(x))
+        self._n.to_chrome(_utf8_path(os.fspath(path)), hl)
 
     def summary(self, top: int = 10) -> dict[str, Any]:
         """Counts per layer and category, the ``top`` (>= 0) kernels, GPU busy/idle, steps, warnings."""
@@ -416,7 +432,7 @@ def _int_arg(v: Any, name: str, lo: int, hi: int | None = None) -> int:
 
 def _path_list(paths: Any) -> list[str]:
     if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
+        return [_utf8_path(os.fspath(paths))]
     if isinstance(paths, (bytes, bytearray, dict)) or not isinstance(paths, Iterable):
         raise ConfigError(
             f"paths must be a path or a list of paths (str or os.PathLike), got {type(paths).__name__}"
@@ -426,7 +442,22 @@ def _path_list(paths: Any) -> list[str]:
         if not isinstance(p, (str, os.PathLike)):
             raise ConfigError(f"paths[{k}] must be a path (str or os.PathLike), got {type(p).__name__}")
         out.append(os.fspath(p))
-    return out
+    return [_utf8_path(p) for p in out]
+
+
+def _utf8_path(p: Any) -> str:
+    """``p`` as a str the Rust core can take: a path whose bytes are not UTF-8 (Python holds them as
+    surrogate escapes) is refused with its name, not a UnicodeEncodeError from the binding."""
+    if isinstance(p, bytes):
+        raise ConfigError(f"paths must be str or os.PathLike, got bytes ({p!r})")
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = p.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise TellerIOError(
+            f"{shown}: the path is not valid UTF-8: teller reads UTF-8 paths (rename the file)", path=shown
+        ) from None
+    return p
 
 
 def step_patterns(step_names: Any, name: str = "step_names") -> list[str] | None:

@@ -771,6 +771,9 @@ def annotation_problem(ann: Any, labels: list[str] | tuple[str, ...]) -> tuple[s
             return f"{at}.target.rank", f"must be an integer or null, got {_short(t['rank'])}"
         if f.get("params") is not None and not isinstance(f["params"], dict):
             return f"{at}.params", f"must be an object, got {_short(f['params'])}"
+        sev = f.get("severity")
+        if sev is not None and not (_is_num(sev) and 0 <= sev <= 1):  # (NaN fails the range too)
+            return f"{at}.severity", f"must be a number in [0, 1], got {_short(sev)}"
     if faults:
         w = ann.get("workload")
         if not isinstance(w, dict):
@@ -900,11 +903,25 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
     return problems
 
 
+def _non_finite(x: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The JSON paths of the NaN and infinite numbers in a parsed JSON value."""
+    if isinstance(x, float) and not math.isfinite(x):
+        yield at
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _non_finite(v, (*at, k))
+    elif isinstance(x, list):
+        for k, v in enumerate(x):
+            yield from _non_finite(v, (*at, k))
+
+
 def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep: bool) -> list[Problem]:
     sid = sd.name
     out: list[Problem] = []
     for name in ("trace.json", "log.txt"):
         fp = file_problem(sd / name)
+        if fp is None and name == "trace.json" and (sd / name).stat().st_size == 0:
+            fp = "empty file"  # (not even a JSON object: caught without --deep)
         if fp is not None:
             out.append(Problem(f"{sid}/{name}", fp))
         elif name == "log.txt" and (lp := log_text_problem(sd / name)) is not None:
@@ -914,6 +931,7 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
     if fp is not None:
         out.append(Problem(f"{sid}/annotation.json", fp))
         return out
+    n_file_problems = len(out)
     try:
         ann = _decode_json(ap.read_bytes())
     except OSError as e:
@@ -925,7 +943,10 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
     errs = sorted(ann_v.iter_errors(ann), key=lambda e: _path_key(e.absolute_path))
     for err in errs:
         out.append(Problem(f"{sid}/annotation.json {_json_path(err.absolute_path)}", err.message))
-    if errs:
+    # NaN and infinities pass a JSON schema's "number" and its bounds (every comparison is false)
+    for at in _non_finite(ann):
+        out.append(Problem(f"{sid}/annotation.json {_json_path(at)}", "is not a finite number"))
+    if len(out) > n_file_problems:
         return out
     loc = f"{sid}/annotation.json"
     labels = (manifest or {}).get("labels")

@@ -419,6 +419,29 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
         )
 
 
+# the headline numbers of an evaluation file (teller evaluate --json), each a number or null
+_EVAL_NUMBERS = (
+    "n",
+    "category_accuracy",
+    "macro_f1",
+    "ac@1",
+    "ac@3",
+    "ac@5",
+    "avg@5",
+    "loc_top1",
+    "loc_top3",
+    "loc_n",
+    "detection_precision",
+    "detection_recall",
+    "ac@1_with_effect",
+    "nll",
+    "ece",
+    "brier",
+    "latency_ms_per_sample",
+    "temperature",
+)
+
+
 def _load_eval(f: Path) -> dict[str, Any]:
     try:
         m = json.loads(f.read_text())
@@ -431,6 +454,10 @@ def _load_eval(f: Path) -> dict[str, Any]:
     for k in ("recipe", "data"):
         if not (m.get(k) is None or (isinstance(m[k], str) and m[k])):
             raise ConfigError(f"{f}: {k!r} must be a non-empty string")
+    for k in _EVAL_NUMBERS:  # (the tables sort, average and pair them: a string there is a damaged file)
+        v = m.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"{f}: {k!r} must be a number, got {type(v).__name__} {json.dumps(v)[:40]}")
     recs = m.get("samples")
     if recs is not None and not (
         isinstance(recs, list)

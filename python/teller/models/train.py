@@ -626,6 +626,14 @@ def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path, calibration: b
             raise ConfigError(
                 f"{cfg_path}: label_names has {len(names)} names, model.n_classes is {n}", path=str(cfg_path)
             )
+        # training writes both; two orders would name every cause by the wrong logit
+        inner = cfg["model"].get("label_names")
+        if inner is not None and list(inner) != names:
+            raise ConfigError(
+                f"{cfg_path}: label_names and model.label_names differ (the file was edited?): "
+                "the causes cannot be named",
+                path=str(cfg_path),
+            )
 
 
 def load_checkpoint(
@@ -1460,6 +1468,14 @@ def calibrate(
             warnings.warn(
                 f"{run}: fitting the temperature on the train split the weights were fitted on: it "
                 "will call the model surer than it is on new data (val is the split to fit on)",
+                TellerWarning,
+                stacklevel=2,
+            )
+        elif split in ("test", "test_ood"):
+            warnings.warn(
+                f"{run}: fitting the temperature on {split}, a split models are evaluated on: its "
+                f"calibration (nll, ece, brier) on {split} will read better than on new data (val is "
+                "the split to fit on)",
                 TellerWarning,
                 stacklevel=2,
             )

@@ -312,6 +312,13 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
         }
         true
     });
+    if chosen.is_empty() && !patterns.is_empty() && !patterns.iter().eq(DEFAULT_STEP_PATTERNS.iter()) {
+        // patterns someone chose that match nothing: said, not silently replaced by the fallback
+        t.warnings.push(format!(
+            "no range matches the step patterns {patterns:?}: steps are the root ranges of the busiest \
+             thread, else the whole trace"
+        ));
+    }
     if chosen.is_empty() {
         // Fallback 1: root-level annotation/python ranges of the busiest thread, if there are several.
         let mut per_thread: HashMap<(u16, i64, i64), u64> = HashMap::new();

@@ -56,6 +56,13 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
         for e in rd {
             let e = e.map_err(|e| Error::io(&d.display().to_string(), &e))?;
             let path = e.path();
+            if path.is_file() && is_trace_file(&path) && path.to_str().is_none() {
+                // (read lossily it would be another name, "not found"): said as it is
+                return Err(Error::Io {
+                    path: path.to_string_lossy().into_owned(),
+                    msg: "file name is not valid UTF-8: teller reads UTF-8 paths (rename the file)".into(),
+                });
+            }
             if path.is_file() && is_trace_file(&path) {
                 if path.to_string_lossy().ends_with(".tmsgpack") {
                     raw.push(path);

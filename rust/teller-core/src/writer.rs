@@ -433,8 +433,16 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
     if !dir.is_dir() {
-        return Err(Error::NotFound {
-            path: dir.display().to_string(),
+        // the output's directory is missing, or something in its path is a file: said which
+        let blocker = dir.ancestors().find(|a| a.exists() && !a.as_os_str().is_empty());
+        return Err(match blocker {
+            Some(f) if !f.is_dir() => Error::Io {
+                path: f.display().to_string(),
+                msg: "exists and is not a directory (the output's directory lies under it)".into(),
+            },
+            _ => Error::NotFound {
+                path: dir.display().to_string(),
+            },
         });
     }
     let tmp = dir.join(format!(
