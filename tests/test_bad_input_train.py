@@ -300,6 +300,10 @@ def test_a_checkpoint_config_of_the_wrong_shape_names_config_json(data, tmp_path
         with pytest.raises(ConfigError, match=msg) as ei:
             load_checkpoint(ck)
         assert str(ei.value).startswith(f"{ck / 'config.json'}: "), str(ei.value)
+    with pytest.raises(
+        ConfigError, match=r"config.json: a JSON file, not a checkpoint: give the run directory"
+    ):
+        load_checkpoint(run / "config.json")
 
 
 def test_cli_train_errors_are_one_line(data, tmp_path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import teller
 from teller.data import LABELS, culprit_mask, generate, load_config, plan, validate
-from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError
 
 N = 13  # one sample per class
 
@@ -180,6 +180,8 @@ def test_validate_catches_non_finite_numbers_and_an_empty_trace(tiny, tmp_path):
     text = "\n".join(str(p) for p in validate(d))
     assert f"{a}/annotation.json $.faults[0].severity: is not a finite number" in text
     assert f"{b}/trace.json: empty file" in text
+    with pytest.raises(TellerIOError, match="a file, not a dataset directory"):
+        validate(d / "manifest.json")
     # what tokenize checks before encoding: a severity that is not a number in [0, 1]
     for bad in (float("nan"), "high", 1.5):
         x["faults"][0]["severity"] = bad

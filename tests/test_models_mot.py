@@ -526,6 +526,7 @@ def test_config_errors() -> None:
     for section, d, msg in (
         (ModelConfig, {"dropout": 1.0}, r"model.dropout must be in \[0, 1\)"),
         (ModelConfig, {"max_log_tokens": 0}, r"model.max_log_tokens must be positive"),
+        (ModelConfig, {"max_trace_tokens": 10**30}, r"model.max_trace_tokens must be at most 1048576"),
         (TrainConfig, {"epochs": 0}, r"train.epochs must be >= 1"),
         (
             TrainConfig,

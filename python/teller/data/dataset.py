@@ -854,6 +854,8 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
     import jsonschema
 
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise TellerIOError(f"{d}: a file, not a dataset directory", path=str(d))
     if not d.is_dir():
         raise TellerFileNotFoundError(f"{d}: no such dataset directory", path=str(d))
     problems: list[Problem] = []

@@ -67,6 +67,9 @@ def gpu_side_symbol(symbol: str) -> bool:
     return layer in ("runtime", "driver") and name in _GPU_WAITS
 
 
+MAX_POSITIONS = 1 << 20  # the longest sequence a model may be configured for, per stream
+
+
 @dataclass
 class ModelConfig:
     arch: str = "mot"  # mot | single
@@ -161,6 +164,9 @@ class ModelConfig:
         ):
             if int(getattr(self, k)) <= 0:
                 raise ConfigError(f"model.{k} must be positive")
+        for k in ("max_trace_tokens", "max_log_tokens"):  # (a position-embedding row each)
+            if int(getattr(self, k)) > MAX_POSITIONS:
+                raise ConfigError(f"model.{k} must be at most {MAX_POSITIONS}, got {getattr(self, k)}")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
         if self.max_summary_tokens < 0 or self.log_value_buckets < 0:

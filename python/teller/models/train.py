@@ -650,6 +650,12 @@ def load_checkpoint(
         )
     run = p if p.is_dir() else p.parent
     weights = p / "model.safetensors" if p.is_dir() else p
+    if p.is_file() and p.name.endswith(".json"):  # (read as weights it is "not safetensors")
+        raise ConfigError(
+            f"{p}: a JSON file, not a checkpoint: give the run directory {run} (or its weights "
+            "file, model.safetensors)",
+            path=str(p),
+        )
     cfg_path = run / "config.json"
     if not weights.is_file() or not cfg_path.is_file():
         raise TellerFileNotFoundError(
