@@ -490,6 +490,8 @@ def _collect(
             highlight=False,
             soft_wrap=True,
         )
+        for f in (s.get("findings") or [])[:3]:  # (all of them: summary.json, teller trace summary)
+            err_console.print(f"[bold]teller:[/] {escape(f['message'])}", highlight=False, soft_wrap=True)
     if res.trace_json:
         err_console.print(
             f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True

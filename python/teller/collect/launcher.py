@@ -371,4 +371,7 @@ def _convert(run_dir: Path, result: RunResult) -> None:
     tr.to_chrome(out)
     result.trace_json = out
     result.summary = tr.summary()
+    from teller.findings import findings
+
+    result.summary["findings"] = findings(tr, result.summary)  # (what stands out: docs/findings.md)
     (run_dir / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
