@@ -113,6 +113,59 @@ def test_a_reused_run_id_of_another_dataset_or_settings_is_refused_and_untouched
     assert (out / shard).stat().st_mtime_ns == before[shard][1]
 
 
+def test_changed_sample_files_are_encoded_again_never_reused(setup, tmp_path):
+    """The shards' key covers the sample files (each one's path, size and mtime), not only
+    manifest.json: a dataset whose samples changed under the same manifest (a trace truncated, a
+    file rewritten, a copy with other files) is encoded again under another default run id (also
+    `teller evaluate --split DATASET_DIR`'s cache), and an explicit run id holding the old samples
+    refuses it; an unchanged dataset still reuses its shards."""
+    from teller.models.report import _tokenize_for
+
+    def shards_of(r: Path) -> dict:  # (a resumed run rewrites manifest.json, the same bytes)
+        return {k: v[0] if k == "manifest.json" else v for k, v in _files(r).items()}
+
+    data, tdir, run = setup
+    d = _copy(data, tmp_path / "ds")  # (copytree keeps sizes and mtimes: the same files)
+    o = tmp_path / "o"
+    a = tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
+    before = shards_of(a)
+    assert tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300) == a and shards_of(a) == before
+    sid = json.loads((d / "manifest.json").read_text())["splits"]["test"][0]
+    log = d / sid / "log.txt"
+    log.write_bytes(log.read_bytes().replace(b"INFO", b"WARN", 1))  # (same size, another mtime)
+    b = tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
+    assert b != a and shards_of(a) == before  # encoded again; the old run untouched
+    (d / sid / "trace.json").write_bytes(b"")
+    with pytest.raises(TellerError, match=f"{d / sid / 'trace.json'}: empty file"):
+        tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
+    # an explicit run id that holds the samples as they were
+    out = _copy(run.parent, tmp_path / "out") / run.name
+    kept = _files(out)
+    with pytest.raises(
+        ConfigError, match=r"run id 'r' already holds the shards of another dataset .*sample files"
+    ):
+        tokenize_dataset(d, tdir, out.parent, run_id="r", shard_size=4, log_vocab_size=300)
+    assert _files(out) == kept
+    # a checkpoint's evaluation cache of a dataset directory: reused while the dataset is unchanged,
+    # not for a copy of it (new mtimes) with a truncated trace
+    cfg = {
+        "tpe_dir": str(tdir),
+        "log_tokenizer": str(run / "log_tokenizer.json"),
+        "reference": str(run / "reference.json"),
+        "shards_version": 13,
+    }
+    ck = tmp_path / "ck"
+    e = _tokenize_for(ck, cfg, data, 1)
+    cached = shards_of(e)
+    assert _tokenize_for(ck, cfg, data, 1) == e and shards_of(e) == cached
+    x = tmp_path / "x"
+    shutil.copytree(data, x, copy_function=shutil.copyfile)
+    (x / sid / "trace.json").write_bytes(b"")
+    with pytest.raises(TellerError, match=f"{x / sid / 'trace.json'}: empty file"):
+        _tokenize_for(ck, cfg, x, 1)
+    assert shards_of(e) == cached
+
+
 # -- 2. a bad dataset, before anything is encoded -------------------------------------------------
 
 
@@ -407,6 +460,80 @@ def test_a_damaged_shard_is_named(setup, tmp_path, breakage, err, file, msg):
     with pytest.raises(err, match=msg) as e:
         split[0]
     assert str(_shard(r) / file) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("breakage", "file", "msg"),
+    [
+        (lambda r: (r / "log_tokenizer.json").write_bytes(b""), "log_tokenizer.json", "empty file"),
+        (lambda r: (r / "log_tokenizer.json").write_text("{trunc"), "log_tokenizer.json", "not a teller log"),
+        (
+            lambda r: (r / "reference.json").write_text("[1]"),
+            "reference.json",
+            "not a teller kernel reference",
+        ),
+        (lambda r: (r / "reference.fold1.json").write_bytes(b""), "reference.fold1.json", "empty file"),
+        (lambda r: os.truncate(_shard(r) / "trace_ids.npy", 200), "trace_ids.npy", "truncated"),
+        (lambda r: (_shard(r) / "labels.npy").unlink(), "labels.npy", "missing"),
+        (
+            lambda r: _save(_shard(r) / "log_ids.npy", lambda a: a[:-3]),
+            "log_ids.npy",
+            "log_offsets.npy ends at",
+        ),
+    ],
+)
+def test_a_resumed_run_checks_what_it_resumes(setup, tmp_path, breakage, file, msg):
+    """Resuming a run whose log tokenizer, kernel reference or a shard marked done is damaged: a
+    warning naming the file, and what depends on it made again (fitted again and every shard
+    encoded again; the shard encoded again), so the run ends as it was: never a traceback, never a
+    damaged shard taken as done."""
+    data, tdir, run = setup
+    out = _copy(run.parent, tmp_path / "out") / run.name
+    breakage(out)
+    where = out / file if file.endswith(".json") else _shard(out) / file
+    with pytest.warns(TellerWarning, match=msg) as w:
+        tokenize_dataset(data, tdir, out.parent, run_id="r", shard_size=4, log_vocab_size=300)
+    assert any(str(x.message).startswith(f"{where}: ") for x in w), [str(x.message) for x in w]
+    for f in ("manifest.json", "log_tokenizer.json", "reference.json", "reference.fold1.json"):
+        assert (out / f).read_bytes() == (run / f).read_bytes(), f
+    man = json.loads((run / "manifest.json").read_text())
+    for sp in man["splits"].values():
+        for sh in sp["shards"]:
+            a, b = load_shard(out, sh["name"], mmap=False), load_shard(run, sh["name"], mmap=False)
+            assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a), sh["name"]
+    # from the CLI: one warning line, exit 0
+    breakage(out)
+    r = _cli(
+        "tokenize", "--data-dir", str(data), "--tokenizer-dir", str(tdir), "--output-dir", str(out.parent),
+        "--run-id", "r", "--shard-size", "4", "--log-vocab-size", "300",
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"warning: {where}: "), r.stderr
+
+
+def test_a_resumed_run_restores_or_refuses_a_copied_in_file(setup, tmp_path):
+    """A run made with --log-tokenizer / --reference (`teller evaluate`'s cache of a dataset): its
+    damaged copy is copied again from this call's (the run's settings hold its hash); a readable
+    other one is refused, as its shards were encoded with it."""
+    data, tdir, run = setup
+    kw = {
+        "run_id": "c",
+        "shard_size": 4,
+        "log_tokenizer": run / "log_tokenizer.json",
+        "hide_reference": False,
+    }
+    c = tokenize_dataset(data, tdir, tmp_path, **kw)
+    before = _files(c)
+    (c / "log_tokenizer.json").write_bytes(b"")
+    (c / "reference.json").write_text("{")
+    with pytest.warns(TellerWarning, match="copied again from"):
+        tokenize_dataset(data, tdir, tmp_path, **kw)
+    assert {k: v[0] for k, v in _files(c).items()} == {k: v[0] for k, v in before.items()}
+    (c / "log_tokenizer.json").write_text(json.dumps({"format": "teller-log-tokenizer", "vocab": ["a"]}))
+    with pytest.raises(
+        ConfigError, match=f"{c / 'log_tokenizer.json'}: run id 'c' already holds another log"
+    ):
+        tokenize_dataset(data, tdir, tmp_path, **kw)
 
 
 def test_a_shard_disagreeing_with_the_manifest_is_named(setup, tmp_path):

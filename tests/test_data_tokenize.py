@@ -154,16 +154,20 @@ def test_resume_skips_complete_shards(setup):
 
 def test_simulated_shards_key_is_unchanged_by_the_culprit_rules(setup):
     """A simulated dataset's shards keep the key they had before ``culprit_rules`` existed (the
-    field enters the key only where it is not 1), so shards encoded before are still reused."""
+    field enters the key only where it is not 1), so shards encoded before are still reused. (The
+    key covers the sample files' fingerprint since it exists: shards keyed before are encoded once
+    more, into a new run id.)"""
     import hashlib
 
-    from teller.data.tokenize import SHARDS_VERSION
+    from teller.data.tokenize import SHARDS_VERSION, samples_fingerprint
 
     data, tdir, out = setup
     man = json.loads((out / "manifest.json").read_text())
     # the settings are pinned, so a new field entering them (and the key) fails here too
     assert man["settings"] == {"shard_size": 6, "log_vocab_size": 512}
-    key = [man["dataset"]["manifest_sha256"], man["tokenizer"]["sha256"], man["settings"], SHARDS_VERSION]
+    fp = man["dataset"]["samples_fingerprint"]
+    assert fp == samples_fingerprint(data, json.loads((data / "manifest.json").read_text()))
+    key = [man["dataset"]["manifest_sha256"], man["tokenizer"]["sha256"], man["settings"], SHARDS_VERSION, fp]
     assert out.name == "tok-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -7,9 +7,10 @@ Output (``docs/dataset.md``, "Tokenized shards")::
     O/<run-id>/shards/<split>-<k>/<array>.npy
 
 Shards are written to a temporary directory and renamed when complete, so a rerun with the same
-run id skips them (resume). A run id that holds the shards of another dataset manifest, tokenizer
-or settings is refused, never reused or overwritten; the dataset is checked (manifest, every
-sample's files and annotation) before anything is written, and a damaged shard is named when read.
+run id skips them (resume), each checked first (a damaged one is encoded again). A run id that holds
+the shards of another dataset (manifest or sample files), tokenizer or settings is refused, never
+reused or overwritten; the dataset is checked (manifest, every sample's files and annotation) before
+anything is written, and a damaged shard is named when read.
 """
 
 from __future__ import annotations
@@ -369,6 +370,46 @@ def _labelled_effect(ann: dict[str, Any]) -> tuple[int, float]:
     return n, (max(shares) if shares else float("nan"))
 
 
+def _done_record(final: Path, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``done.json`` of shard directory ``final`` if it is what ``job`` would encode (its
+    samples, this version, the culprit rules), else None: the shard is encoded (again)."""
+    if not (final / "done.json").is_file():
+        return None
+    try:
+        done = json.loads((final / "done.json").read_text())
+    except (OSError, ValueError):  # (a damaged marker of our own: the shard is encoded again)
+        return None
+    # a shard of an older version is encoded again, as is one from before the effect arrays
+    # (same version: no model reads them, but evaluation by effect would silently cover part of
+    # a split)
+    if (
+        isinstance(done, dict)
+        and done.get("samples") == len(job["samples"])
+        and done.get("version") == SHARDS_VERSION
+        and done.get("effect")
+        and done.get("culprit_rules", 1) == job.get("culprit_rules", 1)
+    ):
+        return done
+    return None
+
+
+def _drop_damaged_shards(out: Path, jobs: list[dict[str, Any]], num_labels: int) -> None:
+    """Before a resumed run encodes: every shard its ``done.json`` marks complete is checked as a
+    reader checks it (:func:`load_shard`: each array's npy header, memory-mapped, so a truncated or
+    missing one is found without reading the data; shapes, offsets and labels against done.json);
+    a damaged one is warned about (naming the file) and its done.json removed, so it is encoded again."""
+    for j in jobs:
+        final = out / "shards" / j["name"]
+        if _done_record(final, j) is None:
+            continue
+        try:
+            load_shard(out, j["name"], num_labels=num_labels)
+        except TellerError as e:
+            why = str(e).replace(f" (an incomplete shard: {_RETOKENIZE})", "").replace(f"; {_RETOKENIZE}", "")
+            _warn(f"{why}; a damaged shard of a resumed run, encoded again")
+            (final / "done.json").unlink()
+
+
 def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     from teller import tpe
     from teller.data.dataset import culprit_mask
@@ -383,22 +424,9 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
 
     out = Path(job["out"])
     final = out / "shards" / job["name"]
-    if (final / "done.json").is_file():
-        try:
-            done = json.loads((final / "done.json").read_text())
-        except (OSError, ValueError):  # (a damaged marker of our own: the shard is encoded again)
-            done = None
-        # a shard of an older version is encoded again, as is one from before the effect arrays
-        # (same version: no model reads them, but evaluation by effect would silently cover part of
-        # a split)
-        if (
-            isinstance(done, dict)
-            and done.get("samples") == len(job["samples"])
-            and done.get("version") == SHARDS_VERSION
-            and done.get("effect")
-            and done.get("culprit_rules", 1) == job.get("culprit_rules", 1)
-        ):
-            return done
+    done = _done_record(final, job)
+    if done is not None:
+        return done
     tmp = out / "shards" / f".tmp-{job['name']}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -649,7 +677,8 @@ def tokenize_dataset(
     progress: ProgressFn | None = None,
 ) -> Path:
     """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
-    hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes.
+    hash of the dataset manifest, its sample files' fingerprint (:func:`samples_fingerprint`), the
+    tokenizer and the settings, so a rerun resumes, and a changed dataset is encoded again.
 
     The log tokenizer is built from the dataset's train split, or taken from ``log_tokenizer`` (a
     ``log_tokenizer.json``): how new data is encoded for a model trained on other shards. The
@@ -704,13 +733,14 @@ def tokenize_dataset(
     if rules != 1:  # (the key of every dataset whose culprit events never changed stays as it was)
         settings["culprit_rules"] = rules
     _check_samples(data, man)  # (before anything is written)
+    s_hash = samples_fingerprint(data, man)  # (before encoding: a file changed meanwhile differs next time)
     if run_id is None:
-        key = [d_hash, t_hash, settings, SHARDS_VERSION]
+        key = [d_hash, t_hash, settings, SHARDS_VERSION, s_hash]
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         run_id = f"tok-{h[:12]}"
     out = out_root / run_id
     stamp = {
-        "dataset": {"path": str(data.resolve()), "manifest_sha256": d_hash},
+        "dataset": {"path": str(data.resolve()), "manifest_sha256": d_hash, SAMPLES_KEY: s_hash},
         "tokenizer": {"sha256": t_hash},
         "settings": settings,
     }
@@ -724,45 +754,90 @@ def tokenize_dataset(
         raise TellerIOError(
             f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out)
         ) from None
+    # A resumed run's log tokenizer and kernel reference are what its shards were encoded with: one
+    # that is damaged (unreadable, malformed, or another file than its record says) is copied again
+    # from this call's --log-tokenizer / --reference (the run's settings hold their hashes, so they are
+    # the files it was made with), or, fitted here, fitted again and every shard encoded again (as a
+    # reference of an older version is); one copied in that this call cannot restore is refused.
     lt_path = out / "log_tokenizer.json"
+    redo = False  # every shard encoded again (done ones included)
+    lt_bad = None
+    if lt_path.is_file():
+        lt_src_sha = settings.get("log_tokenizer_sha256")
+        lt_bad = _resumed_file_problem(
+            lt_path, LogTokenizer.load, lt_src_sha or _recorded_sha(out, "log_tokenizer")
+        )
+        if lt_src_sha is not None and lt_bad == _CHANGED:
+            raise ConfigError(
+                f"{lt_path}: run id {run_id!r} already holds another log tokenizer than {log_tokenizer}; "
+                "its shards were encoded with that one: use a new --run-id",
+                path=str(lt_path),
+            )
+        if lt_bad is not None:
+            lt_path.unlink()
     if not lt_path.is_file() and log_tokenizer is not None:
         tmp = out / ".log_tokenizer.json.tmp"
         shutil.copyfile(log_tokenizer, tmp)
         os.replace(tmp, lt_path)
+        if lt_bad is not None:
+            _warn(f"{lt_path}: {lt_bad}; copied again from {log_tokenizer}")
     elif not lt_path.is_file():
         train_logs = [data / sid / "log.txt" for sid in man["splits"].get("train", [])]
         lt = LogTokenizer.train(train_logs, vocab_size=log_vocab_size)
         tmp = out / ".log_tokenizer.json.tmp"
         tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
         os.replace(tmp, lt_path)
+        if lt_bad is not None:
+            _warn(f"{lt_path}: {lt_bad}; fitted again, and every shard of the run is encoded again")
+            redo = True
     ref_path = out / REFERENCE_FILE
     fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
-    if reference is None and ref_path.is_file():
-        from teller.data.reference import REF_VERSION
+    if ref_path.is_file() and reference is None:
+        from teller.data.reference import REF_VERSION, KernelReference
 
-        try:
-            stale = json.loads(ref_path.read_text()).get("version") != REF_VERSION
-        except (OSError, ValueError, AttributeError):
-            stale = True
-        if stale and not all(p.is_file() for p in fold_paths):
+        own = all(p.is_file() for p in fold_paths)
+        bad = _resumed_file_problem(ref_path, KernelReference.load, None)
+        stale = bad is None and KernelReference.load(ref_path).version != REF_VERSION
+        if bad is None and not stale:  # (one of an older version is fitted again anyway)
+            bad = _resumed_file_problem(ref_path, KernelReference.load, _recorded_sha(out, "reference"))
+        bad_path = ref_path
+        for p in fold_paths if own and bad is None and not stale else ():
+            bad, bad_path = _resumed_file_problem(p, KernelReference.load, None), p
+            if bad is not None:
+                break
+        if (bad is not None or stale) and not own:
             # copied in by an earlier run of this run id (--reference / --log-tokenizer): its shards
             # were encoded against it, and it is not ours to replace
+            what = "a kernel reference of another version," if bad is None else f"{bad}; a kernel reference"
             raise ConfigError(
-                f"{ref_path}: a kernel reference of another version, copied in by an earlier run of "
-                f"run id {run_id!r}; pass the same --reference (or --log-tokenizer) again, or use a "
-                "new --run-id",
+                f"{ref_path}: {what} copied in by an earlier run of run id {run_id!r}; pass the same "
+                "--reference (or --log-tokenizer) again, or use a new --run-id",
                 path=str(ref_path),
             )
-        if stale:  # fitted here by an older teller (a reused --run-id): fitted again, and every
-            # shard encoded against the old one is encoded again
-            for p in [ref_path, *fold_paths, *(out / "shards").glob("*/done.json")]:
-                p.unlink()
-    elif reference is not None and ref_path.is_file() and _sha256(ref_path) != settings["reference_sha256"]:
-        raise ConfigError(
-            f"{ref_path}: run id {run_id!r} already holds another kernel reference than {reference}; "
-            "its shards were encoded against that one: use a new --run-id",
-            path=str(ref_path),
-        )
+        if bad is not None or stale:
+            # fitted here, by an older teller (a reused --run-id) or damaged since: fitted again, and
+            # every shard encoded against the old one is encoded again
+            if bad is not None:
+                _warn(f"{bad_path}: {bad}; the kernel reference is fitted again, every shard encoded again")
+            for p in [ref_path, *fold_paths]:
+                p.unlink(missing_ok=True)
+            redo = True
+    elif ref_path.is_file() and _sha256(ref_path) != settings["reference_sha256"]:
+        from teller.data.reference import KernelReference
+
+        bad = _resumed_file_problem(ref_path, KernelReference.load, None)
+        if bad is None:  # (readable: another reference than the one its shards were encoded against)
+            raise ConfigError(
+                f"{ref_path}: run id {run_id!r} already holds another kernel reference than {reference}; "
+                "its shards were encoded against that one: use a new --run-id",
+                path=str(ref_path),
+            )
+        # damaged: the run's copy of this call's --reference (whose hash its settings hold), copied again
+        _warn(f"{ref_path}: {bad}; copied again from {reference}")
+        ref_path.unlink()
+    if redo:
+        for p in (out / "shards").glob("*/done.json"):
+            p.unlink()
     if not ref_path.is_file():
         if reference is not None:
             tmp = out / f".{REFERENCE_FILE}.tmp"
@@ -814,6 +889,7 @@ def tokenize_dataset(
             )
             shards.append({"name": name, "rows": [k, min(k + shard_size, len(ids))]})
         splits[split] = {"samples": list(ids), "shards": shards}
+    _drop_damaged_shards(out, jobs, len(labels))
     infos: dict[str, dict[str, Any]] = {}
     done = 0
     if progress:
@@ -834,8 +910,10 @@ def tokenize_dataset(
     for sp in splits.values():
         for s in sp["shards"]:
             s.update({k: v for k, v in infos[s["name"]].items() if k != "name"})
-    lt_vocab = len(json.loads(lt_path.read_text())["vocab"])
-    ref_table = json.loads(ref_path.read_text())["table"]
+    lt_vocab = len(LogTokenizer.load(lt_path).vocab)  # (checked above: a damaged one is named)
+    from teller.data.reference import KernelReference
+
+    ref_table = KernelReference.load(ref_path).table
     manifest = {
         "format": SHARDS_FORMAT,
         "version": SHARDS_VERSION,
@@ -843,6 +921,7 @@ def tokenize_dataset(
         "dataset": {
             "path": str(data.resolve()),
             "manifest_sha256": d_hash,
+            SAMPLES_KEY: s_hash,
             "num_samples": man["num_samples"],
         },
         "tokenizer": {
@@ -887,6 +966,72 @@ def _need_file(p: Path, what: str) -> None:
         raise TellerIOError(f"{p}: {problem} ({what})", path=str(p))
 
 
+# What the shards' key (the default run id, and the record a reused --run-id is checked against)
+# knows of the samples: manifest.json names them but says nothing of their bytes, so a sample
+# truncated, replaced or edited in place (or a copy of the dataset with other samples under the same
+# manifest) would reuse the shards of other bytes. The key therefore also covers a fingerprint of
+# every file the shards encode: its path in the dataset, size and mtime_ns (one stat per file, as
+# make and git's index do; ~30 ms for 2 600 samples, where hashing the bytes would cost about as much
+# as encoding them). A changed file changes its size or mtime, so its dataset is encoded again into
+# another default run id (an explicit --run-id holding it is refused); a copy with new mtimes
+# (`cp -r`) is encoded again too, one that keeps them (`cp -a`, same sizes) holds the same bytes and
+# reuses the shards. A record written before the fingerprint existed is compared by its manifest only.
+SAMPLE_FILES = ("trace.json", "log.txt", "annotation.json")
+SAMPLES_KEY = "samples_fingerprint"
+
+
+def samples_fingerprint(data: Path, man: dict[str, Any]) -> str:
+    """SHA-256 over (path in the dataset, size, mtime_ns) of each of ``SAMPLE_FILES`` of every sample
+    the manifest's splits list, in their order (see the note above)."""
+    h = hashlib.sha256()
+    root = os.fspath(data)
+    for ids in man["splits"].values():
+        for sid in ids:
+            for name in SAMPLE_FILES:
+                rel = f"{sid}/{name}"
+                try:
+                    st = os.stat(os.path.join(root, rel))
+                except OSError as e:  # (checked just before: it went meanwhile)
+                    p = data / rel
+                    raise TellerIOError(f"{p}: cannot be read: {e.strerror or e}", path=str(p)) from None
+                h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, TellerWarning, stacklevel=3)
+
+
+def _recorded_sha(out: Path, part: str) -> str | None:
+    """The sha256 that a run's ``manifest.json`` records for its ``part`` (``log_tokenizer``,
+    ``reference``), or None (no manifest yet: an interrupted run; checked by :func:`_check_run_dir`)."""
+    try:
+        sha = json.loads((out / "manifest.json").read_text())[part]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sha if isinstance(sha, str) else None
+
+
+_CHANGED = "not the file the run's shards were encoded with (it changed since)"
+
+
+def _resumed_file_problem(path: Path, load: Callable[[Path], Any], sha: str | None) -> str | None:
+    """What makes a file of a resumed run (its log tokenizer, kernel reference) unfit to be what its
+    shards were encoded with: unreadable or malformed (``load`` fails), or not the file of hash
+    ``sha`` its record names; None if it is fit."""
+    try:
+        if path.stat().st_size == 0:
+            return "empty file"
+        load(path)
+    except TellerError as e:
+        return str(e).removeprefix(f"{path}: ")
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if sha is not None and _sha256(path) != sha:
+        return _CHANGED
+    return None
+
+
 def _check_samples(data: Path, man: dict[str, Any]) -> None:
     """Every sample the manifest's splits list, before anything is encoded: its directory,
     ``annotation.json``, ``trace.json`` and ``log.txt`` present, the annotation usable
@@ -923,10 +1068,11 @@ _DERIVED_SETTINGS = ("culprit_rules",)
 
 
 def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
-    """An existing run directory may be resumed only by a call with the same dataset manifest, TPE
-    tokenizer and settings as the run that wrote it (its ``manifest.json``, or the stamp of an
-    interrupted run): else a :class:`ConfigError` naming the directory and what differs, and
-    nothing in it is touched (its shards would be reused for other samples, or overwritten)."""
+    """An existing run directory may be resumed only by a call with the same dataset manifest (and
+    sample files' fingerprint, where its record has one), TPE tokenizer and settings as the run that
+    wrote it (its ``manifest.json``, or the stamp of an interrupted run): else a
+    :class:`ConfigError` naming the directory and what differs, and nothing in it is touched (its
+    shards would be reused for other samples, or overwritten)."""
     if not out.exists():
         return
     if not out.is_dir():
@@ -941,6 +1087,7 @@ def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
                 raise ValueError(f"its format is {m.get('format')!r}, not {SHARDS_FORMAT!r}")
             old = {
                 "dataset": m["dataset"]["manifest_sha256"],
+                "samples": m["dataset"].get(SAMPLES_KEY),
                 "path": m["dataset"].get("path"),
                 "tokenizer": m["tokenizer"]["sha256"],
                 "settings": dict(m["settings"]),
@@ -952,6 +1099,12 @@ def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
         diffs = []
         if old["dataset"] != stamp["dataset"]["manifest_sha256"]:
             diffs.append(f"the shards of another dataset ({old['path'] or 'its manifest.json differs'})")
+        elif old["samples"] is not None and old["samples"] != stamp["dataset"][SAMPLES_KEY]:
+            diffs.append(
+                f"the shards of another dataset ({old['path'] or 'the same manifest.json'}: its sample "
+                "files have since changed, or this call's are others under the same manifest.json: their "
+                "sizes or modification times differ)"
+            )
         if old["tokenizer"] != stamp["tokenizer"]["sha256"]:
             diffs.append("the shards of another TPE tokenizer")
         a = {k: v for k, v in old["settings"].items() if k not in _DERIVED_SETTINGS}
@@ -1196,8 +1349,12 @@ def read_shards_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     man = read_json(mp_, "shards manifest")
     problem = _shards_manifest_problem(man)
     if problem is not None:
+        # (a dataset's manifest carries its own hint; a damaged shards manifest this one)
+        again = (
+            "" if "teller tokenize" in problem else " (tokenize the dataset again, into a new run directory)"
+        )
         raise DatasetError(
-            f"{mp_}: {problem} (tokenize the dataset again, into a new run directory)",
+            f"{mp_}: {problem}{again}",
             path=str(mp_),
             detail=problem,
         )
