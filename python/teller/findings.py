@@ -30,7 +30,9 @@ SHORT_KERNELS = (
     0.5  # share of kernels shorter than their launch call that makes a host-bound GPU launch-bound
 )
 STRAGGLER_GAP = 0.10  # the spread of the ranks' communication shares that points at the least waiting one
-STEP_OUTLIER = 1.5  # the slowest step against the median of its process
+STEP_OUTLIER = (
+    3.0  # the slowest step against the median of its process (prefill steps run 1.5-3x decode ones)
+)
 MIN_STEPS = 3
 
 
