@@ -315,3 +315,18 @@ def test_cli_summary_prints_the_breakdown_and_findings(tmp_path) -> None:
     assert [f["kind"] for f in s["findings"]] == ["host_wait"] and s["devices"][0][
         "idle_host_ns"
     ] == 82_000 * 19
+
+
+def test_cli_summary_says_when_nothing_stands_out(tmp_path) -> None:
+    t = _Trace()
+    for k in range(10):
+        t.launch(k, 1, 20 + 10 * k, 10)
+    p = tmp_path / "busy.json"
+    p.write_text(json.dumps({"traceEvents": t.ev}))
+    r = subprocess.run(
+        [sys.executable, "-m", "teller", "trace", "summary", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "findings: nothing above the thresholds (docs/findings.md)" in r.stdout

@@ -397,7 +397,7 @@ def trace_summary(
 def _print_findings(fs: list[dict[str, Any]]) -> None:
     """The findings (`teller.findings`) as a list; says so when there are none."""
     if not fs:
-        console.print('findings: nothing above the thresholds (docs/trace-format.md, "Findings")')
+        console.print("findings: nothing above the thresholds (docs/findings.md)")
         return
     console.print(f"[bold]findings[/] ({len(fs)}, largest share of time first):")
     for f in fs:
