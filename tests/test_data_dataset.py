@@ -290,6 +290,14 @@ def test_generate_refuses_other_dataset_and_resumes(tmp_path):
     after = _files(r)
     after.pop("s000000/marker")
     assert after == before
+    # sample directories no run of ours stamped (copied in): refused, left as they are
+    f = tmp_path / "foreign"
+    (f / "s000000").mkdir(parents=True)
+    (f / "s000000" / "mine.txt").write_text("mine")
+    shutil.copytree(d / "s000001", f / "s000001")
+    with pytest.raises(ConfigError, match="holds sample directories .* that no generate run here left"):
+        generate(f, num_samples=2, seed=1, preset="tiny")
+    assert (f / "s000000" / "mine.txt").read_text() == "mine" and not (f / "manifest.json").exists()
 
 
 def _teller(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

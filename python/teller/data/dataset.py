@@ -539,6 +539,13 @@ def generate(
         } == cfg_key
         if not (same and resume):
             raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
+    elif not stamp.exists() and _holds_samples(out):
+        # sample directories no run of ours stamped (copied in, another tool's): resuming would keep
+        # them as this dataset's samples unchecked, or replace them; neither is ours to do
+        raise ConfigError(
+            f"{out}: holds sample directories (s000000...) that no generate run here left (no "
+            ".generate.json or manifest.json): use an empty or new directory"
+        )
     stamp.write_text(json.dumps(cfg_key, sort_keys=True))
     plans = plan(cfg, n, seed)
     todo = [p for p in plans if not (resume and (out / p.sample_id / "annotation.json").is_file())]
@@ -554,7 +561,7 @@ def generate(
                 progress(done, n)
     else:
         ctx = mp.get_context("spawn")  # no fork: the Rust thread pool of the parent must not be cloned
-        with ctx.Pool(workers) as pool:
+        with ctx.Pool(min(workers, len(todo))) as pool:  # (no idle interpreters for a few samples)
             for _ in pool.imap_unordered(_worker, args, chunksize=max(1, min(8, len(args) // (4 * workers)))):
                 done += 1
                 if progress:
