@@ -202,7 +202,7 @@ def test_nothing_to_say(tmp_path) -> None:
     assert tr.summary(0)["devices"] == [] and findings(tr) == []
 
 
-def _breakdown_reference(tr) -> dict[int, dict[str, int]]:
+def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
     """The definition of the breakdown (teller_core::summary), event by event in Python: the oracle."""
     layer = np.asarray(tr.layer)
     out: dict[int, dict[str, int]] = {}
@@ -210,9 +210,11 @@ def _breakdown_reference(tr) -> dict[int, dict[str, int]]:
     link = np.asarray(tr.link)
     names = tr.strings
     coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
-    for dev in sorted(set(np.asarray(tr.device)[gpu].tolist())):
+    src = np.asarray(tr.source)
+    for key in sorted(set(zip(src[gpu].tolist(), np.asarray(tr.device)[gpu].tolist(), strict=True))):
         acts = []
-        for i in gpu[np.asarray(tr.device)[gpu] == dev].tolist():
+        mine = (src[gpu] == key[0]) & (np.asarray(tr.device)[gpu] == key[1])
+        for i in gpu[mine].tolist():
             s, e = int(tr.ts[i]), int(tr.ts[i] + tr.dur[i])
             if layer[i] == 6:
                 kind = "comm" if coll.search(names[tr.name[i]].lower().replace("_", "")) else "compute"
@@ -249,7 +251,7 @@ def _breakdown_reference(tr) -> dict[int, dict[str, int]]:
                     r["queued"] += g1 - c1
             end = max(end, e)
         comp, comm = union(("compute",)), union(("comm",))
-        out[dev] = {
+        out[key] = {
             "busy_ns": union(("compute", "comm", "memory")),
             "compute_ns": comp,
             "comm_ns": comm,
@@ -273,7 +275,7 @@ def _breakdown_reference(tr) -> dict[int, dict[str, int]]:
 def test_breakdown_equals_the_reference_on_real_traces(name) -> None:
     tr = teller.trace.load(TRACES / name, warn=False)
     ref = _breakdown_reference(tr)
-    got = {d["device"]: d for d in tr.summary(0)["devices"]}
+    got = {(d["source"], d["device"]): d for d in tr.summary(0)["devices"]}
     assert set(got) == set(ref) and ref
     for dev, want in ref.items():
         d = got[dev]
@@ -295,7 +297,8 @@ def test_breakdown_equals_the_reference_on_simulated_captures(tmp_path) -> None:
         tr = teller.trace.load(sd / "trace.json", warn=False)
         ref = _breakdown_reference(tr)
         for d in tr.summary(0)["devices"]:
-            assert {k: d[k] for k in ref[d["device"]]} == ref[d["device"]]
+            want = ref[(d["source"], d["device"])]
+            assert {k: d[k] for k in want} == want
             seen_comm += d["comm_ns"] > 0
     assert seen_comm > 0
 
@@ -330,3 +333,73 @@ def test_cli_summary_says_when_nothing_stands_out(tmp_path) -> None:
         timeout=120,
     )
     assert r.returncode == 0 and "findings: nothing above the thresholds (docs/findings.md)" in r.stdout
+
+
+def test_per_rank_files_are_separate_gpus_and_the_straggler_is_named(tmp_path) -> None:
+    # two ranks' profiler files, each process seeing its own GPU as device 0 (CUDA_VISIBLE_DEVICES):
+    # two GPUs, named by file, not one GPU 0 whose "overlap" is two devices' work
+    files = []
+    for rank, work in ((0, 40), (1, 80)):
+        t = _Trace()
+        for k in range(8):
+            base = 200 * k
+            t.launch(base, 2, base + 3, work)
+            t.launch(
+                base + 1, 2, base + 3 + work, 100 - work, name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+            )
+        p = tmp_path / f"rank{rank}.json"
+        p.write_text(json.dumps({"traceEvents": t.ev}))
+        files.append(p)
+    tr = teller.trace.load(files, warn=False)
+    devs = tr.summary(0)["devices"]
+    assert [(d["device"], d["source"]) for d in devs] == [(0, 0), (0, 1)]
+    assert [d["comm_compute_overlap_ns"] for d in devs] == [0, 0]
+    st = next(f for f in findings(tr) if f["kind"] == "straggler")
+    assert st["source"] == 1 and st["message"].startswith("GPU 0 of rank1.json spends the least")
+    ref = _breakdown_reference(tr)
+    assert {(d["source"], d["device"]): {k: d[k] for k in ref[(0, 0)]} for d in devs} == ref
+
+
+def test_graph_launches_are_not_launch_bound(tmp_path) -> None:
+    # one cudaGraphLaunch of 30 us runs 50 kernels of 2 us: none of them "shorter than its launch"
+    ev = []
+    corr = 0
+    for g in range(4):
+        corr += 1
+        t0 = 1000 * g
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": t0,
+                   "dur": 30, "args": {"correlation": corr}})  # fmt: skip
+        for k in range(50):
+            ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 40 + 3 * k,
+                       "dur": 2, "args": {"correlation": corr, "device": 0}})  # fmt: skip
+    p = tmp_path / "graph.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    d = _dev(teller.trace.load(p, warn=False))
+    assert d["kernels"] == 200 and d["kernels_shorter_than_launch"] == 0
+
+
+def test_sync_time_is_the_union_of_waits_and_survives_conversion(tmp_path) -> None:
+    # two threads waiting on GPU 0 at once count once; the span caps it; a converted trace keeps it
+    t = _Trace()
+    for k in range(10):
+        t.launch(100 * k, 5, 100 * k + 8, 10)
+    for tid in (1, 2):
+        t.ev.append({"ph": "X", "cat": "cuda_sync", "name": "cudaStreamSynchronize", "pid": 100, "tid": tid,
+                     "ts": 100, "dur": 500, "args": {"device": 0}})  # fmt: skip
+    tr = t.load(tmp_path)
+    assert _dev(tr)["sync_ns"] == 500_000
+    hs = next(f for f in findings(tr) if f["kind"] == "host_sync")
+    assert 0 < hs["share"] <= 1
+    out = tmp_path / "converted.json"
+    tr.to_chrome(out)
+    assert _dev(teller.trace.load(out, warn=False))["sync_ns"] == 500_000
+
+
+def test_times_past_the_limit_are_refused(tmp_path) -> None:
+    # ts + dur past what an i64 holds in ns wrapped around into negative spans: refused, named
+    for ts, dur in ((9e15, 9e15), (-9e15, 1)):
+        p = tmp_path / "big.json"
+        p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,
+                                                  "ts": ts, "dur": dur}]}))  # fmt: skip
+        with pytest.raises(teller.TraceFormatError, match="out of range"):
+            teller.trace.load(p, warn=False)

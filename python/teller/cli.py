@@ -314,14 +314,17 @@ def trace_summary(
     pct = f"{100 * linked / gpu:.1f}%" if gpu else "n/a"
     console.print(f"GPU activities: {gpu}, linked to their launching call: {linked} ({pct})")
     if s["devices"]:
+        from teller.findings import gpu_names
+
+        names = [n.removeprefix("GPU ") for n in gpu_names(s["devices"], tr.sources)]
         dt = Table(title="GPU busy/idle, launch delay, sync wait", title_justify="left")
         for c in ("device", "busy", "idle", "busy %", "launch delay p50", "p99", "sync wait"):
             dt.add_column(c, justify="right")
-        for d in s["devices"]:
+        for d, name in zip(s["devices"], names, strict=True):
             busy_pct = 100 * d["busy_ns"] / d["span_ns"] if d["span_ns"] else 0.0
             has = d["launches"] > 0
             dt.add_row(
-                str(d["device"]),
+                name,
                 _fmt_ns(d["busy_ns"]),
                 _fmt_ns(d["idle_ns"]),
                 f"{busy_pct:.1f}",
@@ -346,14 +349,14 @@ def trace_summary(
             "unlinked",
         ):
             bt.add_column(c, justify="right")
-        for d in s["devices"]:
+        for d, name in zip(s["devices"], names, strict=True):
             sp = d["span_ns"] or 1
 
             def pc(ns: int, sp: int = sp) -> str:
                 return f"{100 * ns / sp:.1f}"
 
             bt.add_row(
-                str(d["device"]),
+                name,
                 pc(d["compute_ns"]),
                 pc(d["comm_ns"]),
                 f"{100 * d['comm_compute_overlap_ns'] / d['comm_ns']:.0f} %" if d["comm_ns"] else "-",

@@ -15,6 +15,7 @@ those as unfamiliar and prints these findings).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -44,23 +45,49 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms" if ns >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
-def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The findings of one device entry of ``Trace.summary()["devices"]``."""
+def gpu_names(devices: list[dict[str, Any]], sources: list[dict[str, Any]] | None = None) -> list[str]:
+    """A name per entry of ``Trace.summary()["devices"]``: ``GPU 3``, or where two input files both
+    name a GPU 3 (per-rank profiler files, each process seeing its own GPU as 0), ``GPU 3 of FILE``."""
+    ids = [d["device"] for d in devices]
+    out = []
+    for d in devices:
+        name = f"GPU {d['device']}"
+        if ids.count(d["device"]) > 1:
+            src = d.get("source", 0)
+            path = sources[src].get("path") if sources and 0 <= src < len(sources) else None
+            name += f" of {os.path.basename(str(path)) if path else f'input {src}'}"
+        out.append(name)
+    return out
+
+
+def device_findings(d: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+    """The findings of one device entry of ``Trace.summary()["devices"]``; ``name``: how the messages
+    call it (:func:`gpu_names`; ``GPU <device>`` by default)."""
     span = d.get("span_ns") or 0
     if span <= 0:
         return []
     dev = d["device"]
+    gpu = name or f"GPU {dev}"
     out: list[dict[str, Any]] = []
 
     def add(kind: str, share: float, message: str, **values: Any) -> None:
-        out.append({"kind": kind, "device": dev, "share": float(share), "message": message, "values": values})
+        out.append(
+            {
+                "kind": kind,
+                "device": dev,
+                "source": d.get("source", 0),
+                "share": float(share),
+                "message": message,
+                "values": values,
+            }
+        )
 
     host = d["idle_host_ns"] / span
     kernels = d.get("kernels", 0)
     short = d.get("kernels_shorter_than_launch", 0) / kernels if kernels else 0.0
     if host >= HOST_WAIT:
         msg = (
-            f"GPU {dev} waited for the host {_pct(host)} of its time ({_ms(d['idle_host_ns'])}): "
+            f"{gpu} waited for the host {_pct(host)} of its time ({_ms(d['idle_host_ns'])}): "
             "it went idle before the next launch call was made (CPU-side work between launches: "
             "Python, scheduling, input preparation, a blocking synchronization)"
         )
@@ -75,7 +102,7 @@ def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
         add(
             "launch_overhead",
             launch,
-            f"GPU {dev} sat idle {_pct(launch)} of its time ({_ms(d['idle_launch_ns'])}) "
+            f"{gpu} sat idle {_pct(launch)} of its time ({_ms(d['idle_launch_ns'])}) "
             "while launch calls were in progress (slow launches: module loading, first-call setup, "
             "driver contention)",
             idle_launch_ns=d["idle_launch_ns"],
@@ -85,7 +112,7 @@ def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
         add(
             "queued",
             queued,
-            f"GPU {dev} sat idle {_pct(queued)} of its time ({_ms(d['idle_queued_ns'])}) with work already "
+            f"{gpu} sat idle {_pct(queued)} of its time ({_ms(d['idle_queued_ns'])}) with work already "
             f"launched (launch delay p50 {_ms(d['launch_delay_p50_ns'])}, "
             f"p99 {_ms(d['launch_delay_p99_ns'])}): "
             "streams waiting on events or another device, or another process holding the GPU",
@@ -99,7 +126,7 @@ def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
         add(
             "communication",
             comm,
-            f"collective kernels take {_pct(comm)} of GPU {dev}'s time ({_ms(d['comm_ns'])}), "
+            f"collective kernels take {_pct(comm)} of {gpu}'s time ({_ms(d['comm_ns'])}), "
             f"{_pct(hidden)} of it overlapped with compute (a collective's time includes waiting for the "
             "slowest peer)",
             comm_ns=d["comm_ns"],
@@ -110,42 +137,46 @@ def device_findings(d: dict[str, Any]) -> list[dict[str, Any]]:
         add(
             "memory_copies",
             mem,
-            f"copies and memsets take {_pct(mem)} of GPU {dev}'s time ({_ms(d['memory_ns'])})",
+            f"copies and memsets take {_pct(mem)} of {gpu}'s time ({_ms(d['memory_ns'])})",
             memory_ns=d["memory_ns"],
         )
-    sync = d["sync_ns"] / span
+    sync = min(1.0, d["sync_ns"] / span)
     if sync >= SYNC:
         add(
             "host_sync",
             sync,
-            f"host threads waited on GPU {dev} in synchronization calls for {_ms(d['sync_ns'])} "
+            f"host threads waited on {gpu} in synchronization calls for {_ms(d['sync_ns'])} "
             f"({_pct(sync)} of its span)",
             sync_ns=d["sync_ns"],
         )
     return out
 
 
-def straggler_finding(devices: list[dict[str, Any]]) -> dict[str, Any] | None:
+def straggler_finding(devices: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any] | None:
     """Of two or more GPUs that run collectives, the one with the smallest share of its time in
     them, when the others spend clearly more: in a collective every rank waits for the last to
     arrive, so the rank that waits least is the one the others wait for."""
+    names = names or [f"GPU {d['device']}" for d in devices]
     shares = [
-        (d["comm_ns"] / d["span_ns"], d) for d in devices if d.get("span_ns", 0) > 0 and d["comm_ns"] > 0
+        (d["comm_ns"] / d["span_ns"], d, nm)
+        for d, nm in zip(devices, names, strict=True)
+        if d.get("span_ns", 0) > 0 and d["comm_ns"] > 0
     ]
     if len(shares) < 2:
         return None
-    shares.sort(key=lambda x: (x[0], x[1]["device"]))
-    low, d = shares[0]
-    others = [s for s, _ in shares[1:]]
+    shares.sort(key=lambda x: (x[0], x[1]["device"], x[1].get("source", 0)))
+    low, d, nm = shares[0]
+    others = [s for s, _, _ in shares[1:]]
     if min(others) - low < STRAGGLER_GAP:
         return None
     rng = f"{_pct(min(others))}" if len(others) == 1 else f"{_pct(min(others))}-{_pct(max(others))}"
     return {
         "kind": "straggler",
         "device": d["device"],
+        "source": d.get("source", 0),
         "share": float(min(others) - low),
         "message": (
-            f"GPU {d['device']} spends the least of its time in collectives ({_pct(low)}, the others {rng}): "
+            f"{nm} spends the least of its time in collectives ({_pct(low)}, the others {rng}): "
             "the others wait for it in each collective (a slower or busier GPU, a noisy neighbour, more work)"
         ),
         "values": {"comm_share": low, "others_min": min(others), "others_max": max(others)},
@@ -197,8 +228,9 @@ def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, A
     """Every finding of the capture ``tr`` (a :class:`teller.trace.Trace`), largest share first;
     ``summary``: its ``tr.summary()`` when already computed."""
     s = summary if summary is not None else tr.summary(0)
-    out = [f for d in s["devices"] for f in device_findings(d)]
-    st = straggler_finding(s["devices"])
+    names = gpu_names(s["devices"], tr.sources)
+    out = [f for d, nm in zip(s["devices"], names, strict=True) for f in device_findings(d, nm)]
+    st = straggler_finding(s["devices"], names)
     if st is not None:
         out.append(st)
     out += step_findings(tr)

@@ -401,12 +401,12 @@ impl<'a> ChromeReader<'a> {
     fn expect_time(&mut self, off: usize, what: &str) -> Result<i64> {
         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
         match v {
-            Raw::Num(n) => parse_scaled(n, 3).ok_or_else(|| {
+            Raw::Num(n) => parse_scaled(n, 3).filter(|v| v.abs() <= MAX_TIME_NS).ok_or_else(|| {
                 Error::format(
                     self.path,
                     Some(off as u64),
                     Some(self.index),
-                    format!("'{what}' is out of range"),
+                    format!("'{what}' is out of range (at most {} us)", MAX_TIME_NS / 1000),
                 )
             }),
             other => Err(Error::format(
@@ -648,6 +648,9 @@ impl<'a> ChromeReader<'a> {
     fn push(&mut self, layer: Layer, ev: &Ev, ts: i64, dur: i64, fl: u8) {
         let device = if layer.on_gpu() {
             ev.device.unwrap_or(ev.pid) as i32
+        } else if layer == Layer::Sync {
+            // a host thread waiting on a GPU: the GPU it waits on (args.device), as in raw records
+            ev.device.map_or(-1, |d| d as i32)
         } else {
             -1
         };

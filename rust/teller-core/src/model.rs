@@ -6,6 +6,10 @@
 
 use hashbrown::HashMap;
 
+/// The largest |time| or duration a reader accepts, in ns (about 127 years from the epoch): every
+/// end (ts + dur) fits in an i64, and differences of two ends saturate.
+pub const MAX_TIME_NS: i64 = 4_000_000_000_000_000_000;
+
 /// Event layers. The numeric codes are part of the raw format (`docs/trace-format.md`).
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -309,7 +313,8 @@ impl Trace {
     }
     #[inline]
     pub fn end(&self, i: usize) -> i64 {
-        self.ts[i] + self.dur[i]
+        // (readers bound every time by MAX_TIME_NS: no overflow; saturating all the same)
+        self.ts[i].saturating_add(self.dur[i])
     }
     #[inline]
     pub fn layer_of(&self, i: usize) -> Layer {

@@ -463,7 +463,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let start_ns = meta.get("start_ns").and_then(|v| v.as_i64()).unwrap_or(0);
     let mut offset: i64 = match meta.get("clock_sync") {
         Some(MVal::Array(v)) if v.len() == 2 => match (v[0].as_i64(), v[1].as_i64()) {
-            (Some(c), Some(r)) => r - c,
+            (Some(c), Some(r)) if c.abs() <= MAX_TIME_NS && r.abs() <= MAX_TIME_NS => r - c,
             _ => {
                 return Err(fe(
                     recs[0].0,
@@ -526,13 +526,21 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 .ok_or_else(|| fe(at, ri, format!("record type {ty}: missing field {i} ({what})")))
         };
         let int = |i: usize, what: &str| -> Result<i64> {
-            field(i, what)?.as_i64().ok_or_else(|| {
+            let v = field(i, what)?.as_i64().ok_or_else(|| {
                 fe(
                     at,
                     ri,
                     format!("record type {ty}: field {i} ({what}) must be an integer"),
                 )
-            })
+            })?;
+            if matches!(what, "ts" | "start" | "end" | "mono_ns" | "realtime_ns") && v.abs() > MAX_TIME_NS {
+                return Err(fe(
+                    at,
+                    ri,
+                    format!("record type {ty}: field {i} ({what}) is out of range (at most {MAX_TIME_NS} ns)"),
+                ));
+            }
+            Ok(v)
         };
         let opt_u = |i: usize, what: &str| -> Result<u64> {
             match f.get(i) {
@@ -611,12 +619,12 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
                 let dur = (end - start).max(0);
-                last_ts = last_ts.max(end + offset);
+                last_ts = last_ts.max(end.saturating_add(offset));
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    start + offset,
+                    start.saturating_add(offset),
                     dur,
                     pid,
                     tid,
@@ -637,13 +645,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let corr = opt_u(7, "corr")?;
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
-                last_ts = last_ts.max(end + offset);
+                last_ts = last_ts.max(end.saturating_add(offset));
                 // GPU tracks use the Kineto convention: pid = device, tid = stream.
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    start + offset,
+                    start.saturating_add(offset),
                     (end - start).max(0),
                     device,
                     stream,
@@ -668,14 +676,14 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         args.push((k, ArgValue::Str(d)));
                     }
                 }
-                last_ts = last_ts.max(ts + offset);
+                last_ts = last_ts.max(ts.saturating_add(offset));
                 open.insert(
                     id,
                     Open {
                         layer,
                         name,
                         tid,
-                        ts: ts + offset,
+                        ts: ts.saturating_add(offset),
                         args,
                     },
                 );
@@ -683,7 +691,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             6 => {
                 let id = int(1, "range_id")? as u64;
                 let _tid = int(2, "tid")?;
-                let ts = int(3, "ts")? + offset;
+                let ts = int(3, "ts")?.saturating_add(offset);
                 last_ts = last_ts.max(ts);
                 match open.remove(&id) {
                     Some(o) => {
@@ -713,12 +721,12 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let ts = int(4, "ts")?;
                 let args = args_at(&mut t, 5)?;
                 t.args.extend(args);
-                last_ts = last_ts.max(ts + offset);
+                last_ts = last_ts.max(ts.saturating_add(offset));
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    ts + offset,
+                    ts.saturating_add(offset),
                     0,
                     pid,
                     tid,
@@ -749,7 +757,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     name,
                     series,
                     pid,
-                    ts: ts + offset,
+                    ts: ts.saturating_add(offset),
                     value,
                 });
             }

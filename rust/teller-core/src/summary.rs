@@ -26,8 +26,11 @@ pub struct DeviceStat {
     pub launch_delay_p50_ns: i64,
     pub launch_delay_p99_ns: i64,
     pub launches: u64,
-    /// Time in CUPTI synchronization records on the device (host threads waiting for its work).
+    /// Time host threads waited on the device in synchronization records (their union within the
+    /// device's span: threads waiting at once count once).
     pub sync_ns: i64,
+    /// The input file (`Trace::sources` index) of the device's activities: a GPU is (source, device).
+    pub source: u16,
     /// Where the device's time went (HTA's temporal breakdown): the union of its compute kernels,
     /// of its communication kernels (NCCL/RCCL, vLLM's custom all-reduce: [`is_collective`]), of
     /// its copies and memsets, and the time communication overlapped compute.
@@ -46,8 +49,9 @@ pub struct DeviceStat {
     pub idle_launch_ns: i64,
     pub idle_queued_ns: i64,
     pub idle_unlinked_ns: i64,
-    /// Kernels on the device, and those that ran shorter than the call that launched them (a
-    /// stream of such kernels is launch-bound: the GPU finishes each before the host issues the next).
+    /// Kernels on the device, and those that ran shorter than the call that launched them, of the
+    /// calls that launched one kernel (a stream of such kernels is launch-bound: the GPU finishes
+    /// each before the host issues the next; a graph launch's kernels share one call).
     pub kernels: u64,
     pub kernels_shorter_than_launch: u64,
 }
@@ -113,20 +117,20 @@ pub struct Summary {
 /// Total length of the union of intervals (sorted by start in place).
 fn union_len(iv: &mut [(i64, i64)]) -> i64 {
     iv.sort_unstable();
-    let mut total = 0;
+    let mut total: i64 = 0;
     let mut cur: Option<(i64, i64)> = None;
     for &(s, e) in iv.iter() {
         match cur {
             Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
             Some((cs, ce)) => {
-                total += ce - cs;
+                total = total.saturating_add(ce.saturating_sub(cs));
                 cur = Some((s, e));
             }
             None => cur = Some((s, e)),
         }
     }
     if let Some((cs, ce)) = cur {
-        total += ce - cs;
+        total = total.saturating_add(ce.saturating_sub(cs));
     }
     total
 }
@@ -153,13 +157,17 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut layers = [0u64; NUM_LAYERS];
     let mut kern: HashMap<u32, KernelStat> = HashMap::new();
     let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
-    let mut dev: HashMap<i32, Vec<Act>> = HashMap::new();
+    // A GPU is (source, device): per-rank files of one job each name their GPU 0 (a process sees its
+    // own device as 0 under CUDA_VISIBLE_DEVICES), and two such GPUs are not one.
+    let mut dev: HashMap<(u16, i32), Vec<Act>> = HashMap::new();
     // per name id: is it a collective kernel (names repeat: each is classified once)
     let mut coll: HashMap<u32, bool> = HashMap::new();
-    let mut kernels: HashMap<i32, (u64, u64)> = HashMap::new();
-    // launching call -> (device, earliest start of the GPU work it launched)
-    let mut first_work: HashMap<i64, (i32, i64)> = HashMap::new();
-    let mut sync: HashMap<i32, i64> = HashMap::new();
+    // the kernels of each GPU: (launching call, duration); a call's GPU activities (a graph launch has many)
+    let mut kernels: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
+    let mut per_call: HashMap<i64, u32> = HashMap::new();
+    // launching call -> (GPU, earliest start of the GPU work it launched)
+    let mut first_work: HashMap<i64, ((u16, i32), i64)> = HashMap::new();
+    let mut sync: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
     for i in 0..n {
@@ -173,11 +181,13 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
         *cats.entry(cat).or_insert(0) += 1;
         if l.is_gpu_activity() {
             s.gpu_events += 1;
+            let gpu = (t.source[i], t.device[i]);
             if !t.link.is_empty() && t.link[i] >= 0 {
                 s.linked_gpu_events += 1;
-                let e = first_work.entry(t.link[i]).or_insert((t.device[i], t.ts[i]));
+                *per_call.entry(t.link[i]).or_insert(0) += 1;
+                let e = first_work.entry(t.link[i]).or_insert((gpu, t.ts[i]));
                 if t.ts[i] < e.1 {
-                    *e = (t.device[i], t.ts[i]);
+                    *e = (gpu, t.ts[i]);
                 }
             }
             let link = if t.link.is_empty() { -1 } else { t.link[i] };
@@ -186,11 +196,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                     let c = *coll
                         .entry(t.name[i])
                         .or_insert_with(|| is_collective(t.strings.get(t.name[i])));
-                    let k = kernels.entry(t.device[i]).or_insert((0, 0));
-                    k.0 += 1;
-                    if link >= 0 && t.dur[i] < t.dur[link as usize] {
-                        k.1 += 1;
-                    }
+                    kernels.entry(gpu).or_default().push((link, t.dur[i]));
                     if c {
                         Work::Comm
                     } else {
@@ -199,7 +205,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                 }
                 _ => Work::Memory,
             };
-            dev.entry(t.device[i]).or_default().push(Act {
+            dev.entry(gpu).or_default().push(Act {
                 start: t.ts[i],
                 end: t.end(i),
                 work,
@@ -207,7 +213,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             });
         } else if !l.on_gpu() {
             if l == Layer::Sync && t.device[i] >= 0 {
-                *sync.entry(t.device[i]).or_insert(0) += t.dur[i];
+                let k = (t.source[i], t.device[i]);
+                sync.entry(k).or_default().push((t.ts[i], t.end(i)));
             }
             threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
             procs.insert((t.source[i], t.pid[i]), ());
@@ -244,7 +251,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     if n > 0 {
         let start = *t.ts.iter().min().unwrap();
         let end = (0..n).map(|i| t.end(i)).max().unwrap();
-        s.span_ns = end - start;
+        s.span_ns = end.saturating_sub(start);
     }
     let mut c: Vec<(String, u64)> = cats.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     c.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -259,19 +266,20 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     k.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     k.truncate(top);
     s.top_kernels = k;
-    let mut delays: HashMap<i32, Vec<i64>> = HashMap::new();
-    for (&call, &(device, start)) in &first_work {
+    let mut delays: HashMap<(u16, i32), Vec<i64>> = HashMap::new();
+    for (&call, &(gpu, start)) in &first_work {
         delays
-            .entry(device)
+            .entry(gpu)
             .or_default()
-            .push((start - t.end(call as usize)).max(0));
+            .push(start.saturating_sub(t.end(call as usize)).max(0));
     }
     let mut d: Vec<DeviceStat> = dev
         .into_iter()
-        .map(|(device, mut acts)| {
+        .map(|((source, device), mut acts)| {
+            let gpu = (source, device);
             let st = acts.iter().map(|x| x.start).min().unwrap_or(0);
             let en = acts.iter().map(|x| x.end).max().unwrap_or(0);
-            let mut dl = delays.remove(&device).unwrap_or_default();
+            let mut dl = delays.remove(&gpu).unwrap_or_default();
             dl.sort_unstable();
             let of = |w: &[Work]| -> Vec<(i64, i64)> {
                 acts.iter()
@@ -282,28 +290,47 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             let compute_ns = union_len(&mut of(&[Work::Compute]));
             let comm_ns = union_len(&mut of(&[Work::Comm]));
             let both = union_len(&mut of(&[Work::Compute, Work::Comm]));
-            let (k, k_short) = kernels.get(&device).copied().unwrap_or((0, 0));
+            let ks = kernels.get(&gpu).map(Vec::as_slice).unwrap_or_default();
+            // (only a call that launched this one kernel: a graph launch's kernels are not each
+            // shorter than "their" launch, they share one)
+            let k_short = ks
+                .iter()
+                .filter(|&&(c, dur)| c >= 0 && per_call.get(&c) == Some(&1) && dur < t.dur[c as usize])
+                .count();
+            // the host's wait on the GPU: the union of its sync records (threads waiting at once
+            // count once), within the GPU's span
+            let mut waits: Vec<(i64, i64)> = sync
+                .get(&gpu)
+                .map(|v| {
+                    v.iter()
+                        .map(|&(a, b)| (a.max(st), b.min(en)))
+                        .filter(|(a, b)| a < b)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let sync_ns = union_len(&mut waits);
             let mut x = DeviceStat {
                 device,
+                source,
                 busy_ns: 0,
-                span_ns: en - st,
+                span_ns: en.saturating_sub(st),
                 launch_delay_p50_ns: percentile(&dl, 0.50),
                 launch_delay_p99_ns: percentile(&dl, 0.99),
                 launches: dl.len() as u64,
-                sync_ns: sync.get(&device).copied().unwrap_or(0),
+                sync_ns,
                 compute_ns,
                 comm_ns,
                 memory_ns: union_len(&mut of(&[Work::Memory])),
                 comm_compute_overlap_ns: compute_ns + comm_ns - both,
-                kernels: k,
-                kernels_shorter_than_launch: k_short,
+                kernels: ks.len() as u64,
+                kernels_shorter_than_launch: k_short as u64,
                 ..Default::default()
             };
             idle_breakdown(t, &mut acts, &mut x);
             x
         })
         .collect();
-    d.sort_by_key(|x| x.device);
+    d.sort_by_key(|x| (x.device, x.source));
     s.devices = d;
     s.threads = threads.len() as u64;
     s.processes = procs.len() as u64;
@@ -324,9 +351,9 @@ fn idle_breakdown(t: &Trace, acts: &mut [Act], x: &mut DeviceStat) {
             block_end = block_end.max(a.end);
             continue;
         }
-        x.busy_ns += block_end - block_start;
+        x.busy_ns = x.busy_ns.saturating_add(block_end.saturating_sub(block_start));
         let (g0, g1) = (block_end, a.start);
-        let gap = g1 - g0;
+        let gap = g1.saturating_sub(g0);
         if a.link < 0 {
             x.idle_unlinked_ns += gap;
         } else {
@@ -343,7 +370,7 @@ fn idle_breakdown(t: &Trace, acts: &mut [Act], x: &mut DeviceStat) {
         block_start = a.start;
         block_end = a.end;
     }
-    x.busy_ns += block_end - block_start;
+    x.busy_ns = x.busy_ns.saturating_add(block_end.saturating_sub(block_start));
 }
 
 #[cfg(test)]

@@ -314,15 +314,23 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
             out.push_str("\"correlation\": ");
             push_i64(&mut out, t.corr[i] as i64);
         }
+        let mut has_device = false;
         for (k, v) in t.args_of(i) {
             let key = t.strings.get(*k);
             if key.starts_with(teller_prefix) {
                 continue;
             }
+            has_device |= key == "device";
             asep(&mut out);
             push_json_str(&mut out, key);
             out.push_str(": ");
             push_arg_value(&mut out, t, v);
+        }
+        if !has_device && t.device[i] >= 0 && !t.layer_of(i).on_gpu() {
+            // (a sync record's GPU: a column, read back from args.device)
+            asep(&mut out);
+            out.push_str("\"device\": ");
+            push_i64(&mut out, t.device[i] as i64);
         }
         if !t.step.is_empty() && t.step[i] >= 0 {
             asep(&mut out);

@@ -337,6 +337,7 @@ impl NativeTrace {
         for x in &s.devices {
             let dd = PyDict::new(py);
             dd.set_item("device", x.device)?;
+            dd.set_item("source", x.source)?;
             dd.set_item("busy_ns", x.busy_ns)?;
             dd.set_item("span_ns", x.span_ns)?;
             dd.set_item("idle_ns", x.span_ns - x.busy_ns)?;
