@@ -403,3 +403,32 @@ def test_times_past_the_limit_are_refused(tmp_path) -> None:
                                                   "ts": ts, "dur": dur}]}))  # fmt: skip
         with pytest.raises(teller.TraceFormatError, match="out of range"):
             teller.trace.load(p, warn=False)
+
+
+def test_work_that_starts_before_its_launch_is_a_clock_caveat(tmp_path) -> None:
+    # kernels 50 us before their calls (host and GPU clocks apart): counted, and said last
+    t = _Trace()
+    for k in range(10):
+        t.launch(100 * k + 50, 5, 100 * k, 10)
+    tr = t.load(tmp_path)
+    d = _dev(tr)
+    assert d["starts_before_launch"] == 10 and d["max_start_before_launch_ns"] == 50_000
+    fs = findings(tr)
+    assert (
+        fs[-1]["kind"] == "clock_skew"
+        and "start before the call that launched them (by up to 50.0 us)" in (fs[-1]["message"])
+    )
+    t2 = _Trace()
+    for k in range(10):
+        t2.launch(100 * k, 5, 100 * k + 8, 10)
+    assert "clock_skew" not in [f["kind"] for f in findings(t2.load(tmp_path, "ok.json"))]
+
+
+def test_a_device_index_that_does_not_fit_is_refused(tmp_path) -> None:
+    # (it wrapped into another GPU's index: 2**32 + 3 read as GPU 3)
+    for dev in (2**32 + 3, 2**31, -5):
+        p = tmp_path / "dev.json"
+        p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,
+                                                  "ts": 1, "dur": 1, "args": {"device": dev}}]}))  # fmt: skip
+        with pytest.raises(teller.TraceFormatError, match=f"args.device {dev} is not a device index"):
+            teller.trace.load(p, warn=False)

@@ -27,13 +27,14 @@ QUEUED = 0.10  # idle after the launch returned
 COMM = 0.15  # communication kernels (NCCL/RCCL, custom all-reduce)
 MEMORY = 0.10  # copies and memsets
 SYNC = 0.10  # host threads blocked in synchronization records of the device
-SHORT_KERNELS = (
-    0.5  # share of kernels shorter than their launch call that makes a host-bound GPU launch-bound
-)
-STRAGGLER_GAP = 0.10  # the spread of the ranks' communication shares that points at the least waiting one
-STEP_OUTLIER = (
-    3.0  # the slowest step against the median of its process (prefill steps run 1.5-3x decode ones)
-)
+# the share of kernels shorter than their launch call that makes a host-bound GPU launch-bound
+SHORT_KERNELS = 0.5
+# the spread of the ranks' communication shares that points at the least waiting one
+STRAGGLER_GAP = 0.10
+# the share of a GPU's launches whose work starts before the call: a clock caveat
+CLOCK_SKEW = 0.01
+# the slowest step against the median of its process (prefill steps run 1.5-3x decode ones)
+STEP_OUTLIER = 3.0
 MIN_STEPS = 3
 
 
@@ -139,6 +140,17 @@ def device_findings(d: dict[str, Any], name: str | None = None) -> list[dict[str
             mem,
             f"copies and memsets take {_pct(mem)} of {gpu}'s time ({_ms(d['memory_ns'])})",
             memory_ns=d["memory_ns"],
+        )
+    early = d.get("starts_before_launch", 0)
+    if early and early >= CLOCK_SKEW * max(1, d.get("launches", 0)):
+        add(
+            "clock_skew",
+            0.0,  # (no time of its own: listed last, as a caveat on the idle split)
+            f"{early} GPU activities on {gpu} start before the call that launched them (by up to "
+            f"{_ms(d['max_start_before_launch_ns'])}): host and GPU clocks disagree, so its idle time "
+            "by cause is approximate",
+            starts_before_launch=early,
+            max_start_before_launch_ns=d["max_start_before_launch_ns"],
         )
     sync = min(1.0, d["sync_ns"] / span)
     if sync >= SYNC:

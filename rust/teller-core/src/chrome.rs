@@ -487,6 +487,15 @@ impl<'a> ChromeReader<'a> {
             } else {
                 if key == self.k_device {
                     ev.device = as_int(&val);
+                    if ev.device.is_some_and(|d| !(-1..=i32::MAX as i64).contains(&d)) {
+                        // (an index that does not fit would wrap into another GPU's)
+                        return Err(Error::format(
+                            self.path,
+                            Some(off as u64),
+                            Some(self.index),
+                            format!("args.device {} is not a device index", ev.device.unwrap_or(0)),
+                        ));
+                    }
                 } else if key == self.k_stream {
                     ev.stream = as_int(&val);
                 } else if key == self.k_name {

@@ -540,6 +540,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     format!("record type {ty}: field {i} ({what}) is out of range (at most {MAX_TIME_NS} ns)"),
                 ));
             }
+            if what == "device" && !(-1..=i32::MAX as i64).contains(&v) {
+                return Err(fe(
+                    at,
+                    ri,
+                    format!("record type {ty}: field {i} (device) {v} is not a device index"),
+                ));
+            }
             Ok(v)
         };
         let opt_u = |i: usize, what: &str| -> Result<u64> {

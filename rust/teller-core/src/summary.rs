@@ -54,6 +54,10 @@ pub struct DeviceStat {
     /// each before the host issues the next; a graph launch's kernels share one call).
     pub kernels: u64,
     pub kernels_shorter_than_launch: u64,
+    /// Linked GPU activities that start before their launching call does, and by how much at most:
+    /// host and GPU clocks that disagree (the idle split by cause is then approximate).
+    pub starts_before_launch: u64,
+    pub max_start_before_launch_ns: i64,
 }
 
 /// What a GPU activity is, for the time breakdown.
@@ -167,6 +171,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut per_call: HashMap<i64, u32> = HashMap::new();
     // launching call -> (GPU, earliest start of the GPU work it launched)
     let mut first_work: HashMap<i64, ((u16, i32), i64)> = HashMap::new();
+    let mut early: HashMap<(u16, i32), (u64, i64)> = HashMap::new();
     let mut sync: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
@@ -185,6 +190,12 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             if !t.link.is_empty() && t.link[i] >= 0 {
                 s.linked_gpu_events += 1;
                 *per_call.entry(t.link[i]).or_insert(0) += 1;
+                let before = t.ts[t.link[i] as usize].saturating_sub(t.ts[i]);
+                if before > 0 {
+                    let e = early.entry(gpu).or_insert((0, 0));
+                    e.0 += 1;
+                    e.1 = e.1.max(before);
+                }
                 let e = first_work.entry(t.link[i]).or_insert((gpu, t.ts[i]));
                 if t.ts[i] < e.1 {
                     *e = (gpu, t.ts[i]);
@@ -324,6 +335,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                 comm_compute_overlap_ns: compute_ns + comm_ns - both,
                 kernels: ks.len() as u64,
                 kernels_shorter_than_launch: k_short as u64,
+                starts_before_launch: early.get(&gpu).map_or(0, |e| e.0),
+                max_start_before_launch_ns: early.get(&gpu).map_or(0, |e| e.1),
                 ..Default::default()
             };
             idle_breakdown(t, &mut acts, &mut x);

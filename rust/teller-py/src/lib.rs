@@ -355,6 +355,8 @@ impl NativeTrace {
             dd.set_item("idle_unlinked_ns", x.idle_unlinked_ns)?;
             dd.set_item("kernels", x.kernels)?;
             dd.set_item("kernels_shorter_than_launch", x.kernels_shorter_than_launch)?;
+            dd.set_item("starts_before_launch", x.starts_before_launch)?;
+            dd.set_item("max_start_before_launch_ns", x.max_start_before_launch_ns)?;
             dv.append(dd)?;
         }
         d.set_item("devices", dv)?;
