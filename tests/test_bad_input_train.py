@@ -266,6 +266,14 @@ def test_a_bad_configuration_mapping_and_options_are_refused_up_front(data, tmp_
             train(cfg, shards, tmp_path / "a")
     with pytest.raises(ConfigError, match="'tpu' is not auto, cpu or cuda"):
         train(CFG, shards, tmp_path / "a", overrides={"device": "tpu"})
+    # `teller train mot` sets model.arch; a configuration's own value must still be one
+    with pytest.raises(ConfigError, match="model.arch: 'gpt' is not one of mot, single"):
+        train(
+            {**CFG, "model": {**CFG.get("model", {}), "arch": "gpt"}},
+            shards,
+            tmp_path / "a",
+            overrides={"arch": "mot"},
+        )
     assert not (tmp_path / "a").exists()
     f = tmp_path / "file"
     f.write_text("keep")

@@ -68,6 +68,28 @@ def test_doctor_json():
 def test_doctor_with_missing_cuda_home(tmp_path):
     rep = json.loads(run("doctor", "--json", "--cuda-home", str(tmp_path)).stdout)
     assert rep["cuda"]["cupti_h"] is None and rep["cuda"]["libcupti"] is None
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = run("doctor", "--cuda-home", str(f), check=False)
+    assert r.returncode == 2 and "a file, not a directory" in r.stderr
+
+
+def test_a_cuda_home_variable_that_names_no_toolkit_is_said_and_ignored(tmp_path):
+    import os
+
+    for v, why in ((tmp_path / "nope", "no such directory"), (tmp_path, "no include/cuda.h under it")):
+        env = {**os.environ, "CUDA_HOME": str(v)}
+        p = subprocess.run(
+            [sys.executable, "-m", "teller", "doctor", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        cuda = json.loads(p.stdout)["cuda"]
+        assert cuda["notes"] == [f"$CUDA_HOME={v}: {why}" + ("; ignored" if why == "no such directory" else
+                                 " (not a CUDA toolkit's root); ignored")]  # fmt: skip
+        assert str(v) not in cuda["roots"]
 
 
 def test_summary_json_keys():

@@ -840,6 +840,15 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert m["n"] == 6 and m["split"] == "fresh" and (run / "eval-fresh-mot.json").is_file()
     (ev,) = (run / "eval-data").glob("tok-*")
     assert (ev / "log_tokenizer.json").read_bytes() == (out / "log_tokenizer.json").read_bytes()
+    # a split the dataset does not have: said before anything is encoded
+    r = subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run), "--data-dir", str(data), "--split", "nosuch"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "no samples in a split 'nosuch' (its splits:" in r.stderr, r.stderr
+    assert len(list((run / "eval-data").glob("tok-*"))) == 1
     # a dataset directory as --data-dir: its --split, encoded with the checkpoint's tokenizers: the
     # same samples as the training shards' split, and the dataset as the evaluated data (what
     # summarize pairs by). (The fixture's test split is empty, hence train; equal predictions on

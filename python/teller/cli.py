@@ -168,7 +168,8 @@ def doctor(
     if cuda_home and not Path(cuda_home).is_dir():
         from teller.errors import CudaNotFoundError
 
-        raise _fail(CudaNotFoundError(f"--cuda-home {cuda_home}: no such directory (a CUDA toolkit's root)"))
+        what = "a file, not a directory" if Path(cuda_home).exists() else "no such directory"
+        raise _fail(CudaNotFoundError(f"--cuda-home {cuda_home}: {what} (a CUDA toolkit's root)"))
     rep = _doctor_report(cuda_home)
     if as_json:
         print(json.dumps(rep, indent=2))
@@ -208,6 +209,8 @@ def doctor(
             else f"{missing} ({shim.get('reason', 'not built')})",
         )
     console.print(t)
+    for n in cuda.get("notes") or []:
+        err_console.print(f"[yellow]warning:[/] {escape(str(n))}", highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------------------

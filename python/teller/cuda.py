@@ -22,6 +22,8 @@ class CudaInfo:
     nvtx_h: str | None = None
     libcupti: str | None = None
     cupti_version: int | None = None  # from cupti_version.h (CUPTI_API_VERSION)
+    # what the search set aside and why ($CUDA_HOME naming no toolkit): said by doctor and shim build
+    notes: list[str] = field(default_factory=list)
 
     @property
     def include_dirs(self) -> list[str]:
@@ -51,14 +53,30 @@ def _site_dirs() -> list[Path]:
     return out
 
 
-def candidate_roots(cuda_home: str | os.PathLike[str] | None = None) -> list[Path]:
+_INCLUDE = ("include", "extras/CUPTI/include", "targets/x86_64-linux/include")
+
+
+def candidate_roots(
+    cuda_home: str | os.PathLike[str] | None = None, notes: list[str] | None = None
+) -> list[Path]:
     roots: list[Path] = []
     if cuda_home:
         roots.append(Path(cuda_home))
     for var in ("CUDA_HOME", "CUDA_PATH"):
         v = os.environ.get(var)
-        if v:
+        if not v:
+            continue
+        # a toolkit root has its cuda.h; one without would lend only some headers, to be mixed with
+        # another root's of another version (the shim then fails to compile far from the cause)
+        if not Path(v).is_dir():
+            why = "no such directory"
+        elif not any((Path(v) / d / "cuda.h").is_file() for d in _INCLUDE):
+            why = "no include/cuda.h under it (not a CUDA toolkit's root)"
+        else:
             roots.append(Path(v))
+            continue
+        if notes is not None:
+            notes.append(f"${var}={v}: {why}; ignored")
     for site in _site_dirs():
         nv = site / "nvidia"
         if nv.is_dir():
@@ -96,9 +114,10 @@ def _glob_first(roots: list[Path], dirs: list[str], pattern: str) -> str | None:
 
 def find_cuda(cuda_home: str | os.PathLike[str] | None = None) -> CudaInfo:
     """Locate headers and libcupti. With an explicit ``cuda_home``, only that root is searched."""
-    roots = [Path(cuda_home)] if cuda_home else candidate_roots()
-    info = CudaInfo(roots=[str(r) for r in roots if r.exists()])
-    inc = ["include", "extras/CUPTI/include", "targets/x86_64-linux/include"]
+    notes: list[str] = []
+    roots = [Path(cuda_home)] if cuda_home else candidate_roots(notes=notes)
+    info = CudaInfo(roots=[str(r) for r in roots if r.exists()], notes=notes)
+    inc = list(_INCLUDE)
     info.cuda_h = _first(roots, [f"{d}/cuda.h" for d in inc])
     info.cupti_h = _first(roots, [f"{d}/cupti.h" for d in inc])
     info.nvtx_h = _first(roots, [f"{d}/nvtx3/nvToolsExt.h" for d in inc])

@@ -74,7 +74,8 @@ def build_key(src: Path, include_dirs: list[str], cupti_version: int | None) -> 
 def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], Any, str]:
     src = source_dir()
     if cuda_home and not Path(cuda_home).is_dir():
-        raise CudaNotFoundError(f"--cuda-home {cuda_home}: no such directory (a CUDA toolkit's root)")
+        what = "a file, not a directory" if Path(cuda_home).exists() else "no such directory"
+        raise CudaNotFoundError(f"--cuda-home {cuda_home}: {what} (a CUDA toolkit's root)")
     info = find_cuda(cuda_home)
     if not info.nvtx_h and cuda_home:
         raise CudaNotFoundError(
@@ -94,6 +95,13 @@ def build(
 ) -> Path:
     """Build (or reuse) the shim; returns the path of the library."""
     src, include_dirs, info, key = _plan(cuda_home)
+    if info.notes:  # ($CUDA_HOME set aside: said once, where the headers are chosen for a build)
+        import warnings
+
+        from teller.errors import TellerWarning
+
+        for n in info.notes:
+            warnings.warn(n, TellerWarning, stacklevel=2)
     out_dir = cache_root() / key
     lib = out_dir / LIB_NAME
     if lib.is_file() and not force:

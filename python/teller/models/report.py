@@ -117,6 +117,15 @@ def evaluate_any(
         )
     elif data_dir is not None and _is_dataset(Path(data_dir)):
         dataset = Path(data_dir)
+        if split != "all":  # (checked before the dataset is encoded, which takes minutes)
+            splits = json.loads((dataset / "manifest.json").read_text()).get("splits")
+            have = sorted(k for k, v in splits.items() if v) if isinstance(splits, dict) else []
+            if split not in have:
+                raise ConfigError(
+                    f"{dataset}: no samples in a split {split!r} (its splits: {', '.join(have) or 'none'}; "
+                    "or all, or a dataset directory)",
+                    path=str(dataset),
+                )
     if dataset is not None:
         # encode it with the checkpoint's own tokenizers, then evaluate the split
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)

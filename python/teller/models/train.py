@@ -1073,6 +1073,10 @@ def train(
     _config_sections(config, "the training configuration")
     mcfg_d = dict(config.get("model") or {})
     tcfg_d = dict(config.get("train") or {})
+    arch = mcfg_d.get("arch")
+    if "arch" in (overrides or {}) and arch is not None and arch not in ("mot", "single"):
+        # (the subcommand sets the architecture; a value it would replace must still be one)
+        raise ConfigError(f"model.arch: {arch!r} is not one of mot, single")
     for k, v in (overrides or {}).items():
         (mcfg_d if k in {f.name for f in fields(ModelConfig)} else tcfg_d)[k] = v
     tc = TrainConfig.from_dict(tcfg_d)
