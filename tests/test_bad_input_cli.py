@@ -189,4 +189,4 @@ def test_doctor_refuses_a_cuda_home_that_is_not_a_directory(tmp_path):
     refused(teller("doctor", "--cuda-home", str(missing)), f"--cuda-home {missing}: no such directory")
     f = tmp_path / "file"
     f.write_text("x")
-    refused(teller("doctor", "--json", "--cuda-home", str(f)), "no such directory")
+    refused(teller("doctor", "--json", "--cuda-home", str(f)), "a file, not a directory")
