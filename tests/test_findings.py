@@ -210,7 +210,12 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
     link = np.asarray(tr.link)
     names = tr.strings
     coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
-    src = np.asarray(tr.source)
+    first: dict = {}
+    group = [
+        first.setdefault((x.get("host"), x["pid"]), k) if x.get("pid") is not None else k
+        for k, x in enumerate(tr.sources)
+    ]
+    src = np.asarray(group, dtype=np.int64)[np.asarray(tr.source, dtype=np.int64)]
     for key in sorted(set(zip(src[gpu].tolist(), np.asarray(tr.device)[gpu].tolist(), strict=True))):
         acts = []
         mine = (src[gpu] == key[0]) & (np.asarray(tr.device)[gpu] == key[1])
@@ -424,11 +429,54 @@ def test_work_that_starts_before_its_launch_is_a_clock_caveat(tmp_path) -> None:
     assert "clock_skew" not in [f["kind"] for f in findings(t2.load(tmp_path, "ok.json"))]
 
 
-def test_a_device_index_that_does_not_fit_is_refused(tmp_path) -> None:
-    # (it wrapped into another GPU's index: 2**32 + 3 read as GPU 3)
+def test_a_device_index_that_does_not_fit_is_ignored_and_said(tmp_path) -> None:
+    # (it wrapped into another GPU's index: 2**32 + 3 read as GPU 3); a kernel keeps its pid's GPU
     for dev in (2**32 + 3, 2**31, -5):
         p = tmp_path / "dev.json"
-        p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,
+        p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 1, "tid": 7,
                                                   "ts": 1, "dur": 1, "args": {"device": dev}}]}))  # fmt: skip
-        with pytest.raises(teller.TraceFormatError, match=f"args.device {dev} is not a device index"):
-            teller.trace.load(p, warn=False)
+        tr = teller.trace.load(p, warn=False)
+        assert [d["device"] for d in tr.summary(0)["devices"]] == [1]
+        assert any(
+            "1 event(s) with an args.device that is not a device index: ignored" in w for w in tr.warnings
+        )
+
+
+def test_gpus_of_inputs_with_one_file_name_are_told_apart(tmp_path) -> None:
+    from teller.findings import gpu_names
+
+    devs = [{"device": 0, "source": 0}, {"device": 0, "source": 1}, {"device": 1, "source": 1}]
+    srcs = [{"path": "/x/r0/trace.json"}, {"path": "/x/r1/trace.json"}]
+    assert gpu_names(devs, srcs) == ["GPU 0 of r0/trace.json", "GPU 0 of r1/trace.json", "GPU 1"]
+    assert gpu_names(devs[:2], None) == ["GPU 0 of input 0", "GPU 0 of input 1"]
+
+
+def test_raw_files_of_one_process_are_one_gpu_and_times_are_bounded(tmp_path) -> None:
+    # a process the collector wrote two files for (it reopens its file): one GPU, not two; a raw
+    # time of -2**63 (whose abs() wraps to itself) is refused, not read as a 9e18 span
+    from teller.rawfmt import RawWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for part, t0 in ((0, 0), (1, 1_000_000)):
+        with RawWriter(run / f"p{part}.tmsgpack", pid=42, host="h", clock_sync=(0, 10**18)) as w:
+            for k in range(5):
+                s = t0 + 100_000 * k
+                w.span("runtime", "cudaLaunchKernel", tid=1, start=s, end=s + 5_000, corr=part * 100 + k + 1)
+                w.gpu(
+                    "kernel",
+                    "gemm",
+                    device=0,
+                    stream=7,
+                    start=s + 8_000,
+                    end=s + 18_000,
+                    corr=part * 100 + k + 1,
+                )
+    tr = teller.trace.load(run, warn=False)
+    assert len(tr.sources) == 2 and [(d["device"], d["source"]) for d in tr.summary(0)["devices"]] == [(0, 0)]
+    assert _breakdown_reference(tr)[(0, 0)]["busy_ns"] == 10 * 10_000
+    bad = tmp_path / "bad.tmsgpack"
+    with RawWriter(bad, pid=1, host="h", clock_sync=(0, 10**18)) as w:
+        w.gpu("kernel", "k", device=0, stream=7, start=-(2**63), end=10)
+    with pytest.raises(teller.TraceFormatError, match="out of range"):
+        teller.trace.load(bad, warn=False)

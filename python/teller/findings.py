@@ -15,7 +15,7 @@ those as unfamiliar and prints these findings).
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,16 +47,27 @@ def _ms(ns: float) -> str:
 
 
 def gpu_names(devices: list[dict[str, Any]], sources: list[dict[str, Any]] | None = None) -> list[str]:
-    """A name per entry of ``Trace.summary()["devices"]``: ``GPU 3``, or where two input files both
-    name a GPU 3 (per-rank profiler files, each process seeing its own GPU as 0), ``GPU 3 of FILE``."""
+    """A name per entry of ``Trace.summary()["devices"]``: ``GPU 3``, or where two inputs both name a
+    GPU 3 (per-rank profiler files, each process seeing its own GPU as 0), ``GPU 3 of X``, X the
+    shortest tail of the input's path that tells it from the others (``rank1.json``,
+    ``r1/trace.json``)."""
     ids = [d["device"] for d in devices]
+
+    def path_of(d: dict[str, Any]) -> list[str]:
+        src = d.get("source", 0)
+        path = sources[src].get("path") if sources and 0 <= src < len(sources) else None
+        return list(Path(str(path)).parts) if path else [f"input {src}"]
+
     out = []
     for d in devices:
         name = f"GPU {d['device']}"
+        same = [e for e in devices if e["device"] == d["device"]]
         if ids.count(d["device"]) > 1:
-            src = d.get("source", 0)
-            path = sources[src].get("path") if sources and 0 <= src < len(sources) else None
-            name += f" of {os.path.basename(str(path)) if path else f'input {src}'}"
+            mine, others = path_of(d), [path_of(e) for e in same if e is not d]
+            k = 1
+            while k < len(mine) and any(o[-k:] == mine[-k:] for o in others):
+                k += 1
+            name += f" of {'/'.join(mine[-k:])}"
         out.append(name)
     return out
 
@@ -199,12 +210,14 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
     """The slowest step of each process (of at least ``MIN_STEPS``), when it took ``STEP_OUTLIER``
     times the median step of that process or more."""
     steps = tr.steps()
-    by_proc: dict[int, list[Any]] = {}
+    src = np.asarray(tr.source)
+    # (by input and pid: per-rank files of containers may share a pid)
+    by_proc: dict[tuple[int, int], list[Any]] = {}
     for s in steps:
         if s.event >= 0:
-            by_proc.setdefault(int(s.pid), []).append(s)
+            by_proc.setdefault((int(src[s.event]), int(s.pid)), []).append(s)
     out = []
-    for pid, ss in sorted(by_proc.items()):
+    for (_src, pid), ss in sorted(by_proc.items()):
         if len(ss) < MIN_STEPS:
             continue
         dur = np.array([s.dur_ns for s in ss], dtype=np.float64)

@@ -182,9 +182,9 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
         );
         let st = stacks.entry(key).or_default();
         let start = t.ts[i];
-        let end = start + t.dur[i];
+        let end = t.end(i);
         while let Some(&top) = st.last() {
-            let te = t.ts[top as usize] + t.dur[top as usize];
+            let te = t.end(top as usize);
             if te <= start {
                 st.pop();
             } else {

@@ -51,6 +51,7 @@ pub struct ChromeReader<'a> {
     unknown_cats: HashMap<u32, u64>,
     skipped_phases: HashMap<u8, u64>,
     neg_dur: u64,
+    bad_device: u64,
     unmatched_end: u64,
     // Cached symbols of the argument keys we pull out into columns.
     k_corr: u32,
@@ -80,6 +81,7 @@ pub fn read_chrome(path: &str, bytes: &[u8], source: u16) -> Result<Trace> {
         unknown_cats: HashMap::new(),
         skipped_phases: HashMap::new(),
         neg_dur: 0,
+        bad_device: 0,
         unmatched_end: 0,
         k_corr,
         k_ext,
@@ -401,14 +403,16 @@ impl<'a> ChromeReader<'a> {
     fn expect_time(&mut self, off: usize, what: &str) -> Result<i64> {
         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
         match v {
-            Raw::Num(n) => parse_scaled(n, 3).filter(|v| v.abs() <= MAX_TIME_NS).ok_or_else(|| {
-                Error::format(
-                    self.path,
-                    Some(off as u64),
-                    Some(self.index),
-                    format!("'{what}' is out of range (at most {} us)", MAX_TIME_NS / 1000),
-                )
-            }),
+            Raw::Num(n) => parse_scaled(n, 3)
+                .filter(|v| v.unsigned_abs() <= MAX_TIME_NS as u64)
+                .ok_or_else(|| {
+                    Error::format(
+                        self.path,
+                        Some(off as u64),
+                        Some(self.index),
+                        format!("'{what}' is out of range (at most {} us)", MAX_TIME_NS / 1000),
+                    )
+                }),
             other => Err(Error::format(
                 self.path,
                 Some(off as u64),
@@ -488,13 +492,10 @@ impl<'a> ChromeReader<'a> {
                 if key == self.k_device {
                     ev.device = as_int(&val);
                     if ev.device.is_some_and(|d| !(-1..=i32::MAX as i64).contains(&d)) {
-                        // (an index that does not fit would wrap into another GPU's)
-                        return Err(Error::format(
-                            self.path,
-                            Some(off as u64),
-                            Some(self.index),
-                            format!("args.device {} is not a device index", ev.device.unwrap_or(0)),
-                        ));
+                        // an index that does not fit would wrap into another GPU's: not read as one
+                        // (a host event's args.device is no concern of ours; counted, said once)
+                        ev.device = None;
+                        self.bad_device += 1;
                     }
                 } else if key == self.k_stream {
                     ev.stream = as_int(&val);
@@ -741,6 +742,12 @@ impl<'a> ChromeReader<'a> {
             self.t.warnings.push(format!(
                 "{path}: events with phases teller does not model were skipped: {}",
                 list.join(", ")
+            ));
+        }
+        if self.bad_device > 0 {
+            self.t.warnings.push(format!(
+                "{path}: {} event(s) with an args.device that is not a device index: ignored",
+                self.bad_device
             ));
         }
         if self.neg_dur > 0 {

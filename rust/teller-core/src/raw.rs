@@ -463,7 +463,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let start_ns = meta.get("start_ns").and_then(|v| v.as_i64()).unwrap_or(0);
     let mut offset: i64 = match meta.get("clock_sync") {
         Some(MVal::Array(v)) if v.len() == 2 => match (v[0].as_i64(), v[1].as_i64()) {
-            (Some(c), Some(r)) if c.abs() <= MAX_TIME_NS && r.abs() <= MAX_TIME_NS => r - c,
+            (Some(c), Some(r))
+                if c.unsigned_abs() <= MAX_TIME_NS as u64
+                    && r.unsigned_abs() <= MAX_TIME_NS as u64
+                    && (r - c).unsigned_abs() <= MAX_TIME_NS as u64 =>
+            {
+                r - c
+            }
             _ => {
                 return Err(fe(
                     recs[0].0,
@@ -533,7 +539,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     format!("record type {ty}: field {i} ({what}) must be an integer"),
                 )
             })?;
-            if matches!(what, "ts" | "start" | "end" | "mono_ns" | "realtime_ns") && v.abs() > MAX_TIME_NS {
+            if matches!(what, "ts" | "start" | "end" | "mono_ns" | "realtime_ns")
+                && v.unsigned_abs() > MAX_TIME_NS as u64
+            {
                 return Err(fe(
                     at,
                     ri,
@@ -625,7 +633,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let ext = opt_u(7, "ext")?;
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
-                let dur = (end - start).max(0);
+                let dur = end.saturating_sub(start).max(0);
                 last_ts = last_ts.max(end.saturating_add(offset));
                 t.push_event(
                     layer,
@@ -708,7 +716,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             o.name,
                             cats[o.layer as usize],
                             o.ts,
-                            (ts - o.ts).max(0),
+                            ts.saturating_sub(o.ts).max(0),
                             pid,
                             o.tid,
                             -1,
@@ -780,6 +788,10 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             11 => {
                 let c = int(1, "mono_ns")?;
                 let r = int(2, "realtime_ns")?;
+                // (both bounded by MAX_TIME_NS; their difference as well, as in the HEADER)
+                if (r - c).unsigned_abs() > MAX_TIME_NS as u64 {
+                    return Err(fe(at, ri, "record type 11: clock offset out of range".into()));
+                }
                 offset = r - c;
             }
             12 => {

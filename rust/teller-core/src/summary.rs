@@ -29,7 +29,8 @@ pub struct DeviceStat {
     /// Time host threads waited on the device in synchronization records (their union within the
     /// device's span: threads waiting at once count once).
     pub sync_ns: i64,
-    /// The input file (`Trace::sources` index) of the device's activities: a GPU is (source, device).
+    /// The input file (`Trace::sources` index) of the device's activities, the first of its process
+    /// where a process wrote several (raw files of one pid and host): a GPU is (process, device).
     pub source: u16,
     /// Where the device's time went (HTA's temporal breakdown): the union of its compute kernels,
     /// of its communication kernels (NCCL/RCCL, vLLM's custom all-reduce: [`is_collective`]), of
@@ -54,8 +55,8 @@ pub struct DeviceStat {
     /// each before the host issues the next; a graph launch's kernels share one call).
     pub kernels: u64,
     pub kernels_shorter_than_launch: u64,
-    /// Linked GPU activities that start before their launching call does, and by how much at most:
-    /// host and GPU clocks that disagree (the idle split by cause is then approximate).
+    /// Launches whose GPU work starts before the launching call does, and by how much at most: host
+    /// and GPU clocks that disagree (the idle split by cause is then approximate).
     pub starts_before_launch: u64,
     pub max_start_before_launch_ns: i64,
 }
@@ -161,14 +162,29 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut layers = [0u64; NUM_LAYERS];
     let mut kern: HashMap<u32, KernelStat> = HashMap::new();
     let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
-    // A GPU is (source, device): per-rank files of one job each name their GPU 0 (a process sees its
-    // own device as 0 under CUDA_VISIBLE_DEVICES), and two such GPUs are not one.
+    // A GPU is (process, device): per-rank files of one job each name their GPU 0 (a process sees its
+    // own device as 0 under CUDA_VISIBLE_DEVICES), and two such GPUs are not one. The process of a
+    // source is its first source of the same (host, pid): a raw file the collector reopened belongs
+    // to its process; a Chrome file (no pid of its own) is its own.
+    let group: Vec<u16> = {
+        let mut first: HashMap<(Option<&str>, i64), u16> = HashMap::new();
+        t.sources
+            .iter()
+            .enumerate()
+            .map(|(k, src)| match src.pid {
+                Some(pid) => *first.entry((src.host.as_deref(), pid)).or_insert(k as u16),
+                None => k as u16,
+            })
+            .collect()
+    };
+    let group_of = |src: u16| group.get(src as usize).copied().unwrap_or(src);
     let mut dev: HashMap<(u16, i32), Vec<Act>> = HashMap::new();
     // per name id: is it a collective kernel (names repeat: each is classified once)
     let mut coll: HashMap<u32, bool> = HashMap::new();
     // the kernels of each GPU: (launching call, duration); a call's GPU activities (a graph launch has many)
     let mut kernels: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
-    let mut per_call: HashMap<i64, u32> = HashMap::new();
+    // (indexed by the call's event index: a hash map per linked activity cost ~25 % of the summary)
+    let mut per_call: Vec<u32> = vec![0; if t.link.is_empty() { 0 } else { n }];
     // launching call -> (GPU, earliest start of the GPU work it launched)
     let mut first_work: HashMap<i64, ((u16, i32), i64)> = HashMap::new();
     let mut early: HashMap<(u16, i32), (u64, i64)> = HashMap::new();
@@ -186,16 +202,10 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
         *cats.entry(cat).or_insert(0) += 1;
         if l.is_gpu_activity() {
             s.gpu_events += 1;
-            let gpu = (t.source[i], t.device[i]);
+            let gpu = (group_of(t.source[i]), t.device[i]);
             if !t.link.is_empty() && t.link[i] >= 0 {
                 s.linked_gpu_events += 1;
-                *per_call.entry(t.link[i]).or_insert(0) += 1;
-                let before = t.ts[t.link[i] as usize].saturating_sub(t.ts[i]);
-                if before > 0 {
-                    let e = early.entry(gpu).or_insert((0, 0));
-                    e.0 += 1;
-                    e.1 = e.1.max(before);
-                }
+                per_call[t.link[i] as usize] += 1;
                 let e = first_work.entry(t.link[i]).or_insert((gpu, t.ts[i]));
                 if t.ts[i] < e.1 {
                     *e = (gpu, t.ts[i]);
@@ -224,7 +234,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             });
         } else if !l.on_gpu() {
             if l == Layer::Sync && t.device[i] >= 0 {
-                let k = (t.source[i], t.device[i]);
+                let k = (group_of(t.source[i]), t.device[i]);
                 sync.entry(k).or_default().push((t.ts[i], t.end(i)));
             }
             threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
@@ -279,6 +289,13 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     s.top_kernels = k;
     let mut delays: HashMap<(u16, i32), Vec<i64>> = HashMap::new();
     for (&call, &(gpu, start)) in &first_work {
+        // work that starts before its call does: host and GPU clocks disagree (per launch)
+        let before = t.ts[call as usize].saturating_sub(start);
+        if before > 0 {
+            let e = early.entry(gpu).or_insert((0, 0));
+            e.0 += 1;
+            e.1 = e.1.max(before);
+        }
         delays
             .entry(gpu)
             .or_default()
@@ -306,7 +323,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             // shorter than "their" launch, they share one)
             let k_short = ks
                 .iter()
-                .filter(|&&(c, dur)| c >= 0 && per_call.get(&c) == Some(&1) && dur < t.dur[c as usize])
+                .filter(|&&(c, dur)| c >= 0 && per_call[c as usize] == 1 && dur < t.dur[c as usize])
                 .count();
             // the host's wait on the GPU: the union of its sync records (threads waiting at once
             // count once), within the GPU's span
@@ -332,7 +349,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                 compute_ns,
                 comm_ns,
                 memory_ns: union_len(&mut of(&[Work::Memory])),
-                comm_compute_overlap_ns: compute_ns + comm_ns - both,
+                comm_compute_overlap_ns: compute_ns.saturating_add(comm_ns).saturating_sub(both),
                 kernels: ks.len() as u64,
                 kernels_shorter_than_launch: k_short as u64,
                 starts_before_launch: early.get(&gpu).map_or(0, |e| e.0),
