@@ -113,41 +113,85 @@ def test_a_reused_run_id_of_another_dataset_or_settings_is_refused_and_untouched
     assert (out / shard).stat().st_mtime_ns == before[shard][1]
 
 
-def test_changed_sample_files_are_encoded_again_never_reused(setup, tmp_path):
-    """The shards' key covers the sample files (each one's path, size and mtime), not only
-    manifest.json: a dataset whose samples changed under the same manifest (a trace truncated, a
-    file rewritten, a copy with other files) is encoded again under another default run id (also
-    `teller evaluate --split DATASET_DIR`'s cache), and an explicit run id holding the old samples
-    refuses it; an unchanged dataset still reuses its shards."""
+def test_changed_sample_bytes_are_never_served_old_encodings(setup, tmp_path, monkeypatch):
+    """The default run id is the dataset manifest's, tokenizer's and settings' (not the sample
+    files'); the run's record holds the sample files' fingerprint (path, size, mtime of each) and
+    content digest (path and bytes). The same bytes with new mtimes (a copy, a regeneration) reuse the
+    run; other bytes under the same manifest are encoded into a run of their own under the default id
+    (also `teller evaluate --split DATASET_DIR`'s cache) and refused by an explicit run id holding
+    the old ones, whose shards are left as they are. A call whose fingerprint matches hashes nothing."""
+    from teller.data import tokenize as tk
     from teller.models.report import _tokenize_for
 
-    def shards_of(r: Path) -> dict:  # (a resumed run rewrites manifest.json, the same bytes)
-        return {k: v[0] if k == "manifest.json" else v for k, v in _files(r).items()}
+    def shards_of(r: Path) -> dict:  # (manifest.json takes a new fingerprint on reuse)
+        return {k: v for k, v in _files(r).items() if k != "manifest.json"}
 
+    def recopy(src: Path, dst: Path) -> Path:  # (new mtimes, as `cp -r`)
+        shutil.copytree(src, dst, copy_function=shutil.copyfile)
+        return dst
+
+    def no_hashing(*a, **k):
+        raise AssertionError("hashed the sample files though their fingerprint matched")
+
+    kw = {"shard_size": 4, "log_vocab_size": 300}
     data, tdir, run = setup
-    d = _copy(data, tmp_path / "ds")  # (copytree keeps sizes and mtimes: the same files)
+    d = _copy(data, tmp_path / "ds")
     o = tmp_path / "o"
-    a = tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
+    a = tokenize_dataset(d, tdir, o, **kw)
     before = shards_of(a)
-    assert tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300) == a and shards_of(a) == before
+    with monkeypatch.context() as m:
+        m.setattr(tk, "shard_samples_digest", no_hashing)
+        assert tokenize_dataset(d, tdir, o, **kw) == a and shards_of(a) == before
+    # the same bytes, new mtimes: the same run, reused; its record takes the new fingerprint
+    c = recopy(d, tmp_path / "copy")
+    assert tokenize_dataset(c, tdir, o, **kw) == a and shards_of(a) == before
+    rec = json.loads((a / "manifest.json").read_text())["dataset"]
+    assert rec["path"] == str(c.resolve()) and rec["samples_fingerprint"] == tk.samples_fingerprint(
+        c, json.loads((c / "manifest.json").read_text())
+    )
+    with monkeypatch.context() as m:
+        m.setattr(tk, "shard_samples_digest", no_hashing)
+        assert tokenize_dataset(c, tdir, o, **kw) == a
+    # other bytes (same size, same manifest): a run of their own; the other left as it is
     sid = json.loads((d / "manifest.json").read_text())["splits"]["test"][0]
     log = d / sid / "log.txt"
-    log.write_bytes(log.read_bytes().replace(b"INFO", b"WARN", 1))  # (same size, another mtime)
-    b = tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
-    assert b != a and shards_of(a) == before  # encoded again; the old run untouched
+    orig = log.read_bytes()
+    log.write_bytes(orig.replace(b"INFO", b"WARN", 1))
+    man_a = (a / "manifest.json").read_bytes()
+    b = tokenize_dataset(d, tdir, o, **kw)
+    assert b != a and shards_of(a) == before and (a / "manifest.json").read_bytes() == man_a
+    rb = json.loads((b / "manifest.json").read_text())
+    assert rb["dataset"]["samples_sha256"] != rec["samples_sha256"]
+    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], 13]
+    assert b.name == tk._key_id([*key, rb["dataset"]["samples_sha256"]]) and a.name == tk._key_id(key)
+    shard = next(sh["name"] for sh in rb["splits"]["test"]["shards"])
+    assert not np.array_equal(load_shard(a, shard)["log_ids"], load_shard(b, shard)["log_ids"])
+    after_b = shards_of(b)
+    assert tokenize_dataset(d, tdir, o, **kw) == b and shards_of(b) == after_b  # (resumed there)
+    # the old bytes back (another mtime): the first run again
+    log.write_bytes(orig)
+    assert tokenize_dataset(d, tdir, o, **kw) == a and shards_of(a) == before
+    assert sorted(p.name for p in o.iterdir()) == sorted([a.name, b.name])
     (d / sid / "trace.json").write_bytes(b"")
     with pytest.raises(TellerError, match=f"{d / sid / 'trace.json'}: empty file"):
-        tokenize_dataset(d, tdir, o, shard_size=4, log_vocab_size=300)
-    # an explicit run id that holds the samples as they were
+        tokenize_dataset(d, tdir, o, **kw)
+    # an explicit run id that holds the samples as they were: other bytes refused, a copy reused
     out = _copy(run.parent, tmp_path / "out") / run.name
     kept = _files(out)
+    x = recopy(data, tmp_path / "x")
+    (x / sid / "log.txt").write_bytes(orig.replace(b"INFO", b"WARN", 1))
     with pytest.raises(
-        ConfigError, match=r"run id 'r' already holds the shards of another dataset .*sample files"
+        ConfigError,
+        match=r"run id 'r' already holds the shards of another dataset .*other sample files: their "
+        r"contents differ",
     ):
-        tokenize_dataset(d, tdir, out.parent, run_id="r", shard_size=4, log_vocab_size=300)
+        tokenize_dataset(x, tdir, out.parent, run_id="r", **kw)
     assert _files(out) == kept
-    # a checkpoint's evaluation cache of a dataset directory: reused while the dataset is unchanged,
-    # not for a copy of it (new mtimes) with a truncated trace
+    y = recopy(data, tmp_path / "y")
+    assert tokenize_dataset(y, tdir, out.parent, run_id="r", **kw) == out
+    assert shards_of(out) == {k: v for k, v in kept.items() if k != "manifest.json"}
+    # a checkpoint's evaluation cache of a dataset directory: reused for the same bytes (a copy),
+    # encoded again for other bytes, the cached encodings untouched
     cfg = {
         "tpe_dir": str(tdir),
         "log_tokenizer": str(run / "log_tokenizer.json"),
@@ -157,13 +201,42 @@ def test_changed_sample_files_are_encoded_again_never_reused(setup, tmp_path):
     ck = tmp_path / "ck"
     e = _tokenize_for(ck, cfg, data, 1)
     cached = shards_of(e)
-    assert _tokenize_for(ck, cfg, data, 1) == e and shards_of(e) == cached
+    assert _tokenize_for(ck, cfg, y, 1) == e and shards_of(e) == cached
+    f = _tokenize_for(ck, cfg, x, 1)
+    assert f != e and shards_of(e) == cached
+    assert not np.array_equal(load_shard(e, shard)["log_ids"], load_shard(f, shard)["log_ids"])
+
+
+def test_a_record_from_before_the_content_digest(setup, tmp_path):
+    """A run recorded before the sample files were (no fingerprint): compared by its manifest, so
+    reused, its shards untouched, and its record completed (fingerprint, and each shard's and the
+    dataset's content digest). One recorded with a fingerprint but no digest, asked for by files
+    with other mtimes: their bytes cannot be checked against it, so an explicit run id refuses."""
+    kw = {"shard_size": 4, "log_vocab_size": 300}
+    data, tdir, run = setup
+    out = _copy(run.parent, tmp_path / "out") / run.name
+    want = json.loads((run / "manifest.json").read_text())
+
+    def strip(keys: tuple[str, ...]) -> None:
+        _edit_json(out / "manifest.json", lambda m: [m["dataset"].pop(k) for k in keys] and None)
+        for p in (out / "shards").glob("*/done.json"):
+            _edit_json(p, lambda d: d.pop("samples_sha256") and None)
+
+    strip(("samples_fingerprint", "samples_sha256"))
+    npy = {k: v for k, v in _files(out).items() if k.endswith(".npy")}
     x = tmp_path / "x"
     shutil.copytree(data, x, copy_function=shutil.copyfile)
-    (x / sid / "trace.json").write_bytes(b"")
-    with pytest.raises(TellerError, match=f"{x / sid / 'trace.json'}: empty file"):
-        _tokenize_for(ck, cfg, x, 1)
-    assert shards_of(e) == cached
+    assert tokenize_dataset(x, tdir, out.parent, run_id="r", **kw) == out
+    assert {k: v for k, v in _files(out).items() if k.endswith(".npy")} == npy
+    got = json.loads((out / "manifest.json").read_text())
+    assert got["dataset"]["samples_sha256"] == want["dataset"]["samples_sha256"]
+    assert got["dataset"]["samples_fingerprint"] != want["dataset"]["samples_fingerprint"]
+    assert got["splits"] == want["splits"]  # (each shard's digest, from its done.json)
+    strip(("samples_sha256",))
+    y = tmp_path / "y"
+    shutil.copytree(data, y, copy_function=shutil.copyfile)
+    with pytest.raises(ConfigError, match="no digest of their contents to check them by"):
+        tokenize_dataset(y, tdir, out.parent, run_id="r", **kw)
 
 
 # -- 2. a bad dataset, before anything is encoded -------------------------------------------------

@@ -154,21 +154,64 @@ def test_resume_skips_complete_shards(setup):
 
 def test_simulated_shards_key_is_unchanged_by_the_culprit_rules(setup):
     """A simulated dataset's shards keep the key they had before ``culprit_rules`` existed (the
-    field enters the key only where it is not 1), so shards encoded before are still reused. (The
-    key covers the sample files' fingerprint since it exists: shards keyed before are encoded once
-    more, into a new run id.)"""
+    field enters the key only where it is not 1), so shards encoded before are still reused. The key
+    is the dataset manifest's, tokenizer's and settings' hashes and the shards version, not the
+    sample files' (the run ids of before the sample files were recorded); the run's manifest records
+    the sample files' fingerprint and content digest."""
     import hashlib
 
-    from teller.data.tokenize import SHARDS_VERSION, samples_fingerprint
+    from teller.data.tokenize import (
+        SHARDS_VERSION,
+        samples_digest,
+        samples_fingerprint,
+        shard_plan,
+        shard_samples_digest,
+    )
 
     data, tdir, out = setup
     man = json.loads((out / "manifest.json").read_text())
     # the settings are pinned, so a new field entering them (and the key) fails here too
     assert man["settings"] == {"shard_size": 6, "log_vocab_size": 512}
-    fp = man["dataset"]["samples_fingerprint"]
-    assert fp == samples_fingerprint(data, json.loads((data / "manifest.json").read_text()))
-    key = [man["dataset"]["manifest_sha256"], man["tokenizer"]["sha256"], man["settings"], SHARDS_VERSION, fp]
+    key = [man["dataset"]["manifest_sha256"], man["tokenizer"]["sha256"], man["settings"], SHARDS_VERSION]
     assert out.name == "tok-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    dman = json.loads((data / "manifest.json").read_text())
+    assert man["dataset"]["samples_fingerprint"] == samples_fingerprint(data, dman)
+    plan = shard_plan(dman, 6)
+    assert [n for _, n, _, _ in plan] == [sh["name"] for sp in man["splits"].values() for sh in sp["shards"]]
+    shard_digests = [shard_samples_digest(data, ids) for _, _, ids, _ in plan]
+    assert man["dataset"]["samples_sha256"] == samples_digest(shard_digests)
+    for (_, name, _, _), dg in zip(plan, shard_digests, strict=True):
+        assert json.loads((out / "shards" / name / "done.json").read_text())["samples_sha256"] == dg
+    # the content digest is over each file's path and bytes (a copy's is the same)
+    sid = dman["splits"]["train"][0]
+    h = hashlib.sha256()
+    for f in ("trace.json", "log.txt", "annotation.json"):
+        h.update(f"{sid}/{f}\0{hashlib.sha256((data / sid / f).read_bytes()).hexdigest()}\n".encode())
+    assert shard_samples_digest(data, [sid]) == h.hexdigest()
+
+
+def test_a_regenerated_dataset_gets_the_same_run_id(setup, tmp_path):
+    """The same `teller dataset generate` command run again writes the same bytes with other mtimes:
+    its default run id is the same, and the run's shards are reused (its record takes the new
+    fingerprint), so `teller results summarize` still finds one recipe."""
+    import shutil
+
+    data, tdir, out = setup
+    o = tmp_path / "o"
+    shutil.copytree(out.parent, o)
+    run = o / out.name
+    runs = sorted(o.iterdir())
+    npy = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    again = tmp_path / "ds"
+    generate(again, num_samples=26, seed=5, preset="tiny")
+    old = json.loads((run / "manifest.json").read_text())["dataset"]
+    assert (again / "manifest.json").read_bytes() == (data / "manifest.json").read_bytes()
+    assert tokenize_dataset(again, tdir, o, shard_size=6, workers=1, log_vocab_size=512) == run
+    assert {p: p.stat().st_mtime_ns for p in npy} == npy  # nothing encoded again
+    new = json.loads((run / "manifest.json").read_text())["dataset"]
+    assert new["samples_fingerprint"] != old["samples_fingerprint"] and new["path"] == str(again.resolve())
+    assert new["samples_sha256"] == old["samples_sha256"]
+    assert sorted(o.iterdir()) == runs  # (no second run)
 
 
 def test_culprit_rules_version_per_generator():

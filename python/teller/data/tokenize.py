@@ -8,8 +8,8 @@ Output (``docs/dataset.md``, "Tokenized shards")::
 
 Shards are written to a temporary directory and renamed when complete, so a rerun with the same
 run id skips them (resume), each checked first (a damaged one is encoded again). A run id that holds
-the shards of another dataset (manifest or sample files), tokenizer or settings is refused, never
-reused or overwritten; the dataset is checked (manifest, every sample's files and annotation) before
+the shards of another dataset (manifest or sample files' bytes), tokenizer or settings is refused,
+never reused or overwritten; the dataset is checked (manifest, every sample's files and annotation) before
 anything is written, and a damaged shard is named when read.
 """
 
@@ -425,8 +425,22 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     out = Path(job["out"])
     final = out / "shards" / job["name"]
     done = _done_record(final, job)
+    if done is not None and job.get(CONTENT_KEY) and done.get(CONTENT_KEY) not in (None, job[CONTENT_KEY]):
+        done = None  # (its record says other bytes than this call hashed: encoded again)
+    if done is not None and not isinstance(done.get(CONTENT_KEY), str):
+        # done before the content digest existed (a run reused by its manifest, or its fingerprint):
+        # its samples' digest is added to its record, nothing else rewritten
+        done = {
+            **done,
+            CONTENT_KEY: job.get(CONTENT_KEY) or shard_samples_digest(job["data"], job["samples"]),
+        }
+        tmp = final / ".done.json.tmp"
+        tmp.write_text(json.dumps(done, sort_keys=True))
+        os.replace(tmp, final / "done.json")
     if done is not None:
         return done
+    # the bytes of its samples, hashed (streamed) before they are encoded: the run's record of them
+    digest = job.get(CONTENT_KEY) or shard_samples_digest(job["data"], job["samples"])
     tmp = out / "shards" / f".tmp-{job['name']}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -551,6 +565,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
         "version": SHARDS_VERSION,
         "effect": True,  # carries effect_events / effect_share
         "culprit_rules": job.get("culprit_rules", 1),
+        CONTENT_KEY: digest,
     }
     (tmp / "done.json").write_text(json.dumps(info, sort_keys=True))
     if final.exists():
@@ -677,8 +692,10 @@ def tokenize_dataset(
     progress: ProgressFn | None = None,
 ) -> Path:
     """Tokenize every sample of a dataset; returns ``output_dir/<run-id>``. The default run id is a
-    hash of the dataset manifest, its sample files' fingerprint (:func:`samples_fingerprint`), the
-    tokenizer and the settings, so a rerun resumes, and a changed dataset is encoded again.
+    hash of the dataset manifest, the tokenizer and the settings, so a rerun resumes (as does the same
+    command on a regenerated or copied dataset); a dataset whose sample files hold other bytes under
+    the same manifest is never served the run's shards: it is encoded into a run id of its own (an
+    explicit ``run_id`` holding the other bytes is refused). See the note at :data:`SAMPLE_FILES`.
 
     The log tokenizer is built from the dataset's train split, or taken from ``log_tokenizer`` (a
     ``log_tokenizer.json``): how new data is encoded for a model trained on other shards. The
@@ -734,17 +751,35 @@ def tokenize_dataset(
         settings["culprit_rules"] = rules
     _check_samples(data, man)  # (before anything is written)
     s_hash = samples_fingerprint(data, man)  # (before encoding: a file changed meanwhile differs next time)
-    if run_id is None:
-        key = [d_hash, t_hash, settings, SHARDS_VERSION, s_hash]
-        h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-        run_id = f"tok-{h[:12]}"
+    plan = shard_plan(man, shard_size)
+    digests: list[str] | None = None  # each shard's content digest: hashed here only for a record to check
+
+    def content() -> str:
+        nonlocal digests
+        if digests is None:
+            digests = _shard_digests(data, plan, workers)
+        return samples_digest(digests)
+
+    # the key of the default run id: the dataset manifest, tokenizer and settings, not the sample files
+    # (the same command on a regenerated or copied dataset gives the same id; the note at SAMPLE_FILES)
+    key = [d_hash, t_hash, settings, SHARDS_VERSION]
+    explicit = run_id is not None
+    run_id = run_id if run_id is not None else _key_id(key)
     out = out_root / run_id
     stamp = {
         "dataset": {"path": str(data.resolve()), "manifest_sha256": d_hash, SAMPLES_KEY: s_hash},
         "tokenizer": {"sha256": t_hash},
         "settings": settings,
     }
-    _check_run_dir(out, run_id, stamp)
+    changed, known = _check_run_dir(out, run_id, stamp, content, refuse_changed=explicit)
+    if changed:  # the default run id holds other sample files: this content gets a run of its own
+        run_id = _key_id([*key, content()])
+        out = out_root / run_id
+        changed, known = _check_run_dir(out, run_id, stamp, content, refuse_changed=True)
+    if known is None and digests is not None:
+        known = samples_digest(digests)
+    if known is not None:  # (an interrupted run is then checked by content too)
+        stamp["dataset"][CONTENT_KEY] = known
     try:
         (out / "shards").mkdir(parents=True, exist_ok=True)
         tmp = out / f"{RUN_STAMP}.tmp"
@@ -862,33 +897,33 @@ def tokenize_dataset(
             full.save(ref_path)  # (last: its presence marks the three as complete)
     own_reference = all(p.is_file() for p in fold_paths)
     jobs = []
-    splits: dict[str, Any] = {}
-    for split, ids in man["splits"].items():
-        shards = []
-        for k in range(0, len(ids), shard_size):
-            name = f"{split}-{k // shard_size:05d}"
-            jobs.append(
-                {
-                    "name": name,
-                    "samples": ids[k : k + shard_size],
-                    "data": str(data),
-                    "out": str(out),
-                    "tokenizer": str(tfile),
-                    "log_tokenizer": str(lt_path),
-                    "reference": str(ref_path),
-                    # a training sample of the dataset the reference was fitted on: out of fold
-                    "reference_folds": [str(p) for p in fold_paths]
-                    if own_reference and split == "train"
-                    else None,
-                    "split": split,
-                    "hide": hide_reference and split == "train",
-                    "seed": man.get("seed"),
-                    "labels": labels,
-                    "culprit_rules": rules,
-                }
-            )
-            shards.append({"name": name, "rows": [k, min(k + shard_size, len(ids))]})
-        splits[split] = {"samples": list(ids), "shards": shards}
+    splits: dict[str, Any] = {
+        split: {"samples": list(ids), "shards": []} for split, ids in man["splits"].items()
+    }
+    for i, (split, name, ids, rows) in enumerate(plan):
+        jobs.append(
+            {
+                "name": name,
+                "samples": ids,
+                "data": str(data),
+                "out": str(out),
+                "tokenizer": str(tfile),
+                "log_tokenizer": str(lt_path),
+                "reference": str(ref_path),
+                # a training sample of the dataset the reference was fitted on: out of fold
+                "reference_folds": [str(p) for p in fold_paths]
+                if own_reference and split == "train"
+                else None,
+                "split": split,
+                "hide": hide_reference and split == "train",
+                "seed": man.get("seed"),
+                "labels": labels,
+                "culprit_rules": rules,
+                # (its samples' content digest, where hashed above: not hashed again)
+                CONTENT_KEY: digests[i] if digests is not None else None,
+            }
+        )
+        splits[split]["shards"].append({"name": name, "rows": rows})
     _drop_damaged_shards(out, jobs, len(labels))
     infos: dict[str, dict[str, Any]] = {}
     done = 0
@@ -922,6 +957,7 @@ def tokenize_dataset(
             "path": str(data.resolve()),
             "manifest_sha256": d_hash,
             SAMPLES_KEY: s_hash,
+            CONTENT_KEY: samples_digest(infos[j["name"]][CONTENT_KEY] for j in jobs),
             "num_samples": man["num_samples"],
         },
         "tokenizer": {
@@ -966,18 +1002,28 @@ def _need_file(p: Path, what: str) -> None:
         raise TellerIOError(f"{p}: {problem} ({what})", path=str(p))
 
 
-# What the shards' key (the default run id, and the record a reused --run-id is checked against)
-# knows of the samples: manifest.json names them but says nothing of their bytes, so a sample
-# truncated, replaced or edited in place (or a copy of the dataset with other samples under the same
-# manifest) would reuse the shards of other bytes. The key therefore also covers a fingerprint of
-# every file the shards encode: its path in the dataset, size and mtime_ns (one stat per file, as
-# make and git's index do; ~30 ms for 2 600 samples, where hashing the bytes would cost about as much
-# as encoding them). A changed file changes its size or mtime, so its dataset is encoded again into
-# another default run id (an explicit --run-id holding it is refused); a copy with new mtimes
-# (`cp -r`) is encoded again too, one that keeps them (`cp -a`, same sizes) holds the same bytes and
-# reuses the shards. A record written before the fingerprint existed is compared by its manifest only.
+# What a run records of the sample files it encoded (manifest.json names the samples but says nothing
+# of their bytes, so a sample truncated, replaced or edited in place, or a copy of the dataset with
+# other samples under the same manifest, would otherwise be served the shards of other bytes). The
+# run id stays a hash of the dataset manifest, tokenizer and settings alone (the same command on a
+# regenerated, copied or cloned dataset gives the same `tok-...` id, which `teller results summarize`
+# groups recipes by); the run's record (its manifest.json, or the stamp of an interrupted run) holds
+# two things about the samples:
+# - their fingerprint (SAMPLES_KEY): the path in the dataset, size and mtime_ns of each file the
+#   shards encode, one stat per file (as make and git's index do; ~30 ms for 2 600 samples);
+# - their content digest (CONTENT_KEY): the SHA-256 of each shard's digest in order, a shard's being
+#   the SHA-256 over (path in the dataset, SHA-256 of the bytes) of each file of its samples,
+#   computed by the worker that encodes the shard (so in parallel, and only on files it reads anyway).
+# A call whose fingerprint is the record's reuses the run without reading a byte; one whose
+# fingerprint differs (files rewritten, `cp -r`, a clone, a regeneration) hashes its files: the same
+# content reuses the run (its record takes the new fingerprint), other content is refused for an
+# explicit --run-id, and for the default one goes into a run of its own, `tok-` + a hash of the same
+# key plus its digest, the other run left as it is. A record without a fingerprint (written before
+# it existed) is compared by its manifest only; one with a fingerprint but no digest cannot be
+# checked, so is taken as other content.
 SAMPLE_FILES = ("trace.json", "log.txt", "annotation.json")
 SAMPLES_KEY = "samples_fingerprint"
+CONTENT_KEY = "samples_sha256"
 
 
 def samples_fingerprint(data: Path, man: dict[str, Any]) -> str:
@@ -996,6 +1042,57 @@ def samples_fingerprint(data: Path, man: dict[str, Any]) -> str:
                     raise TellerIOError(f"{p}: cannot be read: {e.strerror or e}", path=str(p)) from None
                 h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
+
+
+def shard_samples_digest(data: str | os.PathLike[str], ids: Iterable[str]) -> str:
+    """The content digest of one shard's samples: SHA-256 over (path in the dataset, SHA-256 of the
+    bytes, read in 1 MiB chunks) of each of ``SAMPLE_FILES`` of each sample of ``ids``, in order."""
+    h = hashlib.sha256()
+    for sid in ids:
+        for name in SAMPLE_FILES:
+            rel = f"{sid}/{name}"
+            p = Path(data) / rel
+            try:
+                fh = _sha256(p)
+            except OSError as e:  # (checked before encoding: it went meanwhile)
+                raise TellerIOError(f"{p}: cannot be read: {e.strerror or e}", path=str(p)) from None
+            h.update(f"{rel}\0{fh}\n".encode())
+    return h.hexdigest()
+
+
+def samples_digest(shard_digests: Iterable[str]) -> str:
+    """A dataset's content digest (``CONTENT_KEY``): SHA-256 of its shards' digests, in order."""
+    return hashlib.sha256("".join(f"{d}\n" for d in shard_digests).encode()).hexdigest()
+
+
+def shard_plan(man: dict[str, Any], shard_size: int) -> list[tuple[str, str, list[str], list[int]]]:
+    """The shards a dataset is encoded into: (split, shard name, sample ids, [first row, end]) each, the
+    splits in the manifest's order, up to ``shard_size`` samples a shard."""
+    return [
+        (
+            split,
+            f"{split}-{k // shard_size:05d}",
+            list(ids[k : k + shard_size]),
+            [k, min(k + shard_size, len(ids))],
+        )
+        for split, ids in man["splits"].items()
+        for k in range(0, len(ids), shard_size)
+    ]
+
+
+def _shard_digests(data: Path, plan: list[tuple[str, str, list[str], list[int]]], workers: int) -> list[str]:
+    """Every shard's :func:`shard_samples_digest`, in ``workers`` threads (hashlib and file reads
+    release the GIL)."""
+    if workers <= 1 or len(plan) <= 1:
+        return [shard_samples_digest(data, ids) for _, _, ids, _ in plan]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(workers, len(plan))) as ex:
+        return list(ex.map(lambda p: shard_samples_digest(data, p[2]), plan))
+
+
+def _key_id(key: list[Any]) -> str:
+    return "tok-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _warn(msg: str) -> None:
@@ -1067,17 +1164,26 @@ def _check_samples(data: Path, man: dict[str, Any]) -> None:
 _DERIVED_SETTINGS = ("culprit_rules",)
 
 
-def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
-    """An existing run directory may be resumed only by a call with the same dataset manifest (and
-    sample files' fingerprint, where its record has one), TPE tokenizer and settings as the run that
-    wrote it (its ``manifest.json``, or the stamp of an interrupted run): else a
-    :class:`ConfigError` naming the directory and what differs, and nothing in it is touched (its
-    shards would be reused for other samples, or overwritten)."""
+def _check_run_dir(
+    out: Path, run_id: str, stamp: dict[str, Any], content: Callable[[], str], *, refuse_changed: bool
+) -> tuple[bool, str | None]:
+    """An existing run directory may be resumed only by a call with the same dataset manifest, sample
+    files, TPE tokenizer and settings as the run that wrote it (its ``manifest.json``, or the stamp of
+    an interrupted run): else a :class:`ConfigError` naming the directory and what differs, and
+    nothing in it is touched (its shards would be reused for other samples, or overwritten).
+
+    The sample files are compared by their fingerprint (``SAMPLES_KEY``), and where it differs by
+    their content (``content()``, this call's :func:`samples_digest`, against the record's
+    ``CONTENT_KEY``; see the note at :data:`SAMPLE_FILES`). Other content is refused when
+    ``refuse_changed``; else only it differing returns ``(True, None)`` (the caller picks another run
+    id). Returns ``(False, digest)``: the run may be resumed, and the content digest its record vouches
+    for this call's files (None: unknown, or no record)."""
     if not out.exists():
-        return
+        return False, None
     if not out.is_dir():
         raise TellerIOError(f"{out}: not a directory (run id {run_id!r} names a file)", path=str(out))
     fix = f"use another --run-id, or remove {out}"
+    changed, known = False, None
     for rec in (out / "manifest.json", out / RUN_STAMP):
         if not rec.exists():
             continue
@@ -1088,6 +1194,7 @@ def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
             old = {
                 "dataset": m["dataset"]["manifest_sha256"],
                 "samples": m["dataset"].get(SAMPLES_KEY),
+                "content": m["dataset"].get(CONTENT_KEY),
                 "path": m["dataset"].get("path"),
                 "tokenizer": m["tokenizer"]["sha256"],
                 "settings": dict(m["settings"]),
@@ -1099,12 +1206,6 @@ def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
         diffs = []
         if old["dataset"] != stamp["dataset"]["manifest_sha256"]:
             diffs.append(f"the shards of another dataset ({old['path'] or 'its manifest.json differs'})")
-        elif old["samples"] is not None and old["samples"] != stamp["dataset"][SAMPLES_KEY]:
-            diffs.append(
-                f"the shards of another dataset ({old['path'] or 'the same manifest.json'}: its sample "
-                "files have since changed, or this call's are others under the same manifest.json: their "
-                "sizes or modification times differ)"
-            )
         if old["tokenizer"] != stamp["tokenizer"]["sha256"]:
             diffs.append("the shards of another TPE tokenizer")
         a = {k: v for k, v in old["settings"].items() if k not in _DERIVED_SETTINGS}
@@ -1118,12 +1219,33 @@ def _check_run_dir(out: Path, run_id: str, stamp: dict[str, Any]) -> None:
                 diffs.append("another log tokenizer than this call's (--log-tokenizer)")
             else:
                 diffs.append(f"shards made with {k} {a.get(k)!r} (this call: {b.get(k)!r})")
+        # the sample files, where all else agrees (a record without a fingerprint: by its manifest only)
+        why = None
+        if not diffs and old["samples"] is not None and old["samples"] != stamp["dataset"][SAMPLES_KEY]:
+            if not isinstance(old["content"], str):
+                why = (
+                    "their sizes or modification times differ, and the record holds no digest of their "
+                    "contents to check them by"
+                )
+            elif old["content"] != content():
+                why = "their contents differ"
+            else:  # (the same bytes: a copy, a regeneration, a clone)
+                known = old["content"]
+        elif not diffs and old["samples"] is not None and isinstance(old["content"], str):
+            known = old["content"]
+        if why is not None and refuse_changed:
+            diffs.append(
+                f"the shards of another dataset ({old['path'] or 'the same manifest.json'}: the same "
+                f"manifest.json, other sample files: {why})"
+            )
         if diffs:
             raise ConfigError(
                 f"{out}: run id {run_id!r} already holds {'; '.join(diffs)}; its shards are not reused "
                 f"for this call: {fix}",
                 path=str(out),
             )
+        changed = changed or why is not None
+    return (True, None) if changed else (False, known)
 
 
 # what each array of a shard holds: dtype kinds ("i"/"u" integers, "f" floats, "b" bool), the
