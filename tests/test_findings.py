@@ -211,10 +211,7 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
     names = tr.strings
     coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
     first: dict = {}
-    group = [
-        first.setdefault((x.get("host"), x["pid"]), k) if x.get("pid") is not None else k
-        for k, x in enumerate(tr.sources)
-    ]
+    group = [first.setdefault(x["process"], k) for k, x in enumerate(tr.sources)]
     src = np.asarray(group, dtype=np.int64)[np.asarray(tr.source, dtype=np.int64)]
     for key in sorted(set(zip(src[gpu].tolist(), np.asarray(tr.device)[gpu].tolist(), strict=True))):
         acts = []
@@ -421,7 +418,8 @@ def test_work_that_starts_before_its_launch_is_a_clock_caveat(tmp_path) -> None:
     fs = findings(tr)
     assert (
         fs[-1]["kind"] == "clock_skew"
-        and "start before the call that launched them (by up to 50.0 us)" in (fs[-1]["message"])
+        and "10 launches on GPU 0 start their work before the call began (by up to 50.0 us)"
+        in (fs[-1]["message"])
     )
     t2 = _Trace()
     for k in range(10):
@@ -480,3 +478,28 @@ def test_raw_files_of_one_process_are_one_gpu_and_times_are_bounded(tmp_path) ->
         w.gpu("kernel", "k", device=0, stream=7, start=-(2**63), end=10)
     with pytest.raises(teller.TraceFormatError, match="out of range"):
         teller.trace.load(bad, warn=False)
+
+
+def test_two_processes_with_one_pid_are_two_gpus_and_chrome_base_time_is_bounded(tmp_path) -> None:
+    # pid reuse (or containers sharing a host name): the loader tells the processes apart by their
+    # start time, and so does the summary; a baseTimeNanoseconds that would wrap is refused
+    from teller.rawfmt import RawWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for part, start in ((0, 0), (1, 7)):
+        with RawWriter(
+            run / f"p{part}.tmsgpack", pid=42, host="h", clock_sync=(0, 10**18), start_ns=start
+        ) as w:
+            for k in range(3):
+                s = 100_000 * k
+                w.span("runtime", "cudaLaunchKernel", tid=1, start=s, end=s + 5_000, corr=k + 1)
+                w.gpu("kernel", "gemm", device=0, stream=7, start=s + 8_000, end=s + 18_000, corr=k + 1)
+    tr = teller.trace.load(run, warn=False)
+    assert [x["process"] for x in tr.sources] == [0, 1]
+    assert [(d["device"], d["source"]) for d in tr.summary(0)["devices"]] == [(0, 0), (0, 1)]
+    p = tmp_path / "base.json"
+    p.write_text(json.dumps({"baseTimeNanoseconds": 2**63 - 1, "traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1}]}))  # fmt: skip
+    with pytest.raises(teller.TraceFormatError, match="baseTimeNanoseconds' must be an integer of at most"):
+        teller.trace.load(p, warn=False)

@@ -157,7 +157,7 @@ def device_findings(d: dict[str, Any], name: str | None = None) -> list[dict[str
         add(
             "clock_skew",
             0.0,  # (no time of its own: listed last, as a caveat on the idle split)
-            f"{early} GPU activities on {gpu} start before the call that launched them (by up to "
+            f"{early} launches on {gpu} start their work before the call began (by up to "
             f"{_ms(d['max_start_before_launch_ns'])}): host and GPU clocks disagree, so its idle time "
             "by cause is approximate",
             starts_before_launch=early,
@@ -211,11 +211,13 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
     times the median step of that process or more."""
     steps = tr.steps()
     src = np.asarray(tr.source)
-    # (by input and pid: per-rank files of containers may share a pid)
+    proc = [x.get("process", k) for k, x in enumerate(tr.sources)]
+    # (by the loader's process and pid: per-rank files of containers may share a pid, and the raw
+    # files of one process are one)
     by_proc: dict[tuple[int, int], list[Any]] = {}
     for s in steps:
         if s.event >= 0:
-            by_proc.setdefault((int(src[s.event]), int(s.pid)), []).append(s)
+            by_proc.setdefault((int(proc[int(src[s.event])]), int(s.pid)), []).append(s)
     out = []
     for (_src, pid), ss in sorted(by_proc.items()):
         if len(ss) < MIN_STEPS:

@@ -146,12 +146,13 @@ impl<'a> ChromeReader<'a> {
                                     Raw::Num(n) => parse_int(n),
                                     _ => None,
                                 }
+                                .filter(|b| b.unsigned_abs() <= MAX_TIME_NS as u64)
                                 .ok_or_else(|| {
                                     Error::format(
                                         self.path,
                                         Some(off as u64),
                                         None,
-                                        "'baseTimeNanoseconds' must be an integer",
+                                        "'baseTimeNanoseconds' must be an integer of at most 4e18 (ns)",
                                     )
                                 })?;
                             }
@@ -203,13 +204,13 @@ impl<'a> ChromeReader<'a> {
         self.finish_warnings();
         if base_ns != 0 {
             for ts in self.t.ts.iter_mut() {
-                *ts += base_ns;
+                *ts = ts.saturating_add(base_ns);
             }
             for f in self.t.flows.iter_mut() {
-                f.ts += base_ns;
+                f.ts = f.ts.saturating_add(base_ns);
             }
             for c in self.t.counters.iter_mut() {
-                c.ts += base_ns;
+                c.ts = c.ts.saturating_add(base_ns);
             }
         }
         let n = self.t.len() as u64;

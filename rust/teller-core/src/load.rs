@@ -188,6 +188,10 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         for f in t.flows.iter_mut() {
             f.source = 0;
         }
+        let mut t = t;
+        for src in t.sources.iter_mut() {
+            src.process = proc;
+        }
         trace.append(t);
     }
     if trace.is_empty() {

@@ -216,6 +216,9 @@ pub struct CounterSample {
 #[derive(Debug, Clone, Default)]
 pub struct SourceInfo {
     pub path: String,
+    /// The process this source belongs to (an index shared by the raw files of one process: same
+    /// host, pid and start time, as the loader scopes correlation ids), one per Chrome file.
+    pub process: u32,
     /// "chrome" or "raw"
     pub kind: String,
     /// Offset added to this source's timestamps to reach the common time base (realtime ns).

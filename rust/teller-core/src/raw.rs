@@ -885,6 +885,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         producer,
         events: t.len() as u64,
         metadata,
+        ..Default::default()
     });
     Ok((t, ProcessKey { host, pid, start_ns }))
 }

@@ -164,17 +164,14 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     let mut variant_ns: HashMap<(u32, u32), i64> = HashMap::new();
     // A GPU is (process, device): per-rank files of one job each name their GPU 0 (a process sees its
     // own device as 0 under CUDA_VISIBLE_DEVICES), and two such GPUs are not one. The process of a
-    // source is its first source of the same (host, pid): a raw file the collector reopened belongs
-    // to its process; a Chrome file (no pid of its own) is its own.
+    // source is the loader's (raw files of one host, pid and start time: the collector reopens its
+    // file; a Chrome file is its own), named by its first source.
     let group: Vec<u16> = {
-        let mut first: HashMap<(Option<&str>, i64), u16> = HashMap::new();
+        let mut first: HashMap<u32, u16> = HashMap::new();
         t.sources
             .iter()
             .enumerate()
-            .map(|(k, src)| match src.pid {
-                Some(pid) => *first.entry((src.host.as_deref(), pid)).or_insert(k as u16),
-                None => k as u16,
-            })
+            .map(|(k, src)| *first.entry(src.process).or_insert(k as u16))
             .collect()
     };
     let group_of = |src: u16| group.get(src as usize).copied().unwrap_or(src);

@@ -183,6 +183,7 @@ impl NativeTrace {
             d.set_item("base_ns", s.base_ns)?;
             d.set_item("pid", s.pid)?;
             d.set_item("host", &s.host)?;
+            d.set_item("process", s.process)?;
             d.set_item("producer", &s.producer)?;
             d.set_item("events", s.events)?;
             let md = PyDict::new(py);
