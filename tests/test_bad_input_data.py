@@ -167,7 +167,9 @@ def test_changed_sample_bytes_are_never_served_old_encodings(setup, tmp_path, mo
     shard = next(sh["name"] for sh in rb["splits"]["test"]["shards"])
     assert not np.array_equal(load_shard(a, shard)["log_ids"], load_shard(b, shard)["log_ids"])
     after_b = shards_of(b)
-    assert tokenize_dataset(d, tdir, o, **kw) == b and shards_of(b) == after_b  # (resumed there)
+    with monkeypatch.context() as m:  # (resumed there, found by its fingerprint: nothing hashed)
+        m.setattr(tk, "shard_samples_digest", no_hashing)
+        assert tokenize_dataset(d, tdir, o, **kw) == b and shards_of(b) == after_b
     # the old bytes back (another mtime): the first run again
     log.write_bytes(orig)
     assert tokenize_dataset(d, tdir, o, **kw) == a and shards_of(a) == before
@@ -207,36 +209,69 @@ def test_changed_sample_bytes_are_never_served_old_encodings(setup, tmp_path, mo
     assert not np.array_equal(load_shard(e, shard)["log_ids"], load_shard(f, shard)["log_ids"])
 
 
-def test_a_record_from_before_the_content_digest(setup, tmp_path):
-    """A run recorded before the sample files were (no fingerprint): compared by its manifest, so
-    reused, its shards untouched, and its record completed (fingerprint, and each shard's and the
-    dataset's content digest). One recorded with a fingerprint but no digest, asked for by files
-    with other mtimes: their bytes cannot be checked against it, so an explicit run id refuses."""
+def test_a_record_from_before_the_content_digest(setup, tmp_path, monkeypatch):
+    """A run recorded before the sample files were (no fingerprint) vouches for no bytes. Under the
+    default run id it is never served: the data goes to a run of its own (content-addressed), the old
+    run left as it is (its done.json files included). An explicit run id holding one is reused as
+    named, its shards' records left without a digest (none is written for bytes it may not have
+    encoded). One recorded with a fingerprint but no digest, asked for by files with other mtimes:
+    their bytes cannot be checked against it, so an explicit run id refuses."""
+    from teller.data import tokenize as tk
+
     kw = {"shard_size": 4, "log_vocab_size": 300}
     data, tdir, run = setup
-    out = _copy(run.parent, tmp_path / "out") / run.name
-    want = json.loads((run / "manifest.json").read_text())
 
-    def strip(keys: tuple[str, ...]) -> None:
+    def shards_of(r: Path) -> dict:  # (manifest.json is written again on reuse)
+        return {k: v for k, v in _files(r).items() if k != "manifest.json"}
+
+    def strip(out: Path, keys: tuple[str, ...]) -> None:
         _edit_json(out / "manifest.json", lambda m: [m["dataset"].pop(k) for k in keys] and None)
         for p in (out / "shards").glob("*/done.json"):
             _edit_json(p, lambda d: d.pop("samples_sha256") and None)
 
-    strip(("samples_fingerprint", "samples_sha256"))
-    npy = {k: v for k, v in _files(out).items() if k.endswith(".npy")}
+    # the default run id: an old run, a sample's log.txt changed since
+    d = _copy(data, tmp_path / "ds")
+    o = tmp_path / "o"
+    a = tokenize_dataset(d, tdir, o, **kw)
+    strip(a, ("samples_fingerprint", "samples_sha256"))
+    old = _files(a)
+    sid = json.loads((d / "manifest.json").read_text())["splits"]["test"][0]
+    log = d / sid / "log.txt"
+    log.write_bytes(log.read_bytes().replace(b"INFO", b"WARN", 1))
+    b = tokenize_dataset(d, tdir, o, **kw)
+    assert b != a and _files(a) == old
+    rb = json.loads((b / "manifest.json").read_text())
+    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], 13]
+    assert b.name == tk._key_id([*key, rb["dataset"]["samples_sha256"]]) and a.name == tk._key_id(key)
+    shard = next(sh["name"] for sh in rb["splits"]["test"]["shards"])
+    assert not np.array_equal(load_shard(a, shard)["log_ids"], load_shard(b, shard)["log_ids"])
+    after_b = shards_of(b)
+
+    def no_hashing(*a, **k):
+        raise AssertionError("hashed the sample files though a run records their fingerprint")
+
+    with monkeypatch.context() as m:  # (found again by its fingerprint)
+        m.setattr(tk, "shard_samples_digest", no_hashing)
+        assert tokenize_dataset(d, tdir, o, **kw) == b and shards_of(b) == after_b and _files(a) == old
+    # an explicit run id: reused as named, nothing of its record completed
+    out = _copy(run.parent, tmp_path / "out") / run.name
+    strip(out, ("samples_fingerprint", "samples_sha256"))
+    kept = {k: v for k, v in _files(out).items() if k != "manifest.json"}
     x = tmp_path / "x"
     shutil.copytree(data, x, copy_function=shutil.copyfile)
-    assert tokenize_dataset(x, tdir, out.parent, run_id="r", **kw) == out
-    assert {k: v for k, v in _files(out).items() if k.endswith(".npy")} == npy
-    got = json.loads((out / "manifest.json").read_text())
-    assert got["dataset"]["samples_sha256"] == want["dataset"]["samples_sha256"]
-    assert got["dataset"]["samples_fingerprint"] != want["dataset"]["samples_fingerprint"]
-    assert got["splits"] == want["splits"]  # (each shard's digest, from its done.json)
-    strip(("samples_sha256",))
+    for _ in range(2):
+        assert tokenize_dataset(x, tdir, out.parent, run_id="r", **kw) == out
+        assert {k: v for k, v in _files(out).items() if k != "manifest.json"} == kept
+        got = json.loads((out / "manifest.json").read_text())
+        assert got["dataset"]["samples_sha256"] is None and got["dataset"]["samples_fingerprint"] is None
+        assert all("samples_sha256" not in sh for sp in got["splits"].values() for sh in sp["shards"])
+    # a fingerprint but no digest
+    out2 = _copy(run.parent, tmp_path / "out2") / run.name
+    _edit_json(out2 / "manifest.json", lambda m: m["dataset"].pop("samples_sha256") and None)
     y = tmp_path / "y"
     shutil.copytree(data, y, copy_function=shutil.copyfile)
     with pytest.raises(ConfigError, match="no digest of their contents to check them by"):
-        tokenize_dataset(y, tdir, out.parent, run_id="r", **kw)
+        tokenize_dataset(y, tdir, out2.parent, run_id="r", **kw)
 
 
 # -- 2. a bad dataset, before anything is encoded -------------------------------------------------

@@ -427,9 +427,11 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     done = _done_record(final, job)
     if done is not None and job.get(CONTENT_KEY) and done.get(CONTENT_KEY) not in (None, job[CONTENT_KEY]):
         done = None  # (its record says other bytes than this call hashed: encoded again)
-    if done is not None and not isinstance(done.get(CONTENT_KEY), str):
-        # done before the content digest existed (a run reused by its manifest, or its fingerprint):
-        # its samples' digest is added to its record, nothing else rewritten
+    if done is not None and not isinstance(done.get(CONTENT_KEY), str) and job.get("backfill", True):
+        # done before the content digest existed, in a run whose fingerprint is this call's (so these are
+        # the bytes it encoded): its samples' digest is added to its record, nothing else rewritten.
+        # Never in a run whose record has no fingerprint ("backfill" False): nothing says the bytes
+        # now are the ones its shards encode
         done = {
             **done,
             CONTENT_KEY: job.get(CONTENT_KEY) or shard_samples_digest(job["data"], job["samples"]),
@@ -771,15 +773,28 @@ def tokenize_dataset(
         "tokenizer": {"sha256": t_hash},
         "settings": settings,
     }
-    changed, known = _check_run_dir(out, run_id, stamp, content, refuse_changed=explicit)
-    if changed:  # the default run id holds other sample files: this content gets a run of its own
+    # where the default run id's record holds another fingerprint, a run of its own that records this
+    # one (the dataset lives there) is taken without hashing a file
+    found = None
+    if not explicit and _recorded_fingerprint(out) != s_hash:
+        found = _content_run(out_root, key, s_hash)
+    if found is not None:
+        run_id, out = found, out_root / found
+    changed, known, unverified = _check_run_dir(
+        out, run_id, stamp, content, refuse_changed=explicit or found is not None
+    )
+    if changed:
+        # the default run id holds other sample files, or ones its record cannot vouch for: this content
+        # gets a run of its own
         run_id = _key_id([*key, content()])
         out = out_root / run_id
-        changed, known = _check_run_dir(out, run_id, stamp, content, refuse_changed=True)
-    if known is None and digests is not None:
+        changed, known, unverified = _check_run_dir(out, run_id, stamp, content, refuse_changed=True)
+    if known is None and digests is not None and not unverified:
         known = samples_digest(digests)
     if known is not None:  # (an interrupted run is then checked by content too)
         stamp["dataset"][CONTENT_KEY] = known
+    if unverified:  # (it stays a record without a fingerprint: nothing vouches for its done shards)
+        stamp["dataset"][SAMPLES_KEY] = None
     try:
         (out / "shards").mkdir(parents=True, exist_ok=True)
         tmp = out / f"{RUN_STAMP}.tmp"
@@ -921,6 +936,7 @@ def tokenize_dataset(
                 "culprit_rules": rules,
                 # (its samples' content digest, where hashed above: not hashed again)
                 CONTENT_KEY: digests[i] if digests is not None else None,
+                "backfill": not unverified,
             }
         )
         splits[split]["shards"].append({"name": name, "rows": rows})
@@ -949,6 +965,10 @@ def tokenize_dataset(
     from teller.data.reference import KernelReference
 
     ref_table = KernelReference.load(ref_path).table
+    shard_digests = [infos[j["name"]].get(CONTENT_KEY) for j in jobs]
+    # a shard of a record without a fingerprint, reused as it was (an explicit run id), has no digest: the
+    # run's record then holds neither (it still vouches for nothing), as it was
+    verified = all(isinstance(d, str) for d in shard_digests)
     manifest = {
         "format": SHARDS_FORMAT,
         "version": SHARDS_VERSION,
@@ -956,8 +976,8 @@ def tokenize_dataset(
         "dataset": {
             "path": str(data.resolve()),
             "manifest_sha256": d_hash,
-            SAMPLES_KEY: s_hash,
-            CONTENT_KEY: samples_digest(infos[j["name"]][CONTENT_KEY] for j in jobs),
+            SAMPLES_KEY: s_hash if verified else None,
+            CONTENT_KEY: samples_digest(shard_digests) if verified else None,
             "num_samples": man["num_samples"],
         },
         "tokenizer": {
@@ -1018,9 +1038,13 @@ def _need_file(p: Path, what: str) -> None:
 # fingerprint differs (files rewritten, `cp -r`, a clone, a regeneration) hashes its files: the same
 # content reuses the run (its record takes the new fingerprint), other content is refused for an
 # explicit --run-id, and for the default one goes into a run of its own, `tok-` + a hash of the same
-# key plus its digest, the other run left as it is. A record without a fingerprint (written before
-# it existed) is compared by its manifest only; one with a fingerprint but no digest cannot be
-# checked, so is taken as other content.
+# key plus its digest, the other run left as it is (a later call finds that run by the fingerprint its
+# manifest.json records, without hashing). A record without a fingerprint (written before it existed)
+# vouches for no bytes: the default run id leaves it as it is and goes to the run of the content's own;
+# an explicit --run-id, named by the user, reuses it by its manifest, and no digest is written into its
+# shards' done.json (nothing says they encode the bytes now). One with a fingerprint but no digest (as
+# an interrupted first run's stamp) is reused while its fingerprint matches; otherwise it cannot be
+# checked, so is taken as other content (a touched or copied dataset is encoded again).
 SAMPLE_FILES = ("trace.json", "log.txt", "annotation.json")
 SAMPLES_KEY = "samples_fingerprint"
 CONTENT_KEY = "samples_sha256"
@@ -1093,6 +1117,28 @@ def _shard_digests(data: Path, plan: list[tuple[str, str, list[str], list[int]]]
 
 def _key_id(key: list[Any]) -> str:
     return "tok-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _recorded_fingerprint(out: Path) -> Any:
+    """The sample files' fingerprint a run's ``manifest.json`` records (None: none, or no manifest)."""
+    try:
+        return json.loads((out / "manifest.json").read_text())["dataset"].get(SAMPLES_KEY)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _content_run(out_root: Path, key: list[Any], s_hash: str) -> str | None:
+    """The run of its own (``tok-`` + a hash of ``key`` and a content digest) under ``out_root`` whose
+    ``manifest.json`` records the fingerprint ``s_hash`` and is named by the digest it records: found
+    without hashing a sample file (then checked as any run is); else None."""
+    for p in sorted(out_root.glob("tok-*/manifest.json")):
+        try:
+            d = json.loads(p.read_text())["dataset"]
+            if d.get(SAMPLES_KEY) == s_hash and p.parent.name == _key_id([*key, d[CONTENT_KEY]]):
+                return p.parent.name
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return None
 
 
 def _warn(msg: str) -> None:
@@ -1175,15 +1221,17 @@ def _check_run_dir(
     The sample files are compared by their fingerprint (``SAMPLES_KEY``), and where it differs by
     their content (``content()``, this call's :func:`samples_digest`, against the record's
     ``CONTENT_KEY``; see the note at :data:`SAMPLE_FILES`). Other content is refused when
-    ``refuse_changed``; else only it differing returns ``(True, None)`` (the caller picks another run
-    id). Returns ``(False, digest)``: the run may be resumed, and the content digest its record vouches
-    for this call's files (None: unknown, or no record)."""
+    ``refuse_changed``; else only it differing returns ``(True, None, False)`` (the caller picks another
+    run id), as does a record without a fingerprint (written before it existed: nothing vouches for the
+    files its shards encode). Returns ``(False, digest, unverified)``: the run may be resumed, the
+    content digest its record vouches for this call's files (None: unknown, or no record), and whether
+    it is one without a fingerprint that ``refuse_changed`` (an explicit run id) reuses as named."""
     if not out.exists():
-        return False, None
+        return False, None, False
     if not out.is_dir():
         raise TellerIOError(f"{out}: not a directory (run id {run_id!r} names a file)", path=str(out))
     fix = f"use another --run-id, or remove {out}"
-    changed, known = False, None
+    changed, known, unverified = False, None, False
     for rec in (out / "manifest.json", out / RUN_STAMP):
         if not rec.exists():
             continue
@@ -1219,9 +1267,17 @@ def _check_run_dir(
                 diffs.append("another log tokenizer than this call's (--log-tokenizer)")
             else:
                 diffs.append(f"shards made with {k} {a.get(k)!r} (this call: {b.get(k)!r})")
-        # the sample files, where all else agrees (a record without a fingerprint: by its manifest only)
+        # the sample files, where all else agrees
         why = None
-        if not diffs and old["samples"] is not None and old["samples"] != stamp["dataset"][SAMPLES_KEY]:
+        if not diffs and old["samples"] is None:
+            # a record from before the fingerprint: nothing says its shards encode these bytes. The
+            # default run id leaves it (the data goes to a run of its own); an explicit one, named by
+            # the user, is reused by its manifest, its shards' records left without a digest
+            if refuse_changed:
+                unverified = True
+            else:
+                why = "the record holds no fingerprint of them"
+        elif not diffs and old["samples"] != stamp["dataset"][SAMPLES_KEY]:
             if not isinstance(old["content"], str):
                 why = (
                     "their sizes or modification times differ, and the record holds no digest of their "
@@ -1245,7 +1301,7 @@ def _check_run_dir(
                 path=str(out),
             )
         changed = changed or why is not None
-    return (True, None) if changed else (False, known)
+    return (True, None, False) if changed else (False, known, unverified)
 
 
 # what each array of a shard holds: dtype kinds ("i"/"u" integers, "f" floats, "b" bool), the
