@@ -190,6 +190,44 @@ def test_slow_step_and_warm_up(tmp_path) -> None:
     assert len(slow) == 1 and "warm-up" in slow[0]["message"]
 
 
+def _engine_steps(tmp_path, steps: list[tuple[float, dict]], name: str = "e.json"):
+    t = _Trace()
+    at = 0.0
+    for k, (dur, args) in enumerate(steps):
+        t.step(f"engine_step#{k}", at, dur)
+        t.ev[-1]["args"] = args
+        at += dur + 1
+    return [f for f in findings(t.load(tmp_path, name)) if f["kind"] == "slow_step"]
+
+
+def test_slow_step_follows_the_load(tmp_path) -> None:
+    # a step costs 2 ms + 3 us per token: the 6 000-token prefill steps (20 ms, 10x the decode
+    # steps) are what their load predicts, not slow; the median rule would have flagged them
+    steps = [(2000 + 3 * n, {"num_tokens": n}) for n in (40, 6000, 6000, 40, 40, 40, 40, 6000, 40)]
+    assert _engine_steps(tmp_path, steps) == []
+    # a 40-token decode step stalled by 9 ms among mostly prefill steps: 5.2x its prediction, though
+    # under its process's median step
+    steps = [(2000 + 3 * n, {"num_tokens": n}) for n in (40, 6000, 6000, 40, 6000, 40, 6000, 6000, 40)]
+    steps[5] = (2120 + 9000, {"num_tokens": 40})
+    slow = _engine_steps(tmp_path, steps, "e2.json")
+    assert len(slow) == 1
+    v = slow[0]["values"]
+    assert v["step"] == 5 and v["load_arg"] == "num_tokens" and v["load"] == 40
+    assert v["expected_ns"] == pytest.approx(2120e3) and v["ratio"] == pytest.approx(11120 / 2120)
+    assert v["dur_ns"] < v["median_ns"] and "what its load predicts" in slow[0]["message"]
+    # time proportional to the load (no fixed part: the line's intercept would be negative)
+    prop = [(5 * n, {"num_seqs": n}) for n in (10, 200, 200, 10, 10)] + [(5 * 10 * 4, {"num_seqs": 10})]
+    slow = _engine_steps(tmp_path, prop, "e3.json")
+    assert len(slow) == 1 and slow[0]["values"]["step"] == 5 and slow[0]["values"]["load_arg"] == "num_seqs"
+    assert slow[0]["values"]["ratio"] == pytest.approx(4.0)
+    # a step without the load (or a non-numeric one) puts the whole process back on the median
+    mixed = [(100, {"num_tokens": 1}), (100, {"num_tokens": "many"}), (100, {}), (350, {"num_tokens": 1})]
+    slow = _engine_steps(tmp_path, mixed, "e4.json")
+    assert (
+        len(slow) == 1 and slow[0]["values"]["load_arg"] is None and "the median step" in slow[0]["message"]
+    )
+
+
 def test_nothing_to_say(tmp_path) -> None:
     # a busy GPU whose kernels follow each other back to back; and a trace without GPU work
     t = _Trace()

@@ -33,9 +33,12 @@ SHORT_KERNELS = 0.5
 STRAGGLER_GAP = 0.10
 # the share of a GPU's launches whose work starts before the call: a clock caveat
 CLOCK_SKEW = 0.01
-# the slowest step against the median of its process (prefill steps run 1.5-3x decode ones)
+# the slowest step against what its process's other steps predict: its load where the step ranges
+# record one (``num_tokens``, or ``num_seqs``), else their median (prefill steps run 1.5-3x decode
+# ones, so a bare median flagged a quarter of the simulator's healthy captures; the load fit none)
 STEP_OUTLIER = 3.0
 MIN_STEPS = 3
+STEP_WORK_ARGS = ("num_tokens", "num_seqs")
 
 
 def _pct(x: float) -> str:
@@ -206,9 +209,49 @@ def straggler_finding(devices: list[dict[str, Any]], names: list[str] | None = N
     }
 
 
+def _step_load(tr: Any, ss: list[Any]) -> tuple[str, np.ndarray] | None:
+    """The load every step of ``ss`` records (the first of ``STEP_WORK_ARGS`` they all carry as a
+    finite number >= 0), or None."""
+    args = [tr.args(s.event) for s in ss]
+    for key in STEP_WORK_ARGS:
+        vals = [a.get(key) for a in args]
+        if all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
+            for v in vals
+        ):
+            return key, np.asarray(vals, dtype=np.float64)
+    return None
+
+
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> float:
+    """The median slope over the pairs of points with different x (0 when there are none)."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    return float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
+
+
+def expected_step_times(dur: np.ndarray, load: np.ndarray | None) -> tuple[np.ndarray, float, float]:
+    """What each step's time should be from the others: ``c + k * load``, a robust line (Theil-Sen
+    slope, clipped at 0; intercept the median residual, at least 0: then ``k`` is refitted as the
+    median time per unit of load) through the steps' (load, time) pairs, so that one slow step moves
+    neither; without a load, the median step. Returns (expected, c, k)."""
+    if load is None:
+        med = float(np.median(dur))
+        return np.full(len(dur), med), med, 0.0
+    k = max(_theil_sen(load, dur), 0.0)
+    c = float(np.median(dur - k * load))
+    if c < 0:  # time proportional to the load: no fixed part
+        pos = load > 0
+        c, k = 0.0, float(np.median(dur[pos] / load[pos])) if pos.any() else 0.0
+    return c + k * load, c, k
+
+
 def step_findings(tr: Any) -> list[dict[str, Any]]:
-    """The slowest step of each process (of at least ``MIN_STEPS``), when it took ``STEP_OUTLIER``
-    times the median step of that process or more."""
+    """Per process (of at least ``MIN_STEPS`` steps), the step furthest above what its process's
+    other steps predict, when it took ``STEP_OUTLIER`` times that or more: the prediction follows
+    the step's load where every step of the process records one (``STEP_WORK_ARGS``: a 6 000-token
+    prefill step is not slow next to 40-token decode steps), else it is the median step."""
     steps = tr.steps()
     src = np.asarray(tr.source)
     proc = [x.get("process", k) for k, x in enumerate(tr.sources)]
@@ -223,27 +266,45 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
         if len(ss) < MIN_STEPS:
             continue
         dur = np.array([s.dur_ns for s in ss], dtype=np.float64)
-        med = float(np.median(dur))
-        k = int(np.argmax(dur))
-        if med <= 0 or dur[k] < STEP_OUTLIER * med:
+        load = _step_load(tr, ss)
+        want, c, k_per = expected_step_times(dur, None if load is None else load[1])
+        if not (want > 0).all():
             continue
-        slow = int((dur >= STEP_OUTLIER * med).sum())
+        ratio = dur / want
+        k = int(np.argmax(ratio))
+        if ratio[k] < STEP_OUTLIER:
+            continue
+        slow = int((ratio >= STEP_OUTLIER).sum())
         first = " (its first: warm-up, lazy initialization, compilation)" if k == 0 else ""
+        if load is None:
+            against = f"took {ratio[k]:.1f}x the median step ({_ms(dur[k])} against {_ms(want[k])})"
+            what = "the median"
+        else:
+            key, w = load
+            against = (
+                f"took {ratio[k]:.1f}x what its load predicts ({_ms(dur[k])} for {key}={w[k]:g}, "
+                f"against {_ms(want[k])} from its process's steps: {_ms(c)} + {k_per / 1e3:.3g} us per unit)"
+            )
+            what = "their prediction"
         out.append(
             {
                 "kind": "slow_step",
                 "device": None,
-                "share": float((dur[k] - med) / dur.sum()),
+                "share": float((dur[k] - want[k]) / dur.sum()),
                 "message": (
-                    f"step {ss[k].name!r} of pid {pid}{first} took {dur[k] / med:.1f}x the median step "
-                    f"({_ms(dur[k])} against {_ms(med)}); {slow} of its {len(ss)} steps took "
-                    f"{STEP_OUTLIER}x or more"
+                    f"step {ss[k].name!r} of pid {pid}{first} {against}; {slow} of its {len(ss)} steps "
+                    f"took {STEP_OUTLIER}x {what} or more"
                 ),
                 "values": {
                     "pid": pid,
                     "step": ss[k].index,
                     "dur_ns": int(dur[k]),
-                    "median_ns": med,
+                    "expected_ns": float(want[k]),
+                    "ratio": float(ratio[k]),
+                    # kept for readers of the first version: the median step
+                    "median_ns": float(np.median(dur)),
+                    "load_arg": None if load is None else load[0],
+                    "load": None if load is None else float(load[1][k]),
                     "slow_steps": slow,
                 },
             }
