@@ -283,7 +283,8 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
             key, w = load
             against = (
                 f"took {ratio[k]:.1f}x what its load predicts ({_ms(dur[k])} for {key}={w[k]:g}, "
-                f"against {_ms(want[k])} from its process's steps: {_ms(c)} + {k_per / 1e3:.3g} us per unit)"
+                f"against {_ms(want[k])} from its process's steps: {_ms(c)} + {k_per / 1e3:.3g} us per "
+                f"{'token' if key == 'num_tokens' else 'sequence'})"
             )
             what = "their prediction"
         out.append(
