@@ -53,15 +53,15 @@ def _site_dirs() -> list[Path]:
     return out
 
 
+SYSTEM_ROOT = Path("/usr/local/cuda")  # searched last
 _INCLUDE = ("include", "extras/CUPTI/include", "targets/x86_64-linux/include")
 
 
-def candidate_roots(
-    cuda_home: str | os.PathLike[str] | None = None, notes: list[str] | None = None
-) -> list[Path]:
-    roots: list[Path] = []
-    if cuda_home:
-        roots.append(Path(cuda_home))
+def _root_groups(notes: list[str] | None = None) -> list[tuple[str, list[Path]]]:
+    """The places a CUDA installation may be, in search order, each a (name, roots) group whose
+    headers belong together: ``$CUDA_HOME``, ``$CUDA_PATH``, the NVIDIA wheels of one site-packages
+    (one root per component wheel: they are one release), ``/usr/local/cuda``."""
+    groups: list[tuple[str, list[Path]]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         v = os.environ.get(var)
         if not v:
@@ -73,7 +73,7 @@ def candidate_roots(
         elif not any((Path(v) / d / "cuda.h").is_file() for d in _INCLUDE):
             why = "no include/cuda.h under it (not a CUDA toolkit's root)"
         else:
-            roots.append(Path(v))
+            groups.append((f"${var}={v}", [Path(v)]))
             continue
         if notes is not None:
             notes.append(f"${var}={v}: {why}; ignored")
@@ -81,10 +81,23 @@ def candidate_roots(
         nv = site / "nvidia"
         if nv.is_dir():
             # CUDA 13 wheels share nvidia/cu13; CUDA 12 wheels use one folder per component.
-            for sub in ("cu13", "cu12", "cuda_cupti", "cuda_runtime", "nvtx", "cuda_nvcc", "cuda_crt"):
-                if (nv / sub).is_dir():
-                    roots.append(nv / sub)
-    roots.append(Path("/usr/local/cuda"))
+            subs = [
+                nv / sub
+                for sub in ("cu13", "cu12", "cuda_cupti", "cuda_runtime", "nvtx", "cuda_nvcc", "cuda_crt")
+            ]
+            subs = [r for r in subs if r.is_dir()]
+            if subs:
+                groups.append((f"the NVIDIA wheels in {site}", subs))
+    groups.append((str(SYSTEM_ROOT), [SYSTEM_ROOT]))
+    return groups
+
+
+def candidate_roots(
+    cuda_home: str | os.PathLike[str] | None = None, notes: list[str] | None = None
+) -> list[Path]:
+    roots: list[Path] = [Path(cuda_home)] if cuda_home else []
+    for _name, rs in _root_groups(notes):
+        roots += rs
     seen: list[Path] = []
     for r in roots:
         if r not in seen:
@@ -112,17 +125,48 @@ def _glob_first(roots: list[Path], dirs: list[str], pattern: str) -> str | None:
     return None
 
 
+_LIB = ["lib", "lib64", "extras/CUPTI/lib64", "targets/x86_64-linux/lib"]
+
+
 def find_cuda(cuda_home: str | os.PathLike[str] | None = None) -> CudaInfo:
-    """Locate headers and libcupti. With an explicit ``cuda_home``, only that root is searched."""
+    """Locate headers and libcupti. With an explicit ``cuda_home``, only that root is searched.
+
+    Otherwise ``cuda.h``, ``cupti.h`` and ``libcupti`` come from one group of :func:`_root_groups`,
+    the first that has both headers: CUPTI's activity records change between releases, so its
+    headers, the CUDA headers they include and the library the shim loads must be one release. A
+    toolkit without CUPTI (a distribution's package, a conda environment without ``cuda-cupti``)
+    is passed over with a note rather than mixed with the wheels' CUPTI. NVTX (header-only, its
+    versions side by side) is taken from that group when it has it, else from the first that does."""
     notes: list[str] = []
-    roots = [Path(cuda_home)] if cuda_home else candidate_roots(notes=notes)
-    info = CudaInfo(roots=[str(r) for r in roots if r.exists()], notes=notes)
     inc = list(_INCLUDE)
-    info.cuda_h = _first(roots, [f"{d}/cuda.h" for d in inc])
-    info.cupti_h = _first(roots, [f"{d}/cupti.h" for d in inc])
-    info.nvtx_h = _first(roots, [f"{d}/nvtx3/nvToolsExt.h" for d in inc])
-    info.libcupti = _glob_first(
-        roots, ["lib", "lib64", "extras/CUPTI/lib64", "targets/x86_64-linux/lib"], "libcupti.so*"
+    if cuda_home:
+        groups = [(f"--cuda-home {cuda_home}", [Path(cuda_home)])]
+    else:
+        groups = _root_groups(notes)
+    roots = candidate_roots(cuda_home, notes=None) if not cuda_home else [Path(cuda_home)]
+    info = CudaInfo(roots=[str(r) for r in roots if r.exists()], notes=notes)
+    chosen: list[Path] | None = None
+    partial: list[str] = []
+    for name, rs in groups:
+        has_cuda = _first(rs, [f"{d}/cuda.h" for d in inc])
+        if has_cuda and _first(rs, [f"{d}/cupti.h" for d in inc]):
+            chosen = rs
+            notes += [
+                f"{n}: has cuda.h but no cupti.h (CUPTI not installed with it: extras/CUPTI/include); "
+                f"its CUDA headers are not mixed with another installation's CUPTI: using {name}"
+                for n in partial
+            ]
+            break
+        if has_cuda:
+            partial.append(name)
+    search = chosen if chosen is not None else roots  # (none complete: report what there is)
+    info.cuda_h = _first(search, [f"{d}/cuda.h" for d in inc])
+    info.cupti_h = _first(search, [f"{d}/cupti.h" for d in inc])
+    info.libcupti = _glob_first(search, _LIB, "libcupti.so*") or (
+        None if chosen is not None else _glob_first(roots, _LIB, "libcupti.so*")
+    )
+    info.nvtx_h = _first(search, [f"{d}/nvtx3/nvToolsExt.h" for d in inc]) or _first(
+        roots, [f"{d}/nvtx3/nvToolsExt.h" for d in inc]
     )
     if info.cupti_h:
         vh = Path(info.cupti_h).with_name("cupti_version.h")
