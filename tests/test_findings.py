@@ -541,3 +541,38 @@ def test_two_processes_with_one_pid_are_two_gpus_and_chrome_base_time_is_bounded
         {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1}]}))  # fmt: skip
     with pytest.raises(teller.TraceFormatError, match="baseTimeNanoseconds' must be an integer of at most"):
         teller.trace.load(p, warn=False)
+
+
+def test_group_findings_folds_a_kind_across_gpus_and_a_step_across_processes() -> None:
+    from teller.findings import group_findings
+
+    def dev(kind: str, device: int, share: float) -> dict:
+        return {"kind": kind, "device": device, "gpu": f"GPU {device}", "share": share,
+                "message": f"{kind} on GPU {device}", "values": {}}  # fmt: skip
+
+    def step(pid: int, ratio: float, share: float, name: str = "engine_step#4") -> dict:
+        return {"kind": "slow_step", "device": None, "share": share, "message": f"step {name!r} of pid {pid}",
+                "values": {"pid": pid, "ratio": ratio, "name": name}}  # fmt: skip
+
+    fs = [
+        dev("communication", 3, 0.34),
+        dev("host_wait", 1, 0.34),
+        dev("communication", 2, 0.31),
+        {"kind": "straggler", "device": 1, "share": 0.15, "message": "straggler", "values": {}},
+        dev("launch_overhead", 1, 0.14),
+        step(11, 5.2, 0.05),
+        step(12, 5.4, 0.04),
+        step(13, 3.5, 0.03, "engine_step#9"),
+        dev("host_wait", 0, 0.27),
+    ]
+    g = group_findings(fs)
+    assert [f["kind"] for f in g] == [
+        "communication", "host_wait", "straggler", "launch_overhead", "slow_step", "slow_step"
+    ]  # fmt: skip
+    assert g[0]["message"] == "communication on GPU 3; the same on GPU 2 (31 %)"
+    assert [x["device"] for x in g[0]["group"]] == [3, 2] and g[0]["device"] == 3
+    assert g[1]["message"] == "host_wait on GPU 1; the same on GPU 0 (27 %)"
+    assert g[4]["message"] == "step 'engine_step#4' of pid 11; the same on pid 12 (5.4x)"
+    assert g[5]["message"] == "step 'engine_step#9' of pid 13" and "group" not in g[5]
+    assert g[2] is fs[3] and "group" not in g[3]
+    assert group_findings([]) == [] and fs[0]["message"] == "communication on GPU 3"  # (not modified)

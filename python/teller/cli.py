@@ -405,8 +405,11 @@ def _print_findings(fs: list[dict[str, Any]]) -> None:
     if not fs:
         console.print("findings: nothing above the thresholds (docs/findings.md)")
         return
-    console.print(f"[bold]findings[/] ({len(fs)}, largest share of time first):")
-    for f in fs:
+    from teller.findings import group_findings
+
+    grouped = group_findings(fs)
+    console.print(f"[bold]findings[/] ({len(grouped)}, largest share of time first):")
+    for f in grouped:
         console.print(f"  - {escape(f['message'])}", highlight=False, soft_wrap=True)
 
 
@@ -496,7 +499,10 @@ def _collect(
             highlight=False,
             soft_wrap=True,
         )
-        for f in (s.get("findings") or [])[:3]:  # (all of them: summary.json, teller trace summary)
+        from teller.findings import group_findings
+
+        # (all of them: summary.json, teller trace summary)
+        for f in group_findings(s.get("findings") or [])[:3]:
             err_console.print(f"[bold]teller:[/] {escape(f['message'])}", highlight=False, soft_wrap=True)
     if res.trace_json:
         err_console.print(

@@ -90,6 +90,7 @@ def device_findings(d: dict[str, Any], name: str | None = None) -> list[dict[str
             {
                 "kind": kind,
                 "device": dev,
+                "gpu": gpu,
                 "source": d.get("source", 0),
                 "share": float(share),
                 "message": message,
@@ -299,6 +300,7 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
                 "values": {
                     "pid": pid,
                     "step": ss[k].index,
+                    "name": ss[k].name,
                     "dur_ns": int(dur[k]),
                     "expected_ns": float(want[k]),
                     "ratio": float(ratio[k]),
@@ -338,4 +340,43 @@ def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, A
             }
         )
     out.sort(key=lambda f: (-f["share"], f["kind"], -1 if f["device"] is None else f["device"]))
+    return out
+
+
+def _group_key(f: dict[str, Any]) -> tuple[str, str] | None:
+    if f["kind"] == "slow_step":
+        return ("slow_step", str(f["values"].get("name")))
+    if f.get("device") is not None and f["kind"] != "straggler":
+        return (f["kind"], "")
+    return None
+
+
+def _where(f: dict[str, Any]) -> str:
+    if f["kind"] == "slow_step":
+        return f"pid {f['values']['pid']} ({f['values']['ratio']:.1f}x)"
+    return f"{f.get('gpu') or 'GPU ' + str(f['device'])} ({_pct(f['share'])})"
+
+
+def group_findings(fs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``fs`` (:func:`findings`) for reading: a kind that fires on several GPUs (every rank of a
+    tensor-parallel group spends a fifth of its time in all-reduce), and a slow step seen in several
+    processes (a stalled step holds every rank), is one entry, the largest share's, whose message
+    ends with the others (``; the same on GPU 1 (22 %), GPU 2 (22 %)``) and which lists them all in
+    ``group``. The order stays largest share first; the rest are as they were."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in fs:
+        key = _group_key(f)
+        if key is not None:
+            groups.setdefault(key, []).append(f)
+    out = []
+    for f in fs:
+        key = _group_key(f)
+        if key is None or len(groups[key]) == 1:
+            out.append(f)
+        elif groups[key][0] is f:  # (the largest share of its group: fs is sorted)
+            rest = groups[key][1:]
+            g = dict(f)
+            g["message"] = f["message"] + "; the same on " + ", ".join(_where(x) for x in rest)
+            g["group"] = [dict(x) for x in groups[key]]
+            out.append(g)
     return out

@@ -636,7 +636,9 @@ def render(d: dict[str, Any], console: Any) -> None:
             console.print("  " + line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis")
     if d.get("findings"):
         console.print("what the capture itself shows (no model; largest share of time first):")
-        for f in d["findings"][:4]:
+        from teller.findings import group_findings
+
+        for f in group_findings(d["findings"])[:4]:
             console.print("  - " + f["message"], highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"inference {d['inference_ms']:.1f} ms (total with loading {d['total_ms']:.0f} ms)"
