@@ -1,12 +1,24 @@
-"""Path and file checks shared by the commands: one wording for one mistake, wherever it is made."""
+"""Path and file checks shared by the commands: one wording for one mistake, wherever it is made; and
+the lock that keeps two teller processes from writing one output directory at once (dir_lock)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from teller.errors import TellerIOError
+from teller.errors import DirectoryLockedError, TellerIOError
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no flock; dir_lock is then a no-op)
+    fcntl = None  # type: ignore[assignment]
 
 
 def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
@@ -30,6 +42,133 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
     except OSError as e:
         raise TellerIOError(f"{p}: cannot create the {what}: {e.strerror or e}", path=str(p)) from None
     return p
+
+
+# the lock file of an output directory a teller command is writing (see dir_lock)
+LOCK_FILE = ".teller.lock"
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock whose file is open as ``fd``, as recorded in it: ``pid 1234 on host,
+    'teller tokenize', since 2026-12-06T10:00:00Z``; empty where it records nothing readable (a
+    holder that has not written it yet)."""
+    try:
+        rec = json.loads(os.pread(fd, 1 << 16, 0) or b"null")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(rec, dict):
+        return ""
+    parts = []
+    if rec.get("pid") is not None:
+        parts.append(f"pid {rec['pid']}" + (f" on {rec['host']}" if rec.get("host") else ""))
+    if rec.get("command"):
+        parts.append(repr(str(rec["command"])))
+    if rec.get("since"):
+        parts.append(f"since {rec['since']}")
+    return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def dir_lock(
+    directory: str | os.PathLike[str],
+    command: str,
+    *,
+    transient: bool = False,
+    what: str = "output directory",
+) -> Iterator[Path]:
+    """Hold ``directory`` for one writer (``command``, e.g. ``"teller tokenize"``) for the ``with``
+    block: an exclusive ``flock`` on ``directory/.teller.lock``, which records the holder (pid, host,
+    command, start time). The directory is created if needed (a failure is a :class:`TellerIOError`
+    naming it and ``what`` it is). Another process holding it is a :class:`DirectoryLockedError`
+    naming the directory and the holder, at once (no waiting). The kernel releases a flock when its
+    process dies, so the file a killed process left behind blocks nothing.
+
+    The lock file is removed on release (while still locked), so a directory holds it only while it is
+    being written; a process that opened it before then and locks it afterwards sees that the path no
+    longer names the file it locked and starts again, so two writers never hold two files of one
+    name. ``transient``: the directories this call created are removed again on release if nothing
+    else was written in them (a command that writes nothing until late, refused or interrupted before
+    then, leaves no empty directory behind). Yields the directory.
+
+    (Where the platform has no ``fcntl``, Windows, this is a no-op that creates nothing: concurrent
+    writers there are not detected. A filesystem that refuses locks, some network ones, likewise.)"""
+    d = Path(directory)
+    if fcntl is None:
+        yield d
+        return
+    # (absolute: the block may change the working directory meanwhile)
+    created = []  # the directories created here, deepest first
+    q = Path(os.path.abspath(d))
+    while not q.exists() and q.parent != q:
+        created.append(q)
+        q = q.parent
+    path = Path(os.path.abspath(d)) / LOCK_FILE
+    fd = -1
+    for _ in range(100):  # (each retry follows a release by another process: a few at most)
+        make_output_dir(d, what)
+        try:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError:  # (another user's lock file: a read-only descriptor locks it too)
+                fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # (the directory removed meanwhile by a transient holder: again)
+            continue
+        except OSError as e:
+            raise TellerIOError(
+                f"{d / LOCK_FILE}: cannot open the lock file of the {what}: {e.strerror or e}",
+                path=str(d / LOCK_FILE),
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _holder(fd)
+            os.close(fd)
+            raise DirectoryLockedError(
+                f"{d}: another teller process is writing it{f' ({who})' if who else ''}; "
+                "wait for it to finish or choose another directory",
+                path=str(d),
+            ) from None
+        except OSError:  # (no locks on this filesystem: unlocked, as without fcntl)
+            os.close(fd)
+            fd = -1
+            with contextlib.suppress(OSError):
+                path.unlink()
+            break
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # (removed, or replaced, by its holder's release before this lock: again)
+        fd = -1
+    else:
+        raise TellerIOError(f"{d / LOCK_FILE}: cannot take the lock of the {what}", path=str(d / LOCK_FILE))
+    try:
+        if fd >= 0:
+            rec = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": command,
+                "argv": sys.argv,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            with contextlib.suppress(OSError):  # (only what the error of a second writer shows)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(rec) + "\n").encode(), 0)
+        yield d
+    finally:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                path.unlink()  # (while still locked: see above)
+        if transient:
+            for c in created:  # (each only where empty: what was written in it is kept)
+                try:
+                    c.rmdir()
+                except OSError:
+                    break
+        if fd >= 0:
+            os.close(fd)  # (releases the lock)
 
 
 def yaml_error_line(e: Any) -> str:

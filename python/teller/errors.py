@@ -48,6 +48,10 @@ class TellerIOError(TellerError, OSError):
     """An I/O error other than a missing file (permissions, a directory where a file was expected)."""
 
 
+class DirectoryLockedError(TellerIOError, BlockingIOError):
+    """An output directory another teller process is writing (its lock, ``.teller.lock``, is held)."""
+
+
 class ConfigError(TellerError, ValueError):
     """A configuration value (step names, normalization options, CLI arguments) is invalid."""
 
@@ -73,6 +77,7 @@ __all__ = [
     "ConfigError",
     "CudaNotFoundError",
     "DatasetError",
+    "DirectoryLockedError",
     "EmptyTraceError",
     "TellerError",
     "TellerFileNotFoundError",

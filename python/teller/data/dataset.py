@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from teller import __version__
-from teller._io import check_output_dir, make_output_dir, yaml_error_line
+from teller._io import check_output_dir, dir_lock, yaml_error_line
 from teller.data import kernels as K
 from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
 from teller.data.simulator import Workload, simulate
@@ -495,7 +495,8 @@ def generate(
     whatever ``workers``. With ``resume``, complete sample directories already present (from an
     interrupted run with the same seed and configuration) are kept. ``train_only``: every sample in
     the train split, from the in-distribution workloads only (no OOD samples): more training data
-    for a benchmark generated with another seed (``teller train --extra-train``)."""
+    for a benchmark generated with another seed (``teller train --extra-train``). Another teller
+    process writing ``output_dir`` meanwhile is refused (a ``DirectoryLockedError`` naming it)."""
     # Every argument checked before anything is written (a refused run leaves no stamp behind).
     for name, v, lo, hi in (
         ("--seed", seed, 0, MAX_SEED),
@@ -514,62 +515,64 @@ def generate(
     seed = int(seed)
     out = Path(output_dir)
     check_output_dir(out, "--output-dir names a directory")
-    make_output_dir(out)
-    man_path = out / "manifest.json"
-    # (a resumed run must not mix samples of two simulator versions)
-    cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n, "generator_version": GENERATOR_VERSION}
-    stamp = out / ".generate.json"
-    if stamp.exists() and resume:
-        try:
-            old = json.loads(stamp.read_text())
-        except json.JSONDecodeError:
-            old = None
-        if old != cfg_key and _holds_samples(out):
+    with dir_lock(out, "teller dataset generate"):  # (one writer at a time; it creates the directory)
+        man_path = out / "manifest.json"
+        # (a resumed run must not mix samples of two simulator versions)
+        cfg_key = {"seed": int(seed), "config": cfg, "num_samples": n, "generator_version": GENERATOR_VERSION}
+        stamp = out / ".generate.json"
+        if stamp.exists() and resume:
+            try:
+                old = json.loads(stamp.read_text())
+            except json.JSONDecodeError:
+                old = None
+            if old != cfg_key and _holds_samples(out):
+                raise ConfigError(
+                    f"{out}: holds a dataset generated with another seed, configuration or simulator "
+                    f"version; use a new directory"
+                )
+        elif man_path.exists() and not stamp.exists():
+            try:
+                old_man = json.loads(man_path.read_text())
+            except json.JSONDecodeError:
+                old_man = {}
+            same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} | {
+                "generator_version": (old_man.get("generator") or {}).get("version")
+            } == cfg_key
+            if not (same and resume):
+                raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
+        elif not stamp.exists() and _holds_samples(out):
+            # sample directories no run of ours stamped (copied in, another tool's): resuming would keep
+            # them as this dataset's samples unchecked, or replace them; neither is ours to do
             raise ConfigError(
-                f"{out}: holds a dataset generated with another seed, configuration or simulator "
-                f"version; use a new directory"
+                f"{out}: holds sample directories (s000000...) that no generate run here left (no "
+                ".generate.json or manifest.json): use an empty or new directory"
             )
-    elif man_path.exists() and not stamp.exists():
-        try:
-            old_man = json.loads(man_path.read_text())
-        except json.JSONDecodeError:
-            old_man = {}
-        same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} | {
-            "generator_version": (old_man.get("generator") or {}).get("version")
-        } == cfg_key
-        if not (same and resume):
-            raise ConfigError(f"{out}: already holds a dataset (manifest.json); use a new directory")
-    elif not stamp.exists() and _holds_samples(out):
-        # sample directories no run of ours stamped (copied in, another tool's): resuming would keep
-        # them as this dataset's samples unchecked, or replace them; neither is ours to do
-        raise ConfigError(
-            f"{out}: holds sample directories (s000000...) that no generate run here left (no "
-            ".generate.json or manifest.json): use an empty or new directory"
-        )
-    stamp.write_text(json.dumps(cfg_key, sort_keys=True))
-    plans = plan(cfg, n, seed)
-    todo = [p for p in plans if not (resume and (out / p.sample_id / "annotation.json").is_file())]
-    done = n - len(todo)
-    if progress:
-        progress(done, n)
-    args = [(cfg, int(seed), p, str(out)) for p in todo]
-    if workers == 1 or len(todo) <= 1:
-        for a in args:
-            _worker(a)
-            done += 1
-            if progress:
-                progress(done, n)
-    else:
-        ctx = mp.get_context("spawn")  # no fork: the Rust thread pool of the parent must not be cloned
-        with ctx.Pool(min(workers, len(todo))) as pool:  # (no idle interpreters for a few samples)
-            for _ in pool.imap_unordered(_worker, args, chunksize=max(1, min(8, len(args) // (4 * workers)))):
+        stamp.write_text(json.dumps(cfg_key, sort_keys=True))
+        plans = plan(cfg, n, seed)
+        todo = [p for p in plans if not (resume and (out / p.sample_id / "annotation.json").is_file())]
+        done = n - len(todo)
+        if progress:
+            progress(done, n)
+        args = [(cfg, int(seed), p, str(out)) for p in todo]
+        if workers == 1 or len(todo) <= 1:
+            for a in args:
+                _worker(a)
                 done += 1
                 if progress:
                     progress(done, n)
-    manifest = build_manifest(out, cfg, seed, plans)
-    _json_dump(manifest, man_path)
-    stamp.unlink()
-    return manifest
+        else:
+            ctx = mp.get_context("spawn")  # no fork: the Rust thread pool of the parent must not be cloned
+            with ctx.Pool(min(workers, len(todo))) as pool:  # (no idle interpreters for a few samples)
+                for _ in pool.imap_unordered(
+                    _worker, args, chunksize=max(1, min(8, len(args) // (4 * workers)))
+                ):
+                    done += 1
+                    if progress:
+                        progress(done, n)
+        manifest = build_manifest(out, cfg, seed, plans)
+        _json_dump(manifest, man_path)
+        stamp.unlink()
+        return manifest
 
 
 def _holds_samples(out: Path) -> bool:

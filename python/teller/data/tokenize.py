@@ -10,7 +10,8 @@ Shards are written to a temporary directory and renamed when complete, so a reru
 run id skips them (resume), each checked first (a damaged one is encoded again). A run id that holds
 the shards of another dataset (manifest or sample files' bytes), tokenizer or settings is refused,
 never reused or overwritten; the dataset is checked (manifest, every sample's files and annotation) before
-anything is written, and a damaged shard is named when read.
+anything is written, and a damaged shard is named when read. One process at a time writes an output
+directory (``O/.teller.lock``, :func:`teller._io.dir_lock`): another is refused, naming the first.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from teller._io import check_output_dir
+from teller._io import check_output_dir, dir_lock
 from teller.data.dataset import (
     annotation_problem,
     file_problem,
@@ -773,245 +774,252 @@ def tokenize_dataset(
         "tokenizer": {"sha256": t_hash},
         "settings": settings,
     }
-    # where the default run id's record holds another fingerprint, a run of its own that records this
-    # one (the dataset lives there) is taken without hashing a file
-    found = None
-    if not explicit and _recorded_fingerprint(out) != s_hash:
-        found = _content_run(out_root, key, s_hash)
-    if found is not None:
-        run_id, out = found, out_root / found
-    changed, known, unverified = _check_run_dir(
-        out, run_id, stamp, content, refuse_changed=explicit or found is not None
-    )
-    if changed:
-        # the default run id holds other sample files, or ones its record cannot vouch for: this content
-        # gets a run of its own
-        run_id = _key_id([*key, content()])
-        out = out_root / run_id
-        changed, known, unverified = _check_run_dir(out, run_id, stamp, content, refuse_changed=True)
-    if known is None and digests is not None and not unverified:
-        known = samples_digest(digests)
-    if known is not None:  # (an interrupted run is then checked by content too)
-        stamp["dataset"][CONTENT_KEY] = known
-    if unverified:  # (it stays a record without a fingerprint: nothing vouches for its done shards)
-        stamp["dataset"][SAMPLES_KEY] = None
-    try:
-        (out / "shards").mkdir(parents=True, exist_ok=True)
-        tmp = out / f"{RUN_STAMP}.tmp"
-        tmp.write_text(json.dumps(stamp, sort_keys=True) + "\n")
-        os.replace(tmp, out / RUN_STAMP)
-    except OSError as e:
-        raise TellerIOError(
-            f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out)
-        ) from None
-    # A resumed run's log tokenizer and kernel reference are what its shards were encoded with: one
-    # that is damaged (unreadable, malformed, or another file than its record says) is copied again
-    # from this call's --log-tokenizer / --reference (the run's settings hold their hashes, so they are
-    # the files it was made with), or, fitted here, fitted again and every shard encoded again (as a
-    # reference of an older version is); one copied in that this call cannot restore is refused.
-    lt_path = out / "log_tokenizer.json"
-    redo = False  # every shard encoded again (done ones included)
-    lt_bad = None
-    if lt_path.is_file():
-        lt_src_sha = settings.get("log_tokenizer_sha256")
-        lt_bad = _resumed_file_problem(
-            lt_path, LogTokenizer.load, lt_src_sha or _recorded_sha(out, "log_tokenizer")
+    # one writer of the output root at a time (another teller process is refused, named): choosing the run
+    # id (the default one may give way to a content-addressed one) and writing it are one step
+    with dir_lock(out_root, "teller tokenize", transient=True):
+        # where the default run id's record holds another fingerprint, a run of its own that records this
+        # one (the dataset lives there) is taken without hashing a file
+        found = None
+        if not explicit and _recorded_fingerprint(out) != s_hash:
+            found = _content_run(out_root, key, s_hash)
+        if found is not None:
+            run_id, out = found, out_root / found
+        changed, known, unverified = _check_run_dir(
+            out, run_id, stamp, content, refuse_changed=explicit or found is not None
         )
-        if lt_src_sha is not None and lt_bad == _CHANGED:
-            raise ConfigError(
-                f"{lt_path}: run id {run_id!r} already holds another log tokenizer than {log_tokenizer}; "
-                "its shards were encoded with that one: use a new --run-id",
-                path=str(lt_path),
+        if changed:
+            # the default run id holds other sample files, or ones its record cannot vouch for: this content
+            # gets a run of its own
+            run_id = _key_id([*key, content()])
+            out = out_root / run_id
+            changed, known, unverified = _check_run_dir(out, run_id, stamp, content, refuse_changed=True)
+        if known is None and digests is not None and not unverified:
+            known = samples_digest(digests)
+        if known is not None:  # (an interrupted run is then checked by content too)
+            stamp["dataset"][CONTENT_KEY] = known
+        if unverified:  # (it stays a record without a fingerprint: nothing vouches for its done shards)
+            stamp["dataset"][SAMPLES_KEY] = None
+        try:
+            (out / "shards").mkdir(parents=True, exist_ok=True)
+            tmp = out / f"{RUN_STAMP}.tmp"
+            tmp.write_text(json.dumps(stamp, sort_keys=True) + "\n")
+            os.replace(tmp, out / RUN_STAMP)
+        except OSError as e:
+            raise TellerIOError(
+                f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out)
+            ) from None
+        # A resumed run's log tokenizer and kernel reference are what its shards were encoded with: one
+        # that is damaged (unreadable, malformed, or another file than its record says) is copied again
+        # from this call's --log-tokenizer / --reference (the run's settings hold their hashes, so they are
+        # the files it was made with), or, fitted here, fitted again and every shard encoded again (as a
+        # reference of an older version is); one copied in that this call cannot restore is refused.
+        lt_path = out / "log_tokenizer.json"
+        redo = False  # every shard encoded again (done ones included)
+        lt_bad = None
+        if lt_path.is_file():
+            lt_src_sha = settings.get("log_tokenizer_sha256")
+            lt_bad = _resumed_file_problem(
+                lt_path, LogTokenizer.load, lt_src_sha or _recorded_sha(out, "log_tokenizer")
             )
-        if lt_bad is not None:
-            lt_path.unlink()
-    if not lt_path.is_file() and log_tokenizer is not None:
-        tmp = out / ".log_tokenizer.json.tmp"
-        shutil.copyfile(log_tokenizer, tmp)
-        os.replace(tmp, lt_path)
-        if lt_bad is not None:
-            _warn(f"{lt_path}: {lt_bad}; copied again from {log_tokenizer}")
-    elif not lt_path.is_file():
-        train_logs = [data / sid / "log.txt" for sid in man["splits"].get("train", [])]
-        lt = LogTokenizer.train(train_logs, vocab_size=log_vocab_size)
-        tmp = out / ".log_tokenizer.json.tmp"
-        tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
-        os.replace(tmp, lt_path)
-        if lt_bad is not None:
-            _warn(f"{lt_path}: {lt_bad}; fitted again, and every shard of the run is encoded again")
-            redo = True
-    ref_path = out / REFERENCE_FILE
-    fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
-    if ref_path.is_file() and reference is None:
-        from teller.data.reference import REF_VERSION, KernelReference
-
-        own = all(p.is_file() for p in fold_paths)
-        bad = _resumed_file_problem(ref_path, KernelReference.load, None)
-        stale = bad is None and KernelReference.load(ref_path).version != REF_VERSION
-        if bad is None and not stale:  # (one of an older version is fitted again anyway)
-            bad = _resumed_file_problem(ref_path, KernelReference.load, _recorded_sha(out, "reference"))
-        bad_path = ref_path
-        for p in fold_paths if own and bad is None and not stale else ():
-            bad, bad_path = _resumed_file_problem(p, KernelReference.load, None), p
-            if bad is not None:
-                break
-        if (bad is not None or stale) and not own:
-            # copied in by an earlier run of this run id (--reference / --log-tokenizer): its shards
-            # were encoded against it, and it is not ours to replace
-            what = "a kernel reference of another version," if bad is None else f"{bad}; a kernel reference"
-            raise ConfigError(
-                f"{ref_path}: {what} copied in by an earlier run of run id {run_id!r}; pass the same "
-                "--reference (or --log-tokenizer) again, or use a new --run-id",
-                path=str(ref_path),
-            )
-        if bad is not None or stale:
-            # fitted here, by an older teller (a reused --run-id) or damaged since: fitted again, and
-            # every shard encoded against the old one is encoded again
-            if bad is not None:
-                _warn(f"{bad_path}: {bad}; the kernel reference is fitted again, every shard encoded again")
-            for p in [ref_path, *fold_paths]:
-                p.unlink(missing_ok=True)
-            redo = True
-    elif ref_path.is_file() and _sha256(ref_path) != settings["reference_sha256"]:
-        from teller.data.reference import KernelReference
-
-        bad = _resumed_file_problem(ref_path, KernelReference.load, None)
-        if bad is None:  # (readable: another reference than the one its shards were encoded against)
-            raise ConfigError(
-                f"{ref_path}: run id {run_id!r} already holds another kernel reference than {reference}; "
-                "its shards were encoded against that one: use a new --run-id",
-                path=str(ref_path),
-            )
-        # damaged: the run's copy of this call's --reference (whose hash its settings hold), copied again
-        _warn(f"{ref_path}: {bad}; copied again from {reference}")
-        ref_path.unlink()
-    if redo:
-        for p in (out / "shards").glob("*/done.json"):
-            p.unlink()
-    if not ref_path.is_file():
-        if reference is not None:
-            tmp = out / f".{REFERENCE_FILE}.tmp"
-            shutil.copyfile(reference, tmp)
-            os.replace(tmp, ref_path)
-        else:
-            full, folds = fit_reference(data, man, tok, tok_file=tfile, workers=workers)
-            if man["splits"].get("train") and not len(full):
-                import warnings
-
-                from teller.errors import TellerWarning
-
-                warnings.warn(
-                    f"{data}: no training capture names its GPU (deviceProperties) and its model "
-                    "(vLLM's args line), so the kernel reference is empty and summary columns 17-22 "
-                    "stay 0 (a dataset of simulator version 1 predates deviceProperties: regenerate it)",
-                    TellerWarning,
-                    stacklevel=2,
+            if lt_src_sha is not None and lt_bad == _CHANGED:
+                raise ConfigError(
+                    f"{lt_path}: run id {run_id!r} already holds another log tokenizer than {log_tokenizer}; "
+                    "its shards were encoded with that one: use a new --run-id",
+                    path=str(lt_path),
                 )
-            for g, r in enumerate(folds):
-                r.save(out / f"reference.fold{g}.json")
-            full.save(ref_path)  # (last: its presence marks the three as complete)
-    own_reference = all(p.is_file() for p in fold_paths)
-    jobs = []
-    splits: dict[str, Any] = {
-        split: {"samples": list(ids), "shards": []} for split, ids in man["splits"].items()
-    }
-    for i, (split, name, ids, rows) in enumerate(plan):
-        jobs.append(
-            {
-                "name": name,
-                "samples": ids,
-                "data": str(data),
-                "out": str(out),
-                "tokenizer": str(tfile),
-                "log_tokenizer": str(lt_path),
-                "reference": str(ref_path),
-                # a training sample of the dataset the reference was fitted on: out of fold
-                "reference_folds": [str(p) for p in fold_paths]
-                if own_reference and split == "train"
-                else None,
-                "split": split,
-                "hide": hide_reference and split == "train",
-                "seed": man.get("seed"),
-                "labels": labels,
-                "culprit_rules": rules,
-                # (its samples' content digest, where hashed above: not hashed again)
-                CONTENT_KEY: digests[i] if digests is not None else None,
-                "backfill": not unverified,
-            }
-        )
-        splits[split]["shards"].append({"name": name, "rows": rows})
-    _drop_damaged_shards(out, jobs, len(labels))
-    infos: dict[str, dict[str, Any]] = {}
-    done = 0
-    if progress:
-        progress(0, len(jobs))
-    if workers == 1 or len(jobs) <= 1:
-        for j in jobs:
-            infos[j["name"]] = _encode_shard(j)
-            done += 1
-            if progress:
-                progress(done, len(jobs))
-    else:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            for info in pool.imap_unordered(_encode_shard, jobs):
-                infos[info["name"]] = info
+            if lt_bad is not None:
+                lt_path.unlink()
+        if not lt_path.is_file() and log_tokenizer is not None:
+            tmp = out / ".log_tokenizer.json.tmp"
+            shutil.copyfile(log_tokenizer, tmp)
+            os.replace(tmp, lt_path)
+            if lt_bad is not None:
+                _warn(f"{lt_path}: {lt_bad}; copied again from {log_tokenizer}")
+        elif not lt_path.is_file():
+            train_logs = [data / sid / "log.txt" for sid in man["splits"].get("train", [])]
+            lt = LogTokenizer.train(train_logs, vocab_size=log_vocab_size)
+            tmp = out / ".log_tokenizer.json.tmp"
+            tmp.write_text(json.dumps(lt.to_dict(), ensure_ascii=False) + "\n")
+            os.replace(tmp, lt_path)
+            if lt_bad is not None:
+                _warn(f"{lt_path}: {lt_bad}; fitted again, and every shard of the run is encoded again")
+                redo = True
+        ref_path = out / REFERENCE_FILE
+        fold_paths = [out / f"reference.fold{g}.json" for g in (0, 1)]
+        if ref_path.is_file() and reference is None:
+            from teller.data.reference import REF_VERSION, KernelReference
+
+            own = all(p.is_file() for p in fold_paths)
+            bad = _resumed_file_problem(ref_path, KernelReference.load, None)
+            stale = bad is None and KernelReference.load(ref_path).version != REF_VERSION
+            if bad is None and not stale:  # (one of an older version is fitted again anyway)
+                bad = _resumed_file_problem(ref_path, KernelReference.load, _recorded_sha(out, "reference"))
+            bad_path = ref_path
+            for p in fold_paths if own and bad is None and not stale else ():
+                bad, bad_path = _resumed_file_problem(p, KernelReference.load, None), p
+                if bad is not None:
+                    break
+            if (bad is not None or stale) and not own:
+                # copied in by an earlier run of this run id (--reference / --log-tokenizer): its shards
+                # were encoded against it, and it is not ours to replace
+                what = (
+                    "a kernel reference of another version," if bad is None else f"{bad}; a kernel reference"
+                )
+                raise ConfigError(
+                    f"{ref_path}: {what} copied in by an earlier run of run id {run_id!r}; pass the same "
+                    "--reference (or --log-tokenizer) again, or use a new --run-id",
+                    path=str(ref_path),
+                )
+            if bad is not None or stale:
+                # fitted here, by an older teller (a reused --run-id) or damaged since: fitted again, and
+                # every shard encoded against the old one is encoded again
+                if bad is not None:
+                    _warn(
+                        f"{bad_path}: {bad}; the kernel reference is fitted again, every shard encoded again"
+                    )
+                for p in [ref_path, *fold_paths]:
+                    p.unlink(missing_ok=True)
+                redo = True
+        elif ref_path.is_file() and _sha256(ref_path) != settings["reference_sha256"]:
+            from teller.data.reference import KernelReference
+
+            bad = _resumed_file_problem(ref_path, KernelReference.load, None)
+            if bad is None:  # (readable: another reference than the one its shards were encoded against)
+                raise ConfigError(
+                    f"{ref_path}: run id {run_id!r} already holds another kernel reference than {reference}; "
+                    "its shards were encoded against that one: use a new --run-id",
+                    path=str(ref_path),
+                )
+            # damaged: the run's copy of this call's --reference (whose hash its settings hold), copied again
+            _warn(f"{ref_path}: {bad}; copied again from {reference}")
+            ref_path.unlink()
+        if redo:
+            for p in (out / "shards").glob("*/done.json"):
+                p.unlink()
+        if not ref_path.is_file():
+            if reference is not None:
+                tmp = out / f".{REFERENCE_FILE}.tmp"
+                shutil.copyfile(reference, tmp)
+                os.replace(tmp, ref_path)
+            else:
+                full, folds = fit_reference(data, man, tok, tok_file=tfile, workers=workers)
+                if man["splits"].get("train") and not len(full):
+                    import warnings
+
+                    from teller.errors import TellerWarning
+
+                    warnings.warn(
+                        f"{data}: no training capture names its GPU (deviceProperties) and its model "
+                        "(vLLM's args line), so the kernel reference is empty and summary columns 17-22 "
+                        "stay 0 (a dataset of simulator version 1 predates deviceProperties: regenerate it)",
+                        TellerWarning,
+                        stacklevel=2,
+                    )
+                for g, r in enumerate(folds):
+                    r.save(out / f"reference.fold{g}.json")
+                full.save(ref_path)  # (last: its presence marks the three as complete)
+        own_reference = all(p.is_file() for p in fold_paths)
+        jobs = []
+        splits: dict[str, Any] = {
+            split: {"samples": list(ids), "shards": []} for split, ids in man["splits"].items()
+        }
+        for i, (split, name, ids, rows) in enumerate(plan):
+            jobs.append(
+                {
+                    "name": name,
+                    "samples": ids,
+                    "data": str(data),
+                    "out": str(out),
+                    "tokenizer": str(tfile),
+                    "log_tokenizer": str(lt_path),
+                    "reference": str(ref_path),
+                    # a training sample of the dataset the reference was fitted on: out of fold
+                    "reference_folds": [str(p) for p in fold_paths]
+                    if own_reference and split == "train"
+                    else None,
+                    "split": split,
+                    "hide": hide_reference and split == "train",
+                    "seed": man.get("seed"),
+                    "labels": labels,
+                    "culprit_rules": rules,
+                    # (its samples' content digest, where hashed above: not hashed again)
+                    CONTENT_KEY: digests[i] if digests is not None else None,
+                    "backfill": not unverified,
+                }
+            )
+            splits[split]["shards"].append({"name": name, "rows": rows})
+        _drop_damaged_shards(out, jobs, len(labels))
+        infos: dict[str, dict[str, Any]] = {}
+        done = 0
+        if progress:
+            progress(0, len(jobs))
+        if workers == 1 or len(jobs) <= 1:
+            for j in jobs:
+                infos[j["name"]] = _encode_shard(j)
                 done += 1
                 if progress:
                     progress(done, len(jobs))
-    for sp in splits.values():
-        for s in sp["shards"]:
-            s.update({k: v for k, v in infos[s["name"]].items() if k != "name"})
-    lt_vocab = len(LogTokenizer.load(lt_path).vocab)  # (checked above: a damaged one is named)
-    from teller.data.reference import KernelReference
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                for info in pool.imap_unordered(_encode_shard, jobs):
+                    infos[info["name"]] = info
+                    done += 1
+                    if progress:
+                        progress(done, len(jobs))
+        for sp in splits.values():
+            for s in sp["shards"]:
+                s.update({k: v for k, v in infos[s["name"]].items() if k != "name"})
+        lt_vocab = len(LogTokenizer.load(lt_path).vocab)  # (checked above: a damaged one is named)
+        from teller.data.reference import KernelReference
 
-    ref_table = KernelReference.load(ref_path).table
-    shard_digests = [infos[j["name"]].get(CONTENT_KEY) for j in jobs]
-    # a shard of a record without a fingerprint, reused as it was (an explicit run id), has no digest: the
-    # run's record then holds neither (it still vouches for nothing), as it was
-    verified = all(isinstance(d, str) for d in shard_digests)
-    manifest = {
-        "format": SHARDS_FORMAT,
-        "version": SHARDS_VERSION,
-        "run_id": run_id,
-        "dataset": {
-            "path": str(data.resolve()),
-            "manifest_sha256": d_hash,
-            SAMPLES_KEY: s_hash if verified else None,
-            CONTENT_KEY: samples_digest(shard_digests) if verified else None,
-            "num_samples": man["num_samples"],
-        },
-        "tokenizer": {
-            "path": str(tfile.resolve()),
-            "sha256": t_hash,
-            "vocab_size": tok.vocab_size,
-            "feature_names": list(tpe.FEATURE_NAMES),
-        },
-        "log_tokenizer": {
-            "path": "log_tokenizer.json",
-            "sha256": _sha256(lt_path),
-            "vocab_size": lt_vocab,
-            "feature_names": list(LOG_FEATURE_NAMES),
-        },
-        "summary": {"feature_names": list(SUMMARY_FEATURE_NAMES), "baseline_frac": 0.1},
-        "reference": {
-            "path": REFERENCE_FILE,
-            "sha256": _sha256(ref_path),
-            "deployments": len(ref_table),
-            "entries": sum(len(v) for v in ref_table.values()),
-            "hidden_train_frac": REF_HIDE_FRAC if hide_reference else 0.0,
-            # training samples' residuals from the half of the train split they are not in
-            "out_of_fold": own_reference,
-        },
-        "label_names": labels,
-        "settings": settings,
-        "arrays": ARRAYS,
-        "splits": splits,
-    }
-    tmp = out / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out / "manifest.json")
-    (out / RUN_STAMP).unlink(missing_ok=True)  # (manifest.json records the same)
-    return out
+        ref_table = KernelReference.load(ref_path).table
+        shard_digests = [infos[j["name"]].get(CONTENT_KEY) for j in jobs]
+        # a shard of a record without a fingerprint, reused as it was (an explicit run id), has no digest: the
+        # run's record then holds neither (it still vouches for nothing), as it was
+        verified = all(isinstance(d, str) for d in shard_digests)
+        manifest = {
+            "format": SHARDS_FORMAT,
+            "version": SHARDS_VERSION,
+            "run_id": run_id,
+            "dataset": {
+                "path": str(data.resolve()),
+                "manifest_sha256": d_hash,
+                SAMPLES_KEY: s_hash if verified else None,
+                CONTENT_KEY: samples_digest(shard_digests) if verified else None,
+                "num_samples": man["num_samples"],
+            },
+            "tokenizer": {
+                "path": str(tfile.resolve()),
+                "sha256": t_hash,
+                "vocab_size": tok.vocab_size,
+                "feature_names": list(tpe.FEATURE_NAMES),
+            },
+            "log_tokenizer": {
+                "path": "log_tokenizer.json",
+                "sha256": _sha256(lt_path),
+                "vocab_size": lt_vocab,
+                "feature_names": list(LOG_FEATURE_NAMES),
+            },
+            "summary": {"feature_names": list(SUMMARY_FEATURE_NAMES), "baseline_frac": 0.1},
+            "reference": {
+                "path": REFERENCE_FILE,
+                "sha256": _sha256(ref_path),
+                "deployments": len(ref_table),
+                "entries": sum(len(v) for v in ref_table.values()),
+                "hidden_train_frac": REF_HIDE_FRAC if hide_reference else 0.0,
+                # training samples' residuals from the half of the train split they are not in
+                "out_of_fold": own_reference,
+            },
+            "label_names": labels,
+            "settings": settings,
+            "arrays": ARRAYS,
+            "splits": splits,
+        }
+        tmp = out / ".manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, out / "manifest.json")
+        (out / RUN_STAMP).unlink(missing_ok=True)  # (manifest.json records the same)
+        return out
 
 
 def _need_file(p: Path, what: str) -> None:

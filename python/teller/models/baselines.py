@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from teller._io import dir_lock
 from teller.data.dataset import read_json
 from teller.data.summary import N_SUMMARY_FEATURES
 from teller.data.tokenize import LogTokenizer, ShardedSplit, read_shards_manifest, split_names
@@ -425,58 +426,63 @@ def train_baselines(
 
     out = Path(output_dir)
     check_new_run_dir(out)
-    run_dir = shards_run_dir(data_dir)
-    man = read_shards_manifest(run_dir)
-    if tpe_dir:
-        _check_tpe(tpe_dir, man, run_dir)
-    log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
-    extra_dirs = [shards_run_dir(e) for e in extra_train]
-    distinct_extra_train(run_dir, extra_dirs)
-    for e in extra_dirs:
-        check_extra_train(run_dir, e)
-    train, names = load_raw(run_dir, "train")
-    for e in extra_dirs:
-        train += load_raw(e, "train")[0]
-    val, _ = load_raw(run_dir, "val")
-    tpe_path = str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path")
-    b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, tpe_path)
-    t0 = time.perf_counter()
-    b.fit(train, val, log, **fit_kw)
-    b.info["fit_seconds"] = time.perf_counter() - t0
-    check_new_run_dir(out)  # (again: another run may have been written there while this one fitted)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_text = json.dumps(
-        {
-            "format": "teller-baselines",
-            "version": 1,
-            "data_dir": str(run_dir.resolve()),
-            "extra_train": [str(e.resolve()) for e in extra_dirs],
-            "train_samples": len(train),
-            "shards_version": int(man.get("version", 1)),
-            "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
-            # the kernel reference its summary columns 17-22 were computed with (shards >= 8)
-            "reference": str((run_dir / "reference.json").resolve())
-            if (run_dir / "reference.json").is_file()
-            else None,
-            "reference_sha256": (man.get("reference") or {}).get("sha256"),
-            "label_names": names,
-            "info": b.info,
-        },
-        indent=1,
-    )
-    # the model, then its configuration, each through a temporary file renamed into place
-    # (the fitted model renamed last: a commit cut short leaves no baselines.pkl to be loaded with
-    # another run's configuration; no temporary file is left behind on an error)
-    tmps: dict[str, Path] = {}
-    try:
-        tmps["config.json"] = _write_tmp(out / "config.json", lambda t: t.write_text(cfg_text))
-        tmps["baselines.pkl"] = _write_tmp(out / "baselines.pkl", lambda t: t.write_bytes(pickle.dumps(b)))
-        _commit(out, tmps)
-    finally:
-        for t in tmps.values():
-            with contextlib.suppress(OSError):
-                t.unlink(missing_ok=True)
-    return out
+    # one writer of the run directory at a time (another teller process is refused, named); a directory
+    # created for the lock is removed again if nothing is written
+    with dir_lock(out, "teller train baselines", transient=True, what="run directory"):
+        run_dir = shards_run_dir(data_dir)
+        man = read_shards_manifest(run_dir)
+        if tpe_dir:
+            _check_tpe(tpe_dir, man, run_dir)
+        log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
+        extra_dirs = [shards_run_dir(e) for e in extra_train]
+        distinct_extra_train(run_dir, extra_dirs)
+        for e in extra_dirs:
+            check_extra_train(run_dir, e)
+        train, names = load_raw(run_dir, "train")
+        for e in extra_dirs:
+            train += load_raw(e, "train")[0]
+        val, _ = load_raw(run_dir, "val")
+        tpe_path = str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path")
+        b = Baselines(names, int(man["tokenizer"]["vocab_size"]), log_vocab, tpe_path)
+        t0 = time.perf_counter()
+        b.fit(train, val, log, **fit_kw)
+        b.info["fit_seconds"] = time.perf_counter() - t0
+        check_new_run_dir(out)  # (again: another run may have been written there while this one fitted)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg_text = json.dumps(
+            {
+                "format": "teller-baselines",
+                "version": 1,
+                "data_dir": str(run_dir.resolve()),
+                "extra_train": [str(e.resolve()) for e in extra_dirs],
+                "train_samples": len(train),
+                "shards_version": int(man.get("version", 1)),
+                "summary_width": int(b.summary_width),  # (summary columns the GBDT reads)
+                # the kernel reference its summary columns 17-22 were computed with (shards >= 8)
+                "reference": str((run_dir / "reference.json").resolve())
+                if (run_dir / "reference.json").is_file()
+                else None,
+                "reference_sha256": (man.get("reference") or {}).get("sha256"),
+                "label_names": names,
+                "info": b.info,
+            },
+            indent=1,
+        )
+        # the model, then its configuration, each through a temporary file renamed into place
+        # (the fitted model renamed last: a commit cut short leaves no baselines.pkl to be loaded with
+        # another run's configuration; no temporary file is left behind on an error)
+        tmps: dict[str, Path] = {}
+        try:
+            tmps["config.json"] = _write_tmp(out / "config.json", lambda t: t.write_text(cfg_text))
+            tmps["baselines.pkl"] = _write_tmp(
+                out / "baselines.pkl", lambda t: t.write_bytes(pickle.dumps(b))
+            )
+            _commit(out, tmps)
+        finally:
+            for t in tmps.values():
+                with contextlib.suppress(OSError):
+                    t.unlink(missing_ok=True)
+        return out
 
 
 def load_baselines(path: str | Path) -> Baselines:

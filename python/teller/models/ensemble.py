@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from teller._io import dir_lock
 from teller.data.dataset import read_json
 from teller.data.tokenize import read_shards_manifest
 from teller.errors import ConfigError, TellerFileNotFoundError
@@ -147,49 +148,52 @@ def fit_ensemble(
 
     mot, base, out = Path(mot_run), Path(baselines_run), Path(output_dir)
     check_new_run_dir(out)  # (before any work: never over another run, the MoT's or the GBDT's)
-    mc = _read_cfg(mot, "teller-rca-checkpoint")
-    bc = _read_cfg(base, "teller-baselines")
-    if list(mc["label_names"]) != list(bc["label_names"]):
-        raise ConfigError(f"{mot} and {base} have different label names")
+    # one writer of the run directory at a time (another teller process is refused, named); a directory
+    # created for the lock is removed again if nothing is written
+    with dir_lock(out, "teller train ensemble", transient=True, what="run directory"):
+        mc = _read_cfg(mot, "teller-rca-checkpoint")
+        bc = _read_cfg(base, "teller-baselines")
+        if list(mc["label_names"]) != list(bc["label_names"]):
+            raise ConfigError(f"{mot} and {base} have different label names")
 
-    shas = []
-    for c in (mc, bc):
-        man = read_shards_manifest(shards_run_dir(c["data_dir"]))
-        shas.append(
-            ((man.get("tokenizer") or {}).get("sha256"), (man.get("log_tokenizer") or {}).get("sha256"))
-        )
-    if shas[0] != shas[1]:
-        raise ConfigError(f"{mot} and {base} were trained on shards of different tokenizers")
-    preds, pg, _, _ = _predictions(mot, base, None, split)
-    if not preds:
-        raise ConfigError(f"{mc['data_dir']}: no {split} samples to choose the mixing weight on")
-    scores = {}
-    for w in WEIGHTS:
-        q = mix(np.stack([p.probs for p in preds]), pg, w)
-        scores[w] = float(
-            np.mean([candidate_rank(replace(p, probs=qi)) == 1 for p, qi in zip(preds, q, strict=True)])
-        )
-        log(f"weight {w}: val AC@1 {scores[w]:.3f}")
-    best = max(WEIGHTS, key=lambda w: (scores[w], -w))
-    check_new_run_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {
-        "format": "teller-ensemble",
-        "version": 1,
-        "mot": str(mot.resolve()),
-        "baselines": str(base.resolve()),
-        "weight": best,
-        "chosen_on": split,
-        "val_ac@1": {str(w): s for w, s in scores.items()},
-        "data_dir": mc["data_dir"],
-        "label_names": mc["label_names"],
-        "model": f"{mc['model']['arch']}+gbdt",
-        # the MoT's temperature the weight was chosen with (its calibration then): evaluate and
-        # diagnose use this one, so a later `teller calibrate` of the MoT does not change the ensemble
-        "mot_temperature": checkpoint_temperature(mc),
-    }
-    write_text_atomic(out / "config.json", json.dumps(cfg, indent=1))
-    return out
+        shas = []
+        for c in (mc, bc):
+            man = read_shards_manifest(shards_run_dir(c["data_dir"]))
+            shas.append(
+                ((man.get("tokenizer") or {}).get("sha256"), (man.get("log_tokenizer") or {}).get("sha256"))
+            )
+        if shas[0] != shas[1]:
+            raise ConfigError(f"{mot} and {base} were trained on shards of different tokenizers")
+        preds, pg, _, _ = _predictions(mot, base, None, split)
+        if not preds:
+            raise ConfigError(f"{mc['data_dir']}: no {split} samples to choose the mixing weight on")
+        scores = {}
+        for w in WEIGHTS:
+            q = mix(np.stack([p.probs for p in preds]), pg, w)
+            scores[w] = float(
+                np.mean([candidate_rank(replace(p, probs=qi)) == 1 for p, qi in zip(preds, q, strict=True)])
+            )
+            log(f"weight {w}: val AC@1 {scores[w]:.3f}")
+        best = max(WEIGHTS, key=lambda w: (scores[w], -w))
+        check_new_run_dir(out)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = {
+            "format": "teller-ensemble",
+            "version": 1,
+            "mot": str(mot.resolve()),
+            "baselines": str(base.resolve()),
+            "weight": best,
+            "chosen_on": split,
+            "val_ac@1": {str(w): s for w, s in scores.items()},
+            "data_dir": mc["data_dir"],
+            "label_names": mc["label_names"],
+            "model": f"{mc['model']['arch']}+gbdt",
+            # the MoT's temperature the weight was chosen with (its calibration then): evaluate and
+            # diagnose use this one, so a later `teller calibrate` of the MoT does not change the ensemble
+            "mot_temperature": checkpoint_temperature(mc),
+        }
+        write_text_atomic(out / "config.json", json.dumps(cfg, indent=1))
+        return out
 
 
 def evaluate_ensemble(run: str | Path, data_dir: str | Path | None, split: str) -> dict[str, Any]:

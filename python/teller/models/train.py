@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from teller._io import check_output_dir, make_output_dir, yaml_error_line
+from teller._io import check_output_dir, dir_lock, make_output_dir, yaml_error_line
 from teller.data.tokenize import LogTokenizer, read_shards_manifest
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
@@ -1069,7 +1069,9 @@ def train(
     the saved state is readable and of the same model and data), and each epoch's files
     (config.json with the weights it describes, last.safetensors + state.pt, history.json) are
     written to temporary files and renamed together, so that a run interrupted or failing at any
-    point leaves the files of its last complete epoch (or of the run it resumed)."""
+    point leaves the files of its last complete epoch (or of the run it resumed). Another teller
+    process writing ``output_dir`` meanwhile (a second --resume, say) is refused at once (a
+    ``DirectoryLockedError`` naming it)."""
     _config_sections(config, "the training configuration")
     mcfg_d = dict(config.get("model") or {})
     tcfg_d = dict(config.get("train") or {})
@@ -1083,267 +1085,275 @@ def train(
     dev = resolve_device(tc.device)
     out = Path(output_dir)
     _check_output_dir(out)
-    if out.is_dir() and recover_commit(out):  # (a save a killed run left half done: finished first)
-        warnings.warn(
-            f"{out}: finished the save of an epoch that an interrupted run left half done", stacklevel=2
-        )
-    if not resume:
-        present = [f for f in RUN_FILES if (out / f).exists()]
-        if present:
-            raise ConfigError(
-                f"{out}: already holds a trained run ({', '.join(present)}); pass --resume to continue it, "
-                "or pick another --output-dir (or remove this one)",
-                path=str(out),
+    # one writer of the run directory at a time (another teller process is refused, named), --resume
+    # included; a directory created for the lock is removed again if the run ends before its first save
+    with dir_lock(out, f"teller train {mcfg_d.get('arch') or 'mot'}", transient=True, what="run directory"):
+        if out.is_dir() and recover_commit(out):  # (a save a killed run left half done: finished first)
+            warnings.warn(
+                f"{out}: finished the save of an epoch that an interrupted run left half done", stacklevel=2
             )
-    run_dir = shards_run_dir(data_dir)
-    man = read_shards_manifest(run_dir)
-    log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
-    try:
-        label_names = [str(n) for n in man["label_names"]]
-        mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
-        mcfg_d.setdefault("log_vocab", len(log_vocab))
-        man["splits"]["train"]  # noqa: B018 - (present)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(
-            f"{run_dir}: not tokenized shards teller wrote (manifest.json or log_tokenizer.json lacks "
-            f"{_one_line(e)}); re-run `teller tokenize`",
-            path=str(run_dir),
-        ) from None
-    mcfg_d["n_classes"] = len(label_names)
-    mcfg_d["label_names"] = label_names
-    mc = ModelConfig.from_dict(mcfg_d)
-    if tpe_dir:  # recorded for diagnose, which encodes new traces with it: checked before training
-        _check_tpe(tpe_dir, man, run_dir)
-
-    ms = mc.max_summary_tokens if mc.summary_tokens and mc.modalities != "log" else 0
-    if ms and int(man.get("version", 1)) < 2:
-        raise ConfigError(
-            f"{run_dir}: these shards (version {man.get('version', 1)}) have no per-symbol summaries, which "
-            "model.summary_tokens needs; re-run `teller tokenize` (or set model.summary_tokens: false)"
-        )
-    if ms and mc.summary_loc and int(man.get("version", 1)) < 4 and tc.summary_loc_weight > 0:
-        # older shards read summary_culprit as all False: the head would learn "no row is a culprit"
-        raise ConfigError(
-            f"{run_dir}: these shards (version {man.get('version', 1)}) have no summary_culprit labels, "
-            "which model.summary_loc trains on (version 4); re-run `teller tokenize` (or set "
-            "model.summary_loc: false)"
-        )
-    check_shards_version({"model": mc.to_dict(), "shards_version": int(man.get("version", 1))}, run_dir)
-    extra_dirs = [shards_run_dir(e) for e in extra_train]
-    distinct_extra_train(run_dir, extra_dirs)
-    for e in extra_dirs:
-        check_extra_train(run_dir, e)
-    # what the run trains on, in state.pt: a resume must give the same
-    data = {
-        "shards": _shards_identity(man),
-        "path": str(run_dir.resolve()),
-        "run_id": man.get("run_id"),
-        "extra": [_shards_identity(read_shards_manifest(e)) for e in extra_dirs],
-        "extra_paths": [str(e.resolve()) for e in extra_dirs],
-    }
-    st, last, prev = _resume_state(out, tc, mc, data, run_dir, extra_dirs) if resume else (None, None, {})
-    seed_everything(tc.seed)
-    train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
-    for e in extra_dirs:
-        train_s += load_model_split(e, "train", mc.to_dict())[0]
-    if tc.max_train_samples:
-        train_s = train_s[: tc.max_train_samples]
-    val_s, _ = load_model_split(run_dir, "val", mc.to_dict()) if "val" in man["splits"] else ([], [])
-
-    seed_everything(tc.seed)
-    model = build_model({**mc.to_dict(), "log_backbone": None})
-    model.fit_feature_norm(train_s)
-    model.fit_log_summary_norm(train_s)
-    if mc.speed_aug and model.use_trace:
-        from teller import tpe
-
-        tk_path = tpe_dir or man["tokenizer"].get("path")
-        if not tk_path:
-            raise ConfigError(f"{run_dir}: model.speed_aug needs the TPE tokenizer: pass --tpe-dir")
-        tk = tpe.load(tk_path)
-        model.fit_speed_aug([tk.decode([i]) for i in range(tk.vocab_size)])
-    if ms:
-        model.fit_summary_norm(
-            np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
-            np.concatenate([s.summary_features for s in train_s if s.summary_features is not None]),
-        )
-    if mc.log_backbone:
-        init_log_side_from_bert(model, mc.log_backbone, log_vocab)
-    model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    steps_per_epoch = max(1, math.ceil(len(train_s) / tc.batch_size))
-    total = steps_per_epoch * tc.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(tc.warmup_frac * total)))
-    cfg_json = {
-        "format": _CKPT_FORMAT,
-        "version": _CKPT_VERSION,
-        "model": mc.to_dict(),
-        "train": asdict(tc),
-        "label_names": label_names,
-        "data_dir": str(run_dir.resolve()),
-        "extra_train": [str(e.resolve()) for e in extra_dirs],
-        "train_samples": len(train_s),
-        "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
-        "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
-        "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
-        # the kernel reference of summary columns 17-22 (shards >= 8), for diagnose
-        "reference": str((run_dir / "reference.json").resolve())
-        if (run_dir / "reference.json").is_file()
-        else None,
-        "reference_sha256": (man.get("reference") or {}).get("sha256"),
-        # the device it ran on (train.device may say auto; CUDA trains with mixed precision): not
-        # hashed into the recipe, shown by summarize where a kind's runs differ; a run resumed on
-        # another device names both ("cpu+cuda")
-        "trained_on": dev.type,
-    }
-    history: list[dict[str, float]] = []
-    start_epoch = 0
-    best = -math.inf  # (the first epoch is the best so far, whatever its score: -train_loss without val)
-    bad_epochs = 0
-    if st is not None and last is not None:
-        before = prev.get("trained_on")
-        if isinstance(before, str) and before:
-            cfg_json["trained_on"] = "+".join(sorted({*before.split("+"), dev.type}))
-        try:
-            model.load_state_dict(last)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[1:2] or [str(e)]
-            raise ConfigError(
-                f"{out / 'last.safetensors'}: the weights do not fit the model being resumed "
-                f"({first[0].strip()})",
-                path=str(out / "last.safetensors"),
-            ) from None
-        try:
-            opt.load_state_dict(st["opt"])
-            sched.load_state_dict(st["sched"])
-            torch.set_rng_state(st["torch_rng"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise ConfigError(
-                f"{out / 'state.pt'}: its optimizer state does not fit the model being resumed "
-                f"({_one_line(e)})",
-                path=str(out / "state.pt"),
-            ) from None
-        start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
-    ema = WeightEMA(model, tc.ema) if tc.ema else None
-    if ema is not None and st is not None:
-        try:
-            ema.load_state_dict(st["ema"])
-        except (ConfigError, KeyError, TypeError, AttributeError, RuntimeError) as e:
-            raise ConfigError(
-                f"{out / 'state.pt'}: its weight average (train.ema) does not fit ({_one_line(e)})",
-                path=str(out / "state.pt"),
-            ) from None
-    if st is not None and bad_epochs >= tc.patience:
-        start_epoch = tc.epochs  # (it stopped early: a resume finishes it, without training on)
-    use_amp = tc.amp and dev.type == "cuda"
-    normal = label_names.index("normal") if "normal" in label_names else 0
-    t_start = time.perf_counter()
-    for epoch in range(start_epoch, tc.epochs):
-        model.train()
-        tot, n = 0.0, 0
-        for k, bs in enumerate(batches(train_s, tc.batch_size, shuffle=True, seed=tc.seed * 1000 + epoch)):
-            b = {kk: v.to(dev) for kk, v in collate(bs).items()}
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
-                o = model(b)
-            loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise, tc.summary_loc_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            opt.step()
-            sched.step()
-            if ema is not None:
-                ema.update(model)
-            tot += float(loss.detach()) * len(bs)
-            n += len(bs)
-            if progress:
-                progress("train", epoch * steps_per_epoch + k + 1, total, {"loss": tot / n})
-        rec: dict[str, float] = {
-            "epoch": epoch + 1,
-            "train_loss": tot / max(1, n),
-            "elapsed_s": time.perf_counter() - t_start,
-        }
-        raw = ema.swap(model) if ema is not None else None  # validate (and keep) the averaged weights
-        if val_s:
-            preds, _ = predict(model, val_s, device=dev)
-            m = compute_metrics(preds, label_names)
-            rec.update({f"val_{k}": float(m[k]) for k in ("ac@1", "category_accuracy", "macro_f1")})
-            rec["val_loc_top1"] = float(m["loc_top1"] or 0.0)
-            score = float(m["ac@1"]) + 0.01 * float(m["category_accuracy"])
-        else:
-            score = -rec["train_loss"]
-        history.append(rec)
-        if progress:
-            progress("epoch", epoch + 1, tc.epochs, rec)
-        # this epoch's files: written beside the run's, then renamed in together
-        make_output_dir(out, "run directory")
-        files: dict[str, Path] = {}
-        try:
-            if score > best:
-                best, bad_epochs = score, 0
-                files["model.safetensors"] = _write_tmp(out / "model.safetensors", _weights_writer(model))
-            else:
-                bad_epochs += 1
-            if raw is not None:
-                model.load_state_dict(raw)
-            files["config.json"] = _write_tmp(
-                out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1))
-            )
-            files["last.safetensors"] = _write_tmp(
-                out / "last.safetensors", _weights_writer(model, {"epoch": str(epoch + 1)})
-            )
-            state = {
-                "opt": opt.state_dict(),
-                "sched": sched.state_dict(),
-                "epoch": epoch + 1,
-                "best": best,
-                "bad_epochs": bad_epochs,
-                "history": history,
-                "torch_rng": torch.get_rng_state(),
-                "ema": ema.state_dict() if ema is not None else None,
-                "model": mc.to_dict(),  # (what a resume must give again)
-                "data": data,
-            }
-            files["state.pt"] = _write_tmp(out / "state.pt", lambda t, s=state: torch.save(s, t))
-            files["history.json"] = _write_tmp(
-                out / "history.json", lambda t: t.write_text(json.dumps(history, indent=1))
-            )
-            _commit(out, files)
-        finally:
-            for tmp in files.values():  # (left only where the commit did not happen)
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-        if bad_epochs >= tc.patience:
-            break
-        if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
-            if epoch + 1 < tc.epochs:  # (not silent: the schedule was cut short, a busy CPU can do it)
-                warnings.warn(
-                    f"{out}: stopped after epoch {epoch + 1} of {tc.epochs}: train.max_minutes "
-                    f"({tc.max_minutes:g}) reached, before the end of the learning-rate schedule "
-                    "(another process on these cores slows training several fold; or lower "
-                    "train.epochs, or raise train.max_minutes)",
-                    TellerWarning,
-                    stacklevel=2,
+        if not resume:
+            present = [f for f in RUN_FILES if (out / f).exists()]
+            if present:
+                raise ConfigError(
+                    f"{out}: already holds a trained run ({', '.join(present)}); pass --resume to continue "
+                    "it, or pick another --output-dir (or remove this one)",
+                    path=str(out),
                 )
-            break
-    if not (out / "model.safetensors").exists():
-        if ema is not None:
-            ema.swap(model)
-        save_checkpoint(model, out / "model.safetensors")
-    if val_s:
-        # temperature scaling of the kept weights on val (the split that chose them): a network
-        # trained with cross-entropy to near-zero training loss is over-confident (the shipped MoT
-        # fits T = 1.6-2.0: a wrong answer at p 1.000 reads 0.977), and diagnose prints these
-        # probabilities as its confidence. Deterministic: a run interrupted before this point and
-        # resumed (or `teller calibrate` on it) fits the same T
-        from safetensors.torch import load_file
+        run_dir = shards_run_dir(data_dir)
+        man = read_shards_manifest(run_dir)
+        log_vocab = LogTokenizer.load(run_dir / "log_tokenizer.json").vocab
+        try:
+            label_names = [str(n) for n in man["label_names"]]
+            mcfg_d.setdefault("trace_vocab", int(man["tokenizer"]["vocab_size"]))
+            mcfg_d.setdefault("log_vocab", len(log_vocab))
+            man["splits"]["train"]  # noqa: B018 - (present)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"{run_dir}: not tokenized shards teller wrote (manifest.json or log_tokenizer.json lacks "
+                f"{_one_line(e)}); re-run `teller tokenize`",
+                path=str(run_dir),
+            ) from None
+        mcfg_d["n_classes"] = len(label_names)
+        mcfg_d["label_names"] = label_names
+        mc = ModelConfig.from_dict(mcfg_d)
+        if tpe_dir:  # recorded for diagnose, which encodes new traces with it: checked before training
+            _check_tpe(tpe_dir, man, run_dir)
 
-        model.load_state_dict(load_file(str(out / "model.safetensors")))
-        cfg_json["calibration"] = fit_calibration(model, val_s, "val", device=dev)
-        if progress:
-            progress("calibrate", 1, 1, {k: v for k, v in cfg_json["calibration"].items() if k != "method"})
-        _commit_config(out, cfg_json)
-    return out
+        ms = mc.max_summary_tokens if mc.summary_tokens and mc.modalities != "log" else 0
+        if ms and int(man.get("version", 1)) < 2:
+            raise ConfigError(
+                f"{run_dir}: these shards (version {man.get('version', 1)}) have no per-symbol summaries, "
+                "which model.summary_tokens needs; re-run `teller tokenize` (or set "
+                "model.summary_tokens: false)"
+            )
+        if ms and mc.summary_loc and int(man.get("version", 1)) < 4 and tc.summary_loc_weight > 0:
+            # older shards read summary_culprit as all False: the head would learn "no row is a culprit"
+            raise ConfigError(
+                f"{run_dir}: these shards (version {man.get('version', 1)}) have no summary_culprit labels, "
+                "which model.summary_loc trains on (version 4); re-run `teller tokenize` (or set "
+                "model.summary_loc: false)"
+            )
+        check_shards_version({"model": mc.to_dict(), "shards_version": int(man.get("version", 1))}, run_dir)
+        extra_dirs = [shards_run_dir(e) for e in extra_train]
+        distinct_extra_train(run_dir, extra_dirs)
+        for e in extra_dirs:
+            check_extra_train(run_dir, e)
+        # what the run trains on, in state.pt: a resume must give the same
+        data = {
+            "shards": _shards_identity(man),
+            "path": str(run_dir.resolve()),
+            "run_id": man.get("run_id"),
+            "extra": [_shards_identity(read_shards_manifest(e)) for e in extra_dirs],
+            "extra_paths": [str(e.resolve()) for e in extra_dirs],
+        }
+        st, last, prev = _resume_state(out, tc, mc, data, run_dir, extra_dirs) if resume else (None, None, {})
+        seed_everything(tc.seed)
+        train_s, _ = load_model_split(run_dir, "train", mc.to_dict())
+        for e in extra_dirs:
+            train_s += load_model_split(e, "train", mc.to_dict())[0]
+        if tc.max_train_samples:
+            train_s = train_s[: tc.max_train_samples]
+        val_s, _ = load_model_split(run_dir, "val", mc.to_dict()) if "val" in man["splits"] else ([], [])
+
+        seed_everything(tc.seed)
+        model = build_model({**mc.to_dict(), "log_backbone": None})
+        model.fit_feature_norm(train_s)
+        model.fit_log_summary_norm(train_s)
+        if mc.speed_aug and model.use_trace:
+            from teller import tpe
+
+            tk_path = tpe_dir or man["tokenizer"].get("path")
+            if not tk_path:
+                raise ConfigError(f"{run_dir}: model.speed_aug needs the TPE tokenizer: pass --tpe-dir")
+            tk = tpe.load(tk_path)
+            model.fit_speed_aug([tk.decode([i]) for i in range(tk.vocab_size)])
+        if ms:
+            model.fit_summary_norm(
+                np.concatenate([s.summary_ids for s in train_s if s.summary_ids is not None]),
+                np.concatenate([s.summary_features for s in train_s if s.summary_features is not None]),
+            )
+        if mc.log_backbone:
+            init_log_side_from_bert(model, mc.log_backbone, log_vocab)
+        model.to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        steps_per_epoch = max(1, math.ceil(len(train_s) / tc.batch_size))
+        total = steps_per_epoch * tc.epochs
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(tc.warmup_frac * total)))
+        cfg_json = {
+            "format": _CKPT_FORMAT,
+            "version": _CKPT_VERSION,
+            "model": mc.to_dict(),
+            "train": asdict(tc),
+            "label_names": label_names,
+            "data_dir": str(run_dir.resolve()),
+            "extra_train": [str(e.resolve()) for e in extra_dirs],
+            "train_samples": len(train_s),
+            "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
+            "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
+            "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
+            # the kernel reference of summary columns 17-22 (shards >= 8), for diagnose
+            "reference": str((run_dir / "reference.json").resolve())
+            if (run_dir / "reference.json").is_file()
+            else None,
+            "reference_sha256": (man.get("reference") or {}).get("sha256"),
+            # the device it ran on (train.device may say auto; CUDA trains with mixed precision): not
+            # hashed into the recipe, shown by summarize where a kind's runs differ; a run resumed on
+            # another device names both ("cpu+cuda")
+            "trained_on": dev.type,
+        }
+        history: list[dict[str, float]] = []
+        start_epoch = 0
+        best = -math.inf  # (the first epoch is the best so far, whatever its score: -train_loss without val)
+        bad_epochs = 0
+        if st is not None and last is not None:
+            before = prev.get("trained_on")
+            if isinstance(before, str) and before:
+                cfg_json["trained_on"] = "+".join(sorted({*before.split("+"), dev.type}))
+            try:
+                model.load_state_dict(last)
+            except RuntimeError as e:
+                first = str(e).strip().splitlines()[1:2] or [str(e)]
+                raise ConfigError(
+                    f"{out / 'last.safetensors'}: the weights do not fit the model being resumed "
+                    f"({first[0].strip()})",
+                    path=str(out / "last.safetensors"),
+                ) from None
+            try:
+                opt.load_state_dict(st["opt"])
+                sched.load_state_dict(st["sched"])
+                torch.set_rng_state(st["torch_rng"])
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise ConfigError(
+                    f"{out / 'state.pt'}: its optimizer state does not fit the model being resumed "
+                    f"({_one_line(e)})",
+                    path=str(out / "state.pt"),
+                ) from None
+            start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
+        ema = WeightEMA(model, tc.ema) if tc.ema else None
+        if ema is not None and st is not None:
+            try:
+                ema.load_state_dict(st["ema"])
+            except (ConfigError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+                raise ConfigError(
+                    f"{out / 'state.pt'}: its weight average (train.ema) does not fit ({_one_line(e)})",
+                    path=str(out / "state.pt"),
+                ) from None
+        if st is not None and bad_epochs >= tc.patience:
+            start_epoch = tc.epochs  # (it stopped early: a resume finishes it, without training on)
+        use_amp = tc.amp and dev.type == "cuda"
+        normal = label_names.index("normal") if "normal" in label_names else 0
+        t_start = time.perf_counter()
+        for epoch in range(start_epoch, tc.epochs):
+            model.train()
+            tot, n = 0.0, 0
+            for k, bs in enumerate(
+                batches(train_s, tc.batch_size, shuffle=True, seed=tc.seed * 1000 + epoch)
+            ):
+                b = {kk: v.to(dev) for kk, v in collate(bs).items()}
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
+                    o = model(b)
+                loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise, tc.summary_loc_weight)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if tc.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                opt.step()
+                sched.step()
+                if ema is not None:
+                    ema.update(model)
+                tot += float(loss.detach()) * len(bs)
+                n += len(bs)
+                if progress:
+                    progress("train", epoch * steps_per_epoch + k + 1, total, {"loss": tot / n})
+            rec: dict[str, float] = {
+                "epoch": epoch + 1,
+                "train_loss": tot / max(1, n),
+                "elapsed_s": time.perf_counter() - t_start,
+            }
+            raw = ema.swap(model) if ema is not None else None  # validate (and keep) the averaged weights
+            if val_s:
+                preds, _ = predict(model, val_s, device=dev)
+                m = compute_metrics(preds, label_names)
+                rec.update({f"val_{k}": float(m[k]) for k in ("ac@1", "category_accuracy", "macro_f1")})
+                rec["val_loc_top1"] = float(m["loc_top1"] or 0.0)
+                score = float(m["ac@1"]) + 0.01 * float(m["category_accuracy"])
+            else:
+                score = -rec["train_loss"]
+            history.append(rec)
+            if progress:
+                progress("epoch", epoch + 1, tc.epochs, rec)
+            # this epoch's files: written beside the run's, then renamed in together
+            make_output_dir(out, "run directory")
+            files: dict[str, Path] = {}
+            try:
+                if score > best:
+                    best, bad_epochs = score, 0
+                    files["model.safetensors"] = _write_tmp(out / "model.safetensors", _weights_writer(model))
+                else:
+                    bad_epochs += 1
+                if raw is not None:
+                    model.load_state_dict(raw)
+                files["config.json"] = _write_tmp(
+                    out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1))
+                )
+                files["last.safetensors"] = _write_tmp(
+                    out / "last.safetensors", _weights_writer(model, {"epoch": str(epoch + 1)})
+                )
+                state = {
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "epoch": epoch + 1,
+                    "best": best,
+                    "bad_epochs": bad_epochs,
+                    "history": history,
+                    "torch_rng": torch.get_rng_state(),
+                    "ema": ema.state_dict() if ema is not None else None,
+                    "model": mc.to_dict(),  # (what a resume must give again)
+                    "data": data,
+                }
+                files["state.pt"] = _write_tmp(out / "state.pt", lambda t, s=state: torch.save(s, t))
+                files["history.json"] = _write_tmp(
+                    out / "history.json", lambda t: t.write_text(json.dumps(history, indent=1))
+                )
+                _commit(out, files)
+            finally:
+                for tmp in files.values():  # (left only where the commit did not happen)
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
+            if bad_epochs >= tc.patience:
+                break
+            if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
+                if epoch + 1 < tc.epochs:  # (not silent: the schedule was cut short, a busy CPU can do it)
+                    warnings.warn(
+                        f"{out}: stopped after epoch {epoch + 1} of {tc.epochs}: train.max_minutes "
+                        f"({tc.max_minutes:g}) reached, before the end of the learning-rate schedule "
+                        "(another process on these cores slows training several fold; or lower "
+                        "train.epochs, or raise train.max_minutes)",
+                        TellerWarning,
+                        stacklevel=2,
+                    )
+                break
+        if not (out / "model.safetensors").exists():
+            if ema is not None:
+                ema.swap(model)
+            save_checkpoint(model, out / "model.safetensors")
+        if val_s:
+            # temperature scaling of the kept weights on val (the split that chose them): a network
+            # trained with cross-entropy to near-zero training loss is over-confident (the shipped MoT
+            # fits T = 1.6-2.0: a wrong answer at p 1.000 reads 0.977), and diagnose prints these
+            # probabilities as its confidence. Deterministic: a run interrupted before this point and
+            # resumed (or `teller calibrate` on it) fits the same T
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(str(out / "model.safetensors")))
+            cfg_json["calibration"] = fit_calibration(model, val_s, "val", device=dev)
+            if progress:
+                progress(
+                    "calibrate", 1, 1, {k: v for k, v in cfg_json["calibration"].items() if k != "method"}
+                )
+            _commit_config(out, cfg_json)
+        return out
 
 
 def _commit_config(run: Path, cfg: dict[str, Any]) -> None:
