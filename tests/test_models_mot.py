@@ -923,6 +923,30 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert r.returncode == 2 and "missing" in r.stderr, r.stderr
     assert [x["path"] for x in many] == [str(faulty), str(tmp_path / "missing"), str(other)]
     assert many[0]["root_causes"] == d["root_causes"] and "error" in many[1] and many[2]["root_causes"]
+    # --baseline: each report says what changed from a healthy capture (itself: nothing)
+    r = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            str(faulty),
+            str(other),
+            "--checkpoint",
+            str(run),
+            "--json",
+            "--baseline",
+            str(faulty),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    vs = json.loads(r.stdout)
+    assert [x["baseline"]["path"] for x in vs] == [str(faulty)] * 2 and d["baseline"] is None
+    assert vs[0]["baseline"]["statements"] == [] and all(
+        s["delta_ns"] == 0 for s in vs[0]["baseline"]["symbols"]
+    )
+    assert vs[1]["baseline"]["symbols"] and vs[0]["root_causes"] == d["root_causes"]
     w = d["culprit_where"]  # (the GPUs and processes of the culprit events)
     assert set(w) == {"devices", "pids"} and all(isinstance(v, int) for v in w["devices"] + w["pids"])
     # text: each capture's tables; --perfetto takes one PATH; a bad checkpoint is said once

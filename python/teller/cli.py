@@ -413,6 +413,79 @@ def _print_findings(fs: list[dict[str, Any]]) -> None:
         console.print(f"  - {escape(f['message'])}", highlight=False, soft_wrap=True)
 
 
+@trace_app.command(
+    "compare",
+    short_help="What changed from a healthy capture to a slow one: step time, GPU time, symbols.",
+)
+def trace_compare(
+    baseline: Annotated[str, typer.Argument(help="The healthy capture: a trace file or run directory.")],
+    current: Annotated[str, typer.Argument(help="The capture to explain: a trace file or run directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+    top: Annotated[int, typer.Option(min=0, help="How many symbols to list.")] = 15,
+    step_name: StepOpt = None,
+) -> None:
+    """Compare two captures of the same workload (teller.compare): the median step time, each GPU's
+    time breakdown (compute, communication, copies, idle by what it waited for; GPUs paired in order
+    where both have as many), and the symbols (kernels, operators, API calls, ranges) whose time per
+    step changed most (host ranges by self time; per capture where either has no steps), then the
+    changes worth a sentence. A healthy run of the same service is the reference where the RCA models
+    know nothing of the deployment."""
+    try:
+        base = _load([baseline], step_name)
+        cur = _load([current], step_name)
+    except TellerError as e:
+        raise _fail(e) from None
+    from teller.compare import compare
+
+    c = compare(base, cur, top)
+    if as_json:
+        print(json.dumps({"baseline": baseline, "current": current, **c}, indent=2))
+        return
+    sb, sc = c["steps"]["baseline"], c["steps"]["current"]
+    console.print(
+        f"baseline {escape(baseline)}: {len(base)} events, {sb['count']} step(s), median "
+        f"{_fmt_ns(int(sb['median_ns']))}\ncurrent  {escape(current)}: {len(cur)} events, {sc['count']} "
+        f"step(s), median {_fmt_ns(int(sc['median_ns']))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    unit = c["unit"]
+    if c["symbols"]:
+        st = Table(title=f"largest changes of time per {unit} (host ranges: self time)", title_justify="left")
+        for col in ("symbol", "layer", "baseline", "current", "change", "ratio", f"events per {unit}"):
+            st.add_column(col, justify="left" if col in ("symbol", "layer") else "right")
+        for r in c["symbols"]:
+            st.add_row(
+                escape(r["symbol"][:90]),
+                r["layer"] or "",
+                _fmt_ns(int(r["baseline_ns"])),
+                _fmt_ns(int(r["current_ns"])),
+                ("+" if r["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(r["delta_ns"]))),
+                f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new",
+                f"{r['baseline_count']:.3g} -> {r['current_count']:.3g}",
+            )
+        console.print(st)
+    if c["gpus"]:
+        from teller.compare import BREAKDOWN  # (in this order)
+
+        gt = Table(title="where the GPU time went (% of span: baseline -> current)", title_justify="left")
+        gt.add_column("GPU")
+        for label in ("compute", "comm", "copies", "idle: host", "launch", "queued"):
+            gt.add_column(label, justify="right")
+        for g in c["gpus"]:
+            gt.add_row(
+                escape(g["gpu"]),
+                *(f"{100 * g['baseline'][f]:.1f} -> {100 * g['current'][f]:.1f}" for f, _ in BREAKDOWN),
+            )
+        console.print(gt)
+    if c["statements"]:
+        console.print("[bold]what changed[/] (largest first):")
+        for s in c["statements"]:
+            console.print(f"  - {escape(s)}", highlight=False, soft_wrap=True)
+    else:
+        console.print("what changed: nothing above the thresholds (docs/findings.md)")
+
+
 @trace_app.command("tree")
 def trace_tree(
     inputs: Annotated[list[str], typer.Argument(help="Trace files or run directories.")],
@@ -1275,11 +1348,20 @@ def diagnose_cmd(
             help="Print only the summary table: a row per capture (cause, confidence, culprit, flags).",
         ),
     ] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="A healthy capture of the same workload: each report also says what changed from it "
+            "(teller trace compare).",
+        ),
+    ] = None,
 ) -> None:
     """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
     one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
-    highlighted, and what the capture itself shows without the model (teller.findings). A capture
+    highlighted, and what the capture itself shows without the model (teller.findings; with
+    --baseline, what changed from a healthy capture of the same workload: teller.compare). A capture
     mostly unknown to the model's tokenizers (at least half its trace events
     or log words, on a side the model reads: another engine, workload or machine than the training
     data) is flagged as unfamiliar: its causes are guesses. Several PATHs are diagnosed in one
@@ -1300,11 +1382,19 @@ def diagnose_cmd(
             load_checkpoint_for_diagnosis(checkpoint)
         except TellerError as e:
             raise _fail(e) from None
+    base_tr = None
+    if baseline is not None:  # (loaded once for every PATH; unreadable: said before any of them)
+        try:
+            base_tr = _load([baseline], None)
+        except TellerError as e:
+            raise _fail(e) from None
     out: list[dict[str, Any]] = []
     failed = False
     for path in paths:
         try:
-            d = diagnose(path, checkpoint, top=top, perfetto=perfetto)
+            d = diagnose(path, checkpoint, top=top, perfetto=perfetto, baseline=base_tr)
+            if d.get("baseline") is not None:
+                d["baseline"]["path"] = baseline
         except TellerError as e:
             if len(paths) == 1 and not as_json:
                 raise _fail(e) from None

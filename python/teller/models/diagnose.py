@@ -250,8 +250,17 @@ def load_checkpoint_for_diagnosis(
 
 
 def diagnose(
-    path: str | Path, checkpoint: str | Path, *, top: int = 3, perfetto: str | Path | None = None
+    path: str | Path,
+    checkpoint: str | Path,
+    *,
+    top: int = 3,
+    perfetto: str | Path | None = None,
+    baseline: Any = None,
 ) -> dict[str, Any]:
+    """Diagnose one capture (a sample directory, a collected run or a trace file) with the model of
+    ``checkpoint``. ``baseline``: a healthy capture of the same workload (a path, or a loaded
+    :class:`teller.trace.Trace`): the report then also says what changed from it (``baseline``,
+    :func:`teller.compare.compare`), evidence that needs no model."""
     from teller import trace as _trace
     from teller.data.dataset import kernel_family
     from teller.data.faults import FAULT_INFO
@@ -383,6 +392,13 @@ def diagnose(
     from teller.findings import findings
 
     facts = findings(tr)
+    changes = None
+    if baseline is not None:
+        from teller.compare import compare
+
+        base_tr = baseline if hasattr(baseline, "summary") else _trace.load(baseline, warn=False)
+        c = compare(base_tr, tr, top=max(top, 1) * 3)
+        changes = {"path": None if base_tr is baseline else str(baseline), **c}
     return {
         "path": str(p),
         "root_causes": causes,
@@ -400,6 +416,8 @@ def diagnose(
         "log_evidence": evidence_lines,
         # what the capture itself shows, without the model (teller.findings: GPU time breakdown rules)
         "findings": facts,
+        # what changed from the healthy capture given as --baseline (teller.compare), or None
+        "baseline": changes,
         "culprit_events": len(culprit_events),
         # the GPUs (device indices) and host processes (pids) of the culprit events
         "culprit_where": where,
@@ -634,6 +652,10 @@ def render(d: dict[str, Any], console: Any) -> None:
         for line in d["log_evidence"]:
             # one console line per log line, cut at the console's width (the whole line is in --json)
             console.print("  " + line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis")
+    if (d.get("baseline") or {}).get("statements"):
+        console.print("what changed from the baseline (no model; largest first):")
+        for line in d["baseline"]["statements"][:6]:
+            console.print("  - " + line, highlight=False, markup=False, soft_wrap=True)
     if d.get("findings"):
         console.print("what the capture itself shows (no model; largest share of time first):")
         from teller.findings import group_findings
