@@ -27,6 +27,6 @@ __all__ = [
     "build_profile",
 ]
 
-from teller import findings, tpe, trace  # noqa: E402  (re-exported as teller.tpe, teller.trace, ...)
+from teller import compare, findings, tpe, trace  # noqa: E402  (re-exported as teller.tpe, teller.trace, ...)
 
 __all__ += ["findings", "tpe", "trace"]
