@@ -29,4 +29,4 @@ __all__ = [
 
 from teller import compare, findings, tpe, trace  # noqa: E402  (re-exported as teller.tpe, teller.trace, ...)
 
-__all__ += ["findings", "tpe", "trace"]
+__all__ += ["compare", "findings", "tpe", "trace"]
