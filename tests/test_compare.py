@@ -65,8 +65,7 @@ def test_compare_names_the_kernel_that_slowed_and_the_new_one(tmp_path) -> None:
 
 
 def test_the_same_capture_changes_nothing(tmp_path) -> None:
-    tr = _steps(tmp_path, "a.json", 20)
-    c = compare(tr, tr)
+    c = compare(_steps(tmp_path, "a.json", 20), _steps(tmp_path, "b.json", 20))
     assert c["statements"] == [] and all(r["delta_ns"] == 0 for r in c["symbols"])
 
 
@@ -108,3 +107,92 @@ def test_cli_trace_compare(tmp_path) -> None:
     assert r.returncode == 0 and "what changed" in r.stdout and "kernel:gemm_kernel" in r.stdout
     r = subprocess.run([*cli, a, str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "missing.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_per_step_counts_only_the_work_inside_steps(tmp_path) -> None:
+    # the same set-up (a 2 ms weight load and its copy kernel) before 4 and before 8 identical steps:
+    # divided into the steps it would read as halved; it is outside them, so nothing changed
+    def mk(name: str, n: int):
+        t = _Trace()
+        t.ev.append({"ph": "X", "cat": "cpu_op", "name": "load_weights", "pid": 100, "tid": 100, "ts": 0,
+                     "dur": 2000})  # fmt: skip
+        t.launch(10, 3, 20, 1500, name="copy_weights_kernel")
+        for k in range(n):
+            at = 3000 + k * 300
+            t.step(f"ProfilerStep#{k}", at, 200)
+            t.launch(at + 5, 3, at + 10, 50)
+        return t.load(tmp_path, name)
+
+    c = compare(mk("o4.json", 4), mk("o8.json", 8))
+    assert c["unit"] == "step" and not any("weights" in s for s in c["statements"])
+    assert not any(
+        r["symbol"].endswith("weights") or r["symbol"].endswith("weights_kernel") for r in c["symbols"]
+    )
+    assert all(abs(r["delta_ns"]) < 1 for r in c["symbols"])
+
+
+def test_fallback_steps_are_not_steps(tmp_path) -> None:
+    # no step range: the loader's fallback makes the busiest thread's root ranges steps (2 against
+    # 10 here, around the same GPU work); they are no unit to divide by, so the captures compare whole
+    def mk(name: str, n: int):
+        t = _Trace()
+        for k in range(n):
+            t.ev.append({"ph": "X", "cat": "user_annotation", "name": "chunk", "pid": 100, "tid": 100,
+                         "ts": k * 1000 / n, "dur": 900 / n})  # fmt: skip
+        for k in range(10):
+            t.launch(k * 100, 2, k * 100 + 5, 10)
+        return t.load(tmp_path, name)
+
+    a, b = mk("a.json", 2), mk("b.json", 10)
+    assert len(a.steps()) == 2 and a.steps()[0].event >= 0  # (the fallback's steps)
+    c = compare(a, b)
+    assert c["unit"] == "capture" and c["steps"]["baseline"]["count"] == 0
+    k = next(r for r in c["symbols"] if r["symbol"] == "kernel:gemm_kernel")
+    assert k["delta_ns"] == 0
+    # with the range named as the steps, it is a unit again
+    assert compare(a, b, step_patterns=["chunk"])["unit"] == "step"
+
+
+def test_new_and_gone_mean_absent_not_zero(tmp_path) -> None:
+    # a zero-length kernel in both captures is neither new nor gone; one in the baseline only is gone
+    def mk(name: str, extra: bool):
+        t = _Trace()
+        for k in range(4):
+            at = k * 300.0
+            t.step(f"ProfilerStep#{k}", at, 200)
+            t.launch(at + 5, 3, at + 10, 50 if name != "b.json" else 150)
+            t.launch(at + 20, 3, at + 100, 0, name="empty_kernel")
+            if extra:
+                t.launch(at + 40, 3, at + 120, 30, name="old_kernel")
+        return t.load(tmp_path, name)
+
+    c = compare(mk("a.json", True), mk("b.json", False))
+    rows = {r["symbol"]: r for r in c["symbols"]}
+    assert rows["kernel:empty_kernel"]["only_in"] is None
+    assert rows["kernel:old_kernel"]["only_in"] == "baseline"
+    says = "\n".join(c["statements"])
+    assert "kernel:old_kernel is gone" in says and "empty_kernel" not in says
+
+
+def test_self_time_takes_only_the_overlap_of_an_improperly_nested_child(tmp_path) -> None:
+    t = _Trace()
+    t.ev.append({"ph": "X", "cat": "cpu_op", "name": "outer", "pid": 100, "tid": 100, "ts": 0, "dur": 10})
+    t.ev.append({"ph": "X", "cat": "cpu_op", "name": "inner", "pid": 100, "tid": 100, "ts": 5, "dur": 20})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = symbol_times(t.load(tmp_path, "n.json"))
+    assert st["host_op:outer"]["ns"] == pytest.approx(5e3) and st["host_op:inner"]["ns"] == pytest.approx(
+        20e3
+    )
+
+
+def test_a_capture_without_gpu_work_is_said(tmp_path) -> None:
+    a = _steps(tmp_path, "a.json", 20)
+    t = _Trace()
+    for k in range(4):
+        t.step(f"ProfilerStep#{k}", k * 300.0, 200)
+    c = compare(a, t.load(tmp_path, "b.json"))
+    assert c["gpus"] == [] and c["gpu_count"] == {"baseline": 1, "current": 0}
+    assert "0 GPUs with work in this capture, 1 in the baseline: no GPU time to compare" in c["statements"]

@@ -54,7 +54,7 @@ def test_a_toolkit_without_cupti_is_not_mixed_with_the_wheels(wheels, tmp_path, 
     assert info.nvtx_h == str(wheels / "include/nvtx3/nvToolsExt.h")
     assert len(info.notes) == 1
     assert info.notes[0].startswith(f"$CUDA_HOME={tk}: has cuda.h but no cupti.h")
-    assert "using the NVIDIA wheels in" in info.notes[0]
+    assert "using nvidia/cu13 in" in info.notes[0]
 
 
 def test_a_complete_toolkit_comes_first(wheels, tmp_path, monkeypatch) -> None:
@@ -95,6 +95,34 @@ def test_nothing_complete_reports_what_there_is(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_HOME", str(tk))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     info = cuda.find_cuda()
-    # no installation has both: doctor shows each header where it is, the shim build names the gap
+    # no installation has both: doctor shows each header where it is and says so; the shim build
+    # names the gap
     assert info.cuda_h == str(tk / "include/cuda.h") and info.cupti_h == str(cupti / "include/cupti.h")
-    assert info.notes == []
+    assert len(info.notes) == 1 and info.notes[0].startswith("no installation has both cuda.h and cupti.h")
+
+
+def test_two_releases_in_one_site_are_not_mixed(wheels, tmp_path) -> None:
+    # the same site holds CUDA 12's per-component wheels beside nvidia/cu13: cu13 complete, first
+    site = tmp_path / "site" / "nvidia"
+    _touch(site / "cuda_cupti", "include/cupti.h", "lib/libcupti.so.12")
+    _touch(site / "cuda_runtime", "include/cuda.h")
+    info = cuda.find_cuda()
+    assert info.cuda_h == str(wheels / "include/cuda.h") and info.cupti_h == str(wheels / "include/cupti.h")
+    assert info.libcupti == str(wheels / "lib/libcupti.so.13")
+    # without cu13's CUPTI, the per-component wheels are one complete installation: both from them
+    (wheels / "include/cupti.h").unlink()
+    info = cuda.find_cuda()
+    assert info.cuda_h == str(site / "cuda_runtime/include/cuda.h")
+    assert info.cupti_h == str(site / "cuda_cupti/include/cupti.h")
+    assert info.libcupti == str(site / "cuda_cupti/lib/libcupti.so.12")
+    assert "nvidia/cu13" in info.notes[0] and "has cuda.h but no cupti.h" in info.notes[0]
+
+
+def test_a_complete_installation_without_libcupti_lends_none(wheels, tmp_path, monkeypatch) -> None:
+    (wheels / "lib/libcupti.so.13").unlink()
+    other = _touch(tmp_path / "other", "include/cuda.h", "lib64/libcupti.so.11")
+    monkeypatch.setattr(cuda, "SYSTEM_ROOT", other)
+    info = cuda.find_cuda()
+    assert info.cupti_h == str(wheels / "include/cupti.h") and info.libcupti is None
+    assert info.notes == [f"no libcupti.so beside {info.cupti_h}: the collector loads the one on the library "
+                          "path (or $TELLER_CUPTI_PATH)"]  # fmt: skip

@@ -162,9 +162,32 @@ def test_a_directory_that_cannot_be_created_is_named(tmp_path) -> None:
 
 
 def test_without_fcntl_a_no_op(tmp_path, monkeypatch) -> None:
+    # no lock, but the directory is made as the callers expect (and a transient one removed again)
     monkeypatch.setattr(tio, "fcntl", None)
     with dir_lock(tmp_path / "o", "teller x") as d:
-        assert d == tmp_path / "o" and not d.exists()
+        assert d == tmp_path / "o" and d.is_dir() and not (d / LOCK_FILE).exists()
+    assert d.is_dir()
+    with dir_lock(tmp_path / "t" / "u", "teller x", transient=True) as d2:
+        assert d2.is_dir()
+    assert not (tmp_path / "t").exists()
+    # dataset generate into a new directory works there too
+    generate(tmp_path / "ds", num_samples=2, seed=1, preset="tiny")
+    assert (tmp_path / "ds" / "manifest.json").is_file()
+
+
+def test_a_symlink_at_the_lock_files_name_is_refused(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (out / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(TellerIOError, match="symbolic link"), dir_lock(out, "teller x"):
+        pass
+    assert victim.read_text() == "keep me"
+    (out / LOCK_FILE).unlink()
+    (out / LOCK_FILE).mkdir()  # (a directory of that name)
+    with pytest.raises(TellerIOError, match="lock file"), dir_lock(out, "teller x"):
+        pass
 
 
 # -- the commands ----------------------------------------------------------------------------------

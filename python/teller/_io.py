@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -94,7 +95,23 @@ def dir_lock(
     writers there are not detected. A filesystem that refuses locks, some network ones, likewise.)"""
     d = Path(directory)
     if fcntl is None:
-        yield d
+        # (no lock: the directory is still made, as the callers count on, and left like a lock's would
+        # be: removed again on release where it was created here and nothing was written in it)
+        made = []
+        q = Path(os.path.abspath(d))
+        while not q.exists() and q.parent != q:
+            made.append(q)
+            q = q.parent
+        make_output_dir(d, what)
+        try:
+            yield d
+        finally:
+            if transient:
+                for c in made:
+                    try:
+                        c.rmdir()
+                    except OSError:
+                        break
         return
     # (absolute: the block may change the working directory meanwhile)
     created = []  # the directories created here, deepest first
@@ -106,18 +123,33 @@ def dir_lock(
     fd = -1
     for _ in range(100):  # (each retry follows a release by another process: a few at most)
         make_output_dir(d, what)
+        # (O_NOFOLLOW: a symlink planted at the lock file's name is refused, not written through)
+        nofollow = getattr(os, "O_NOFOLLOW", 0)
         try:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            except PermissionError:  # (another user's lock file: a read-only descriptor locks it too)
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, 0o666)
+            except (
+                PermissionError
+            ) as denied:  # (another user's lock file: a read-only descriptor locks it too)
+                try:
+                    fd = os.open(path, os.O_RDONLY | nofollow)
+                except FileNotFoundError:  # (none to read: the directory is not ours to write)
+                    raise denied from None
         except FileNotFoundError:  # (the directory removed meanwhile by a transient holder: again)
             continue
         except OSError as e:
             raise TellerIOError(
-                f"{d / LOCK_FILE}: cannot open the lock file of the {what}: {e.strerror or e}",
+                f"{d / LOCK_FILE}: cannot open the lock file of the {what}: {e.strerror or e}"
+                + (" (a symbolic link, not teller's lock file)" if path.is_symlink() else ""),
                 path=str(d / LOCK_FILE),
             ) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise TellerIOError(
+                f"{d / LOCK_FILE}: not a regular file (teller's lock file of the {what} is); remove it",
+                path=str(d / LOCK_FILE),
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -437,19 +437,21 @@ def trace_compare(
         raise _fail(e) from None
     from teller.compare import compare
 
-    c = compare(base, cur, top)
+    c = compare(base, cur, top, step_patterns=step_name)
     if as_json:
         print(json.dumps({"baseline": baseline, "current": current, **c}, indent=2))
         return
-    sb, sc = c["steps"]["baseline"], c["steps"]["current"]
-    console.print(
-        f"baseline {escape(baseline)}: {len(base)} events, {sb['count']} step(s), median "
-        f"{_fmt_ns(int(sb['median_ns']))}\ncurrent  {escape(current)}: {len(cur)} events, {sc['count']} "
-        f"step(s), median {_fmt_ns(int(sc['median_ns']))}",
-        highlight=False,
-        soft_wrap=True,
-    )
     unit = c["unit"]
+    for what, path, tr_, st in (
+        ("baseline", baseline, base, c["steps"]["baseline"]),
+        ("current ", current, cur, c["steps"]["current"]),
+    ):
+        when = (
+            f"{st['count']} step(s), median {_fmt_ns(int(st['median_ns']))}"
+            if unit == "step"
+            else f"{st['count']} step(s) (compared whole: span {_fmt_ns(int(st['span_ns']))})"
+        )
+        console.print(f"{what} {escape(path)}: {len(tr_)} events, {when}", highlight=False, soft_wrap=True)
     if c["symbols"]:
         st = Table(title=f"largest changes of time per {unit} (host ranges: self time)", title_justify="left")
         for col in ("symbol", "layer", "baseline", "current", "change", "ratio", f"events per {unit}"):
@@ -1383,9 +1385,11 @@ def diagnose_cmd(
         except TellerError as e:
             raise _fail(e) from None
     base_tr = None
-    if baseline is not None:  # (loaded once for every PATH; unreadable: said before any of them)
+    if baseline is not None:  # (loaded once for every PATH, as they are; unreadable: said before any)
+        from teller.models.diagnose import load_baseline
+
         try:
-            base_tr = _load([baseline], None)
+            base_tr = load_baseline(baseline, checkpoint)
         except TellerError as e:
             raise _fail(e) from None
     out: list[dict[str, Any]] = []

@@ -15,6 +15,8 @@ says which kernel or operator moved. The idea is HTA's trace diff; the code is o
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,10 +40,19 @@ BREAKDOWN = (
 )
 
 
-def _units(tr: Any) -> tuple[float, str, float]:
-    """(units, what a unit is, median unit time in ns): the trace's steps where it has any, else the
-    capture as one unit (its span)."""
-    steps = [s for s in tr.steps() if s.event >= 0]  # (not the loader's fallback: the whole capture)
+def _pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
+    """The trace's steps that are step ranges (their name matches one of ``patterns``), or none: the
+    loader's fallbacks (the busiest thread's root ranges, the whole trace) are not steps to divide by."""
+    steps = [s for s in tr.steps() if s.event >= 0]
+    if steps and all(any(fnmatch.fnmatchcase(s.name, pat) for pat in patterns) for s in steps):
+        return steps
+    return []
+
+
+def _units(tr: Any, patterns: Sequence[str]) -> tuple[float, str, float]:
+    """(units, what a unit is, median unit time in ns): the trace's steps where it has step ranges,
+    else the capture as one unit (its span)."""
+    steps = _pattern_steps(tr, patterns)
     if steps:
         d = np.array([s.dur_ns for s in steps], dtype=np.float64)
         return float(len(steps)), "step", float(np.median(d))
@@ -52,31 +63,42 @@ def _span(tr: Any) -> float:
     return float(np.max(tr.end) - np.min(tr.ts)) if len(tr) else 0.0
 
 
-def symbol_times(tr: Any) -> dict[str, dict[str, Any]]:
+def symbol_times(tr: Any, *, in_steps: bool = False) -> dict[str, dict[str, Any]]:
     """Per symbol: its layer, the events, and their time (ns): GPU activities their duration, host
-    events their self time (less the host events nested in them, as the call-chain tree nests them)."""
+    events their self time (less the part of each host event nested in them that overlaps them, as
+    the call-chain tree nests them; the GPU work a call launched takes nothing from it).
+    ``in_steps``: only the events inside a step (GPU work counts in its launching call's step), so
+    that set-up and warm-up outside the steps do not divide into them."""
     from teller.trace import LAYER_NAMES
 
     n = len(tr)
     if n == 0:
         return {}
     layer = np.asarray(tr.layer)
+    ts = np.asarray(tr.ts, dtype=np.int64)
     dur = np.asarray(tr.dur, dtype=np.float64)
+    end = ts + np.asarray(tr.dur, dtype=np.int64)
     sym = np.asarray(tr.symbol, dtype=np.int64)
     parent = np.asarray(tr.parent, dtype=np.int64)
-    gpu_codes = [LAYER_NAMES.index(x) for x in GPU_LAYERS]
-    is_gpu = np.isin(layer, gpu_codes)
-    # self time of host events: subtract each host child's duration from its host parent
+    is_gpu = np.isin(layer, [LAYER_NAMES.index(x) for x in GPU_LAYERS])
+    # self time of host events: each host child's overlap with its host parent taken from the parent
+    # (an improperly nested child, running past its parent's end, takes only its part inside)
     own = dur.copy()
-    child = (~is_gpu) & (parent >= 0)
-    if child.any():
+    child = np.flatnonzero((~is_gpu) & (parent >= 0))
+    if len(child):
         par = parent[child]
-        host_par = ~is_gpu[par]
-        np.subtract.at(own, par[host_par], dur[child][host_par])
+        keep = ~is_gpu[par]
+        child, par = child[keep], par[keep]
+        ov = np.minimum(end[child], end[par]) - np.maximum(ts[child], ts[par])
+        np.subtract.at(own, par, np.maximum(ov, 0).astype(np.float64))
     own = np.where(is_gpu, dur, np.maximum(own, 0.0))
     names = tr.symbols
-    tot = np.bincount(sym, weights=own, minlength=len(names))
-    cnt = np.bincount(sym, minlength=len(names))
+    sel = np.ones(n, dtype=bool)
+    if in_steps:
+        step = np.asarray(tr.step, dtype=np.int64)
+        sel = step >= 0
+    tot = np.bincount(sym[sel], weights=own[sel], minlength=len(names))
+    cnt = np.bincount(sym[sel], minlength=len(names))
     lay = np.zeros(len(names), dtype=np.int64)
     lay[sym] = layer
     out: dict[str, dict[str, Any]] = {}
@@ -101,25 +123,30 @@ def _all_gpus(s: dict[str, Any]) -> dict[str, float] | None:
     return {f: sum(d[f] for d in devs) / span for f, _ in BREAKDOWN} if span else None
 
 
-def compare(baseline: Any, current: Any, top: int = 10) -> dict[str, Any]:
+def compare(
+    baseline: Any, current: Any, top: int = 10, *, step_patterns: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The changes from ``baseline`` to ``current`` (two :class:`teller.trace.Trace`). Returns a
     dict: ``unit`` ("step" when both captures have steps, else "capture"); ``steps`` (per capture,
     its steps and their median time; with unit "capture", its span instead); ``symbols`` (the
     ``top`` symbols by the largest change of their time per unit, each with layer, events and time
     per unit in both, the change and the ratio; a symbol of one capture only included); ``gpus``
     (the GPUs paired in order where both captures have as many, then ``all GPUs``: each breakdown
-    share in both); ``statements`` (:func:`statements`)."""
-    nb, ub, med_b = _units(baseline)
-    nc, uc, med_c = _units(current)
+    share in both); ``statements`` (:func:`statements`). ``step_patterns``: the globs the captures'
+    steps were found by (``teller.trace.load(step_names=...)``; the loader's defaults by default):
+    steps found by the loader's fallbacks (root ranges, the whole trace) make the unit "capture"."""
+    from teller.trace import DEFAULT_STEP_PATTERNS
+
+    patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
+    nb, ub, med_b = _units(baseline, patterns)
+    nc, uc, med_c = _units(current, patterns)
     unit = "step" if ub == uc == "step" else "capture"
     steps_b, steps_c = (int(nb) if ub == "step" else 0), (int(nc) if uc == "step" else 0)
     if unit == "capture":
         nb = nc = 1.0
-        if ub == "step":  # (the other has none: both as a whole, the span against the span)
-            med_b = _span(baseline)
-        if uc == "step":
-            med_c = _span(current)
-    tb, tc = symbol_times(baseline), symbol_times(current)
+        med_b, med_c = _span(baseline), _span(current)  # (both as a whole: the span against the span)
+    per_step = unit == "step"
+    tb, tc = symbol_times(baseline, in_steps=per_step), symbol_times(current, in_steps=per_step)
     rows = []
     for name in sorted(set(tb) | set(tc)):
         b, c = tb.get(name), tc.get(name)
@@ -135,6 +162,7 @@ def compare(baseline: Any, current: Any, top: int = 10) -> dict[str, Any]:
                 "current_ns": c_ns,
                 "delta_ns": c_ns - b_ns,
                 "ratio": (c_ns / b_ns) if b_ns > 0 else None,
+                "only_in": "baseline" if c is None else "current" if b is None else None,
             }
         )
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
@@ -153,11 +181,14 @@ def compare(baseline: Any, current: Any, top: int = 10) -> dict[str, Any]:
     out = {
         "unit": unit,
         "steps": {
-            "baseline": {"count": steps_b, "median_ns": med_b},
-            "current": {"count": steps_c, "median_ns": med_c},
+            # (median_ns: the median step; with unit "capture", the span: span_ns)
+            "baseline": {"count": steps_b, "median_ns": med_b, "span_ns": _span(baseline)},
+            "current": {"count": steps_c, "median_ns": med_c, "span_ns": _span(current)},
         },
         "symbols": rows[: max(0, int(top))],
         "gpus": gpus,
+        # the GPUs with work in each capture (the breakdowns pair them only where as many)
+        "gpu_count": {"baseline": len(db), "current": len(dc)},
     }
     out["statements"] = statements(out, rows)
     return out
@@ -174,28 +205,34 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
         what = "median step" if unit == "step" else "capture span"
         out.append(f"the {what} took {mc / mb:.2f}x the baseline's ({_ms(mc)} against {_ms(mb)})")
     rows = rows if rows is not None else cmp["symbols"]
-    ref = mb if mb > 0 else 1.0
     n = 0
-    for r in rows:
-        if abs(r["delta_ns"]) < MIN_SHARE * ref or n >= 5:
+    for r in rows if mb > 0 else []:  # (no reference time: no scale to call a change large by)
+        if abs(r["delta_ns"]) < MIN_SHARE * mb or n >= 5:
             break
         n += 1
         per = f"per {unit}"
-        if r["baseline_ns"] == 0:
+        if r.get("only_in") == "current":
             out.append(
                 f"{r['symbol']} is new: {_ms(r['current_ns'])} {per} ({r['current_count']:.3g} events {per})"
             )
-        elif r["current_ns"] == 0:
+        elif r.get("only_in") == "baseline":
             out.append(f"{r['symbol']} is gone: it took {_ms(r['baseline_ns'])} {per} in the baseline")
         else:
             sign = "+" if r["delta_ns"] > 0 else "-"
             cnt = ""
             if abs(r["current_count"] - r["baseline_count"]) >= 0.5 * max(1.0, 0.1 * r["baseline_count"]):
                 cnt = f"; {r['current_count']:.3g} events {per} against {r['baseline_count']:.3g}"
+            ratio = f"{r['ratio']:.2f}x: " if r["ratio"] is not None else ""
             out.append(
-                f"{r['symbol']}: {sign}{_ms(abs(r['delta_ns']))} {per} ({r['ratio']:.2f}x: "
+                f"{r['symbol']}: {sign}{_ms(abs(r['delta_ns']))} {per} ({ratio}"
                 f"{_ms(r['current_ns'])} against {_ms(r['baseline_ns'])}{cnt})"
             )
+    nb, nc = cmp.get("gpu_count", {}).get("baseline", 0), cmp.get("gpu_count", {}).get("current", 0)
+    if nb != nc:
+        out.append(
+            f"{nc} GPU{'s' if nc != 1 else ''} with work in this capture, {nb} in the baseline"
+            + ("" if nb and nc else ": no GPU time to compare")
+        )
     # the whole's changes, then a GPU's own where it moved apart from the whole (one rank slowed);
     # with one GPU the whole is that GPU
     gpus = cmp["gpus"]

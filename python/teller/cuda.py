@@ -80,14 +80,18 @@ def _root_groups(notes: list[str] | None = None) -> list[tuple[str, list[Path]]]
     for site in _site_dirs():
         nv = site / "nvidia"
         if nv.is_dir():
-            # CUDA 13 wheels share nvidia/cu13; CUDA 12 wheels use one folder per component.
-            subs = [
-                nv / sub
-                for sub in ("cu13", "cu12", "cuda_cupti", "cuda_runtime", "nvtx", "cuda_nvcc", "cuda_crt")
-            ]
-            subs = [r for r in subs if r.is_dir()]
-            if subs:
-                groups.append((f"the NVIDIA wheels in {site}", subs))
+            # CUDA 13 wheels share nvidia/cu13 (one release), CUDA 12's nvidia/cu12; older CUDA 12
+            # wheels use one folder per component, which belong together: three installations, not
+            # one (a site holding two releases must not lend headers from both)
+            for subs in (
+                ("cu13",),
+                ("cu12",),
+                ("cuda_cupti", "cuda_runtime", "nvtx", "cuda_nvcc", "cuda_crt"),
+            ):
+                rs = [nv / sub for sub in subs if (nv / sub).is_dir()]
+                if rs:
+                    label = f"nvidia/{subs[0]}" if len(subs) == 1 else "the per-component nvidia wheels"
+                    groups.append((f"{label} in {site}", rs))
     groups.append((str(SYSTEM_ROOT), [SYSTEM_ROOT]))
     return groups
 
@@ -159,12 +163,28 @@ def find_cuda(cuda_home: str | os.PathLike[str] | None = None) -> CudaInfo:
             break
         if has_cuda:
             partial.append(name)
+    if (
+        chosen is None
+        and len(groups) > 1
+        and any(_first(rs, [f"{d}/cupti.h" for d in inc]) for _, rs in groups)
+    ):
+        # (doctor shows what there is; a shim build then fails naming the missing header)
+        notes.append(
+            "no installation has both cuda.h and cupti.h: the headers found come from different places "
+            "(install the CUDA toolkit with CUPTI, or the nvidia-cuda-cupti and nvidia-cuda-runtime wheels)"
+        )
     search = chosen if chosen is not None else roots  # (none complete: report what there is)
     info.cuda_h = _first(search, [f"{d}/cuda.h" for d in inc])
     info.cupti_h = _first(search, [f"{d}/cupti.h" for d in inc])
-    info.libcupti = _glob_first(search, _LIB, "libcupti.so*") or (
-        None if chosen is not None else _glob_first(roots, _LIB, "libcupti.so*")
-    )
+    info.libcupti = _glob_first(search, _LIB, "libcupti.so*")
+    if info.libcupti is None and chosen is not None:
+        # (not another installation's: its activity records would not be this cupti.h's)
+        notes.append(
+            f"no libcupti.so beside {info.cupti_h}: the collector loads the one on the library path "
+            "(or $TELLER_CUPTI_PATH)"
+        )
+    elif info.libcupti is None:
+        info.libcupti = _glob_first(roots, _LIB, "libcupti.so*")
     info.nvtx_h = _first(search, [f"{d}/nvtx3/nvToolsExt.h" for d in inc]) or _first(
         roots, [f"{d}/nvtx3/nvToolsExt.h" for d in inc]
     )

@@ -249,6 +249,21 @@ def load_checkpoint_for_diagnosis(
     return ens, model, cfg, tok, logtok
 
 
+def load_baseline(path: str | Path, checkpoint: str | Path) -> Any:
+    """A healthy capture for ``diagnose(baseline=...)``, loaded as ``diagnose`` loads the capture it
+    explains (the checkpoint's step names and normalization), so that steps and symbols line up."""
+    from teller import trace as _trace
+
+    tok = load_checkpoint_for_diagnosis(checkpoint)[3]
+    trace_in, _log = _find_inputs(Path(path))
+    return _trace.load(
+        trace_in,
+        step_names=tok.settings.get("step_names"),
+        normalize=tok.settings.get("normalize"),
+        warn=False,
+    )
+
+
 def diagnose(
     path: str | Path,
     checkpoint: str | Path,
@@ -396,8 +411,8 @@ def diagnose(
     if baseline is not None:
         from teller.compare import compare
 
-        base_tr = baseline if hasattr(baseline, "summary") else _trace.load(baseline, warn=False)
-        c = compare(base_tr, tr, top=max(top, 1) * 3)
+        base_tr = baseline if hasattr(baseline, "summary") else load_baseline(baseline, checkpoint)
+        c = compare(base_tr, tr, top=max(top, 1) * 3, step_patterns=tok.settings.get("step_names"))
         changes = {"path": None if base_tr is baseline else str(baseline), **c}
     return {
         "path": str(p),
