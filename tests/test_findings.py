@@ -576,3 +576,45 @@ def test_group_findings_folds_a_kind_across_gpus_and_a_step_across_processes() -
     assert g[5]["message"] == "step 'engine_step#9' of pid 13" and "group" not in g[5]
     assert g[2] is fs[3] and "group" not in g[3]
     assert group_findings([]) == [] and fs[0]["message"] == "communication on GPU 3"  # (not modified)
+
+
+def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
+    # two processes of one `teller collect` run on one host: the server's kernels (10 us every 100 us)
+    # and a neighbour's (40 us in each gap) on the same physical GPU; the neighbour sees it as its
+    # device 0 through CUDA_VISIBLE_DEVICES=1, the server as device 1 with it unset
+    from teller.findings import physical_gpu, shared_gpu_findings
+    from teller.rawfmt import RawWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def proc(name: str, pid: int, device: int, offset: int, dur: int, env: dict) -> None:
+        with RawWriter(run / name, pid=pid, host="h", clock_sync=(0, 10**18), env=env) as w:
+            for k in range(20):
+                s = 100_000 * k + offset
+                w.span("runtime", "cudaLaunchKernel", tid=1, start=s - 5_000, end=s - 3_000, corr=k + 1)
+                w.gpu("kernel", f"k{pid}", device=device, stream=7, start=s, end=s + dur, corr=k + 1)
+
+    rd = {"TELLER_RUN_DIR": str(run)}
+    proc("server.tmsgpack", 10, 1, 0, 10_000, rd)
+    proc("neighbour.tmsgpack", 20, 0, 30_000, 40_000, {**rd, "CUDA_VISIBLE_DEVICES": "1"})
+    tr = teller.trace.load(run, warn=False)
+    devs = tr.summary(0)["devices"]
+    assert sorted(d["device"] for d in devs) == [0, 1]
+    src = {d["device"]: tr.sources[d["source"]] for d in devs}
+    assert physical_gpu(src[1], 1) == physical_gpu(src[0], 0) == ("h", str(run), "1")
+    fs = {f["device"]: f for f in findings(tr) if f["kind"] == "shared_gpu"}
+    assert set(fs) == {0, 1}
+    server = fs[1]
+    # its span: 19 gaps of 90 us between its kernels; the neighbour's 40 us sit in each of them
+    assert server["values"]["others_in_idle_ns"] == 19 * 40_000 and server["values"]["others_in_busy_ns"] == 0
+    assert server["share"] == pytest.approx(19 * 40_000 / (19 * 100_000 + 10_000))
+    assert "is one physical GPU with GPU 0" in server["message"] and "GPU 1 of host h" in server["message"]
+    # anything else is not one GPU: another run, another host, profiler files, a device past the list
+    other = {**src[1], "metadata": {"header": json.dumps({"host": "h", "env": {"TELLER_RUN_DIR": "/x"}})}}
+    assert physical_gpu(other, 1) != physical_gpu(src[1], 1)
+    assert physical_gpu({"kind": "chrome", "metadata": {}}, 0) is None
+    assert physical_gpu(src[0], 1) is None  # (CUDA_VISIBLE_DEVICES=1 lists one GPU)
+    # two processes each on their own GPU: nothing to say
+    alone = [d for d in devs if d["device"] == 1]
+    assert shared_gpu_findings(tr, alone) == []

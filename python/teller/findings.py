@@ -15,6 +15,7 @@ those as unfamiliar and prints these findings).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,140 @@ def expected_step_times(dur: np.ndarray, load: np.ndarray | None) -> tuple[np.nd
     return c + k * load, c, k
 
 
+def _header(src: dict[str, Any]) -> dict[str, Any]:
+    """A raw source's HEADER meta (pid, host, env, ...), or {}."""
+    text = (src.get("metadata") or {}).get("header")
+    try:
+        h = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return h if isinstance(h, dict) else {}
+
+
+def physical_gpu(src: dict[str, Any], device: int) -> tuple[str, str, str] | None:
+    """The physical GPU behind ``device`` of a raw source written by a ``teller collect`` run:
+    (host, run directory, the device's entry of the process's ``CUDA_VISIBLE_DEVICES``, or its index
+    where that is unset). None for anything else: a process sees its GPUs renumbered under
+    ``CUDA_VISIBLE_DEVICES``, and outside one collect run (profiler files, containers that share a
+    host name) an index names no particular device."""
+    if src.get("kind") != "raw":
+        return None
+    h = _header(src)
+    env = h.get("env") if isinstance(h.get("env"), dict) else {}
+    run = env.get("TELLER_RUN_DIR") or env.get("TELLER_TRACE_DIR")
+    host = h.get("host")
+    if not run or not host or device < 0:
+        return None
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return (str(host), str(run), str(device))
+    entries = [e.strip() for e in str(cvd).split(",") if e.strip()]
+    # (CUDA stops at the first invalid entry; an index past the list is no GPU of the list)
+    return (str(host), str(run), entries[device]) if device < len(entries) else None
+
+
+def _merged(iv: np.ndarray) -> np.ndarray:
+    """Sorted, merged [start, end) intervals of an (n, 2) array."""
+    if len(iv) == 0:
+        return iv.reshape(0, 2)
+    iv = iv[np.argsort(iv[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(iv[:, 1])
+    new = np.r_[True, iv[1:, 0] > ends[:-1]]
+    starts = iv[new, 0]
+    idx = np.flatnonzero(new)
+    stops = np.r_[ends[idx[1:] - 1], ends[-1]] if len(idx) > 1 else ends[-1:]
+    return np.stack([starts, stops], axis=1)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> int:
+    """Total length of the intersection of two merged interval lists."""
+    i = j = tot = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        if hi > lo:
+            tot += int(hi - lo)
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+def shared_gpu_findings(
+    tr: Any, devices: list[dict[str, Any]], names: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """GPUs shown apart (one per process) that are one physical GPU (:func:`physical_gpu`): for each,
+    how much of its idle time the other processes' work filled. The breakdown is per process, so its
+    idle time (and its split by cause) counts a neighbour's kernels as idle; this says so, and names
+    the neighbour: a process time-slicing the GPU is a cause in itself (docs/faults.md)."""
+    names = names or [f"GPU {d['device']}" for d in devices]
+    srcs = tr.sources
+    keys = []
+    for d in devices:
+        k = d.get("source", 0)
+        keys.append(physical_gpu(srcs[k], int(d["device"])) if 0 <= k < len(srcs) else None)
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, k in enumerate(keys):
+        if k is not None and devices[i].get("span_ns", 0) > 0:
+            groups.setdefault(k, []).append(i)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return []
+    from teller.trace import GPU_ACTIVITY_LAYERS, LAYER_NAMES
+
+    layer = np.asarray(tr.layer)
+    gpu = np.isin(layer, [LAYER_NAMES.index(x) for x in GPU_ACTIVITY_LAYERS])
+    ts = np.asarray(tr.ts, dtype=np.int64)
+    end = ts + np.asarray(tr.dur, dtype=np.int64)
+    dev = np.asarray(tr.device)
+    proc_of_src = np.array([x.get("process", k) for k, x in enumerate(srcs)], dtype=np.int64)
+    proc = proc_of_src[np.asarray(tr.source, dtype=np.int64)]
+
+    def busy(i: int) -> np.ndarray:
+        d = devices[i]
+        p = proc_of_src[d.get("source", 0)]
+        m = gpu & (dev == d["device"]) & (proc == p)
+        return _merged(np.stack([ts[m], end[m]], axis=1))
+
+    out = []
+    for key, members in sorted(groups.items()):
+        iv = {i: busy(i) for i in members}
+        for i in members:
+            d = devices[i]
+            others = _merged(np.concatenate([iv[j] for j in members if j != i]))
+            if not len(iv[i]):
+                continue
+            span = np.array([[iv[i][0, 0], iv[i][-1, 1]]], dtype=np.int64)  # (its first to last activity)
+            in_span = _overlap(others, span)
+            in_busy = _overlap(others, iv[i])
+            filled = in_span - in_busy
+            if d["idle_ns"] <= 0 or filled <= 0:
+                continue
+            who = ", ".join(names[j] for j in members if j != i)
+            out.append(
+                {
+                    "kind": "shared_gpu",
+                    "device": d["device"],
+                    "gpu": names[i],
+                    "source": d.get("source", 0),
+                    "share": float(filled / d["span_ns"]),
+                    "message": (
+                        f"{names[i]} is one physical GPU with {who} (GPU {key[2]} of host {key[0]}, "
+                        f"one run): their work ran during {_pct(filled / d['idle_ns'])} of the time it shows "
+                        f"as idle ({_ms(filled)}), so its idle time by cause counts another process's "
+                        "kernels (a process time-slicing the GPU delays this one's work)"
+                    ),
+                    "values": {
+                        "physical": list(key),
+                        "with": [names[j] for j in members if j != i],
+                        "others_in_idle_ns": int(filled),
+                        "others_in_busy_ns": int(in_busy),
+                    },
+                }
+            )
+    return out
+
+
 def step_findings(tr: Any) -> list[dict[str, Any]]:
     """Per process (of at least ``MIN_STEPS`` steps), the step furthest above what its process's
     other steps predict, when it took ``STEP_OUTLIER`` times that or more: the prediction follows
@@ -337,6 +472,7 @@ def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, A
     st = straggler_finding(s["devices"], names)
     if st is not None:
         out.append(st)
+    out += shared_gpu_findings(tr, s["devices"], names)
     out += step_findings(tr)
     gpu, linked = s["gpu_events"], s["linked_gpu_events"]
     if gpu and linked < 0.5 * gpu:
