@@ -320,3 +320,33 @@ def test_a_cuda_home_that_is_not_a_toolkit_is_named(tmp_path):
         shim.build(cuda_home=tmp_path / "nowhere")
     with pytest.raises(CudaNotFoundError, match=r"no NVTX headers \(nvtx3/nvToolsExt.h\) in its include"):
         shim.build(cuda_home=tmp_path)
+
+
+def test_collect_against_a_baseline_run(tmp_path):
+    # the same program twice, the second with a slow step: --baseline says what changed when it ends
+    prog = write(
+        tmp_path,
+        "steps.py",
+        """
+        import sys, time, nvtx
+        slow = len(sys.argv) > 1
+        for i in range(4):
+            with nvtx.annotate(f"ProfilerStep#{i}", domain="app"):
+                with nvtx.annotate("work", domain="app"):
+                    time.sleep(0.002)
+                if slow and i == 2:
+                    with nvtx.annotate("stall", domain="app"):
+                        time.sleep(0.05)
+        """,
+    )
+    p, base = collect(tmp_path, "--", sys.executable, str(prog))
+    assert p.returncode == 0, p.stderr
+    p, run = collect(tmp_path, "--baseline", str(base), "--", sys.executable, str(prog), "slow")
+    assert p.returncode == 0 and run != base, p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "against the baseline:" in ln]
+    assert said and any("stall is new" in ln for ln in said), p.stderr
+    # a baseline that does not exist is said before the program runs (nothing collected)
+    before = sorted((tmp_path / "traces").glob("run-*"))
+    p, _ = collect(tmp_path, "--baseline", str(tmp_path / "nope"), "--", sys.executable, str(prog))
+    assert p.returncode == 2 and "--baseline" in p.stderr and "nope" in p.stderr
+    assert sorted((tmp_path / "traces").glob("run-*")) == before

@@ -539,11 +539,21 @@ def _collect(
             "--torch-nvtx", help="Also enable torch's own per-operator NVTX ranges (CUDA torch + GPU)."
         ),
     ] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="A healthy run (directory or trace) of the same program: when the run ends, say what "
+            "changed from it (teller trace compare).",
+        ),
+    ] = None,
 ) -> None:
     """Run an unmodified program with the collector injected: NVTX ranges, CUDA API calls, GPU work, logs."""
     from teller.collect import collect
 
     _output_dir(trace_dir, "--trace-dir")
+    if baseline is not None and not Path(baseline).exists():  # (said before the program runs)
+        raise _fail(TellerError(f"--baseline {baseline}: no such file or directory"))
     try:
         res = collect(
             list(cmd),
@@ -579,6 +589,20 @@ def _collect(
         # (all of them: summary.json, teller trace summary)
         for f in group_findings(s.get("findings") or [])[:3]:
             err_console.print(f"[bold]teller:[/] {escape(f['message'])}", highlight=False, soft_wrap=True)
+    if baseline is not None and s is not None:
+        # (the run is written whatever happens here: a baseline that cannot be read is a warning)
+        from teller.compare import compare
+
+        try:
+            c = compare(_load([baseline], None), _load([str(res.run_dir)], None))
+        except TellerError as e:
+            err_console.print(f"[yellow]teller warning:[/] --baseline: {escape(str(e))}", highlight=False)
+        else:
+            said = c["statements"][:3] or ["nothing above the thresholds"]
+            for line in said:
+                err_console.print(
+                    f"[bold]teller:[/] against the baseline: {escape(line)}", highlight=False, soft_wrap=True
+                )
     if res.trace_json:
         err_console.print(
             f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True
