@@ -618,3 +618,23 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     # two processes each on their own GPU: nothing to say
     alone = [d for d in devs if d["device"] == 1]
     assert shared_gpu_findings(tr, alone) == []
+    # the UUID the shim records decides, across runs and numberings: the same UUID is one GPU, another
+    # UUID is another GPU even where the numbering says one
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    for name, pid, device, uuid, offset in (
+        ("a.tmsgpack", 10, 0, "GPU-aaaa", 0),
+        ("b.tmsgpack", 20, 3, "GPU-aaaa", 30_000),
+        ("c.tmsgpack", 30, 0, "GPU-cccc", 60_000),
+    ):
+        dp = {"deviceProperties": [{"id": device, "name": "G", "uuid": uuid}]}
+        with RawWriter(
+            run2 / name, pid=pid, host=f"h{pid}", clock_sync=(0, 10**18), env={}, extra_meta=dp
+        ) as w:
+            for k in range(20):
+                s = 100_000 * k + offset
+                w.span("runtime", "cudaLaunchKernel", tid=1, start=s - 5_000, end=s - 3_000, corr=k + 1)
+                w.gpu("kernel", f"k{pid}", device=device, stream=7, start=s, end=s + 10_000, corr=k + 1)
+    tr2 = teller.trace.load(run2, warn=False)
+    shared = [f for f in findings(tr2) if f["kind"] == "shared_gpu"]
+    assert sorted(f["device"] for f in shared) == [0, 3] and all("(GPU-aaaa)" in f["message"] for f in shared)

@@ -133,7 +133,8 @@ static struct {
     CUresult (*DeviceGetName)(char *, int, CUdevice);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
-    int warned_get, warned_total, warned_attr, warned_full;
+    CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
+    int warned_get, warned_total, warned_attr, warned_uuid, warned_full;
     uint32_t n_devices;
 } D;
 
@@ -166,6 +167,10 @@ static int resolve_driver(void) {
     *(void **)&D.DeviceGetName = dlsym(cuda, "cuDeviceGetName");
     *(void **)&D.DeviceTotalMem = dlsym(cuda, "cuDeviceTotalMem_v2");
     *(void **)&D.DeviceGetAttribute = dlsym(cuda, "cuDeviceGetAttribute");
+    /* the UUID tells one physical GPU apart from another whatever each process's CUDA_VISIBLE_DEVICES
+     * numbering (two processes sharing a GPU); _v2 since CUDA 11.4, the plain name before */
+    *(void **)&D.DeviceGetUuid = dlsym(cuda, "cuDeviceGetUuid_v2");
+    if (!D.DeviceGetUuid) *(void **)&D.DeviceGetUuid = dlsym(cuda, "cuDeviceGetUuid");
     if (!D.DeviceGet || !D.DeviceGetName) {
         tl_diag(TL_WARN, "libcuda.so.1 has no %s: GPU names not recorded", D.DeviceGet ? "cuDeviceGetName" : "cuDeviceGet");
         return -1;
@@ -212,6 +217,19 @@ static void on_device(void *ud, uint32_t id) {
                 tl_diag(TL_WARN, "cuDeviceGetAttribute(%d, %u): CUresult %d: left out", (int)dev_attrs[i], id, (int)r);
         }
         p.attr[i] = v;
+    }
+    if (D.DeviceGetUuid) {
+        CUuuid u;
+        memset(&u, 0, sizeof u);
+        r = D.DeviceGetUuid(&u, dev);
+        if (r == CUDA_SUCCESS) {
+            const unsigned char *b = (const unsigned char *)u.bytes;
+            snprintf(p.uuid, sizeof p.uuid,
+                     "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                     b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        } else if (!D.warned_uuid++) {
+            tl_diag(TL_WARN, "cuDeviceGetUuid(%u): CUresult %d: uuid left out", id, (int)r);
+        }
     }
     D.n_devices++;
     tl_header_add_device(&p);

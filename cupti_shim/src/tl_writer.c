@@ -156,11 +156,12 @@ extern char **environ;
 static const char *const dev_keys[TL_DEV_NATTR] = {
     "computeMajor", "computeMinor", "maxThreadsPerBlock", "maxThreadsPerMultiprocessor", "regsPerBlock", "warpSize",
     "sharedMemPerBlock", "numSms", "regsPerMultiprocessor", "sharedMemPerBlockOptin", "sharedMemPerMultiprocessor"};
-/* Upper bound of one encoded device map: keys 215 B, name 257, id 5, 12 values of at most 9, map 1 (586). */
-#define TL_DEV_MAX_BYTES 640u
+/* Upper bound of one encoded device map: keys 220 B, name 257, id 5, 12 values of at most 9, uuid 49,
+ * map 1 (640). */
+#define TL_DEV_MAX_BYTES 704u
 
 static void encode_device(uint8_t **c, const tl_device_props *d) {
-    uint32_t n = 2 + (d->total_mem ? 1 : 0);
+    uint32_t n = 2 + (d->total_mem ? 1 : 0) + (d->uuid[0] ? 1 : 0);
     for (int i = 0; i < TL_DEV_NATTR; i++) n += d->attr[i] >= 0;
     mp_map(c, n);
     mp_cstr(c, "id"); mp_uint(c, d->id);
@@ -168,6 +169,8 @@ static void encode_device(uint8_t **c, const tl_device_props *d) {
     if (d->total_mem) { mp_cstr(c, "totalGlobalMem"); mp_uint(c, d->total_mem); }
     for (int i = 0; i < TL_DEV_NATTR; i++)
         if (d->attr[i] >= 0) { mp_cstr(c, dev_keys[i]); mp_int(c, d->attr[i]); }
+    /* (after Kineto's keys: not one of them) */
+    if (d->uuid[0]) { mp_cstr(c, "uuid"); mp_str(c, d->uuid, strnlen(d->uuid, sizeof d->uuid - 1)); }
 }
 
 /* The HEADER is the process's fixed facts (pid, ppid, host, argv, clock, env: encoded ONCE, when the

@@ -79,6 +79,7 @@ typedef struct tl_device_props {
     char name[256];     /* NUL-terminated; "" = unknown (the device is not recorded) */
     uint64_t total_mem; /* bytes, 0 = unknown */
     int64_t attr[TL_DEV_NATTR];
+    char uuid[48];      /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (nvidia-smi's form), "" = unknown */
 } tl_device_props;
 
 /* Initialize the writer once per process (idempotent; called from both entry points). 0 = ok. */

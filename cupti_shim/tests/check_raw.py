@@ -476,8 +476,10 @@ def check_fake_devices(f, facts, writer_tid):
     devs = f.header.get("deviceProperties")
     check(isinstance(devs, list) and [d.get("id") for d in devs] == [0, 1], f"deviceProperties {devs}")
     d0, d1 = devs
-    check(list(d0) == DEVICE_KEYS, f"device 0 keys {list(d0)}")
+    # (Kineto's keys, then the UUID where the driver gave one: device 1's query fails, its key left out)
+    check(list(d0) == [*DEVICE_KEYS, "uuid"], f"device 0 keys {list(d0)}")
     check(list(d1) == [k for k in DEVICE_KEYS if k != "sharedMemPerBlockOptin"], f"device 1 keys {list(d1)}")
+    check(d0["uuid"] == "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf", f"device 0 uuid {d0['uuid']}")
     check([d["name"] for d in devs] == ["Teller Fake GPU 0", "Teller Fake GPU 1"], f"names {devs}")
     check(d0["totalGlobalMem"] == 80 << 30 and d1["totalGlobalMem"] == 81 << 30, "totalGlobalMem")
     check(
@@ -487,9 +489,10 @@ def check_fake_devices(f, facts, writer_tid):
     warns = [m for sev, m in f.diags() if sev == 1]
     check(sum("cuDeviceGet/cuDeviceGetName(7)" in m for m in warns) == 1, f"unknown device warning: {warns}")
     check(sum("cuDeviceGetAttribute(97, 1)" in m for m in warns) == 1, f"refused attribute warning: {warns}")
+    check(sum("cuDeviceGetUuid(1)" in m for m in warns) == 1, f"refused uuid warning: {warns}")
     check(
-        facts.get("driver_calls") == 29,
-        f"the fake driver answered {facts.get('driver_calls')} queries, not 29",
+        facts.get("driver_calls") == 31,
+        f"the fake driver answered {facts.get('driver_calls')} queries, not 31",
     )
     own = [r for r in f.of(SPAN) if r[3] == writer_tid]
     check(not own, f"the shim's own driver queries recorded as spans: {own[:3]}")

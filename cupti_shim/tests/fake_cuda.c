@@ -55,6 +55,16 @@ V CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* device 0 has a UUID; device 1's query fails (the shim must leave the key out, not the device) */
+V CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    record(CUPTI_DRIVER_TRACE_CBID_cuDeviceGetUuid_v2);
+    int o = ordinal_of(dev);
+    if (o < 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (o == 1) return CUDA_ERROR_NOT_SUPPORTED;
+    for (int i = 0; i < 16; i++) uuid->bytes[i] = (char)(0xa0 + i);
+    return CUDA_SUCCESS;
+}
+
 V CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
     record(CUPTI_DRIVER_TRACE_CBID_cuDeviceGetAttribute);
     int o = ordinal_of(dev);

@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     int driver_calls = -1, child = 0;
     if (corr_in && complete && wait_driver) {
         complete();
-        driver_calls = wait_driver(2 * 14 + 1, 10000);
+        driver_calls = wait_driver(2 * 15 + 1, 10000);
         child = (int)fork();
         if (child == 0) {
             nvtxRangePushA("child-range");

@@ -273,14 +273,20 @@ def _header(src: dict[str, Any]) -> dict[str, Any]:
 
 
 def physical_gpu(src: dict[str, Any], device: int) -> tuple[str, str, str] | None:
-    """The physical GPU behind ``device`` of a raw source written by a ``teller collect`` run:
-    (host, run directory, the device's entry of the process's ``CUDA_VISIBLE_DEVICES``, or its index
-    where that is unset). None for anything else: a process sees its GPUs renumbered under
+    """The physical GPU behind ``device`` of a raw source: ("uuid", "", its UUID) where the header's
+    ``deviceProperties`` record one (the shim does, from the driver); else, for a ``teller collect``
+    run, (host, run directory, the device's entry of the process's ``CUDA_VISIBLE_DEVICES``, or its
+    index where that is unset). None for anything else: a process sees its GPUs renumbered under
     ``CUDA_VISIBLE_DEVICES``, and outside one collect run (profiler files, containers that share a
     host name) an index names no particular device."""
     if src.get("kind") != "raw":
         return None
     h = _header(src)
+    # the shim records each GPU's UUID (cuDeviceGetUuid): one physical GPU whatever the numbering,
+    # the run or the host name
+    for dp in h.get("deviceProperties") or []:
+        if isinstance(dp, dict) and dp.get("id") == device and isinstance(dp.get("uuid"), str) and dp["uuid"]:
+            return ("uuid", "", dp["uuid"])
     env = h.get("env") if isinstance(h.get("env"), dict) else {}
     run = env.get("TELLER_RUN_DIR") or env.get("TELLER_TRACE_DIR")
     host = h.get("host")
@@ -372,6 +378,7 @@ def shared_gpu_findings(
             if d["idle_ns"] <= 0 or filled <= 0:
                 continue
             who = ", ".join(names[j] for j in members if j != i)
+            where = key[2] if key[0] == "uuid" else f"GPU {key[2]} of host {key[0]}, one run"
             out.append(
                 {
                     "kind": "shared_gpu",
@@ -380,9 +387,9 @@ def shared_gpu_findings(
                     "source": d.get("source", 0),
                     "share": float(filled / d["span_ns"]),
                     "message": (
-                        f"{names[i]} is one physical GPU with {who} (GPU {key[2]} of host {key[0]}, "
-                        f"one run): their work ran during {_pct(filled / d['idle_ns'])} of the time it shows "
-                        f"as idle ({_ms(filled)}), so its idle time by cause counts another process's "
+                        f"{names[i]} is one physical GPU with {who} ({where}): their work ran during "
+                        f"{_pct(filled / d['idle_ns'])} of the time it shows as idle ({_ms(filled)}), "
+                        "so its idle time by cause counts another process's "
                         "kernels (a process time-slicing the GPU delays this one's work)"
                     ),
                     "values": {
