@@ -345,8 +345,13 @@ def test_collect_against_a_baseline_run(tmp_path):
     assert p.returncode == 0 and run != base, p.stderr
     said = [ln for ln in p.stderr.splitlines() if "against the baseline:" in ln]
     assert said and any("stall is new" in ln for ln in said), p.stderr
-    # a baseline that does not exist is said before the program runs (nothing collected)
+    # a baseline that does not exist, or is no trace, is said before the program runs (nothing run)
     before = sorted((tmp_path / "traces").glob("run-*"))
-    p, _ = collect(tmp_path, "--baseline", str(tmp_path / "nope"), "--", sys.executable, str(prog))
-    assert p.returncode == 2 and "--baseline" in p.stderr and "nope" in p.stderr
+    (tmp_path / "empty").mkdir()
+    for bad in ("nope", "empty"):
+        p, _ = collect(tmp_path, "--baseline", str(tmp_path / bad), "--", sys.executable, str(prog))
+        assert p.returncode == 2 and "--baseline" in p.stderr and bad in p.stderr, p.stderr
     assert sorted((tmp_path / "traces").glob("run-*")) == before
+    # without a trace of the run (--no-convert) it says so
+    p, _ = collect(tmp_path, "--no-convert", "--baseline", str(base), "--", sys.executable, str(prog))
+    assert p.returncode == 0 and "--baseline: no trace of this run to compare" in p.stderr, p.stderr

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import teller
 from teller.compare import compare, symbol_times
 from test_findings import _Trace
 
@@ -196,3 +197,54 @@ def test_a_capture_without_gpu_work_is_said(tmp_path) -> None:
     c = compare(a, t.load(tmp_path, "b.json"))
     assert c["gpus"] == [] and c["gpu_count"] == {"baseline": 1, "current": 0}
     assert "0 GPUs with work in this capture, 1 in the baseline: no GPU time to compare" in c["statements"]
+
+
+def test_workers_without_steps_count_within_the_steps_window(tmp_path) -> None:
+    # an engine whose steps are its scheduler's ranges (pid 1) and whose model runs in a worker
+    # process (pid 2, no step range): the worker's kernels count per step, inside the steps' window;
+    # its set-up kernel before the first step does not
+    def mk(name: str, kdur: float):
+        def x(cat: str, nm: str, pid: int, tid: int, ts: float, dur: float, **args) -> dict:
+            return {
+                "ph": "X",
+                "cat": cat,
+                "name": nm,
+                "pid": pid,
+                "tid": tid,
+                "ts": ts,
+                "dur": dur,
+                "args": args,
+            }
+
+        setup = 4000 if name == "a.json" else 1000
+        ev = [
+            x("cuda_runtime", "cudaLaunchKernel", 2, 2, -5000, 5, correlation=99),
+            x("kernel", "load_kernel", 2, 7, -4990, setup, correlation=99, device=0, stream=7),
+        ]
+        for k in range(6):
+            at = k * 1000
+            ev.append(x("user_annotation", "engine_step", 1, 1, at, 900))
+            ev.append(x("cuda_runtime", "cudaLaunchKernel", 2, 2, at + 10, 5, correlation=k + 1))
+            ev.append(x("kernel", "gemm", 2, 7, at + 20, kdur, correlation=k + 1, device=0, stream=7))
+        (tmp_path / name).write_text(json.dumps({"traceEvents": ev}))
+        return teller.trace.load(tmp_path / name, warn=False)
+
+    c = compare(mk("a.json", 100), mk("b.json", 700))
+    assert c["unit"] == "step"
+    rows = {r["symbol"]: r for r in c["symbols"]}
+    assert rows["kernel:gemm"]["baseline_ns"] == pytest.approx(100e3) and rows["kernel:gemm"]["ratio"] == 7.0
+    assert "kernel:load_kernel" not in rows
+    assert c["statements"][0].startswith("kernel:gemm: +0.6 ms per step (7.00x")
+
+
+def test_step_patterns_are_the_loaders_globs(tmp_path) -> None:
+    # only '*' is special, as in the loader: 'iter[*]' matches 'iter[3]'
+    t = _Trace()
+    for k in range(4):
+        t.step(f"iter[{k}]", k * 300.0, 200)
+        t.launch(k * 300.0 + 5, 3, k * 300.0 + 10, 20)
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps({"traceEvents": t.ev}))
+    tr = teller.trace.load(p, step_names=["iter[*]"], warn=False)
+    assert len(tr.steps()) == 4
+    assert compare(tr, tr, step_patterns=["iter[*]"])["unit"] == "step"

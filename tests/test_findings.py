@@ -585,24 +585,24 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     from teller.findings import physical_gpu, shared_gpu_findings
     from teller.rawfmt import RawWriter
 
-    run = tmp_path / "run"
-    run.mkdir()
-
-    def proc(name: str, pid: int, device: int, offset: int, dur: int, env: dict) -> None:
-        with RawWriter(run / name, pid=pid, host="h", clock_sync=(0, 10**18), env=env) as w:
-            for k in range(20):
+    def proc(d, name, pid, device, offset, dur, env, *, host="h", uuid=None, n=20) -> None:  # type: ignore[no-untyped-def]
+        meta = {"deviceProperties": [{"id": device, "name": "G", "uuid": uuid}]} if uuid else None
+        with RawWriter(d / name, pid=pid, host=host, clock_sync=(0, 10**18), env=env, extra_meta=meta) as w:
+            for k in range(n):
                 s = 100_000 * k + offset
                 w.span("runtime", "cudaLaunchKernel", tid=1, start=s - 5_000, end=s - 3_000, corr=k + 1)
                 w.gpu("kernel", f"k{pid}", device=device, stream=7, start=s, end=s + dur, corr=k + 1)
 
+    run = tmp_path / "run"
+    run.mkdir()
     rd = {"TELLER_RUN_DIR": str(run)}
-    proc("server.tmsgpack", 10, 1, 0, 10_000, rd)
-    proc("neighbour.tmsgpack", 20, 0, 30_000, 40_000, {**rd, "CUDA_VISIBLE_DEVICES": "1"})
+    proc(run, "server.tmsgpack", 10, 1, 0, 10_000, rd)
+    proc(run, "neighbour.tmsgpack", 20, 0, 30_000, 40_000, {**rd, "CUDA_VISIBLE_DEVICES": "1"})
     tr = teller.trace.load(run, warn=False)
     devs = tr.summary(0)["devices"]
     assert sorted(d["device"] for d in devs) == [0, 1]
     src = {d["device"]: tr.sources[d["source"]] for d in devs}
-    assert physical_gpu(src[1], 1) == physical_gpu(src[0], 0) == ("h", str(run), "1")
+    assert physical_gpu(src[1], 1) == physical_gpu(src[0], 0) == (None, ("h", str(run), "1"))
     fs = {f["device"]: f for f in findings(tr) if f["kind"] == "shared_gpu"}
     assert set(fs) == {0, 1}
     server = fs[1]
@@ -610,31 +610,75 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     assert server["values"]["others_in_idle_ns"] == 19 * 40_000 and server["values"]["others_in_busy_ns"] == 0
     assert server["share"] == pytest.approx(19 * 40_000 / (19 * 100_000 + 10_000))
     assert "is one physical GPU with GPU 0" in server["message"] and "GPU 1 of host h" in server["message"]
-    # anything else is not one GPU: another run, another host, profiler files, a device past the list
+    # anything else is not one GPU: another run, profiler files, a device past the list, no run
     other = {**src[1], "metadata": {"header": json.dumps({"host": "h", "env": {"TELLER_RUN_DIR": "/x"}})}}
     assert physical_gpu(other, 1) != physical_gpu(src[1], 1)
-    assert physical_gpu({"kind": "chrome", "metadata": {}}, 0) is None
-    assert physical_gpu(src[0], 1) is None  # (CUDA_VISIBLE_DEVICES=1 lists one GPU)
+    assert physical_gpu({"kind": "chrome", "metadata": {}}, 0) == (None, None)
+    assert physical_gpu(src[0], 1) == (None, None)  # (CUDA_VISIBLE_DEVICES=1 lists one GPU)
+    bare = {**src[1], "metadata": {"header": json.dumps({"host": "h", "env": {"TELLER_TRACE_DIR": "/x"}})}}
+    assert physical_gpu(bare, 1) == (None, None)  # (outside a collect run an index names no GPU)
     # two processes each on their own GPU: nothing to say
-    alone = [d for d in devs if d["device"] == 1]
-    assert shared_gpu_findings(tr, alone) == []
-    # the UUID the shim records decides, across runs and numberings: the same UUID is one GPU, another
-    # UUID is another GPU even where the numbering says one
+    assert shared_gpu_findings(tr, [d for d in devs if d["device"] == 1]) == []
+
+    # the UUID decides across runs, hosts and numberings; a process without one joins its neighbour
+    # by numbering; two UUIDs are two GPUs whatever the numbering says; an all-zero UUID is none
     run2 = tmp_path / "run2"
     run2.mkdir()
-    for name, pid, device, uuid, offset in (
-        ("a.tmsgpack", 10, 0, "GPU-aaaa", 0),
-        ("b.tmsgpack", 20, 3, "GPU-aaaa", 30_000),
-        ("c.tmsgpack", 30, 0, "GPU-cccc", 60_000),
-    ):
-        dp = {"deviceProperties": [{"id": device, "name": "G", "uuid": uuid}]}
-        with RawWriter(
-            run2 / name, pid=pid, host=f"h{pid}", clock_sync=(0, 10**18), env={}, extra_meta=dp
-        ) as w:
-            for k in range(20):
+    rd2 = {"TELLER_RUN_DIR": str(run2)}
+    proc(run2, "a.tmsgpack", 10, 0, 0, 10_000, {}, host="h1", uuid="GPU-aaaaaaaa")
+    proc(run2, "b.tmsgpack", 20, 3, 20_000, 10_000, rd2, host="h2", uuid="GPU-aaaaaaaa")
+    proc(run2, "c.tmsgpack", 30, 3, 40_000, 10_000, rd2, host="h2")  # (no UUID: h2's numbering)
+    proc(
+        run2,
+        "d.tmsgpack",
+        40,
+        3,
+        60_000,
+        10_000,
+        {**rd2, "CUDA_VISIBLE_DEVICES": "0,1,2,GPU-dddddddd"},
+        host="h2",
+    )
+    proc(
+        run2,
+        "e.tmsgpack",
+        50,
+        0,
+        80_000,
+        5_000,
+        {},
+        host="h3",
+        uuid="GPU-00000000-0000-0000-0000-000000000000",
+    )
+    tr2 = teller.trace.load(run2, warn=False)
+    s2 = tr2.summary(0)["devices"]
+    shared = [f for f in findings(tr2, tr2.summary(0)) if f["kind"] == "shared_gpu"]
+    by_pid = {int(tr2.sources[f["source"]]["pid"]): f for f in shared}
+    assert sorted(by_pid) == [10, 20, 30]  # (d: its entry is GPU-dddddddd, another GPU; e: no identity)
+    assert all("(GPU-aaaaaaaa)" in f["message"] for f in shared) and len(s2) == 5
+    # a three-process group: each one's idle time holds the other two's work
+    assert by_pid[10]["values"]["others_in_idle_ns"] == 19 * 20_000
+    src_of = {int(x["pid"]): x for x in tr2.sources}
+    assert physical_gpu(src_of[40], 3) == ("GPU-dddddddd", ("h2", str(run2), "GPU-dddddddd"))
+    assert physical_gpu(src_of[50], 0) == (None, None)  # (all zeros: no UUID; no run either)
+
+
+def test_shared_gpu_work_overlapping_its_own_is_not_idle(tmp_path) -> None:
+    # the neighbour's kernels run half over this one's (30 of 40 us inside its busy time): only
+    # the part in its idle time counts, and a share under SHARED is not said
+    from teller.findings import SHARED
+    from teller.rawfmt import RawWriter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, pid, offset, dur in (("a.tmsgpack", 1, 0, 50_000), ("b.tmsgpack", 2, 20_000, 40_000)):
+        env = {"TELLER_RUN_DIR": str(run)}
+        with RawWriter(run / name, pid=pid, host="h", clock_sync=(0, 10**18), env=env) as w:
+            for k in range(10):
                 s = 100_000 * k + offset
                 w.span("runtime", "cudaLaunchKernel", tid=1, start=s - 5_000, end=s - 3_000, corr=k + 1)
-                w.gpu("kernel", f"k{pid}", device=device, stream=7, start=s, end=s + 10_000, corr=k + 1)
-    tr2 = teller.trace.load(run2, warn=False)
-    shared = [f for f in findings(tr2) if f["kind"] == "shared_gpu"]
-    assert sorted(f["device"] for f in shared) == [0, 3] and all("(GPU-aaaa)" in f["message"] for f in shared)
+                w.gpu("kernel", f"k{pid}", device=0, stream=7, start=s, end=s + dur, corr=k + 1)
+    tr = teller.trace.load(run, warn=False)
+    fs = {int(tr.sources[f["source"]]["pid"]): f for f in findings(tr) if f["kind"] == "shared_gpu"}
+    a = fs[1]["values"]
+    assert a["others_in_busy_ns"] == 10 * 30_000 and a["others_in_idle_ns"] == 9 * 10_000
+    assert fs[1]["share"] == pytest.approx(9 * 10_000 / (9 * 100_000 + 50_000)) and fs[1]["share"] >= SHARED

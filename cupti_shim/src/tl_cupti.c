@@ -171,6 +171,7 @@ static int resolve_driver(void) {
      * numbering (two processes sharing a GPU); _v2 since CUDA 11.4, the plain name before */
     *(void **)&D.DeviceGetUuid = dlsym(cuda, "cuDeviceGetUuid_v2");
     if (!D.DeviceGetUuid) *(void **)&D.DeviceGetUuid = dlsym(cuda, "cuDeviceGetUuid");
+    if (!D.DeviceGetUuid) tl_diag(TL_WARN, "libcuda.so.1 has no cuDeviceGetUuid: GPU UUIDs not recorded");
     if (!D.DeviceGet || !D.DeviceGetName) {
         tl_diag(TL_WARN, "libcuda.so.1 has no %s: GPU names not recorded", D.DeviceGet ? "cuDeviceGetName" : "cuDeviceGet");
         return -1;
@@ -222,6 +223,9 @@ static void on_device(void *ud, uint32_t id) {
         CUuuid u;
         memset(&u, 0, sizeof u);
         r = D.DeviceGetUuid(&u, dev);
+        int zero = 1; /* (a driver that answered without filling it in names no GPU: left out) */
+        for (int i = 0; i < 16; i++) zero &= u.bytes[i] == 0;
+        if (r == CUDA_SUCCESS && zero) r = CUDA_ERROR_NOT_SUPPORTED;
         if (r == CUDA_SUCCESS) {
             const unsigned char *b = (const unsigned char *)u.bytes;
             snprintf(p.uuid, sizeof p.uuid,

@@ -127,12 +127,13 @@ def dir_lock(
         nofollow = getattr(os, "O_NOFOLLOW", 0)
         try:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, 0o666)
+                # (O_NONBLOCK: a FIFO planted there must not hang the open; the file check follows)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow | os.O_NONBLOCK, 0o666)
             except (
                 PermissionError
             ) as denied:  # (another user's lock file: a read-only descriptor locks it too)
                 try:
-                    fd = os.open(path, os.O_RDONLY | nofollow)
+                    fd = os.open(path, os.O_RDONLY | nofollow | os.O_NONBLOCK)
                 except FileNotFoundError:  # (none to read: the directory is not ours to write)
                     raise denied from None
         except FileNotFoundError:  # (the directory removed meanwhile by a transient holder: again)

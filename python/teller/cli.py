@@ -552,8 +552,14 @@ def _collect(
     from teller.collect import collect
 
     _output_dir(trace_dir, "--trace-dir")
-    if baseline is not None and not Path(baseline).exists():  # (said before the program runs)
-        raise _fail(TellerError(f"--baseline {baseline}: no such file or directory"))
+    base_tr = None
+    if baseline is not None:  # (read before the program runs: a bad one is said now, not hours later)
+        if not Path(baseline).exists():
+            raise _fail(TellerError(f"--baseline {baseline}: no such file or directory"))
+        try:
+            base_tr = _load([baseline], None)
+        except TellerError as e:
+            raise _fail(TellerError(f"--baseline: {e}")) from None
     try:
         res = collect(
             list(cmd),
@@ -589,12 +595,18 @@ def _collect(
         # (all of them: summary.json, teller trace summary)
         for f in group_findings(s.get("findings") or [])[:3]:
             err_console.print(f"[bold]teller:[/] {escape(f['message'])}", highlight=False, soft_wrap=True)
-    if baseline is not None and s is not None:
-        # (the run is written whatever happens here: a baseline that cannot be read is a warning)
+    if base_tr is not None and s is None:
+        err_console.print(
+            "[yellow]teller warning:[/] --baseline: no trace of this run to compare"
+            + (" (--no-convert)" if no_convert else ""),
+            highlight=False,
+        )
+    elif base_tr is not None:
+        # (the run is written whatever happens here: a run that cannot be read back is a warning)
         from teller.compare import compare
 
         try:
-            c = compare(_load([baseline], None), _load([str(res.run_dir)], None))
+            c = compare(base_tr, _load([str(res.run_dir)], None))
         except TellerError as e:
             err_console.print(f"[yellow]teller warning:[/] --baseline: {escape(str(e))}", highlight=False)
         else:

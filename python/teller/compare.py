@@ -15,7 +15,7 @@ says which kernel or operator moved. The idea is HTA's trace diff; the code is o
 
 from __future__ import annotations
 
-import fnmatch
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +44,9 @@ def _pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
     """The trace's steps that are step ranges (their name matches one of ``patterns``), or none: the
     loader's fallbacks (the busiest thread's root ranges, the whole trace) are not steps to divide by."""
     steps = [s for s in tr.steps() if s.event >= 0]
-    if steps and all(any(fnmatch.fnmatchcase(s.name, pat) for pat in patterns) for s in steps):
+    # (the loader's globs: only '*' is special, as in teller_core's glob_match)
+    rx = [re.compile(".*".join(map(re.escape, pat.split("*"))), re.DOTALL) for pat in patterns]
+    if steps and all(any(r.fullmatch(s.name) for r in rx) for s in steps):
         return steps
     return []
 
@@ -95,8 +97,7 @@ def symbol_times(tr: Any, *, in_steps: bool = False) -> dict[str, dict[str, Any]
     names = tr.symbols
     sel = np.ones(n, dtype=bool)
     if in_steps:
-        step = np.asarray(tr.step, dtype=np.int64)
-        sel = step >= 0
+        sel = _in_steps(tr, ts, end)
     tot = np.bincount(sym[sel], weights=own[sel], minlength=len(names))
     cnt = np.bincount(sym[sel], minlength=len(names))
     lay = np.zeros(len(names), dtype=np.int64)
@@ -107,6 +108,29 @@ def symbol_times(tr: Any, *, in_steps: bool = False) -> dict[str, dict[str, Any]
             continue
         out[names[k]] = {"layer": LAYER_NAMES[int(lay[k])], "count": int(cnt[k]), "ns": float(tot[k])}
     return out
+
+
+def _in_steps(tr: Any, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per event, whether it counts per step: an event of a process that has steps, inside one (GPU
+    work by its launching call's step); an event of a process without steps (the workers of an
+    engine whose steps are its scheduler's ranges), inside the steps' window (first step start to
+    last step end). Set-up and warm-up outside them do not divide into the steps."""
+    n = len(tr)
+    step = np.asarray(tr.step, dtype=np.int64)
+    link = np.asarray(tr.link, dtype=np.int64) if len(tr.link) else np.full(n, -1, np.int64)
+    pid = np.asarray(tr.pid, dtype=np.int64)
+    proc_of_src = np.array([x.get("process", k) for k, x in enumerate(tr.sources)], dtype=np.int64)
+    src = np.asarray(tr.source, dtype=np.int64)
+    # a GPU activity belongs to the process of its launching call (its own pid is often the device's)
+    owner = np.where(link >= 0, np.maximum(link, 0), np.arange(n))
+    key = proc_of_src[src[owner]] * (1 << 32) + (pid[owner] & 0xFFFFFFFF)
+    steps = [st for st in tr.steps() if st.event >= 0]
+    with_steps = np.unique([key[st.event] for st in steps]) if steps else np.zeros(0, np.int64)
+    has = np.isin(key, with_steps)
+    if not steps:
+        return np.ones(n, dtype=bool)
+    lo, hi = min(st.start_ns for st in steps), max(st.end_ns for st in steps)
+    return np.where(has, step >= 0, (end > lo) & (ts < hi))
 
 
 def _device_rows(s: dict[str, Any], tr: Any) -> list[tuple[str, dict[str, float]]]:

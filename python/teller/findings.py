@@ -32,6 +32,8 @@ SYNC = 0.10  # host threads blocked in synchronization records of the device
 SHORT_KERNELS = 0.5
 # the spread of the ranks' communication shares that points at the least waiting one
 STRAGGLER_GAP = 0.10
+# another process's work on the same physical GPU, in this one's idle time, as a share of its span
+SHARED = 0.02
 # the share of a GPU's launches whose work starts before the call: a clock caveat
 CLOCK_SKEW = 0.01
 # the slowest step against what its process's other steps predict: its load where the step ranges
@@ -272,32 +274,47 @@ def _header(src: dict[str, Any]) -> dict[str, Any]:
     return h if isinstance(h, dict) else {}
 
 
-def physical_gpu(src: dict[str, Any], device: int) -> tuple[str, str, str] | None:
-    """The physical GPU behind ``device`` of a raw source: ("uuid", "", its UUID) where the header's
-    ``deviceProperties`` record one (the shim does, from the driver); else, for a ``teller collect``
-    run, (host, run directory, the device's entry of the process's ``CUDA_VISIBLE_DEVICES``, or its
-    index where that is unset). None for anything else: a process sees its GPUs renumbered under
-    ``CUDA_VISIBLE_DEVICES``, and outside one collect run (profiler files, containers that share a
-    host name) an index names no particular device."""
-    if src.get("kind") != "raw":
-        return None
-    h = _header(src)
-    # the shim records each GPU's UUID (cuDeviceGetUuid): one physical GPU whatever the numbering,
-    # the run or the host name
-    for dp in h.get("deviceProperties") or []:
-        if isinstance(dp, dict) and dp.get("id") == device and isinstance(dp.get("uuid"), str) and dp["uuid"]:
-            return ("uuid", "", dp["uuid"])
+_ZERO_UUID = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+def _is_uuid(v: Any) -> bool:
+    """A GPU UUID as the shim writes it (or a ``CUDA_VISIBLE_DEVICES`` entry naming one): a driver
+    that answered without filling it in (all zeros) names no GPU."""
+    return isinstance(v, str) and v.startswith(("GPU-", "MIG-")) and len(v) > 8 and v != _ZERO_UUID
+
+
+def physical_gpu(src: dict[str, Any] | list[dict[str, Any]], device: int) -> tuple[str | None, tuple | None]:
+    """The identities of the physical GPU behind ``device`` of a raw process (its source, or all its
+    sources: a process that execs writes a second file, whose header is the newer): (``uuid``,
+    ``numbering``). ``uuid``: the GPU's UUID, where a header's ``deviceProperties`` record one (the
+    shim does, from the driver) or the device's ``CUDA_VISIBLE_DEVICES`` entry is one; one physical
+    GPU whatever the run, host or numbering. ``numbering``: for a ``teller collect`` run
+    (``TELLER_RUN_DIR``: its processes share one machine's numbering), (host, run directory, the
+    device's ``CUDA_VISIBLE_DEVICES`` entry, or its index where that is unset). Either is None where
+    unknown; both for a profiler file or a process outside a collect run without a UUID (an index
+    there names no particular device: containers that share a host name each see their own GPU 0)."""
+    srcs = [src] if isinstance(src, dict) else list(src)
+    heads = [_header(x) for x in srcs if x.get("kind") == "raw"]
+    if not heads or device < 0:
+        return None, None
+    uuid = None
+    for h in heads:
+        for dp in h.get("deviceProperties") or []:
+            if isinstance(dp, dict) and dp.get("id") == device and _is_uuid(dp.get("uuid")):
+                uuid = dp["uuid"]
+    h = heads[-1]  # (the environment of the latest file: an exec may have changed it)
     env = h.get("env") if isinstance(h.get("env"), dict) else {}
-    run = env.get("TELLER_RUN_DIR") or env.get("TELLER_TRACE_DIR")
-    host = h.get("host")
-    if not run or not host or device < 0:
-        return None
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return (str(host), str(run), str(device))
-    entries = [e.strip() for e in str(cvd).split(",") if e.strip()]
-    # (CUDA stops at the first invalid entry; an index past the list is no GPU of the list)
-    return (str(host), str(run), entries[device]) if device < len(entries) else None
+    entry: str | None = str(device)
+    if cvd is not None:
+        # (empty entries skipped; an index past the list names no GPU of the list)
+        entries = [e.strip() for e in str(cvd).split(",") if e.strip()]
+        entry = entries[device] if device < len(entries) else None
+    if uuid is None and entry is not None and _is_uuid(entry):
+        uuid = entry
+    run, host = env.get("TELLER_RUN_DIR"), h.get("host")
+    numbering = (str(host), str(run), entry) if run and host and entry is not None else None
+    return uuid, numbering
 
 
 def _merged(iv: np.ndarray) -> np.ndarray:
@@ -314,17 +331,20 @@ def _merged(iv: np.ndarray) -> np.ndarray:
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> int:
-    """Total length of the intersection of two merged interval lists."""
-    i = j = tot = 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
-        if hi > lo:
-            tot += int(hi - lo)
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return tot
+    """Total length of the intersection of two merged interval lists: the length of ``a`` below t,
+    at each end of ``b``'s intervals, by binary search (``b``'s intervals are disjoint)."""
+    if not len(a) or not len(b):
+        return 0
+    starts, ends = a[:, 0], a[:, 1]
+    cum = np.r_[0, np.cumsum(ends - starts)]
+
+    def below(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        part = np.clip(t - starts[kk], 0, ends[kk] - starts[kk])
+        return np.where(k >= 0, cum[kk] + part, 0)
+
+    return int((below(b[:, 1]) - below(b[:, 0])).sum())
 
 
 def shared_gpu_findings(
@@ -336,15 +356,41 @@ def shared_gpu_findings(
     the neighbour: a process time-slicing the GPU is a cause in itself (docs/faults.md)."""
     names = names or [f"GPU {d['device']}" for d in devices]
     srcs = tr.sources
-    keys = []
+    proc_of_src = [x.get("process", k) for k, x in enumerate(srcs)]
+    ids: list[tuple[str | None, tuple | None]] = []
     for d in devices:
         k = d.get("source", 0)
-        keys.append(physical_gpu(srcs[k], int(d["device"])) if 0 <= k < len(srcs) else None)
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    for i, k in enumerate(keys):
-        if k is not None and devices[i].get("span_ns", 0) > 0:
-            groups.setdefault(k, []).append(i)
-    groups = {k: v for k, v in groups.items() if len(v) > 1}
+        if not (0 <= k < len(srcs)) or d.get("span_ns", 0) <= 0:
+            ids.append((None, None))
+            continue
+        mine = [x for j, x in enumerate(srcs) if proc_of_src[j] == proc_of_src[k]]
+        ids.append(physical_gpu(mine, int(d["device"])))
+    # one GPU: the same UUID, or the same numbering where not two different UUIDs; joined as sets
+    # (a process without a UUID, killed before its first flush, joins its neighbour by numbering),
+    # never a set holding two UUIDs
+    comp = list(range(len(devices)))
+    uuids: dict[int, set[str]] = {i: ({u} if u else set()) for i, (u, _n) in enumerate(ids)}
+
+    def root(i: int) -> int:
+        while comp[i] != i:
+            comp[i] = comp[comp[i]]
+            i = comp[i]
+        return i
+
+    for i in range(len(devices)):
+        for j in range(i + 1, len(devices)):
+            (ui, ni), (uj, nj) = ids[i], ids[j]
+            if not ((ui and ui == uj) or (ni is not None and ni == nj)):
+                continue
+            a, b = root(i), root(j)
+            if a != b and len(uuids[a] | uuids[b]) <= 1:
+                comp[b] = a
+                uuids[a] |= uuids[b]
+    members_of: dict[int, list[int]] = {}
+    for i in range(len(devices)):
+        if ids[i] != (None, None):
+            members_of.setdefault(root(i), []).append(i)
+    groups = {r: m for r, m in members_of.items() if len(m) > 1}
     if not groups:
         return []
     from teller.trace import GPU_ACTIVITY_LAYERS, LAYER_NAMES
@@ -364,7 +410,11 @@ def shared_gpu_findings(
         return _merged(np.stack([ts[m], end[m]], axis=1))
 
     out = []
-    for key, members in sorted(groups.items()):
+    for r, members in sorted(groups.items()):
+        uuid = next(iter(uuids[root(r)]), None)
+        num = next((ids[i][1] for i in members if ids[i][1] is not None), None)
+        where = uuid if uuid else f"GPU {num[2]} of host {num[0]}, one run" if num else "one GPU"
+        key = ["uuid", uuid] if uuid else list(num or [])
         iv = {i: busy(i) for i in members}
         for i in members:
             d = devices[i]
@@ -375,10 +425,9 @@ def shared_gpu_findings(
             in_span = _overlap(others, span)
             in_busy = _overlap(others, iv[i])
             filled = in_span - in_busy
-            if d["idle_ns"] <= 0 or filled <= 0:
+            if d["idle_ns"] <= 0 or filled < SHARED * d["span_ns"]:
                 continue
             who = ", ".join(names[j] for j in members if j != i)
-            where = key[2] if key[0] == "uuid" else f"GPU {key[2]} of host {key[0]}, one run"
             out.append(
                 {
                     "kind": "shared_gpu",
@@ -393,7 +442,7 @@ def shared_gpu_findings(
                         "kernels (a process time-slicing the GPU delays this one's work)"
                     ),
                     "values": {
-                        "physical": list(key),
+                        "physical": key,
                         "with": [names[j] for j in members if j != i],
                         "others_in_idle_ns": int(filled),
                         "others_in_busy_ns": int(in_busy),
