@@ -248,3 +248,24 @@ def test_step_patterns_are_the_loaders_globs(tmp_path) -> None:
     tr = teller.trace.load(p, step_names=["iter[*]"], warn=False)
     assert len(tr.steps()) == 4
     assert compare(tr, tr, step_patterns=["iter[*]"])["unit"] == "step"
+
+
+@pytest.mark.parametrize(
+    ("fault", "rank", "says"),
+    [
+        ("pcie_degradation", None, "memcpy:Memcpy HtoD (Pageable -> Device): +"),
+        ("eager_mode_misconfig", None, "runtime:cudaLaunchKernel: +"),
+        ("launch_storm", None, "host_op:aten::add_ is new"),
+        ("cpu_contention", None, "runtime:cudaLaunchKernel: +"),
+        ("nvlink_degradation", None, "kernel:ncclDevKernel_AllReduce"),
+    ],
+)
+def test_each_fault_against_its_healthy_run_names_its_signature(tmp_path, fault, rank, says) -> None:
+    # the table of docs/findings.md ("Comparing two captures"): the simulator's two-rank decode
+    # workload, one fault at severity 0.6 against the healthy run of the same seed
+    from test_data_faults import DECODE, run
+
+    base, _ = run(tmp_path, DECODE, None)
+    cur, _ = run(tmp_path, DECODE, fault, rank=rank, sev=0.6)
+    st = compare(base, cur)["statements"]
+    assert any(s.startswith(says) for s in st[:4]), st
