@@ -69,6 +69,26 @@ def _holder(fd: int) -> str:
     return ", ".join(parts)
 
 
+def _missing_dirs(d: str | os.PathLike[str]) -> list[Path]:
+    """The directories up to ``d`` that do not exist yet, deepest first (absolute: a ``with`` block
+    may change the working directory)."""
+    out = []
+    q = Path(os.path.abspath(d))
+    while not q.exists() and q.parent != q:
+        out.append(q)
+        q = q.parent
+    return out
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove ``dirs`` (deepest first) while they are empty: what was written in them is kept."""
+    for c in dirs:
+        try:
+            c.rmdir()
+        except OSError:
+            break
+
+
 @contextlib.contextmanager
 def dir_lock(
     directory: str | os.PathLike[str],
@@ -97,28 +117,16 @@ def dir_lock(
     if fcntl is None:
         # (no lock: the directory is still made, as the callers count on, and left like a lock's would
         # be: removed again on release where it was created here and nothing was written in it)
-        made = []
-        q = Path(os.path.abspath(d))
-        while not q.exists() and q.parent != q:
-            made.append(q)
-            q = q.parent
+        made = _missing_dirs(d)
         make_output_dir(d, what)
         try:
             yield d
         finally:
             if transient:
-                for c in made:
-                    try:
-                        c.rmdir()
-                    except OSError:
-                        break
+                _remove_empty(made)
         return
     # (absolute: the block may change the working directory meanwhile)
-    created = []  # the directories created here, deepest first
-    q = Path(os.path.abspath(d))
-    while not q.exists() and q.parent != q:
-        created.append(q)
-        q = q.parent
+    created = _missing_dirs(d)
     path = Path(os.path.abspath(d)) / LOCK_FILE
     fd = -1
     for _ in range(100):  # (each retry follows a release by another process: a few at most)
@@ -195,11 +203,7 @@ def dir_lock(
             with contextlib.suppress(OSError):
                 path.unlink()  # (while still locked: see above)
         if transient:
-            for c in created:  # (each only where empty: what was written in it is kept)
-                try:
-                    c.rmdir()
-                except OSError:
-                    break
+            _remove_empty(created)
         if fd >= 0:
             os.close(fd)  # (releases the lock)
 
