@@ -65,6 +65,34 @@ pub fn demangle_kernel(name: &str) -> Option<String> {
     .flatten()
 }
 
+/// The qualified name at the front of a mangled symbol, for a name `demangle_kernel` cannot read
+/// (newer manglings such as clang's `Tn` template-parameter declarations, which cpp_demangle 0.5 and
+/// binutils' c++filt of this machine both refuse): `_ZN7sgl_hip10activation18act_and_mul_kernelI...`
+/// -> `sgl_hip::activation::act_and_mul_kernel`. Reads `_Z`, an optional `N`, then source names
+/// (`<length><identifier>`) up to the first thing that is not one (template arguments `I`, the end
+/// `E`, parameter types); `None` when there is no source name.
+pub fn mangled_prefix(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("_Z")?;
+    let mut b = rest.strip_prefix('N').unwrap_or(rest).as_bytes();
+    let mut parts: Vec<&str> = Vec::new();
+    while let Some(d) = b.iter().position(|c| !c.is_ascii_digit()) {
+        if d == 0 || d > 4 {
+            break;
+        }
+        let len: usize = std::str::from_utf8(&b[..d]).ok()?.parse().ok()?;
+        if len == 0 || d + len > b.len() {
+            break;
+        }
+        let id = std::str::from_utf8(&b[d..d + len]).ok()?;
+        if !id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+            break;
+        }
+        parts.push(id);
+        b = &b[d + len..];
+    }
+    (!parts.is_empty()).then(|| parts.join("::"))
+}
+
 /// A CUPTI callback name without its API-version suffix: `cudaLaunchKernel_v7000` -> `cudaLaunchKernel`.
 pub fn strip_api_version(name: &str) -> &str {
     if let Some(p) = name.rfind("_v") {
@@ -127,5 +155,13 @@ mod tests {
         assert_eq!(demangle_kernel("nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"), None);
         assert_eq!(demangle_kernel("_Zgarbage"), None);
         assert_eq!(demangle_kernel("_Z6kernelPfi").as_deref(), Some("kernel(float*, int)"));
+        assert_eq!(
+            mangled_prefix("_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4siluIS2_ES3_S5_EEEEvPS3_PS4_i").as_deref(),
+            Some("sgl_hip::activation::act_and_mul_kernel")
+        );
+        assert_eq!(mangled_prefix("_Z6kernelPfi").as_deref(), Some("kernel"));
+        assert_eq!(mangled_prefix("_Zgarbage"), None);
+        assert_eq!(mangled_prefix("_ZN99short"), None); // (a length past the end)
+        assert_eq!(mangled_prefix("nvjet_sm90_tst"), None);
     }
 }

@@ -35,6 +35,20 @@ use crate::model::Layer;
 
 /// The canonical name of a kernel.
 pub fn canonical_kernel(name: &str, opts: &NormalizeOptions) -> String {
+    // A trace may carry a kernel's mangled name: Kineto passes on what the runtime reports, and some
+    // kernels arrive mangled (CUTLASS kernels under cuDNN, AMD's aiter and SGLang's HIP kernels:
+    // `_ZN5aiter24add_rmsnorm_quant_kernelIDF16b...`). The rules below work on the demangled form,
+    // where the template arguments are brackets to drop; on the mangled one they are letters, and
+    // every instantiation would be its own symbol. (Demangled once per distinct name.)
+    // (what no demangler here reads, newer manglings, is named by its qualified name's front part)
+    let t = name.trim();
+    match crate::names::demangle_kernel(t).or_else(|| crate::names::mangled_prefix(t)) {
+        Some(d) => canonical_demangled(&d, opts),
+        None => canonical_demangled(name, opts),
+    }
+}
+
+fn canonical_demangled(name: &str, opts: &NormalizeOptions) -> String {
     let s = name.trim();
     // 1. drop bracketed parts at any depth: <...> (...) {...} [...]
     let mut out = String::with_capacity(s.len().min(256));
@@ -276,6 +290,26 @@ mod tests {
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize*_warpgroupsize*_execute_segment_k_off_kernel__5x_cublas"
         );
         assert_eq!(canonical_kernel("ampere_sgemm_128x64_nn", &o), "ampere_sgemm_*_nn");
+        // mangled names (as some Kineto traces carry them): demangled, then the same rules
+        for (mangled, want) in [
+            (
+                "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib",
+                "add_rmsnorm_quant_kernel",
+            ),
+            (
+                "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi64ELi8ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib",
+                "add_rmsnorm_quant_kernel",
+            ),
+            (
+                "_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4siluIS2_ES3_S5_EEEEvPS3_PS4_i",
+                "act_and_mul_kernel",
+            ),
+            ("_Z6kernelPfi", "kernel"),
+            // not a valid mangling: kept as it is
+            ("_Zgarbage", "_Zgarbage"),
+        ] {
+            assert_eq!(canonical_kernel(mangled, &o), want, "{mangled}");
+        }
         assert_eq!(
             canonical_kernel("triton_red_fused_add_mean_3", &o),
             "triton_red_fused_add_mean"
