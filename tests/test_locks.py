@@ -1,7 +1,7 @@
-"""One writer per output directory: `teller tokenize`, `teller dataset generate` and `teller train` take
-an flock on DIR/.teller.lock (teller._io.dir_lock), so a second process writing the same directory is
-refused at once with a DirectoryLockedError naming the first, and a lock file left by a killed process
-blocks nothing."""
+"""One writer per output directory: `teller tokenize`, `teller dataset generate` and `collect-cpu`,
+`teller train` and `calibrate` take an flock on DIR/.teller.lock (teller._io.dir_lock), so a second
+process writing the same directory is refused at once with a DirectoryLockedError naming the first, and
+a lock file left by a killed process blocks nothing. write_atomic: a failed write leaves the old file."""
 
 from __future__ import annotations
 
@@ -294,3 +294,53 @@ def test_baselines_and_ensemble_refuse_a_run_directory_being_written(tmp_path) -
         with pytest.raises(TellerError):
             fit(tmp_path / "new")
         assert not (tmp_path / "new").exists()
+
+
+def test_calibrate_refuses_a_run_being_trained(tmp_path) -> None:
+    from teller.models.train import calibrate
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with _held(run, "teller train mot") as p:
+        # (refused before config.json, here missing, is read: nothing of the run is touched)
+        with pytest.raises(DirectoryLockedError) as e:
+            calibrate(run)
+        _refused(e, run, p.pid, "teller train mot")
+    # unlocked: on to the run's files; the lock file is gone again
+    with pytest.raises(TellerError):
+        calibrate(run)
+    assert list(run.iterdir()) == []
+    # a run directory that does not exist is named, and not created for a lock
+    with pytest.raises(TellerError):
+        calibrate(tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_collect_cpu_refuses_a_directory_being_collected(tmp_path) -> None:
+    from teller.data.cpu_runs import collect_cpu
+
+    out = tmp_path / "runs"
+    with _held(out, "teller dataset collect-cpu") as p:
+        with pytest.raises(DirectoryLockedError) as e:
+            collect_cpu(out, 1)
+        _refused(e, out, p.pid, "teller dataset collect-cpu")
+    assert list(out.iterdir()) == []  # (no run was started)
+
+
+def test_write_atomic_leaves_the_old_file_on_a_failed_write(tmp_path) -> None:
+    f = tmp_path / "eval.json"
+    tio.write_atomic(f, '{"old": 1}')
+    assert f.read_text() == '{"old": 1}'
+
+    def fails(t: Path) -> None:
+        t.write_text('{"ne')  # half of the new file, then the writer dies
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tio.write_atomic(f, fails)
+    assert f.read_text() == '{"old": 1}'
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["eval.json"]  # (no temporary file left)
+    tio.write_atomic(f, b"\x00\x01")
+    assert f.read_bytes() == b"\x00\x01"
+    with pytest.raises(TellerIOError, match=r"cannot write it"):
+        tio.write_atomic(tmp_path / "no-dir" / "x.json", "{}")

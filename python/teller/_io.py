@@ -45,6 +45,31 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
     return p
 
 
+def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
+    """Write ``data`` (text, bytes, or a callable that writes the file it is given) to ``path``
+    through a temporary file beside it, renamed over it: a reader, or a rerun after a crash or a
+    Ctrl-C, sees the old file or the new one, never half of one. The temporary name carries the pid,
+    so two processes writing one path do not write into one temporary file. A failure removes the
+    temporary file and is a :class:`TellerIOError` naming ``path``."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            tmp.write_bytes(data)
+        else:
+            data(tmp)
+        os.replace(tmp, p)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise TellerIOError(f"{p}: cannot write it ({e.strerror or e})", path=str(p)) from None
+        raise
+    return p
+
+
 # the lock file of an output directory a teller command is writing (see dir_lock)
 LOCK_FILE = ".teller.lock"
 

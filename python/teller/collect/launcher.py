@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
-from teller._io import check_output_dir, make_output_dir
+from teller._io import check_output_dir, make_output_dir, write_atomic
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
 
 TOPOLOGY_VARS = (
@@ -348,7 +348,7 @@ def collect(
         _convert(run_dir, result)
         run["trace_json"] = str(result.trace_json) if result.trace_json else None
         run["warnings"] = result.warnings
-    (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
     return result
 
 
@@ -374,4 +374,4 @@ def _convert(run_dir: Path, result: RunResult) -> None:
     from teller.findings import findings
 
     result.summary["findings"] = findings(tr, result.summary)  # (what stands out: docs/findings.md)
-    (run_dir / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", json.dumps(result.summary, indent=2) + "\n")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
-from teller._io import check_output_dir, make_output_dir
+from teller._io import check_output_dir, dir_lock, write_atomic
 from teller.errors import ConfigError
 
 KINDS = (
@@ -528,76 +528,78 @@ def collect_cpu(
         raise ConfigError(f"unknown fault kinds {bad}; known: {', '.join(KINDS)}")
     out = Path(output_dir)
     check_output_dir(out, "--output-dir names a directory")  # (refused before any work)
-    shape_known = _check_shape(out, shape)
-    make_output_dir(out)
-    plans = _plan(seed, num_samples, kinds)
-    split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
-    ood = not splits[0] > 0
-    timing = _calibrate(shape)
-    anns = []
-    for k, plan in enumerate(plans):
-        sid = plan["sample_id"]
-        ann_path = out / sid / "annotation.json"
-        if ann_path.exists():
-            try:
-                a = json.loads(ann_path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ConfigError(
-                    f"{ann_path}: not a readable annotation ({e}); delete {out / sid}"
-                ) from None
-            if not isinstance(a, dict):
-                raise ConfigError(f"{ann_path}: not an annotation (a JSON object); delete {out / sid}")
-            wl = a.get("workload") if isinstance(a.get("workload"), dict) else None
-            # a run from before the shape options says its shape once the collection's is known
-            fill = (
-                {}
-                if wl is None or not shape_known
-                else {k: shape[k] for k in ("requests", "new_tokens", "prompt_len") if k not in wl}
-            )
-            if (a.get("split"), a.get("ood")) != (split_of[sid], ood) or fill:
-                a = {**a, "split": split_of[sid], "ood": ood}
-                if fill:
-                    a["workload"] = {**a["workload"], **fill}
-                tmp = ann_path.with_name(".annotation.json.tmp")
-                tmp.write_text(json.dumps(a, indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, ann_path)
-            anns.append(a)
-        else:
-            anns.append(_run_one(plan, out, timing, shape, keep_raw, split_of[sid], ood))
-        if progress:
-            progress(k + 1, len(plans))
-    labels = ["normal", "cpu_contention", "host_memory_pressure", "io_stall", "slow_operator"]
-    split_ids: dict[str, list[str]] = {"train": [], "val": [], "test": [], "test_ood": []}
-    counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in split_ids}
-    for a in anns:
-        split_ids[a["split"]].append(a["sample_id"])
-        counts[a["split"]][a["label"]] += 1
-    events = [int(a["trace"]["events"]) for a in anns]
-    manifest = {
-        "format": "teller-dataset",
-        "version": 1,
-        "generator": {"name": GENERATOR, "version": GENERATOR_VERSION, "teller_version": __version__},
-        "seed": int(seed),
-        "preset": None,
-        "config": {
-            "kinds": list(KINDS),
-            **shape,
-            "timing": timing,
-            "cores": os.cpu_count(),
-            "plans": plans,
-            "split_fractions": [float(f) for f in splits],
-        },
-        "num_samples": len(anns),
-        "labels": labels,
-        "splits": split_ids,
-        "counts": counts,
-        "events": {
-            "total": sum(events),
-            "mean": round(sum(events) / len(events), 1),
-            "min": min(events),
-            "max": max(events),
-        },
-        "samples": {a["sample_id"]: {"label": a["label"], "split": a["split"]} for a in anns},
-    }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    # one collection per directory at a time: two would write the same runs, and their fault runs
+    # would load the CPUs the other one is timing (the lock creates the directory)
+    with dir_lock(out, "teller dataset collect-cpu"):
+        shape_known = _check_shape(out, shape)
+        plans = _plan(seed, num_samples, kinds)
+        split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
+        ood = not splits[0] > 0
+        timing = _calibrate(shape)
+        anns = []
+        for k, plan in enumerate(plans):
+            sid = plan["sample_id"]
+            ann_path = out / sid / "annotation.json"
+            if ann_path.exists():
+                try:
+                    a = json.loads(ann_path.read_text())
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise ConfigError(
+                        f"{ann_path}: not a readable annotation ({e}); delete {out / sid}"
+                    ) from None
+                if not isinstance(a, dict):
+                    raise ConfigError(f"{ann_path}: not an annotation (a JSON object); delete {out / sid}")
+                wl = a.get("workload") if isinstance(a.get("workload"), dict) else None
+                # a run from before the shape options says its shape once the collection's is known
+                fill = (
+                    {}
+                    if wl is None or not shape_known
+                    else {k: shape[k] for k in ("requests", "new_tokens", "prompt_len") if k not in wl}
+                )
+                if (a.get("split"), a.get("ood")) != (split_of[sid], ood) or fill:
+                    a = {**a, "split": split_of[sid], "ood": ood}
+                    if fill:
+                        a["workload"] = {**a["workload"], **fill}
+                    tmp = ann_path.with_name(".annotation.json.tmp")
+                    tmp.write_text(json.dumps(a, indent=1, sort_keys=True) + "\n")
+                    os.replace(tmp, ann_path)
+                anns.append(a)
+            else:
+                anns.append(_run_one(plan, out, timing, shape, keep_raw, split_of[sid], ood))
+            if progress:
+                progress(k + 1, len(plans))
+        labels = ["normal", "cpu_contention", "host_memory_pressure", "io_stall", "slow_operator"]
+        split_ids: dict[str, list[str]] = {"train": [], "val": [], "test": [], "test_ood": []}
+        counts: dict[str, dict[str, int]] = {s: {c: 0 for c in labels} for s in split_ids}
+        for a in anns:
+            split_ids[a["split"]].append(a["sample_id"])
+            counts[a["split"]][a["label"]] += 1
+        events = [int(a["trace"]["events"]) for a in anns]
+        manifest = {
+            "format": "teller-dataset",
+            "version": 1,
+            "generator": {"name": GENERATOR, "version": GENERATOR_VERSION, "teller_version": __version__},
+            "seed": int(seed),
+            "preset": None,
+            "config": {
+                "kinds": list(KINDS),
+                **shape,
+                "timing": timing,
+                "cores": os.cpu_count(),
+                "plans": plans,
+                "split_fractions": [float(f) for f in splits],
+            },
+            "num_samples": len(anns),
+            "labels": labels,
+            "splits": split_ids,
+            "counts": counts,
+            "events": {
+                "total": sum(events),
+                "mean": round(sum(events) / len(events), 1),
+                "min": min(events),
+                "max": max(events),
+            },
+            "samples": {a["sample_id"]: {"label": a["label"], "split": a["split"]} for a in anns},
+        }
+        write_atomic(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        return manifest

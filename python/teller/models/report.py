@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from teller._io import write_atomic
 from teller.data.dataset import read_json
 from teller.errors import ConfigError, TellerFileNotFoundError
 
@@ -318,11 +319,12 @@ def png_heatmap(m: np.ndarray, path: Path, cell: int = 24) -> None:
         )
 
     hdr = struct.pack(">IIBBBBB", img.shape[1], img.shape[0], 8, 2, 0, 0, 0)
-    path.write_bytes(
+    write_atomic(
+        path,
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", hdr)
         + chunk(b"IDAT", zlib.compress(raw, 9))
-        + chunk(b"IEND", b"")
+        + chunk(b"IEND", b""),
     )
 
 
@@ -333,7 +335,7 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     if ds and (ds != tag or tag in ("train", "val", "test", "test_ood", "all")):
         tag = f"{ds}-{tag}"  # a split of a dataset directory: never the file of the shards' own split
     stem = f"eval-{tag}-{m['model']}"
-    (out / f"{stem}.json").write_text(json.dumps(m, indent=1))
+    write_atomic(out / f"{stem}.json", json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
         return out / f"{stem}.json"
     names = m["label_names"]
@@ -341,7 +343,7 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     lines = ["true\\pred," + ",".join(names)] + [
         f"{names[i]}," + ",".join(map(str, r)) for i, r in enumerate(conf)
     ]
-    (out / f"{stem}-confusion.csv").write_text("\n".join(lines) + "\n")
+    write_atomic(out / f"{stem}-confusion.csv", "\n".join(lines) + "\n")
     png_heatmap(conf, out / f"{stem}-confusion.png")
     return out / f"{stem}.json"
 
@@ -545,8 +547,8 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     groups = _model_groups(rows)
     for x in rows:
         del x["_dir"], x["_samples"], x["_run"]
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
-    (out / "results-paired.json").write_text(json.dumps(groups, indent=1))
+    write_atomic(out / "results.json", json.dumps(rows, indent=1))
+    write_atomic(out / "results-paired.json", json.dumps(groups, indent=1))
     # the results table leaves the detection metrics to the per-run files; its split column names the
     # evaluated set (the split, and its data where one split name was evaluated on several)
     cols = ("run", "model", "set", *(k for k in MAIN_KEYS if not k.startswith("detection_")))
@@ -577,7 +579,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     else:
         md += ["", "(No plots: matplotlib is not installed; `pip install 'teller[plots]'`.)"]
     text = "\n".join(md) + "\n"
-    (out / "results.md").write_text(text)
+    write_atomic(out / "results.md", text)
     return text
 
 
@@ -811,7 +813,7 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
     axes[0][0].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     written.append(out / "results-metrics.png")
-    fig.savefig(written[-1], dpi=110)
+    write_atomic(written[-1], lambda t: fig.savefig(t, dpi=110, format="png"))
     for split in splits:
         part = [x for x in rows if x["set"] == split and x["per_class_f1"]]
         names = list(dict.fromkeys(n for x in part for n in x["per_class_f1"]))
@@ -842,5 +844,5 @@ def _plots(rows: list[dict[str, Any]], splits: list[str], out: Path) -> list[Pat
         while out / f"results-per-class-{slug}.png" in written:  # (two sets, one file name)
             slug += "_"
         written.append(out / f"results-per-class-{slug}.png")
-        fig.savefig(written[-1], dpi=110)
+        write_atomic(written[-1], lambda t, fig=fig: fig.savefig(t, dpi=110, format="png"))
     return written

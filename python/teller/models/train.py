@@ -1443,6 +1443,26 @@ def calibrate(
     reset: bool = False,
     device: str = "cpu",
 ) -> dict[str, Any] | None:
+    """Refit the temperature of a trained run (see :func:`_calibrate`), holding the run directory's
+    lock (:func:`teller._io.dir_lock`) from reading its configuration to rewriting it: a run being
+    trained (`teller train --resume` holds the same lock) or calibrated by another process is
+    refused, naming the holder, instead of one rewrite of config.json losing the other's."""
+    p = Path(checkpoint)
+    run = p if p.is_dir() else p.parent
+    if not run.is_dir():  # (no run to lock, nor one to create: _calibrate names what is missing)
+        return _calibrate(checkpoint, data_dir, split, reset=reset, device=device)
+    with dir_lock(run, "teller calibrate", what="run directory"):
+        return _calibrate(checkpoint, data_dir, split, reset=reset, device=device)
+
+
+def _calibrate(
+    checkpoint: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "val",
+    *,
+    reset: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any] | None:
     """Refit the temperature of a trained run's category head on a split of tokenized shards
     (``data_dir`` defaults to the training shards, ``split`` to val: fit on data the run is not
     evaluated on), or with ``reset`` remove it (probabilities as the network gives them). Rewrites
