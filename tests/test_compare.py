@@ -14,16 +14,17 @@ from teller.compare import compare, symbol_times
 from test_findings import _Trace
 
 
-def _steps(tmp_path, name: str, kernel_us: float, *, n: int = 4, extra: str | None = None, op_us: float = 20):
+def _steps(tmp_path, name: str, kernel_us: float, *, n: int = 4, extra: str | None = None, op_us: float = 20,
+           kernel: str = "gemm_kernel"):  # fmt: skip
     """``n`` ProfilerSteps of 200 us, each an operator range (``op_us``, with a launch inside) whose
-    kernel runs ``kernel_us``; ``extra``: one more kernel per step of that name (10 us)."""
+    kernel (named ``kernel``) runs ``kernel_us``; ``extra``: one more kernel per step of that name (10 us)."""
     t = _Trace()
     for k in range(n):
         at = k * 300.0
         t.step(f"ProfilerStep#{k}", at, 200)
         t.ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100, "tid": 100, "ts": at + 5,
                      "dur": op_us})  # fmt: skip
-        t.launch(at + 6, 3, at + 10, kernel_us)
+        t.launch(at + 6, 3, at + 10, kernel_us, name=kernel)
         if extra:
             t.launch(at + 30, 3, at + 120, 10, name=extra)
     return t.load(tmp_path, name)
@@ -63,6 +64,63 @@ def test_compare_names_the_kernel_that_slowed_and_the_new_one(tmp_path) -> None:
     assert c["gpus"][1]["current"]["compute_ns"] > c["gpus"][1]["baseline"]["compute_ns"]
     assert any(s.startswith("GPU 0: compute") for s in c["statements"])
     assert not any(s.startswith("all GPUs") or s.startswith("the GPUs") for s in c["statements"])
+
+
+def test_a_gemm_run_on_another_kernel_is_one_change_of_its_class(tmp_path) -> None:
+    # after a cuBLAS upgrade the same matmul runs as nvjet instead of xmma: 52 us against 50 us
+    base = _steps(
+        tmp_path, "base.json", 50, kernel="sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+    )
+    cur = _steps(
+        tmp_path, "cur.json", 52, kernel="nvjet_sm90_tst_64x8_64x16_1x4_h_bz_TNT", extra="rms_norm_kernel"
+    )
+    c = compare(base, cur)
+    cls = {a["class"]: a for a in c["kernel_classes"]}
+    g = cls["GEMM"]
+    assert g["baseline_ns"] == pytest.approx(50e3) and g["current_ns"] == pytest.approx(52e3)
+    assert g["gone"] == ["kernel:sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize*"]
+    assert g["new"] == ["kernel:nvjet_sm90_tst_*_*_*_h_bz_TNT"]
+    n = cls["normalization"]  # (new, but nothing of its class ran before: a new kernel, said as one)
+    assert n["new"] == ["kernel:rms_norm_kernel"] and n["gone"] == [] and n["ratio"] is None
+    says = c["statements"]
+    swap = [s for s in says if s.startswith("GEMM kernels ran as other kernels")]
+    assert swap == [
+        "GEMM kernels ran as other kernels: nvjet_sm90_tst_*_*_*_h_bz_TNT new, "
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize* gone; "
+        "about the same time in all (52.0 us per step against 50.0 us)"
+    ]
+    # the swap is one sentence, not a "new" and a "gone"; the normalization kernel is new
+    assert not any("nvjet" in s and "is new" in s for s in says) and not any("is gone" in s for s in says)
+    assert "kernel:rms_norm_kernel is new: 10.0 us per step (1 events per step)" in says
+    # a slower swap says by how much
+    slow = compare(base, _steps(tmp_path, "slow.json", 100, kernel="nvjet_sm90_tst_64x8_64x16_1x4_h_bz_TNT"))
+    assert any(s.endswith("0.1 ms per step in all against 50.0 us (2.00x)") for s in slow["statements"])
+
+
+@pytest.mark.parametrize(
+    ("symbol", "cls"),
+    [
+        ("kernel:ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+        ("kernel:cross_device_reduce_1stage", "communication"),
+        ("kernel:flash_fwd_splitkv_kernel", "attention"),
+        ("kernel:paged_attention_ll4mi_reduce_kernel", "attention"),
+        ("kernel:reshape_and_cache_flash_kernel", "copy and index"),
+        ("kernel:ImplicitGemmConvolution", "convolution"),
+        ("kernel:ReduceSplitK", "GEMM"),
+        ("kernel:Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT*_MI*_SN", "GEMM"),
+        ("kernel:add_rmsnorm_quant_kernel", "normalization"),
+        ("kernel:rotary_embedding_kernel", "elementwise"),
+        ("kernel:CatArrayBatchedCopy_aligned16_contig", "copy and index"),
+        ("kernel:softmax_warp_forward", "sampling"),
+        ("kernel:reduce_kernel", "reduction"),
+        ("kernel:multi_tensor_apply_kernel", "other"),
+        ("runtime:cudaLaunchKernel", None),
+    ],
+)
+def test_kernel_classes(symbol, cls) -> None:
+    from teller.compare import kernel_class
+
+    assert kernel_class(symbol) == cls
 
 
 def test_the_same_capture_changes_nothing(tmp_path) -> None:

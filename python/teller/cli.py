@@ -427,8 +427,10 @@ def trace_compare(
     """Compare two captures of the same workload (teller.compare): the median step time, each GPU's
     time breakdown (compute, communication, copies, idle by what it waited for; GPUs paired in order
     where both have as many), and the symbols (kernels, operators, API calls, ranges) whose time per
-    step changed most (host ranges by self time; per capture where either has no steps), then the
-    changes worth a sentence. A healthy run of the same service is the reference where the RCA models
+    step changed most (host ranges by self time; per capture where either has no steps), the kernel
+    time by class (GEMM, attention, communication, ...: a class whose work ran on other kernels, say
+    after a library upgrade, is one change, not a kernel gone and one new), then the changes worth a
+    sentence. A healthy run of the same service is the reference where the RCA models
     know nothing of the deployment."""
     try:
         base = _load([baseline], step_name)
@@ -480,6 +482,22 @@ def trace_compare(
                 *(f"{100 * g['baseline'][f]:.1f} -> {100 * g['current'][f]:.1f}" for f, _ in BREAKDOWN),
             )
         console.print(gt)
+    if c["kernel_classes"]:
+        kt = Table(
+            title=f"kernel time per {unit} by class (whichever kernels did the work)", title_justify="left"
+        )
+        for col in ("class", "baseline", "current", "change", "ratio", "kernels new / gone"):
+            kt.add_column(col, justify="left" if col == "class" else "right")
+        for a in c["kernel_classes"]:
+            kt.add_row(
+                a["class"],
+                _fmt_ns(int(a["baseline_ns"])),
+                _fmt_ns(int(a["current_ns"])),
+                ("+" if a["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(a["delta_ns"]))),
+                f"{a['ratio']:.2f}x" if a["ratio"] is not None else "new",
+                f"{len(a['new'])} / {len(a['gone'])}",
+            )
+        console.print(kt)
     if c["statements"]:
         console.print("[bold]what changed[/] (largest first):")
         for s in c["statements"]:

@@ -40,6 +40,72 @@ BREAKDOWN = (
 )
 
 
+# What a kernel does, from its symbol, for captures whose kernels were *chosen* differently (another
+# cuBLAS heuristic, library version or GPU: `sm90_xmma_gemm_...` in one, `nvjet_sm90_tst_...` in the
+# other): per symbol that is one kernel gone and another new, per class the same work in both. First
+# match wins (a split-K reduction is GEMM work, a paged-attention reduction attention, an implicit-GEMM
+# convolution a convolution); case is ignored. HTA sorts kernels into communication, memory and
+# computation; the computation here is split further, as LLM kernels are.
+KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
+    (
+        "communication",
+        r"nccl|rccl|cross_device_reduce|custom_?all_?reduce|all_?reduce|all_?gather|reduce_?scatter"
+        r"|all_?to_?all|sendrecv",
+    ),
+    # (the KV-cache writes before attention: `reshape_and_cache_flash_kernel` writes, attends to nothing)
+    ("copy and index", r"reshape_and_cache|store_?kv|kv_?cache"),
+    ("attention", r"flash|fmha|attn|attention|paged_?att|mha_|_mha|xformers|merge_?attn"),
+    ("convolution", r"conv|fprop|dgrad|wgrad|winograd|scudnn|implicit_?convolve"),
+    (
+        "GEMM",
+        r"gemm|gemv|nvjet|xmma|cijk_|cublas|hipblaslt|matmul|triton_mm|s1688|s16816|h1688|h16816"
+        r"|i8816|splitk|_mm_|tensorop",
+    ),
+    ("normalization", r"norm|^bn_|batch_?norm"),
+    ("sampling", r"softmax|top_?k|argmax|sampl|sort|multinomial"),
+    # (elementwise first: `rotary_embedding_kernel`, `elementwise_kernel_with_index` are elementwise)
+    ("elementwise", r"elementwise|unrolled|triton_poi|act_and_mul|silu|gelu|relu|rotary|rope|fill|pool"),
+    ("copy and index", r"copy|cat_?array|gather|scatter|index|embedding"),
+    ("reduction", r"reduce|triton_red|triton_per"),
+)
+_KERNEL_CLASS_RX = [(c, re.compile(rx, re.IGNORECASE)) for c, rx in KERNEL_CLASSES]
+
+
+def kernel_class(symbol: str) -> str | None:
+    """The class of a kernel symbol (``kernel:...``, :data:`KERNEL_CLASSES`; ``other`` when none
+    fits), or None for anything that is not a kernel."""
+    if not symbol.startswith("kernel:"):
+        return None
+    name = symbol[len("kernel:") :]
+    return next((c for c, rx in _KERNEL_CLASS_RX if rx.search(name)), "other")
+
+
+def _classes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per kernel class, the time per unit of its kernels in both captures, and the kernels of it
+    that one capture ran and the other did not (``gone``, ``new``); largest change first."""
+    acc: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = kernel_class(r["symbol"])
+        if c is None:
+            continue
+        a = acc.setdefault(c, {"class": c, "baseline_ns": 0.0, "current_ns": 0.0, "gone": [], "new": []})
+        a["baseline_ns"] += r["baseline_ns"]
+        a["current_ns"] += r["current_ns"]
+        if r.get("only_in") == "baseline":
+            a["gone"].append(r["symbol"])
+        elif r.get("only_in") == "current":
+            a["new"].append(r["symbol"])
+    out = []
+    for a in acc.values():
+        a["delta_ns"] = a["current_ns"] - a["baseline_ns"]
+        a["ratio"] = a["current_ns"] / a["baseline_ns"] if a["baseline_ns"] > 0 else None
+        a["gone"].sort()
+        a["new"].sort()
+        out.append(a)
+    out.sort(key=lambda a: (-abs(a["delta_ns"]), a["class"]))
+    return out
+
+
 def _pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
     """The trace's steps that are step ranges (their name matches one of ``patterns``), or none: the
     loader's fallbacks (the busiest thread's root ranges, the whole trace) are not steps to divide by."""
@@ -210,6 +276,8 @@ def compare(
             "current": {"count": steps_c, "median_ns": med_c, "span_ns": _span(current)},
         },
         "symbols": rows[: max(0, int(top))],
+        # per kernel class (KERNEL_CLASSES): what a class of work took, whichever kernels did it
+        "kernel_classes": _classes(rows),
         "gpus": gpus,
         # the GPUs with work in each capture (the breakdowns pair them only where as many)
         "gpu_count": {"baseline": len(db), "current": len(dc)},
@@ -229,12 +297,23 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
         what = "median step" if unit == "step" else "capture span"
         out.append(f"the {what} took {mc / mb:.2f}x the baseline's ({_ms(mc)} against {_ms(mb)})")
     rows = rows if rows is not None else cmp["symbols"]
+    # a class with kernels gone *and* new ran its work on other kernels: one sentence for the swap,
+    # with the class's time in both, in place of a "new" and a "gone" that read as two changes
+    swapped = {a["class"]: a for a in cmp.get("kernel_classes", []) if a["gone"] and a["new"]}
+    said: set[str] = set()
     n = 0
     for r in rows if mb > 0 else []:  # (no reference time: no scale to call a change large by)
         if abs(r["delta_ns"]) < MIN_SHARE * mb or n >= 5:
             break
-        n += 1
         per = f"per {unit}"
+        cls = kernel_class(r["symbol"]) if r.get("only_in") else None
+        if cls in swapped:
+            if cls not in said:
+                said.add(cls)
+                n += 1
+                out.append(_swap_statement(swapped[cls], per))
+            continue
+        n += 1
         if r.get("only_in") == "current":
             out.append(
                 f"{r['symbol']} is new: {_ms(r['current_ns'])} {per} ({r['current_count']:.3g} events {per})"
@@ -280,3 +359,21 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
                         f"{g['gpu']}: {label} {_pct(c)} of its time, against {_pct(b)} in the baseline"
                     )
     return out
+
+
+def _swap_statement(a: dict[str, Any], per: str) -> str:
+    """One sentence for a kernel class whose work ran on other kernels in one capture: which kernels
+    are new and gone, and the class's time per unit in both."""
+
+    def names(syms: list[str]) -> str:
+        short = [x[len("kernel:") :] for x in syms]
+        return ", ".join(short[:2]) + (f" and {len(short) - 2} more" if len(short) > 2 else "")
+
+    b, c, ratio = a["baseline_ns"], a["current_ns"], a["ratio"]
+    if ratio is not None and 1 / 1.05 < ratio < 1.05:
+        total = f"about the same time in all ({_ms(c)} {per} against {_ms(b)})"
+    else:
+        total = f"{_ms(c)} {per} in all against {_ms(b)}" + (f" ({ratio:.2f}x)" if ratio else "")
+    return (
+        f"{a['class']} kernels ran as other kernels: {names(a['new'])} new, {names(a['gone'])} gone; " + total
+    )
