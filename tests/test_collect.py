@@ -53,7 +53,13 @@ def test_python_nvtx_program(tmp_path):
         sys.exit(3)
     """,
     )
-    p, run = collect(tmp_path, "--", sys.executable, str(prog), env={"SECRET_TOKEN": "hunter2", "RANK": "0"})
+    p, run = collect(
+        tmp_path,
+        "--",
+        sys.executable,
+        str(prog),
+        env={"SECRET_TOKEN": "hunter2", "RANK": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
     assert p.returncode == 3, p.stderr
     assert "line 0\nline 1\nline 2\n" in p.stdout  # output still reaches the terminal unchanged
     assert "to stderr" in p.stderr and str(run) in p.stderr
@@ -81,6 +87,10 @@ def test_python_nvtx_program(tmp_path):
     assert run_json["exit_code"] == 3 and run_json["command"][-1] == str(prog)
     assert run_json["env"]["RANK"] == "0" and "NVTX_INJECTION64_PATH" in run_json["env"]
     assert "hunter2" not in (run / "run.json").read_text()
+    # the shim's header keeps the topology (which GPU an index names), never anything else
+    header = json.loads(tr.sources[0]["metadata"]["header"])
+    assert header["env"]["RANK"] == "0" and header["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert run_json["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "SECRET_TOKEN" not in header["env"]
     summary = json.loads((run / "summary.json").read_text())
     assert (run / "trace.json").exists() and summary["events"] == len(tr)
     assert summary["findings"] == []  # (a CPU run of four ranges: nothing stands out, and it says so)

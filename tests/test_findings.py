@@ -602,7 +602,11 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     devs = tr.summary(0)["devices"]
     assert sorted(d["device"] for d in devs) == [0, 1]
     src = {d["device"]: tr.sources[d["source"]] for d in devs}
-    assert physical_gpu(src[1], 1) == physical_gpu(src[0], 0) == (None, ("h", str(run), "1"))
+    assert physical_gpu(src[1], 1) == physical_gpu(src[0], 0) == (None, ("h", str(run), "FASTEST_FIRST", "1"))
+    # an index names one GPU in one order: a process numbering them by PCI bus id is another numbering
+    pci = {"host": "h", "env": {**rd, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+    by_bus = {**src[1], "metadata": {"header": json.dumps(pci)}}
+    assert physical_gpu(by_bus, 1) == (None, ("h", str(run), "PCI_BUS_ID", "1")) != physical_gpu(src[1], 1)
     fs = {f["device"]: f for f in findings(tr) if f["kind"] == "shared_gpu"}
     assert set(fs) == {0, 1}
     server = fs[1]
@@ -658,7 +662,7 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     # a three-process group: each one's idle time holds the other two's work
     assert by_pid[10]["values"]["others_in_idle_ns"] == 19 * 20_000
     src_of = {int(x["pid"]): x for x in tr2.sources}
-    assert physical_gpu(src_of[40], 3) == ("GPU-dddddddd", ("h2", str(run2), "GPU-dddddddd"))
+    assert physical_gpu(src_of[40], 3) == ("GPU-dddddddd", ("h2", str(run2), "FASTEST_FIRST", "GPU-dddddddd"))
     assert physical_gpu(src_of[50], 0) == (None, None)  # (all zeros: no UUID; no run either)
 
 

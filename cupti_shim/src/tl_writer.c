@@ -143,7 +143,9 @@ static uint64_t process_start_ns(void) {
 }
 
 static int env_wanted(const char *kv) {
-    static const char *keys[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "CUDA_VISIBLE_DEVICES="};
+    static const char *keys[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "CUDA_VISIBLE_DEVICES=",
+                                 /* (which GPU an index names: FASTEST_FIRST by default, or PCI_BUS_ID) */
+                                 "CUDA_DEVICE_ORDER="};
     if (strncmp(kv, "TELLER_", 7) == 0) return 1;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (strncmp(kv, keys[i], strlen(keys[i])) == 0) return 1;

@@ -156,7 +156,7 @@ def check_header(f, pid, argv1=None):
     for k in h["env"]:
         check(
             k.startswith("TELLER_")
-            or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"),
+            or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"),
             f"env key {k} leaked",
         )
     if argv1 is not None:

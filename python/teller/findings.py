@@ -290,7 +290,9 @@ def physical_gpu(src: dict[str, Any] | list[dict[str, Any]], device: int) -> tup
     shim does, from the driver) or the device's ``CUDA_VISIBLE_DEVICES`` entry is one; one physical
     GPU whatever the run, host or numbering. ``numbering``: for a ``teller collect`` run
     (``TELLER_RUN_DIR``: its processes share one machine's numbering), (host, run directory, the
-    device's ``CUDA_VISIBLE_DEVICES`` entry, or its index where that is unset). Either is None where
+    device's ``CUDA_VISIBLE_DEVICES`` entry, or its index where that is unset, and
+    ``CUDA_DEVICE_ORDER``, which decides which GPU an index or entry names: processes of one run that
+    number the GPUs in different orders are not matched by number). Either is None where
     unknown; both for a profiler file or a process outside a collect run without a UUID (an index
     there names no particular device: containers that share a host name each see their own GPU 0)."""
     srcs = [src] if isinstance(src, dict) else list(src)
@@ -313,7 +315,9 @@ def physical_gpu(src: dict[str, Any] | list[dict[str, Any]], device: int) -> tup
     if uuid is None and entry is not None and _is_uuid(entry):
         uuid = entry
     run, host = env.get("TELLER_RUN_DIR"), h.get("host")
-    numbering = (str(host), str(run), entry) if run and host and entry is not None else None
+    # (an index means one GPU only in one order: CUDA's default is FASTEST_FIRST)
+    order = str(env.get("CUDA_DEVICE_ORDER") or "FASTEST_FIRST").strip().upper()
+    numbering = (str(host), str(run), order, entry) if run and host and entry is not None else None
     return uuid, numbering
 
 
@@ -413,7 +417,7 @@ def shared_gpu_findings(
     for r, members in sorted(groups.items()):
         uuid = next(iter(uuids[root(r)]), None)
         num = next((ids[i][1] for i in members if ids[i][1] is not None), None)
-        where = uuid if uuid else f"GPU {num[2]} of host {num[0]}, one run" if num else "one GPU"
+        where = uuid if uuid else f"GPU {num[3]} of host {num[0]}, one run" if num else "one GPU"
         key = ["uuid", uuid] if uuid else list(num or [])
         iv = {i: busy(i) for i in members}
         for i in members:

@@ -39,7 +39,14 @@ LAYERS = {
     "gpu_annotation": 11,
 }
 
-TOPOLOGY_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+TOPOLOGY_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+)
 
 
 def topology_env(environ: dict[str, str] | None = None) -> dict[str, str]:
