@@ -123,6 +123,44 @@ def test_kernel_classes(symbol, cls) -> None:
     assert kernel_class(symbol) == cls
 
 
+def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:
+    # NVLink congestion: the all-reduce kernels slow, and the host's cudaMemcpyAsync of the sampled ids
+    # (where it waits for the GPU) grows by as much: stated after the kernels, as the symptom it is
+    from test_data_faults import DECODE, run
+
+    base, _ = run(tmp_path, DECODE, None)
+    cur, _ = run(tmp_path, DECODE, "nvlink_degradation", sev=0.6)
+    c = compare(base, cur)
+    rows = [r["symbol"] for r in c["symbols"]]
+    assert rows[0] == "runtime:cudaMemcpyAsync"  # (the largest change of time per step)
+    st = c["statements"]
+    wait = next(i for i, s in enumerate(st) if s.startswith("runtime:cudaMemcpyAsync"))
+    ar = next(i for i, s in enumerate(st) if s.startswith("kernel:cross_device_reduce"))
+    assert ar < wait and st[wait].endswith(
+        "a call in which the host waits for the GPU: a symptom of the GPU's time"
+    )
+    assert st[ar].endswith("a collective's time includes waiting for the slowest rank")
+
+
+@pytest.mark.parametrize(
+    ("symbol", "wait"),
+    [
+        ("runtime:cudaMemcpyAsync", True),
+        ("runtime:cudaStreamSynchronize", True),
+        ("driver:cuMemcpyDtoHAsync_v2", True),
+        ("runtime:hipDeviceSynchronize", True),
+        ("sync:Stream Sync", True),
+        ("runtime:cudaLaunchKernel", False),
+        ("runtime:cudaMemsetAsync", False),
+        ("memcpy:Memcpy DtoH (Device -> Pinned)", False),
+    ],
+)
+def test_host_wait_calls(symbol, wait) -> None:
+    from teller.compare import is_host_wait
+
+    assert is_host_wait(symbol) is wait
+
+
 def test_the_same_capture_changes_nothing(tmp_path) -> None:
     c = compare(_steps(tmp_path, "a.json", 20), _steps(tmp_path, "b.json", 20))
     assert c["statements"] == [] and all(r["delta_ns"] == 0 for r in c["symbols"])

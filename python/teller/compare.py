@@ -80,6 +80,18 @@ def kernel_class(symbol: str) -> str | None:
     return next((c for c, rx in _KERNEL_CLASS_RX if rx.search(name)), "other")
 
 
+# The host calls that wait for the GPU (or for a copy to reach it): synchronizations and copies
+# (`cudaMemcpyAsync` of pageable memory, or of results the host reads next, returns when the copy is
+# done), in CUDA's runtime and driver APIs and HIP's; and CUPTI's synchronization records.
+_HOST_WAIT_RX = re.compile(r"^(?:sync:.*|(?:runtime|driver):(?:cuda|cu|hip)\w*(?:Synchronize|Memcpy)\w*)$")
+
+
+def is_host_wait(symbol: str) -> bool:
+    """Whether ``symbol`` is a call in which the host waits for the GPU (a synchronization, a copy)
+    or a synchronization record: its time is the GPU's, seen from the host."""
+    return bool(_HOST_WAIT_RX.match(symbol))
+
+
 def _classes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per kernel class, the time per unit of its kernels in both captures, and the kernels of it
     that one capture ran and the other did not (``gone``, ``new``); largest change first."""
@@ -301,35 +313,43 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
     # with the class's time in both, in place of a "new" and a "gone" that read as two changes
     swapped = {a["class"]: a for a in cmp.get("kernel_classes", []) if a["gone"] and a["new"]}
     said: set[str] = set()
-    n = 0
+    # the calls in which the host waits for the GPU are stated after the rest, as what they are: their
+    # time follows whatever the GPU was doing, so they move in nearly every comparison (a symptom)
+    first: list[str] = []
+    waits: list[str] = []
     for r in rows if mb > 0 else []:  # (no reference time: no scale to call a change large by)
-        if abs(r["delta_ns"]) < MIN_SHARE * mb or n >= 5:
+        if abs(r["delta_ns"]) < MIN_SHARE * mb or len(first) + len(waits) >= 5:
             break
         per = f"per {unit}"
         cls = kernel_class(r["symbol"]) if r.get("only_in") else None
         if cls in swapped:
             if cls not in said:
                 said.add(cls)
-                n += 1
-                out.append(_swap_statement(swapped[cls], per))
+                first.append(_swap_statement(swapped[cls], per))
             continue
-        n += 1
         if r.get("only_in") == "current":
-            out.append(
+            text = (
                 f"{r['symbol']} is new: {_ms(r['current_ns'])} {per} ({r['current_count']:.3g} events {per})"
             )
         elif r.get("only_in") == "baseline":
-            out.append(f"{r['symbol']} is gone: it took {_ms(r['baseline_ns'])} {per} in the baseline")
+            text = f"{r['symbol']} is gone: it took {_ms(r['baseline_ns'])} {per} in the baseline"
         else:
             sign = "+" if r["delta_ns"] > 0 else "-"
             cnt = ""
             if abs(r["current_count"] - r["baseline_count"]) >= 0.5 * max(1.0, 0.1 * r["baseline_count"]):
                 cnt = f"; {r['current_count']:.3g} events {per} against {r['baseline_count']:.3g}"
             ratio = f"{r['ratio']:.2f}x: " if r["ratio"] is not None else ""
-            out.append(
+            text = (
                 f"{r['symbol']}: {sign}{_ms(abs(r['delta_ns']))} {per} ({ratio}"
                 f"{_ms(r['current_ns'])} against {_ms(r['baseline_ns'])}{cnt})"
             )
+        if is_host_wait(r["symbol"]):
+            waits.append(text + "; a call in which the host waits for the GPU: a symptom of the GPU's time")
+        elif kernel_class(r["symbol"]) == "communication" and not r.get("only_in"):
+            first.append(text + "; a collective's time includes waiting for the slowest rank")
+        else:
+            first.append(text)
+    out += first + waits
     nb, nc = cmp.get("gpu_count", {}).get("baseline", 0), cmp.get("gpu_count", {}).get("current", 0)
     if nb != nc:
         out.append(
