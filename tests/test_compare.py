@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import teller
 from teller.compare import compare, symbol_times
@@ -159,6 +160,67 @@ def test_host_wait_calls(symbol, wait) -> None:
     from teller.compare import is_host_wait
 
     assert is_host_wait(symbol) is wait
+
+
+def test_side_by_side_puts_both_captures_on_one_timeline(tmp_path) -> None:
+    import gzip
+
+    from teller.compare import side_by_side
+
+    base = _steps(tmp_path, "base.json", 20)
+    _steps(tmp_path, "cur.json", 80, n=6, extra="debug_kernel")
+    # the current capture taken 5 s (and a bit) later: its first step must still start with the baseline's
+    raw = json.loads((tmp_path / "cur.json").read_text())
+    for e in raw["traceEvents"]:
+        if "ts" in e:
+            e["ts"] += 5e6 + 123.456
+    (tmp_path / "late.json").write_text(json.dumps(raw))
+    late = teller.trace.load(tmp_path / "late.json", warn=False)
+    out = tmp_path / "both.json.gz"
+    r = side_by_side(base, late, out)
+    assert r["shift_us"] == pytest.approx(-(5e6 + 123.456)) and r["events"] == len(base) + len(late)
+    doc = json.loads(gzip.decompress(out.read_bytes()))
+    ev = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+    off = r["pid_offset"]
+    # every process named for its capture, the current ones moved past the baseline's pids
+    b_pids = {e["pid"] for e in ev if e.get("ph") == "X" and e["pid"] < off}
+    c_pids = {e["pid"] for e in ev if e.get("ph") == "X" and e["pid"] >= off}
+    assert b_pids and c_pids == {p + off for p in b_pids}
+    assert all(names[p].startswith("baseline · ") for p in b_pids)
+    assert all(names[p].startswith("current · ") for p in c_pids)
+    steps = sorted(
+        (e["pid"] >= off, e["ts"]) for e in ev if e.get("ph") == "X" and e["name"].startswith("ProfilerStep")
+    )
+    first_b = next(t for cur_, t in steps if not cur_)
+    first_c = next(t for cur_, t in steps if cur_)
+    assert first_b == pytest.approx(first_c)
+    # flows stay within their capture: no id of the current one is also the baseline's
+    fb = {e["id"] for e in ev if e.get("ph") in ("s", "f") and e["pid"] < off}
+    fc = {e["id"] for e in ev if e.get("ph") in ("s", "f") and e["pid"] >= off}
+    assert fb and fc and not fb & fc
+    # it loads: every event of both, the kernels still linked to their launches
+    both = teller.trace.load(out, warn=False)
+    assert len(both) == len(base) + len(late)
+    assert int((np.asarray(both.link) >= 0).sum()) == int((np.asarray(base.link) >= 0).sum()) + int(
+        (np.asarray(late.link) >= 0).sum()
+    )
+
+
+def test_cli_compare_perfetto(tmp_path) -> None:
+    _steps(tmp_path, "base.json", 20)
+    _steps(tmp_path, "cur.json", 80)
+    a, b, o = str(tmp_path / "base.json"), str(tmp_path / "cur.json"), str(tmp_path / "both.json")
+    cli = [sys.executable, "-m", "teller", "trace", "compare", a, b]
+    r = subprocess.run([*cli, "--json", "--perfetto", o], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["perfetto"]["path"] == o and "ui.perfetto.dev" in r.stderr
+    assert len(teller.trace.load(o, warn=False)) > 0
+    # an input is never overwritten; a directory is no output file
+    r = subprocess.run([*cli, "--perfetto", a], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "is one of the inputs" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*cli, "--perfetto", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "a directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_same_capture_changes_nothing(tmp_path) -> None:

@@ -423,6 +423,14 @@ def trace_compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
     top: Annotated[int, typer.Option(min=0, help="How many symbols to list.")] = 15,
     step_name: StepOpt = None,
+    perfetto: Annotated[
+        Path | None,
+        typer.Option(
+            "--perfetto",
+            help="Also write both captures into one Perfetto trace (.json or .json.gz), the current "
+            "one below the baseline, their first steps aligned.",
+        ),
+    ] = None,
 ) -> None:
     """Compare two captures of the same workload (teller.compare): the median step time, each GPU's
     time breakdown (compute, communication, copies, idle by what it waited for; GPUs paired in order
@@ -437,9 +445,25 @@ def trace_compare(
         cur = _load([current], step_name)
     except TellerError as e:
         raise _fail(e) from None
-    from teller.compare import compare
+    from teller.compare import compare, side_by_side
 
     c = compare(base, cur, top, step_patterns=step_name)
+    if perfetto is not None:
+        try:
+            from teller._io import check_output_file
+
+            check_output_file(perfetto, [s["path"] for tr_ in (base, cur) for s in tr_.sources], "--perfetto")
+            sbs = side_by_side(base, cur, perfetto, step_patterns=step_name)
+        except TellerError as e:
+            raise _fail(e) from None
+        c["perfetto"] = {"path": str(perfetto), **sbs}
+        err_console.print(
+            f"wrote {escape(str(perfetto))}: both captures on one timeline (baseline above; the current "
+            f"one shifted by {sbs['shift_us'] / 1e3:.3f} ms to align the first steps). "
+            "Open it at https://ui.perfetto.dev",
+            highlight=False,
+            soft_wrap=True,
+        )
     if as_json:
         print(json.dumps({"baseline": baseline, "current": current, **c}, indent=2))
         return

@@ -397,3 +397,115 @@ def _swap_statement(a: dict[str, Any], per: str) -> str:
     return (
         f"{a['class']} kernels ran as other kernels: {names(a['new'])} new, {names(a['gone'])} gone; " + total
     )
+
+
+def side_by_side(
+    baseline: Any, current: Any, path: str | Any, *, step_patterns: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Write both captures into one Chrome trace (gzip when ``path`` ends in .gz) that opens in
+    Perfetto, one above the other: the baseline's processes as they are, named ``baseline · NAME``,
+    the current capture's below them, named ``current · NAME``, with their process ids and flow ids
+    moved past the baseline's so that nothing of one joins the other, and their times shifted so that
+    the two first steps (steps as in :func:`compare`; the first event where a capture has none) start
+    together. Perfetto opens one trace at a time; this is the two runs on one timeline. (A file to
+    look at: loaded back into teller, the two captures' GPUs of one number are one device.) Returns
+    ``shift_us`` (how far the current capture's times moved: the baseline's first step's start less
+    its own), ``pid_offset`` and ``events``."""
+    import gzip
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from teller._io import write_atomic
+    from teller.trace import DEFAULT_STEP_PATTERNS
+
+    patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
+
+    def origin(tr: Any) -> int:
+        st = _pattern_steps(tr, patterns)
+        return min(s.start_ns for s in st) if st else int(np.min(tr.ts))
+
+    # (each through teller's own writer, read back: the merge works on the events as written)
+    with tempfile.TemporaryDirectory(prefix="teller-sbs-") as td:
+        docs = []
+        for k, tr in enumerate((baseline, current)):
+            f = Path(td) / f"{k}.json"
+            tr.to_chrome(f)
+            with open(f, encoding="utf-8") as fh:
+                docs.append(json.load(fh))
+    b, c = docs
+    bb, cb = int(b.get("baseTimeNanoseconds", 0)), int(c.get("baseTimeNanoseconds", 0))
+    # (in the files' own terms: each writes its times relative to its own baseTimeNanoseconds)
+    rel_us = ((origin(baseline) - bb) - (origin(current) - cb)) / 1e3
+    shift_us = (origin(baseline) - origin(current)) / 1e3
+    bev, cev = b["traceEvents"], c["traceEvents"]
+    ints = [e["pid"] for e in bev if isinstance(e.get("pid"), int)]
+    # (past every baseline pid, a round number so that the current pids stay readable: 100238)
+    top = max(ints, default=0) + 1
+    pid_off = 10 ** len(str(top))
+    ids = [e["id"] for e in bev if isinstance(e.get("id"), int)]
+    id_off = max(ids, default=0) + 1
+
+    def moved(pid: Any) -> Any:
+        return pid + pid_off if isinstance(pid, int) else f"current {pid}"
+
+    def name_processes(evs: list[dict[str, Any]], label: str, sort_base: int) -> list[dict[str, Any]]:
+        """Prefix the processes' names with ``label`` (a name for each that had none) and order them
+        (Perfetto's ``process_sort_index``): the baseline's first."""
+        named = set()
+        out_m = []
+        for e in evs:
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"{label} · {(e.get('args') or {}).get('name', e['pid'])}"}
+                named.add(e["pid"])
+        pids = list(dict.fromkeys(e["pid"] for e in evs if "pid" in e))
+        for k, p in enumerate(pids):
+            if p not in named:
+                out_m.append(
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": p,
+                        "tid": 0,
+                        "args": {"name": f"{label} · {p}"},
+                    }
+                )
+            out_m.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": p,
+                    "tid": 0,
+                    "args": {"sort_index": sort_base + k},
+                }
+            )
+        return out_m
+
+    for e in cev:
+        if "pid" in e:
+            e["pid"] = moved(e["pid"])
+        if "ts" in e:
+            e["ts"] = round(e["ts"] + rel_us, 3)
+        if e.get("ph") in ("s", "t", "f") and "id" in e:
+            e["id"] = e["id"] + id_off if isinstance(e["id"], int) else f"current {e['id']}"
+    extra = name_processes(bev, "baseline", 0) + name_processes(cev, "current", 100_000)
+    merged = {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": bb,
+        "deviceProperties": b.get("deviceProperties", []),
+        "teller": {
+            "side_by_side": {
+                "baseline": b.get("teller", {}),
+                "current": c.get("teller", {}),
+                "shift_us": shift_us,
+                "pid_offset": pid_off,
+            }
+        },
+        "traceEvents": bev + cev + extra,
+    }
+    data = json.dumps(merged, separators=(",", ":")).encode()
+    out = os.fspath(path)
+    write_atomic(out, gzip.compress(data, 6, mtime=0) if out.endswith(".gz") else data)
+    return {"shift_us": shift_us, "pid_offset": pid_off, "events": len(baseline) + len(current)}
