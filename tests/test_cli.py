@@ -173,6 +173,22 @@ def test_tpe_train_encode_inspect(tmp_path):
     tokdir = p.stdout.strip().splitlines()[-1]
     assert (tmp_path / "tok") in __import__("pathlib").Path(tokdir).parents
     assert (__import__("pathlib").Path(tokdir) / "tokenizer.json").exists()
+    # a training finishing in a second whose directory is taken gets a directory of its own (claimed
+    # by mkdir, so also against a second process doing the same) and leaves the other's alone
+    import time as _t
+
+    now = _t.time()
+    taken = [tmp_path / "tok" / _t.strftime("tpe-%Y%m%d-%H%M%S", _t.localtime(now + d)) for d in range(120)]
+    for d in taken:
+        d.mkdir(exist_ok=True)
+        (d / "theirs").write_text("x")
+    p2 = run(
+        "tpe", "train", "--data-dir", str(data), "--output-dir", str(tmp_path / "tok"), "--vocab-size", "300"
+    )
+    mine = __import__("pathlib").Path(p2.stdout.strip().splitlines()[-1])
+    assert mine.name.endswith("-1") and (mine / "tokenizer.json").exists() and not (mine / "theirs").exists()
+    first = __import__("pathlib").Path(tokdir)
+    assert all(sorted(x.name for x in d.iterdir()) == ["theirs"] for d in taken if d not in (mine, first))
     out = run(
         "tpe", "encode", "--tokenizer-dir", tokdir, str(data / "mi250_rocm62_tiny.kineto.json.gz")
     ).stdout

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from teller import __version__, build_profile
-from teller.errors import ConfigError, TellerError
+from teller.errors import ConfigError, TellerError, TellerIOError
 
 app = typer.Typer(
     name="teller",
@@ -742,12 +742,26 @@ def tpe_train(
     except TellerError as e:
         raise _fail(e) from None
     run_id = time.strftime("tpe-%Y%m%d-%H%M%S")
-    out = Path(output_dir) / run_id
-    k = 1
-    while out.exists():
-        out = Path(output_dir) / f"{run_id}-{k}"
-        k += 1
-    tok.save(out)
+    from teller._io import make_output_dir
+
+    make_output_dir(output_dir)
+    # the run directory is claimed by creating it (mkdir is atomic): two trainings that finish in the
+    # same second into one --output-dir get two directories, never one with the other's tokenizer
+    out, k = Path(output_dir) / run_id, 1
+    while True:
+        try:
+            out.mkdir()
+            break
+        except FileExistsError:
+            out, k = Path(output_dir) / f"{run_id}-{k}", k + 1
+        except OSError as e:
+            raise _fail(
+                TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out))
+            ) from None
+    try:
+        tok.save(out)
+    except TellerError as e:
+        raise _fail(e) from None
     dt = time.perf_counter() - t0
     n_ev = tok.settings.get("training_events", 0)
     err_console.print(
