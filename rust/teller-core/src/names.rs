@@ -73,9 +73,14 @@ pub fn demangle_kernel(name: &str) -> Option<String> {
 /// `E`, parameter types); `None` when there is no source name.
 pub fn mangled_prefix(name: &str) -> Option<String> {
     let rest = name.strip_prefix("_Z")?;
+    // (without `N` the name is one source name, and what follows it the parameter types)
+    let nested = rest.starts_with('N');
     let mut b = rest.strip_prefix('N').unwrap_or(rest).as_bytes();
     let mut parts: Vec<&str> = Vec::new();
     while let Some(d) = b.iter().position(|c| !c.is_ascii_digit()) {
+        if !nested && !parts.is_empty() {
+            break;
+        }
         if d == 0 || d > 4 {
             break;
         }
@@ -160,6 +165,11 @@ mod tests {
             Some("sgl_hip::activation::act_and_mul_kernel")
         );
         assert_eq!(mangled_prefix("_Z6kernelPfi").as_deref(), Some("kernel"));
+        // not nested: the parameter types' names are not more of the name
+        assert_eq!(
+            mangled_prefix("_Z11some_kernel6ParamsTn").as_deref(),
+            Some("some_kernel")
+        );
         assert_eq!(mangled_prefix("_Zgarbage"), None);
         assert_eq!(mangled_prefix("_ZN99short"), None); // (a length past the end)
         assert_eq!(mangled_prefix("nvjet_sm90_tst"), None);

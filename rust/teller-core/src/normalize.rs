@@ -42,7 +42,10 @@ pub fn canonical_kernel(name: &str, opts: &NormalizeOptions) -> String {
     // every instantiation would be its own symbol. (Demangled once per distinct name.)
     // (what no demangler here reads, newer manglings, is named by its qualified name's front part)
     let t = name.trim();
-    match crate::names::demangle_kernel(t).or_else(|| crate::names::mangled_prefix(t)) {
+    // (a front part that is a generic wrapper, `cutlass::Kernel`, would name every instantiation
+    // alike, the kernel it wraps being in the template arguments it does not read: kept raw)
+    let front = || crate::names::mangled_prefix(t).filter(|p| !is_wrapper(p));
+    match crate::names::demangle_kernel(t).or_else(front) {
         Some(d) => canonical_demangled(&d, opts),
         None => canonical_demangled(name, opts),
     }
@@ -95,13 +98,23 @@ fn canonical_demangled(name: &str, opts: &NormalizeOptions) -> String {
         tok = name.trim().to_string();
     }
     // Generic wrappers (`cutlass::Kernel<cutlass_tensorop_s1688gemm_...>`, `device_kernel<...>`) carry
-    // the kernel's identity in their first template argument: name them by it.
-    if GENERIC_WRAPPERS.contains(&tok.as_str()) {
-        if let Some(arg) = first_template_arg(s) {
+    // the kernel's identity in their first template argument (that is not a number): name them by it.
+    // (the first argument that names something: composable_kernel's `kentry<256, 1, Kernel>` puts
+    // its launch bounds first)
+    if is_wrapper(&tok) {
+        for arg in template_args(s) {
+            let literal = arg.trim_end_matches(|c: char| c.is_ascii_alphabetic()); // (`3ul`)
+            if arg.is_empty()
+                || matches!(arg, "true" | "false")
+                || (!literal.is_empty() && literal.bytes().all(|c| c.is_ascii_digit() || c == b'-'))
+            {
+                continue;
+            }
             let inner = canonical_kernel(arg, opts);
-            if !inner.is_empty() && !GENERIC_WRAPPERS.contains(&inner.as_str()) {
+            if !inner.is_empty() && !is_wrapper(&inner) {
                 return inner;
             }
+            break;
         }
     }
     if opts.collapse_tiles {
@@ -117,7 +130,17 @@ fn canonical_demangled(name: &str, opts: &NormalizeOptions) -> String {
     tok
 }
 
+/// A generic wrapper's name (its last `::` part): one of `GENERIC_WRAPPERS`, or an architecture guard
+/// such as CUTLASS 3's `enable_sm90_or_later<Kernel>` (FlashAttention-3, vLLM's fp8 GEMMs), whose
+/// every instantiation would otherwise be one symbol.
+fn is_wrapper(tok: &str) -> bool {
+    let last = tok.rsplit("::").next().unwrap_or(tok);
+    GENERIC_WRAPPERS.contains(&last) || last.starts_with("enable_sm")
+}
+
 const GENERIC_WRAPPERS: &[&str] = &[
+    // (`ck_tile::kentry<Kernel>`: composable_kernel's tile kernels, aiter's FMHA and GEMMs)
+    "kentry",
     "Kernel",
     "Kernel2",
     "kernel",
@@ -126,25 +149,33 @@ const GENERIC_WRAPPERS: &[&str] = &[
     "cutlass_kernel",
 ];
 
-/// The first top-level template argument of a (possibly `void `-prefixed) kernel name.
-fn first_template_arg(s: &str) -> Option<&str> {
+/// The top-level template arguments of a (possibly `void `-prefixed) kernel name, in order.
+fn template_args(s: &str) -> Vec<&str> {
     let b = s.as_bytes();
-    let open = s.find('<')?;
+    let Some(open) = s.find('<') else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
     let mut depth = 0i32;
+    let mut start = open + 1;
     for (i, &c) in b.iter().enumerate().skip(open) {
         match c {
             b'<' | b'(' | b'{' | b'[' => depth += 1,
             b'>' | b')' | b'}' | b']' => {
                 depth -= 1;
                 if depth == 0 {
-                    return Some(s[open + 1..i].trim());
+                    out.push(s[start..i].trim());
+                    return out;
                 }
             }
-            b',' if depth == 1 => return Some(s[open + 1..i].trim()),
+            b',' if depth == 1 => {
+                out.push(s[start..i].trim());
+                start = i + 1;
+            }
             _ => {}
         }
     }
-    None
+    out
 }
 
 #[inline]
@@ -290,6 +321,16 @@ mod tests {
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize*_warpgroupsize*_execute_segment_k_off_kernel__5x_cublas"
         );
         assert_eq!(canonical_kernel("ampere_sgemm_128x64_nn", &o), "ampere_sgemm_*_nn");
+        // architecture guards and composable_kernel's entry are wrappers too
+        assert_eq!(
+            canonical_kernel("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, cute::tuple<int, int, int>>>>>(flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<int>>::Params)", &o),
+            "FlashAttnFwdSm90"
+        );
+        assert_eq!(canonical_kernel("void cutlass::Kernel<Foo<3ul>>(int)", &o), "Foo");
+        assert_eq!(
+            canonical_kernel("void ck_tile::kentry<256, 1, ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVS<int>>>(ck_tile::FmhaFwdKernel<int>::Kargs)", &o),
+            "FmhaFwdKernel"
+        );
         // mangled names (as some Kineto traces carry them): demangled, then the same rules
         for (mangled, want) in [
             (
@@ -305,6 +346,11 @@ mod tests {
                 "act_and_mul_kernel",
             ),
             ("_Z6kernelPfi", "kernel"),
+            // a wrapper the demangler cannot read (clang's Tn) is kept whole, not named `Kernel`
+            (
+                "_ZN7cutlass6KernelIN4gemm4GemmEEvTnPFvvEXadL_Z1fvEE",
+                "_ZN7cutlass6KernelIN4gemm4GemmEEvTnPFvvEXadL_Z1fvEE",
+            ),
             // not a valid mangling: kept as it is
             ("_Zgarbage", "_Zgarbage"),
         ] {
