@@ -112,7 +112,30 @@ def test_a_gemm_run_on_another_kernel_is_one_change_of_its_class(tmp_path) -> No
         ("kernel:add_rmsnorm_quant_kernel", "normalization"),
         ("kernel:rotary_embedding_kernel", "elementwise"),
         ("kernel:CatArrayBatchedCopy_aligned16_contig", "copy and index"),
-        ("kernel:softmax_warp_forward", "sampling"),
+        ("kernel:softmax_warp_forward", "softmax, top-k, sort"),
+        ("kernel:gatherTopK", "softmax, top-k, sort"),
+        # FlashInfer: attention that names the KV cache it reads, the cache write, sampling, a norm
+        ("kernel:BatchDecodeWithPagedKVCacheKernel", "attention"),
+        ("kernel:BatchPrefillWithRaggedKVCacheKernel", "attention"),
+        ("kernel:AppendPagedKVCacheKernel", "copy and index"),
+        ("kernel:MergeStatesKernel", "attention"),
+        ("kernel:TopPRenormProbKernel", "sampling"),
+        ("kernel:TopKTopPSamplingFromProbKernel", "sampling"),
+        ("kernel:flashinfer::norm::RMSNormKernel", "normalization"),
+        ("kernel:FlashAttnFwdSm90", "attention"),
+        # MoE: the grouped GEMMs, the routing
+        ("kernel:fused_moe_kernel", "GEMM"),
+        ("kernel:marlin_moe_wna16", "GEMM"),
+        ("kernel:MacheteKernel", "GEMM"),
+        ("kernel:topkGatingSoftmax", "MoE routing"),
+        ("kernel:moe_align_block_size_kernel", "MoE routing"),
+        ("kernel:triton_tem_fused_addmm_relu", "GEMM"),
+        # words inside other words
+        ("kernel:convert_fp8_kernel", "other"),
+        ("kernel:normal_kernel", "other"),
+        ("kernel:upsample_bilinear2d_out_frame", "other"),
+        ("kernel:ncclDevKernel_SendRecv", "communication"),
+        ("kernel:custom_all_reduce_1stage", "communication"),
         ("kernel:reduce_kernel", "reduction"),
         ("kernel:multi_tensor_apply_kernel", "other"),
         ("runtime:cudaLaunchKernel", None),
@@ -122,6 +145,30 @@ def test_kernel_classes(symbol, cls) -> None:
     from teller.compare import kernel_class
 
     assert kernel_class(symbol) == cls
+
+
+def test_a_swap_is_kernels_of_one_class_of_comparable_time(tmp_path) -> None:
+    from teller.compare import is_swap
+
+    def cls(name: str, gone_ns: float, new_ns: float) -> dict:
+        return {
+            "class": name,
+            "gone": ["kernel:a"],
+            "new": ["kernel:b"],
+            "gone_ns": gone_ns,
+            "new_ns": new_ns,
+        }
+
+    assert is_swap(cls("GEMM", 50e3, 52e3)) and is_swap(cls("GEMM", 50e3, 99e3))
+    # a tiny kernel gone and a large one new: two changes; "other" says nothing of what they do
+    assert not is_swap(cls("GEMM", 5e3, 52e3)) and not is_swap(cls("other", 50e3, 52e3))
+    assert not is_swap({**cls("GEMM", 50e3, 52e3), "new": []})
+    # so an unrelated new kernel is still said as new
+    base = _steps(tmp_path, "base.json", 50, kernel="nchwToNhwcKernel")
+    cur = _steps(tmp_path, "cur.json", 50, kernel="nan_inf_check_kernel")
+    st = compare(base, cur)["statements"]
+    assert any(s.startswith("kernel:nan_inf_check_kernel is new") for s in st), st
+    assert any(s.startswith("kernel:nchwToNhwcKernel is gone") for s in st), st
 
 
 def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:
@@ -138,7 +185,7 @@ def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:
     wait = next(i for i, s in enumerate(st) if s.startswith("runtime:cudaMemcpyAsync"))
     ar = next(i for i, s in enumerate(st) if s.startswith("kernel:cross_device_reduce"))
     assert ar < wait and st[wait].endswith(
-        "a call in which the host waits for the GPU: a symptom of the GPU's time"
+        "the host waits in this call for the GPU work queued before it, so its time follows the GPU's too"
     )
     assert st[ar].endswith("a collective's time includes waiting for the slowest rank")
 

@@ -607,6 +607,14 @@ def test_processes_of_one_run_sharing_a_gpu_are_said(tmp_path) -> None:
     pci = {"host": "h", "env": {**rd, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
     by_bus = {**src[1], "metadata": {"header": json.dumps(pci)}}
     assert physical_gpu(by_bus, 1) == (None, ("h", str(run), "PCI_BUS_ID", "1")) != physical_gpu(src[1], 1)
+    # and so such a neighbour is no neighbour on one GPU
+    other_order = tmp_path / "other_order"
+    other_order.mkdir()
+    proc(other_order, "server.tmsgpack", 10, 1, 0, 10_000, rd)
+    proc(other_order, "neighbour.tmsgpack", 20, 1, 30_000, 40_000, {**rd, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert not [f for f in findings(teller.trace.load(other_order, warn=False)) if f["kind"] == "shared_gpu"]
+    proc(other_order, "neighbour2.tmsgpack", 30, 1, 30_000, 40_000, rd)  # (the same order: one GPU)
+    assert [f for f in findings(teller.trace.load(other_order, warn=False)) if f["kind"] == "shared_gpu"]
     fs = {f["device"]: f for f in findings(tr) if f["kind"] == "shared_gpu"}
     assert set(fs) == {0, 1}
     server = fs[1]

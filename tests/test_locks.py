@@ -342,5 +342,16 @@ def test_write_atomic_leaves_the_old_file_on_a_failed_write(tmp_path) -> None:
     assert sorted(x.name for x in tmp_path.iterdir()) == ["eval.json"]  # (no temporary file left)
     tio.write_atomic(f, b"\x00\x01")
     assert f.read_bytes() == b"\x00\x01"
+    # a link is written through, the file keeps its mode, a long name still gets a temporary file
+    f.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(f)
+    tio.write_atomic(link, "new")
+    assert link.is_symlink() and f.read_text() == "new" and (f.stat().st_mode & 0o777) == 0o600
+    long = tmp_path / ("eval-" + "x" * 240 + ".json")
+    tio.write_atomic(long, "{}")
+    assert long.read_text() == "{}" and sorted(x.name for x in tmp_path.iterdir()) == sorted(
+        ["eval.json", "link.json", long.name]
+    )
     with pytest.raises(TellerIOError, match=r"cannot write it"):
         tio.write_atomic(tmp_path / "no-dir" / "x.json", "{}")

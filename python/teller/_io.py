@@ -47,12 +47,18 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     """Write ``data`` (text, bytes, or a callable that writes the file it is given) to ``path``
-    through a temporary file beside it, renamed over it: a reader, or a rerun after a crash or a
-    Ctrl-C, sees the old file or the new one, never half of one. The temporary name carries the pid,
-    so two processes writing one path do not write into one temporary file. A failure removes the
-    temporary file and is a :class:`TellerIOError` naming ``path``."""
+    through a temporary file beside it, flushed to disk and renamed over it: a reader, or a rerun
+    after a crash or a Ctrl-C, sees the old file or the new one, never half of one. A symbolic link
+    at ``path`` is written through (its target replaced); an existing file keeps its permissions.
+    The temporary name carries the pid, so two processes writing one path do not write into one
+    temporary file. A failure removes the temporary file and is a :class:`TellerIOError` naming
+    ``path``."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    target = Path(os.path.realpath(p)) if p.is_symlink() else p
+    name = f".{target.name}.{os.getpid()}.tmp"
+    if len(name.encode()) > 255:  # (a long name plus the suffix: a name the filesystem still takes)
+        name = f".teller-{os.getpid()}-{abs(hash(target.name)):x}.tmp"
+    tmp = target.with_name(name)
     try:
         if isinstance(data, str):
             tmp.write_text(data, encoding="utf-8")
@@ -60,7 +66,14 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
             tmp.write_bytes(data)
         else:
             data(tmp)
-        os.replace(tmp, p)
+        with contextlib.suppress(OSError):  # (the old file's mode, where there is one)
+            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -459,7 +459,8 @@ def trace_compare(
         c["perfetto"] = {"path": str(perfetto), **sbs}
         err_console.print(
             f"wrote {escape(str(perfetto))}: both captures on one timeline (baseline above; the current "
-            f"one shifted by {sbs['shift_us'] / 1e3:.3f} ms to align the first steps). "
+            f"one shifted by {sbs['shift_us'] / 1e3:.3f} ms so that their first steps, or first events, "
+            "start together). "
             "Open it at https://ui.perfetto.dev",
             highlight=False,
             soft_wrap=True,
@@ -523,7 +524,9 @@ def trace_compare(
             )
         console.print(kt)
     if c["statements"]:
-        console.print("[bold]what changed[/] (largest first):")
+        console.print(
+            "[bold]what changed[/] (largest first; the calls that wait for the GPU after the rest):"
+        )
         for s in c["statements"]:
             console.print(f"  - {escape(s)}", highlight=False, soft_wrap=True)
     else:

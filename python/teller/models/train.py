@@ -1451,7 +1451,9 @@ def calibrate(
     run = p if p.is_dir() else p.parent
     if not run.is_dir():  # (no run to lock, nor one to create: _calibrate names what is missing)
         return _calibrate(checkpoint, data_dir, split, reset=reset, device=device)
-    with dir_lock(run, "teller calibrate", what="run directory"):
+    # (transient: a run directory removed meanwhile, say by a refused `teller train`, is not left
+    # behind re-created and empty)
+    with dir_lock(run, "teller calibrate", transient=True, what="run directory"):
         return _calibrate(checkpoint, data_dir, split, reset=reset, device=device)
 
 
