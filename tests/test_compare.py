@@ -171,6 +171,44 @@ def test_a_swap_is_kernels_of_one_class_of_comparable_time(tmp_path) -> None:
     assert any(s.startswith("kernel:nchwToNhwcKernel is gone") for s in st), st
 
 
+def _loaded_steps(tmp_path, name: str, tokens: list[int], us_per_token: float, *, fixed_us: float = 100):
+    """Steps recording their load (``num_tokens``) as vLLM-style engine steps do, each taking
+    ``fixed_us + us_per_token * tokens`` with one kernel inside."""
+    t = _Trace()
+    at = 0.0
+    for k, n in enumerate(tokens):
+        dur = fixed_us + us_per_token * n
+        t.step(f"ProfilerStep#{k}", at, dur)
+        t.ev[-1]["args"] = {"num_tokens": n}
+        t.launch(at + 2, 3, at + 6, dur / 2)
+        at += dur + 50
+    return t.load(tmp_path, name)
+
+
+def test_a_load_change_is_read_against_the_baselines_time_for_that_load(tmp_path) -> None:
+    base = _loaded_steps(tmp_path, "base.json", [10, 20, 40, 80, 160, 320, 10, 20], 1.0)
+    # twice the tokens per step, each step 1.5x what the baseline's take for its tokens
+    cur = _loaded_steps(tmp_path, "cur.json", [20, 40, 80, 160, 320, 40], 1.5, fixed_us=150)
+    c = compare(base, cur)
+    ld = c["load"]
+    assert ld["arg"] == "num_tokens" and ld["baseline_median"] == 30 and ld["current_median"] == 60
+    assert ld["fixed_ns"] == pytest.approx(100e3) and ld["per_unit_ns"] == pytest.approx(1e3)
+    assert ld["ratio"] == pytest.approx(1.5) and ld["in_range"] == 1.0
+    said = [s for s in c["statements"] if s.startswith("the steps carried")]
+    assert said == [
+        "the steps carried 2x the baseline's load (median num_tokens 60 against 30); for their load "
+        "they took 1.50x what the baseline's steps take for that load (0.1 ms + 1.0 us per token)"
+    ]
+    # the same load: nothing to add to the step time; far beyond the baseline's loads: not compared
+    same = compare(base, _loaded_steps(tmp_path, "same.json", [10, 20, 40, 80, 160, 320, 10, 20], 1.5))
+    assert not any(s.startswith("the steps carried") for s in same["statements"])
+    far = compare(base, _loaded_steps(tmp_path, "far.json", [4000, 5000, 6000], 1.0))
+    assert far["load"]["ratio"] is None and far["load"]["in_range"] == 0
+    assert any(s.endswith("their time is not compared for their load") for s in far["statements"])
+    # steps without a load: none
+    assert compare(_steps(tmp_path, "a.json", 20), _steps(tmp_path, "b.json", 30))["load"] is None
+
+
 def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:
     # NVLink congestion: the all-reduce kernels slow, and the host's cudaMemcpyAsync of the sampled ids
     # (where it waits for the GPU) grows by as much: stated after the kernels, as the symptom it is

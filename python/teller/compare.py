@@ -29,6 +29,9 @@ MIN_SHARE = 0.02
 MIN_POINTS = 0.05
 # the step time ratio that is worth a sentence
 STEP_RATIO = 1.2
+# the change of the steps' median load (their `num_tokens`, else `num_seqs`) from which the step time
+# is also read against the load: what the baseline's steps take for the current steps' loads
+LOAD_RATIO = 1.2
 GPU_LAYERS = ("kernel", "memcpy", "memset")
 BREAKDOWN = (
     ("compute_ns", "compute"),
@@ -348,9 +351,73 @@ def compare(
         "gpus": gpus,
         # the GPUs with work in each capture (the breakdowns pair them only where as many)
         "gpu_count": {"baseline": len(db), "current": len(dc)},
+        # the steps' load in both, and the current steps against the baseline's time for their load
+        "load": _load_change(baseline, current, patterns) if per_step else None,
     }
     out["statements"] = statements(out, rows)
     return out
+
+
+def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[str, Any] | None:
+    """Where every step of both captures records its load (``teller.findings.STEP_WORK_ARGS``, the
+    same in both): the median load of each, the line ``c + k * load`` through the baseline's steps
+    (``teller.findings.expected_step_times``: robust, so one slow step moves it not), and the median
+    of the current steps' time over what that line gives for their load (``ratio``): above 1 they
+    are slower than the baseline's steps of the same work, whatever the traffic did to the mix. The
+    line is read only within the baseline's loads (half its smallest to twice its largest: beyond,
+    it is extrapolated, and a baseline of one load has no slope to extrapolate with): ``in_range``,
+    the share of current steps it was read for, ``ratio`` their median (None with none). None
+    otherwise, or with fewer than three baseline steps."""
+    from teller.findings import MIN_STEPS, _step_load, expected_step_times
+
+    sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
+    if len(sb) < MIN_STEPS or not sc:
+        return None
+    lb, lc = _step_load(baseline, sb), _step_load(current, sc)
+    if lb is None or lc is None or lb[0] != lc[0]:
+        return None
+    xb, xc = lb[1], lc[1]
+    db = np.array([s.dur_ns for s in sb], dtype=np.float64)
+    dc = np.array([s.dur_ns for s in sc], dtype=np.float64)
+    _, c, k = expected_step_times(db, xb)
+    pred = c + k * xc
+    ok = (pred > 0) & (xc >= 0.5 * xb.min()) & (xc <= 2.0 * xb.max())
+    return {
+        "arg": lb[0],
+        "baseline_median": float(np.median(xb)),
+        "current_median": float(np.median(xc)),
+        "fixed_ns": c,
+        "per_unit_ns": k,
+        "ratio": float(np.median(dc[ok] / pred[ok])) if ok.any() else None,
+        "in_range": float(np.mean(ok)),
+    }
+
+
+def _load_statements(ld: dict[str, Any] | None) -> list[str]:
+    """The load's sentences, where the steps' median load moved by ``LOAD_RATIO`` or more."""
+    if not ld:
+        return []
+    lb, lc, r = ld["baseline_median"], ld["current_median"], ld["ratio"]
+    if lb > 0 and lc > 0:
+        if max(lc / lb, lb / lc) < LOAD_RATIO:
+            return []
+        moved = f"{lc / lb:.3g}x the baseline's load"
+    elif lb == lc:
+        return []
+    else:
+        moved = "another load than the baseline's"
+    arg = ld["arg"]
+    unit = {"num_tokens": "token", "num_seqs": "sequence"}.get(arg, "unit")
+    line = f"{_ms(ld['fixed_ns'])} + {_ms(ld['per_unit_ns'])} per {unit}"
+    said = f"the steps carried {moved} (median {arg} {lc:.4g} against {lb:.4g})"
+    if r is None or ld["in_range"] < 0.5:
+        # (most steps outside the baseline's loads: what it would take for them is not known)
+        return [f"{said}, mostly outside the baseline's loads: their time is not compared for their load"]
+    if max(r, 1 / r) >= STEP_RATIO:
+        took = f"{r:.2f}x what the baseline's steps take for that load ({line})"
+    else:
+        took = f"about what the baseline's steps take for that load ({r:.2f}x; {line})"
+    return [f"{said}; for their load they took {took}"]
 
 
 def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
@@ -363,6 +430,7 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
     if mb > 0 and mc > 0 and max(mc / mb, mb / mc) >= STEP_RATIO:
         what = "median step" if unit == "step" else "capture span"
         out.append(f"the {what} took {mc / mb:.2f}x the baseline's ({_ms(mc)} against {_ms(mb)})")
+    out += _load_statements(cmp.get("load"))
     rows = rows if rows is not None else cmp["symbols"]
     # a class with kernels gone *and* new ran its work on other kernels: one sentence for the swap,
     # with the class's time in both, in place of a "new" and a "gone" that read as two changes
