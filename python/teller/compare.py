@@ -422,7 +422,7 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
 
 def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
     """The changes worth a sentence, largest first: the step time (at ``STEP_RATIO`` or more either
-    way), the symbols whose time per unit moved by ``MIN_SHARE`` of the baseline's unit time or more
+    way), the steps' load and their time for it (where the load moved by ``LOAD_RATIO``), the symbols whose time per unit moved by ``MIN_SHARE`` of the baseline's unit time or more
     (at most five), and the breakdown shares that moved by ``MIN_POINTS`` or more."""
     unit = cmp["unit"]
     out: list[str] = []
