@@ -209,6 +209,57 @@ def test_a_load_change_is_read_against_the_baselines_time_for_that_load(tmp_path
     assert compare(_steps(tmp_path, "a.json", 20), _steps(tmp_path, "b.json", 30))["load"] is None
 
 
+def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
+    # two per-rank profiler files, each process on its GPU 0; rank 1 computes 4x longer than rank 0
+    # in both captures, and the current capture's files list rank 1 first: paired by rank, nothing
+    # moved; paired by order, each GPU would read as the other's change
+    def rank_file(d, name: str, rank: int) -> None:
+        t = _Trace()
+        for k in range(4):
+            t.step(f"ProfilerStep#{k}", k * 300.0, 200)
+            t.launch(k * 300.0 + 6, 3, k * 300.0 + 10, 20 if rank == 0 else 80)
+        d.mkdir(exist_ok=True)
+        (d / name).write_text(
+            json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev})
+        )
+
+    rank_file(tmp_path / "base", "a.json", 0)
+    rank_file(tmp_path / "base", "b.json", 1)
+    rank_file(tmp_path / "cur", "a.json", 1)
+    rank_file(tmp_path / "cur", "b.json", 0)
+    base = teller.trace.load(tmp_path / "base", warn=False)
+    cur = teller.trace.load(tmp_path / "cur", warn=False)
+    c = compare(base, cur)
+    each = [g for g in c["gpus"] if g["gpu"] != "all GPUs"]
+    assert len(each) == 2
+    for g in each:
+        assert g["baseline"]["compute_ns"] == pytest.approx(g["current"]["compute_ns"])
+    assert not any(s.startswith("GPU") for s in c["statements"]), c["statements"]
+    # without ranks the same files pair in order (and differ)
+    for d in ("base", "cur"):
+        for f in (tmp_path / d).iterdir():
+            doc = json.loads(f.read_text())
+            del doc["distributedInfo"]
+            f.write_text(json.dumps(doc))
+    c2 = compare(
+        teller.trace.load(tmp_path / "base", warn=False), teller.trace.load(tmp_path / "cur", warn=False)
+    )
+    g0 = [g for g in c2["gpus"] if g["gpu"] != "all GPUs"][0]
+    assert g0["baseline"]["compute_ns"] != pytest.approx(g0["current"]["compute_ns"])
+
+
+def test_rank_of_an_input() -> None:
+    from teller.compare import _rank
+
+    raw = {"kind": "raw", "metadata": {"header": json.dumps({"env": {"RANK": "3"}})}}
+    assert _rank(raw) == 3
+    assert _rank({"kind": "raw", "metadata": {"header": json.dumps({"env": {}})}}) is None
+    assert _rank({"kind": "raw", "metadata": {"header": "not json"}}) is None
+    assert _rank({"kind": "chrome", "metadata": {"distributedInfo": json.dumps({"rank": 1})}}) == 1
+    assert _rank({"kind": "chrome", "metadata": {"distributedInfo": json.dumps({"rank": True})}}) is None
+    assert _rank({"kind": "chrome", "metadata": {}}) is None
+
+
 def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:
     # NVLink congestion: the all-reduce kernels slow, and the host's cudaMemcpyAsync of the sampled ids
     # (where it waits for the GPU) grows by as much: stated after the kernels, as the symptom it is

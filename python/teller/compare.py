@@ -269,12 +269,50 @@ def _in_steps(tr: Any, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.where(has, step >= 0, (end > lo) & (ts < hi))
 
 
-def _device_rows(s: dict[str, Any], tr: Any) -> list[tuple[str, dict[str, float]]]:
-    """Per GPU (in the summary's order: by process, then device), its name and its breakdown as
-    shares of its span."""
+def _rank(src: dict[str, Any]) -> int | None:
+    """The distributed rank of an input: a raw file's ``RANK`` (its header's environment), a
+    profiler file's ``distributedInfo.rank`` (Kineto); None where it says none."""
+    import json
+
+    meta = src.get("metadata") or {}
+    try:
+        if src.get("kind") == "raw":
+            h = json.loads(meta.get("header") or "{}")
+            v = (h.get("env") or {}).get("RANK") if isinstance(h, dict) else None
+        else:
+            di = json.loads(meta.get("distributedInfo") or "{}")
+            v = di.get("rank") if isinstance(di, dict) else None
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _device_rows(s: dict[str, Any], tr: Any) -> list[tuple[str, dict[str, float], tuple | None]]:
+    """Per GPU (in the summary's order: by device, then input), its name, its breakdown as shares of
+    its span, and its key across captures: (rank, device) where its input names its rank, else
+    None."""
     devs = [d for d in s["devices"] if d.get("span_ns", 0) > 0]
     names = gpu_names(devs, tr.sources)
-    return [(nm, {f: d[f] / d["span_ns"] for f, _ in BREAKDOWN}) for d, nm in zip(devs, names, strict=True)]
+    out = []
+    for d, nm in zip(devs, names, strict=True):
+        src = d.get("source", 0)
+        r = _rank(tr.sources[src]) if 0 <= src < len(tr.sources) else None
+        out.append(
+            (nm, {f: d[f] / d["span_ns"] for f, _ in BREAKDOWN}, (r, d["device"]) if r is not None else None)
+        )
+    return out
+
+
+def _pair_gpus(db: list, dc: list) -> list[tuple[int, int]]:
+    """Index pairs (baseline, current) of the GPUs to compare: by (rank, device) where every GPU of
+    both captures has one, each once, and both have the same ones (the order of the input files, and
+    so of the processes, may differ between two runs of one service: rank 1's file first in one);
+    else in order where both have as many GPUs; else none."""
+    kb, kc = [x[2] for x in db], [x[2] for x in dc]
+    if None not in kb and None not in kc and len(set(kb)) == len(kb) == len(kc) and set(kb) == set(kc):
+        at = {k: i for i, k in enumerate(kb)}
+        return [(at[k], j) for j, k in enumerate(kc)]
+    return [(i, i) for i in range(len(db))] if len(db) == len(dc) else []
 
 
 def _all_gpus(s: dict[str, Any]) -> dict[str, float] | None:
@@ -291,7 +329,8 @@ def compare(
     its steps and their median time; with unit "capture", its span instead); ``symbols`` (the
     ``top`` symbols by the largest change of their time per unit, each with layer, events and time
     per unit in both, the change and the ratio; a symbol of one capture only included); ``gpus``
-    (the GPUs paired in order where both captures have as many, then ``all GPUs``: each breakdown
+    (the GPUs paired by rank and device, else in order where both captures have as many, then
+    ``all GPUs``: each breakdown
     share in both); ``statements`` (:func:`statements`). ``step_patterns``: the globs the captures'
     steps were found by (``teller.trace.load(step_names=...)``; the loader's defaults by default):
     steps found by the loader's fallbacks (root ranges, the whole trace) make the unit "capture"."""
@@ -328,13 +367,9 @@ def compare(
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
     sb, sc = baseline.summary(0), current.summary(0)
     db, dc = _device_rows(sb, baseline), _device_rows(sc, current)
-    # GPUs paired in order (by process, then device) where both captures have as many; the current
+    # GPUs paired by (rank, device), else in order where both captures have as many; the current
     # capture's names (a path tail tells per-rank files apart); always the whole as well
-    gpus = (
-        [{"gpu": nm, "baseline": b, "current": c} for (_, b), (nm, c) in zip(db, dc, strict=True)]
-        if len(db) == len(dc)
-        else []
-    )
+    gpus = [{"gpu": dc[j][0], "baseline": db[i][1], "current": dc[j][1]} for i, j in _pair_gpus(db, dc)]
     ab, ac = _all_gpus(sb), _all_gpus(sc)
     if ab is not None and ac is not None:
         gpus.append({"gpu": "all GPUs", "baseline": ab, "current": ac})
@@ -422,8 +457,9 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
 
 def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
     """The changes worth a sentence, largest first: the step time (at ``STEP_RATIO`` or more either
-    way), the steps' load and their time for it (where the load moved by ``LOAD_RATIO``), the symbols whose time per unit moved by ``MIN_SHARE`` of the baseline's unit time or more
-    (at most five), and the breakdown shares that moved by ``MIN_POINTS`` or more."""
+    way), the steps' load and their time for it (where the load moved by ``LOAD_RATIO``), the
+    symbols whose time per unit moved by ``MIN_SHARE`` of the baseline's unit time or more (at most
+    five), and the breakdown shares that moved by ``MIN_POINTS`` or more."""
     unit = cmp["unit"]
     out: list[str] = []
     mb, mc = cmp["steps"]["baseline"]["median_ns"], cmp["steps"]["current"]["median_ns"]
