@@ -432,14 +432,15 @@ def trace_compare(
         ),
     ] = None,
 ) -> None:
-    """Compare two captures of the same workload (teller.compare): the median step time, each GPU's
-    time breakdown (compute, communication, copies, idle by what it waited for; GPUs paired by rank,
-    else in order where both have as many), and the symbols (kernels, operators, API calls, ranges)
-    whose time per step changed most (host ranges by self time; per capture where either has no steps), the kernel
-    time by class (GEMM, attention, communication, ...: a class whose work ran on other kernels, say
-    after a library upgrade, is one change, not a kernel gone and one new), then the changes worth a
-    sentence. A healthy run of the same service is the reference where the RCA models
-    know nothing of the deployment."""
+    """Compare two captures of the same workload (teller.compare): the median step time (and, where
+    the steps record their load, their time for it), each GPU's time breakdown (compute,
+    communication, copies, idle by what it waited for; GPUs paired by rank, else in order where both
+    have as many), the symbols (kernels, operators, API calls, ranges) whose time per step changed
+    most (host ranges by self time; per capture where either has no steps), the kernel time by class
+    (GEMM, attention, communication, ...: a class whose work ran on other kernels, say after a
+    library upgrade, is one change, not a kernel gone and one new), then the changes worth a
+    sentence. A healthy run of the same service is the reference where the RCA models know nothing
+    of the deployment."""
     try:
         base = _load([baseline], step_name)
         cur = _load([current], step_name)
