@@ -197,7 +197,7 @@ def test_a_load_change_is_read_against_the_baselines_time_for_that_load(tmp_path
     said = [s for s in c["statements"] if s.startswith("the steps carried")]
     assert said == [
         "the steps carried 2x the baseline's load (median num_tokens 60 against 30); for their load "
-        "they took 1.50x what the baseline's steps take for that load (0.1 ms + 1.0 us per token)"
+        "they took 1.50x what the baseline's steps take for that load (0.1 ms + 1 us per token)"
     ]
     # the same load: nothing to add to the step time; far beyond the baseline's loads: not compared
     same = compare(base, _loaded_steps(tmp_path, "same.json", [10, 20, 40, 80, 160, 320, 10, 20], 1.5))
@@ -207,6 +207,31 @@ def test_a_load_change_is_read_against_the_baselines_time_for_that_load(tmp_path
     assert any(s.endswith("their time is not compared for their load") for s in far["statements"])
     # steps without a load: none
     assert compare(_steps(tmp_path, "a.json", 20), _steps(tmp_path, "b.json", 30))["load"] is None
+    # a baseline of one load has no slope: a step of 1.5x the load on the same cost line is not read
+    # as slower for its load, only steps of the baseline's own load are read
+    one = _loaded_steps(tmp_path, "one.json", [4096] * 6, 1.0)
+    more = compare(one, _loaded_steps(tmp_path, "more.json", [6144] * 4 + [4096] * 2, 1.0))
+    assert more["load"]["ratio"] == pytest.approx(1.0) and more["load"]["in_range"] == pytest.approx(2 / 6)
+    # steps of no time are not read (their ratio would be 0, and its inverse a division by zero)
+    zero = _loaded_steps(tmp_path, "zero.json", [20, 40, 80, 160, 320, 40], 0.0, fixed_us=0)
+    z = compare(base, zero)
+    assert z["load"]["ratio"] is None and z["load"]["in_range"] == 0
+    # the load both captures carry, though the baseline's steps record another one first
+    doc = json.loads((tmp_path / "base.json").read_text())
+    for e in doc["traceEvents"]:
+        if "num_tokens" in e.get("args", {}):
+            e["args"] = {"num_seqs": e["args"]["num_tokens"] // 10, "num_tokens": e["args"]["num_tokens"]}
+    (tmp_path / "both.json").write_text(json.dumps(doc))
+    doc = json.loads((tmp_path / "cur.json").read_text())
+    for e in doc["traceEvents"]:
+        if "num_tokens" in e.get("args", {}):
+            e["args"] = {"num_seqs": e["args"].pop("num_tokens") // 10}
+    (tmp_path / "seqs.json").write_text(json.dumps(doc))
+    load = teller.trace.load
+    mixed = compare(load(tmp_path / "both.json", warn=False), load(tmp_path / "seqs.json", warn=False))[
+        "load"
+    ]
+    assert mixed is not None and mixed["arg"] == "num_seqs"
 
 
 def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
@@ -258,6 +283,9 @@ def test_rank_of_an_input() -> None:
     assert _rank({"kind": "chrome", "metadata": {"distributedInfo": json.dumps({"rank": 1})}}) == 1
     assert _rank({"kind": "chrome", "metadata": {"distributedInfo": json.dumps({"rank": True})}}) is None
     assert _rank({"kind": "chrome", "metadata": {}}) is None
+    for bad in ("Infinity", "1e400", "2.7", '"x"'):  # (no rank, and no crash)
+        assert _rank({"kind": "chrome", "metadata": {"distributedInfo": '{"rank": ' + bad + "}"}}) is None
+    assert _rank({"kind": "chrome", "metadata": {"distributedInfo": '{"rank": 2.0}'}}) == 2
 
 
 def test_host_waits_are_stated_after_the_rest_as_symptoms(tmp_path) -> None:

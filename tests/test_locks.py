@@ -355,3 +355,20 @@ def test_write_atomic_leaves_the_old_file_on_a_failed_write(tmp_path) -> None:
     )
     with pytest.raises(TellerIOError, match=r"cannot write it"):
         tio.write_atomic(tmp_path / "no-dir" / "x.json", "{}")
+
+
+def test_claim_run_dir_takes_a_name_no_one_else_has(tmp_path, monkeypatch) -> None:
+    # the window a check-then-create leaves: the name looks free (exists() says no) but another
+    # process created it meanwhile; the claim is mkdir's, so it moves on to the next name
+    taken = tmp_path / "runs" / "tpe-1"
+    taken.mkdir(parents=True)
+    (taken / "theirs").write_text("x")
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    got = tio.claim_run_dir(tmp_path / "runs", "tpe-1")
+    assert got == tmp_path / "runs" / "tpe-1-1" and got.is_dir() and list(got.iterdir()) == []
+    assert sorted(x.name for x in taken.iterdir()) == ["theirs"]
+    monkeypatch.undo()
+    # a parent that cannot be created is named
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TellerIOError, match="file"):
+        tio.claim_run_dir(tmp_path / "file" / "runs", "tpe-1")

@@ -83,6 +83,23 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     return p
 
 
+def claim_run_dir(parent: str | os.PathLike[str], stem: str) -> Path:
+    """A new directory ``parent/stem`` (``stem-1``, ``stem-2``, ... where taken), claimed by
+    creating it: ``mkdir`` fails on a name that exists, so two processes picking one name at once
+    (two runs finishing in the same second) get two directories. ``parent`` is created if needed.
+    A failure is a :class:`TellerIOError` naming the path."""
+    make_output_dir(parent)
+    out, k = Path(parent) / stem, 1
+    while True:
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            out, k = Path(parent) / f"{stem}-{k}", k + 1
+        except OSError as e:
+            raise TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out)) from None
+
+
 # the lock file of an output directory a teller command is writing (see dir_lock)
 LOCK_FILE = ".teller.lock"
 

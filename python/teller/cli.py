@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from teller import __version__, build_profile
-from teller.errors import ConfigError, TellerError, TellerIOError
+from teller.errors import ConfigError, TellerError
 
 app = typer.Typer(
     name="teller",
@@ -433,7 +434,7 @@ def trace_compare(
     ] = None,
 ) -> None:
     """Compare two captures of the same workload (teller.compare): the median step time (and, where
-    the steps record their load, their time for it), each GPU's time breakdown (compute,
+    the steps record their load and it moved, their time for that load), each GPU's time breakdown (compute,
     communication, copies, idle by what it waited for; GPUs paired by rank, else in order where both
     have as many), the symbols (kernels, operators, API calls, ranges) whose time per step changed
     most (host ranges by self time; per capture where either has no steps), the kernel time by class
@@ -745,26 +746,17 @@ def tpe_train(
             )
     except TellerError as e:
         raise _fail(e) from None
-    run_id = time.strftime("tpe-%Y%m%d-%H%M%S")
-    from teller._io import make_output_dir
+    from teller._io import claim_run_dir
 
-    make_output_dir(output_dir)
-    # the run directory is claimed by creating it (mkdir is atomic): two trainings that finish in the
-    # same second into one --output-dir get two directories, never one with the other's tokenizer
-    out, k = Path(output_dir) / run_id, 1
-    while True:
-        try:
-            out.mkdir()
-            break
-        except FileExistsError:
-            out, k = Path(output_dir) / f"{run_id}-{k}", k + 1
-        except OSError as e:
-            raise _fail(
-                TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out))
-            ) from None
+    try:
+        out = claim_run_dir(output_dir, time.strftime("tpe-%Y%m%d-%H%M%S"))
+    except TellerError as e:
+        raise _fail(e) from None
     try:
         tok.save(out)
     except TellerError as e:
+        with contextlib.suppress(OSError):  # (the directory claimed for it, left empty)
+            out.rmdir()
         raise _fail(e) from None
     dt = time.perf_counter() - t0
     n_ev = tok.settings.get("training_events", 0)

@@ -282,8 +282,12 @@ def _rank(src: dict[str, Any]) -> int | None:
         else:
             di = json.loads(meta.get("distributedInfo") or "{}")
             v = di.get("rank") if isinstance(di, dict) else None
-        return int(v) if v is not None and not isinstance(v, bool) else None
-    except (TypeError, ValueError, AttributeError):
+        if isinstance(v, bool) or v is None:
+            return None
+        if isinstance(v, float):  # (an integral number only: 2.7, inf and NaN name no rank)
+            return int(v) if v.is_integer() else None
+        return int(v) if isinstance(v, int) or (isinstance(v, str) and v.strip().isdigit()) else None
+    except (TypeError, ValueError, AttributeError, OverflowError):
         return None
 
 
@@ -393,32 +397,51 @@ def compare(
     return out
 
 
+def _loads(tr: Any, steps: list[Any], key: str) -> np.ndarray | None:
+    """Every step's ``key`` argument, where each records it as a finite number >= 0; else None."""
+    vals = [tr.args(s.event).get(key) for s in steps]
+    if all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0 for v in vals
+    ):
+        return np.asarray(vals, dtype=np.float64)
+    return None
+
+
 def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[str, Any] | None:
-    """Where every step of both captures records its load (``teller.findings.STEP_WORK_ARGS``, the
-    same in both): the median load of each, the line ``c + k * load`` through the baseline's steps
-    (``teller.findings.expected_step_times``: robust, so one slow step moves it not), and the median
-    of the current steps' time over what that line gives for their load (``ratio``): above 1 they
-    are slower than the baseline's steps of the same work, whatever the traffic did to the mix. The
-    line is read only within the baseline's loads (half its smallest to twice its largest: beyond,
-    it is extrapolated, and a baseline of one load has no slope to extrapolate with): ``in_range``,
-    the share of current steps it was read for, ``ratio`` their median (None with none). None
-    otherwise, or with fewer than three baseline steps."""
-    from teller.findings import MIN_STEPS, _step_load, expected_step_times
+    """Where every step of both captures records a load (the first of
+    ``teller.findings.STEP_WORK_ARGS`` that all of them carry): the median load of each, the line
+    ``c + k * load`` through the baseline's steps (``teller.findings.expected_step_times``: robust,
+    so one slow step moves it not; one line through the steps of every process, so the ranks of a
+    tensor-parallel engine share it), and the median of the current steps' time over what that line
+    gives for their load (``ratio``): above 1 they are slower than the baseline's steps of the same
+    work, whatever the traffic did to the mix. The line is read only within the baseline's loads,
+    its smallest to its largest (beyond, it would be extrapolated; a baseline of one load has no
+    slope, and is read only for steps of that load, within 2 %), and for steps that took some time:
+    ``in_range``, the share of current steps it was read for, ``ratio`` their median (None with
+    none). None otherwise, or with fewer than three baseline steps."""
+    from teller.findings import MIN_STEPS, STEP_WORK_ARGS, expected_step_times
 
     sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
     if len(sb) < MIN_STEPS or not sc:
         return None
-    lb, lc = _step_load(baseline, sb), _step_load(current, sc)
-    if lb is None or lc is None or lb[0] != lc[0]:
+    for key in STEP_WORK_ARGS:
+        xb, xc = _loads(baseline, sb, key), _loads(current, sc, key)
+        if xb is not None and xc is not None:
+            break
+    else:
         return None
-    xb, xc = lb[1], lc[1]
     db = np.array([s.dur_ns for s in sb], dtype=np.float64)
     dc = np.array([s.dur_ns for s in sc], dtype=np.float64)
     _, c, k = expected_step_times(db, xb)
     pred = c + k * xc
-    ok = (pred > 0) & (xc >= 0.5 * xb.min()) & (xc <= 2.0 * xb.max())
+    lo, hi = float(xb.min()), float(xb.max())
+    if hi - lo <= 0.02 * hi:  # (one load: no slope to read other loads with)
+        inside = np.abs(xc - hi) <= 0.02 * max(hi, 1.0)
+    else:
+        inside = (xc >= lo) & (xc <= hi)
+    ok = inside & (pred > 0) & (dc > 0)
     return {
-        "arg": lb[0],
+        "arg": key,
         "baseline_median": float(np.median(xb)),
         "current_median": float(np.median(xc)),
         "fixed_ns": c,
@@ -436,14 +459,15 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
     if lb > 0 and lc > 0:
         if max(lc / lb, lb / lc) < LOAD_RATIO:
             return []
-        moved = f"{lc / lb:.3g}x the baseline's load"
+        f = lc / lb
+        moved = f"{f:.3g}x the baseline's load" if f >= 0.1 else f"1/{1 / f:,.0f} of the baseline's load"
     elif lb == lc:
         return []
     else:
         moved = "another load than the baseline's"
     arg = ld["arg"]
     unit = {"num_tokens": "token", "num_seqs": "sequence"}.get(arg, "unit")
-    line = f"{_ms(ld['fixed_ns'])} + {_ms(ld['per_unit_ns'])} per {unit}"
+    line = f"{_ms(ld['fixed_ns'])} + {ld['per_unit_ns'] / 1e3:.3g} us per {unit}"
     said = f"the steps carried {moved} (median {arg} {lc:.4g} against {lb:.4g})"
     if r is None or ld["in_range"] < 0.5:
         # (most steps outside the baseline's loads: what it would take for them is not known)
