@@ -397,16 +397,6 @@ def compare(
     return out
 
 
-def _loads(tr: Any, steps: list[Any], key: str) -> np.ndarray | None:
-    """Every step's ``key`` argument, where each records it as a finite number >= 0; else None."""
-    vals = [tr.args(s.event).get(key) for s in steps]
-    if all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0 for v in vals
-    ):
-        return np.asarray(vals, dtype=np.float64)
-    return None
-
-
 def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[str, Any] | None:
     """Where every step of both captures records a load (the first of
     ``teller.findings.STEP_WORK_ARGS`` that all of them carry): the median load of each, the line
@@ -419,13 +409,13 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
     slope, and is read only for steps of that load, within 2 %), and for steps that took some time:
     ``in_range``, the share of current steps it was read for, ``ratio`` their median (None with
     none). None otherwise, or with fewer than three baseline steps."""
-    from teller.findings import MIN_STEPS, STEP_WORK_ARGS, expected_step_times
+    from teller.findings import MIN_STEPS, STEP_WORK_ARGS, expected_step_times, step_loads
 
     sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
     if len(sb) < MIN_STEPS or not sc:
         return None
     for key in STEP_WORK_ARGS:
-        xb, xc = _loads(baseline, sb, key), _loads(current, sc, key)
+        xb, xc = step_loads(baseline, sb, key), step_loads(current, sc, key)
         if xb is not None and xc is not None:
             break
     else:

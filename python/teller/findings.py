@@ -213,17 +213,24 @@ def straggler_finding(devices: list[dict[str, Any]], names: list[str] | None = N
     }
 
 
+def step_loads(tr: Any, ss: list[Any], key: str) -> np.ndarray | None:
+    """Every step's ``key`` argument (one of ``STEP_WORK_ARGS``), where each of ``ss`` records it as
+    a finite number >= 0; else None."""
+    vals = [tr.args(s.event).get(key) for s in ss]
+    if all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0 for v in vals
+    ):
+        return np.asarray(vals, dtype=np.float64)
+    return None
+
+
 def _step_load(tr: Any, ss: list[Any]) -> tuple[str, np.ndarray] | None:
     """The load every step of ``ss`` records (the first of ``STEP_WORK_ARGS`` they all carry as a
     finite number >= 0), or None."""
-    args = [tr.args(s.event) for s in ss]
     for key in STEP_WORK_ARGS:
-        vals = [a.get(key) for a in args]
-        if all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
-            for v in vals
-        ):
-            return key, np.asarray(vals, dtype=np.float64)
+        vals = step_loads(tr, ss, key)
+        if vals is not None:
+            return key, vals
     return None
 
 
