@@ -91,6 +91,25 @@ def test_corrupt_gzip(tmp_path):
         T.load(p)
 
 
+def test_large_gzip_errors_match_the_plain_file(tmp_path):
+    # a gzipped trace of 256 KiB and more is parsed while a second thread inflates it: a broken
+    # event deep inside reads as the same error as in the plain file, and a corrupt stream as gzip
+    plain = gzip.decompress((TRACES / "mi300x_sglang_decode_hipgraph.kineto.json.gz").read_bytes())
+    assert len(plain) >= 256 << 10
+    at = plain.index(b'"ts"', len(plain) * 3 // 4)
+    broken = plain[:at] + b'"ts": "x"' + plain[at + 4 :]
+    with pytest.raises(TraceFormatError) as want:
+        T.load(write(tmp_path, "b.json", broken))
+    with pytest.raises(TraceFormatError) as got:
+        T.load(write(tmp_path, "b.json.gz", gzip.compress(broken)))
+    assert (got.value.offset, got.value.index) == (want.value.offset, want.value.index)
+    assert str(got.value).replace("b.json.gz", "b.json") == str(want.value)
+    z = bytearray(gzip.compress(plain))
+    z[len(z) // 2 : len(z) // 2 + 32] = bytes(32)
+    with pytest.raises(TraceFormatError, match="c.json.gz.*gzip"):
+        T.load(write(tmp_path, "c.json.gz", bytes(z)))
+
+
 @pytest.mark.parametrize(
     "event, message",
     [

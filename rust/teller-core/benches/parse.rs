@@ -1,7 +1,8 @@
 //! Criterion benches of the trace core on the real fixtures: read (decompress + parse) and
-//! load (read + align). Run with `cargo bench -p teller-core --bench parse`.
+//! load (read + align); the gz read serial and pipelined (`inflate`). Run with `cargo bench -p teller-core --bench parse`.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use teller_core::load::read_bytes;
+use teller_core::inflate::CHUNK;
+use teller_core::load::{read_bytes, read_file_with};
 use teller_core::{load, LoadOptions};
 
 fn fixtures() -> Vec<(String, String)> {
@@ -30,6 +31,13 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(plain.len() as u64));
         g.bench_function("parse_json", |b| {
             b.iter(|| teller_core::chrome::read_chrome(&path, &plain, 0).unwrap())
+        });
+        // inflate, then parse (one thread) against parse while a second thread inflates
+        g.bench_function("read_gz_serial", |b| {
+            b.iter(|| read_file_with(&path, 0, false, CHUNK).unwrap())
+        });
+        g.bench_function("read_gz_pipelined", |b| {
+            b.iter(|| read_file_with(&path, 0, true, CHUNK).unwrap())
         });
         g.bench_function("load_gz_and_align", |b| {
             b.iter(|| load(std::slice::from_ref(&path), &LoadOptions::default()).unwrap())

@@ -4,6 +4,7 @@
 //! pid/tid as ints, numeric strings or labels ("Spans", "stream 7").
 
 use crate::error::{Error, Result};
+use crate::inflate::{Feed, Stop};
 use crate::json::{decode_str_validated as decode_str, parse_int, parse_scaled, Raw, ScanError, Scanner};
 use crate::model::*;
 use hashbrown::HashMap;
@@ -41,9 +42,13 @@ struct Pending {
     args: Vec<(u32, ArgValue)>,
 }
 
-pub struct ChromeReader<'a> {
+pub struct ChromeReader<'a, 'f> {
     path: &'a str,
     sc: Scanner<'a>,
+    /// Set when the bytes are still arriving (`inflate`): the scanner sees a growing prefix.
+    feed: Option<&'f mut Feed<'a>>,
+    /// The feed stopped because the gzip trailer's size was wrong (start over serially).
+    overflow: bool,
     t: Trace,
     source: u16,
     index: u64,
@@ -64,37 +69,112 @@ pub struct ChromeReader<'a> {
 
 /// Reads one Chrome trace from its (decompressed) bytes. `source` is the source index events get.
 pub fn read_chrome(path: &str, bytes: &[u8], source: u16) -> Result<Trace> {
-    let mut t = Trace::new();
-    let k_corr = t.strings.intern("correlation");
-    let k_ext = t.strings.intern("External id");
-    let k_ext_lc = t.strings.intern("external id");
-    let k_device = t.strings.intern("device");
-    let k_stream = t.strings.intern("stream");
-    let k_name = t.strings.intern("name");
-    let mut r = ChromeReader {
-        path,
-        sc: Scanner::new(bytes),
-        t,
-        source,
-        index: 0,
-        open: HashMap::new(),
-        unknown_cats: HashMap::new(),
-        skipped_phases: HashMap::new(),
-        neg_dur: 0,
-        bad_device: 0,
-        unmatched_end: 0,
-        k_corr,
-        k_ext,
-        k_ext_lc,
-        k_device,
-        k_stream,
-        k_name,
-    };
+    let mut r = ChromeReader::new(path, Scanner::new(bytes), None, source);
     r.run()?;
     Ok(r.t)
 }
 
-impl<'a> ChromeReader<'a> {
+/// Reads one Chrome trace while its bytes arrive through `feed` (a gzip file inflating on another
+/// thread). The result, warnings and errors are those of `read_chrome` on the whole text.
+pub fn read_chrome_feed(feed: &mut Feed<'_>, source: u16) -> std::result::Result<Trace, Stop> {
+    let path = feed.path();
+    // the byte order mark check needs the first three bytes
+    while feed.slice().len() < 3 && feed.more()? {}
+    let sc = Scanner::new(feed.slice());
+    let mut r = ChromeReader::new(path, sc, Some(feed), source);
+    match r.run() {
+        _ if r.overflow => Err(Stop::Overflow),
+        Ok(()) => Ok(r.t),
+        Err(e) => Err(Stop::Err(e)),
+    }
+}
+
+impl<'a, 'f> ChromeReader<'a, 'f> {
+    fn new(path: &'a str, sc: Scanner<'a>, feed: Option<&'f mut Feed<'a>>, source: u16) -> Self {
+        let mut t = Trace::new();
+        let k_corr = t.strings.intern("correlation");
+        let k_ext = t.strings.intern("External id");
+        let k_ext_lc = t.strings.intern("external id");
+        let k_device = t.strings.intern("device");
+        let k_stream = t.strings.intern("stream");
+        let k_name = t.strings.intern("name");
+        ChromeReader {
+            path,
+            sc,
+            feed,
+            overflow: false,
+            t,
+            source,
+            index: 0,
+            open: HashMap::new(),
+            unknown_cats: HashMap::new(),
+            skipped_phases: HashMap::new(),
+            neg_dur: 0,
+            bad_device: 0,
+            unmatched_end: 0,
+            k_corr,
+            k_ext,
+            k_ext_lc,
+            k_device,
+            k_stream,
+            k_name,
+        }
+    }
+
+    /// Waits for more of the input (with a feed): true when the scanner's buffer grew, false when
+    /// there is no more (or no feed). A stream that stops with an error ends the read with it.
+    fn grow(&mut self) -> Result<bool> {
+        let Some(feed) = self.feed.as_deref_mut() else {
+            return Ok(false);
+        };
+        match feed.more() {
+            Ok(true) => {
+                self.sc.buf = feed.slice();
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(Stop::Err(e)) => Err(e),
+            Err(Stop::Overflow) => {
+                self.overflow = true;
+                Err(Error::Config("gzip size trailer was wrong".into()))
+            }
+        }
+    }
+
+    /// Runs one piece of the parse that ends on a closing byte (an event object, a top-level
+    /// value with the ',' or '}' after it). If it fails while more input can arrive, it may have
+    /// been cut by the end of what has arrived: wait for more and parse it again from its start.
+    /// Strings it interned are interned again in the same order, so ids match a serial read.
+    #[inline]
+    fn attempt<T>(&mut self, mut f: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        let (pos, nargs, bad) = (self.sc.pos, self.t.args.len(), self.bad_device);
+        loop {
+            match f(self) {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    if !self.grow()? {
+                        return Err(e);
+                    }
+                    self.sc.pos = pos;
+                    self.t.args.truncate(nargs);
+                    self.bad_device = bad;
+                }
+            }
+        }
+    }
+
+    /// `Scanner::peek`, waiting for input when what has arrived ends in whitespace.
+    fn peek_wait(&mut self) -> Result<Option<u8>> {
+        loop {
+            if let Some(b) = self.sc.peek() {
+                return Ok(Some(b));
+            }
+            if !self.grow()? {
+                return Ok(None);
+            }
+        }
+    }
+
     fn ferr(&self, e: ScanError, in_event: bool) -> Error {
         Error::format(
             self.path,
@@ -105,10 +185,15 @@ impl<'a> ChromeReader<'a> {
     }
 
     fn run(&mut self) -> Result<()> {
-        self.sc.validate_utf8().map_err(|e| self.ferr(e, false))?;
+        if self.feed.is_some() {
+            // the feed hands out validated UTF-8 only
+            self.sc.validated = true;
+        } else {
+            self.sc.validate_utf8().map_err(|e| self.ferr(e, false))?;
+        }
         let mut base_ns: i64 = 0;
         let mut metadata = Vec::new();
-        match self.sc.peek() {
+        match self.peek_wait()? {
             None => {
                 return Err(Error::Empty {
                     path: self.path.into(),
@@ -119,15 +204,20 @@ impl<'a> ChromeReader<'a> {
             Some(b'{') => {
                 self.sc.pos += 1;
                 let mut saw_events = false;
-                if self.sc.peek() == Some(b'}') {
+                if self.peek_wait()? == Some(b'}') {
                     self.sc.pos += 1;
                 } else {
                     loop {
-                        let key = self.sc.string().map_err(|e| self.ferr(e, false))?.into_owned();
-                        self.sc.expect(b':').map_err(|e| self.ferr(e, false))?;
-                        match key.as_str() {
+                        let key = self.attempt(|r| {
+                            let key = r.sc.string().map_err(|e| r.ferr(e, false))?.into_owned();
+                            r.sc.expect(b':').map_err(|e| r.ferr(e, false))?;
+                            Ok(key)
+                        })?;
+                        // a value and the ',' or '}' after it are one attempt: a number cut by the
+                        // end of what has arrived would otherwise read as a shorter number
+                        let more = match key.as_str() {
                             "traceEvents" => {
-                                if self.sc.peek() != Some(b'[') {
+                                if self.peek_wait()? != Some(b'[') {
                                     let off = self.sc.pos as u64;
                                     return Err(Error::format(
                                         self.path,
@@ -138,34 +228,43 @@ impl<'a> ChromeReader<'a> {
                                 }
                                 self.events_array()?;
                                 saw_events = true;
+                                self.attempt(|r| r.sc.comma_or(b'}').map_err(|e| r.ferr(e, false)))?
                             }
                             "baseTimeNanoseconds" => {
-                                let off = self.sc.pos;
-                                let v = self.sc.value_raw().map_err(|e| self.ferr(e, false))?;
-                                base_ns = match v {
-                                    Raw::Num(n) => parse_int(n),
-                                    _ => None,
-                                }
-                                .filter(|b| b.unsigned_abs() <= MAX_TIME_NS as u64)
-                                .ok_or_else(|| {
-                                    Error::format(
-                                        self.path,
-                                        Some(off as u64),
-                                        None,
-                                        "'baseTimeNanoseconds' must be an integer of at most 4e18 (ns)",
-                                    )
+                                let (b, more) = self.attempt(|r| {
+                                    let off = r.sc.pos;
+                                    let v = r.sc.value_raw().map_err(|e| r.ferr(e, false))?;
+                                    let b = match v {
+                                        Raw::Num(n) => parse_int(n),
+                                        _ => None,
+                                    }
+                                    .filter(|b| b.unsigned_abs() <= MAX_TIME_NS as u64)
+                                    .ok_or_else(|| {
+                                        Error::format(
+                                            r.path,
+                                            Some(off as u64),
+                                            None,
+                                            "'baseTimeNanoseconds' must be an integer of at most 4e18 (ns)",
+                                        )
+                                    })?;
+                                    Ok((b, r.sc.comma_or(b'}').map_err(|e| r.ferr(e, false))?))
                                 })?;
+                                base_ns = b;
+                                more
                             }
                             _ => {
-                                let start = self.sc.pos;
-                                self.sc.skip_value().map_err(|e| self.ferr(e, false))?;
-                                let text = String::from_utf8_lossy(&self.sc.buf[start..self.sc.pos])
-                                    .trim()
-                                    .to_string();
+                                let (text, more) = self.attempt(|r| {
+                                    let start = r.sc.pos;
+                                    r.sc.skip_value().map_err(|e| r.ferr(e, false))?;
+                                    let end = r.sc.pos;
+                                    let more = r.sc.comma_or(b'}').map_err(|e| r.ferr(e, false))?;
+                                    Ok((String::from_utf8_lossy(&r.sc.buf[start..end]).trim().to_string(), more))
+                                })?;
                                 metadata.push((key, text));
+                                more
                             }
-                        }
-                        if !self.sc.comma_or(b'}').map_err(|e| self.ferr(e, false))? {
+                        };
+                        if !more {
                             break;
                         }
                     }
@@ -191,7 +290,7 @@ impl<'a> ChromeReader<'a> {
                 ))
             }
         }
-        if !self.sc.at_end() {
+        if self.peek_wait()?.is_some() {
             let off = self.sc.pos as u64;
             return Err(Error::format(
                 self.path,
@@ -226,15 +325,17 @@ impl<'a> ChromeReader<'a> {
     }
 
     fn events_array(&mut self) -> Result<()> {
-        self.sc.expect(b'[').map_err(|e| self.ferr(e, false))?;
-        if self.sc.peek() == Some(b']') {
+        self.attempt(|r| r.sc.expect(b'[').map_err(|e| r.ferr(e, false)))?;
+        if self.peek_wait()? == Some(b']') {
             self.sc.pos += 1;
             return Ok(());
         }
         loop {
-            self.event()?;
+            let ev_start = self.sc.pos;
+            let ev = self.attempt(|r| r.event(ev_start))?;
+            self.dispatch(ev, ev_start)?;
             self.index += 1;
-            if !self.sc.comma_or(b']').map_err(|e| self.ferr(e, true))? {
+            if !self.attempt(|r| r.sc.comma_or(b']').map_err(|e| r.ferr(e, true)))? {
                 return Ok(());
             }
         }
@@ -273,8 +374,9 @@ impl<'a> ChromeReader<'a> {
         }
     }
 
-    fn event(&mut self) -> Result<()> {
-        let ev_start = self.sc.pos;
+    /// Parses one event object; `dispatch` files it. Nothing here outlives a failed attempt but
+    /// interned strings and the args it pushed (truncated again by `attempt`).
+    fn event(&mut self, ev_start: usize) -> Result<Ev> {
         if self.sc.peek() != Some(b'{') {
             let off = self.sc.pos as u64;
             let found = match self.sc.peek() {
@@ -385,7 +487,7 @@ impl<'a> ChromeReader<'a> {
                 "event has no 'ph' (phase)",
             ));
         }
-        self.dispatch(ev, ev_start)
+        Ok(ev)
     }
 
     fn expect_str(&mut self, off: usize, what: &str) -> Result<std::borrow::Cow<'a, str>> {

@@ -11,6 +11,7 @@
 pub mod align;
 pub mod chrome;
 pub mod error;
+pub mod inflate;
 pub mod json;
 pub mod load;
 pub mod logtok;

@@ -2,8 +2,9 @@
 //! align.
 
 use crate::align::{finish, AlignOptions};
-use crate::chrome::read_chrome;
+use crate::chrome::{read_chrome, read_chrome_feed};
 use crate::error::{Error, Result};
+use crate::inflate::{self, Stop};
 use crate::model::Trace;
 use crate::raw::{looks_like_raw, read_raw, ProcessKey};
 use hashbrown::HashMap;
@@ -96,6 +97,10 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
 /// Reads a file, transparently gunzipping it.
 pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
     let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    inflate_all(path, data)
+}
+
+fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
     if data.len() >= 2 && data[0] == 0x1f && data[1] == 0x8b {
         // ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint.
         let hint = if data.len() >= 18 {
@@ -111,24 +116,48 @@ pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(hint.min(1 << 32).max(data.len() * 4));
         let mut dec = flate2::read::MultiGzDecoder::new(&data[..]);
         if let Err(e) = dec.read_to_end(&mut out) {
-            return Err(Error::format(
-                path,
-                None,
-                None,
-                format!(
-                    "corrupt or truncated gzip stream after {} decompressed bytes: {e}",
-                    out.len()
-                ),
-            ));
+            return Err(inflate::gzip_error(path, &e.to_string(), out.len()));
         }
         return Ok(out);
     }
     Ok(data)
 }
 
+/// Below this inflated size a second thread costs more than the inflating it would hide.
+pub const PIPELINE_MIN_BYTES: usize = 256 << 10;
+
 /// Reads one file of either kind.
 pub fn read_file(path: &str, source: u16) -> Result<(Trace, Kind, Option<ProcessKey>)> {
-    let bytes = read_bytes(path)?;
+    read_file_with(path, source, true, inflate::CHUNK)
+}
+
+/// `read_file`; with `pipeline`, a gzipped Chrome trace of at least `PIPELINE_MIN_BYTES` is
+/// parsed while a second thread inflates it, `chunk` bytes at a time (see `inflate`). Both ways
+/// give the same trace, warnings and errors.
+pub fn read_file_with(
+    path: &str,
+    source: u16,
+    pipeline: bool,
+    chunk: usize,
+) -> Result<(Trace, Kind, Option<ProcessKey>)> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let announced = inflate::announced_size(&data).filter(|&n| n >= PIPELINE_MIN_BYTES || chunk < inflate::CHUNK);
+    if let (true, Some(n), false) = (pipeline, announced, path.ends_with(".tmsgpack")) {
+        let r = inflate::with_feed(path, &data, n, chunk, |feed| {
+            // the first bytes tell a raw stream from JSON
+            if looks_like_raw(feed.head(64)) {
+                return Ok(None);
+            }
+            read_chrome_feed(feed, source).map(Some)
+        });
+        match r {
+            Ok(Some(t)) => return Ok((t, Kind::Chrome, None)),
+            Err(Stop::Err(e)) => return Err(e),
+            // a raw stream, or a trailer that understated the size: the serial path below
+            Ok(None) | Err(Stop::Overflow) => {}
+        }
+    }
+    let bytes = inflate_all(path, data)?;
     if bytes.is_empty() {
         return Err(Error::Empty {
             path: path.into(),
@@ -157,11 +186,13 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     if files.len() > u16::MAX as usize {
         return Err(Error::Config(format!("too many input files ({})", files.len())));
     }
-    // Files are independent: read them in parallel (decompression + parsing dominate).
+    // Files are independent: read them in parallel (decompression + parsing dominate). With fewer
+    // files than threads a gzipped file also inflates on a thread of its own while it is parsed.
+    let pipeline = files.len() < rayon::current_num_threads();
     let parts: Vec<Result<(Trace, Kind, Option<ProcessKey>)>> = files
         .par_iter()
         .enumerate()
-        .map(|(i, f)| read_file(f, i as u16))
+        .map(|(i, f)| read_file_with(f, i as u16, pipeline, inflate::CHUNK))
         .collect();
     let mut trace = Trace::new();
     let mut proc_of_source: Vec<u32> = Vec::new();

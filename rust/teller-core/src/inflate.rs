@@ -1,0 +1,279 @@
+//! Inflating a gzip file on a second thread while the caller parses what has arrived.
+//!
+//! Decision: a trace of tens of MB spends a fifth of its load time inflating (a100 fixture: ~7 of
+//! ~31 ms), and the parser is a single pass that never looks back further than the event it is in.
+//! So the output buffer is allocated once at the size the gzip trailer states (ISIZE), a writer
+//! thread inflates into its tail, and the reader is handed a growing prefix that is never written
+//! again. Slices the parser borrows therefore stay valid, and the parser's code is unchanged: an
+//! event cut off by the end of what has arrived fails to parse, and the reader waits for more and
+//! parses it again from its start (`chrome.rs`, `attempt`).
+//!
+//! ISIZE is the size modulo 2^32 of the *last* gzip member only. The buffer gets one spare byte:
+//! if the writer fills it, the trailer lied (a file over 4 GiB, several members), the writer stops
+//! with `Overflow`, and the caller starts over on the serial path. Only validated UTF-8 is handed
+//! out (a multi-byte character cut by a chunk end waits for its last bytes), so the scanner keeps
+//! its "validated once" fast path for strings.
+
+use crate::error::Error;
+use std::io::Read;
+use std::sync::{Condvar, Mutex};
+
+/// Bytes the writer inflates between two hand-overs. Large enough that locking is noise (a 100 MB
+/// trace: 400 hand-overs); the first ones are smaller (`FIRST_CHUNK`, doubling).
+pub const CHUNK: usize = 256 * 1024;
+/// The first hand-over: the reader waits this long (~10 us of inflating) before it starts.
+const FIRST_CHUNK: usize = 16 * 1024;
+
+/// Why the feed ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// Every byte arrived.
+    Complete,
+    /// More bytes than the gzip trailer announced: start over without the pipeline.
+    Overflow,
+    /// The gzip stream is corrupt or truncated (the message, the bytes inflated before it).
+    Failed(String, usize),
+}
+
+#[derive(Default)]
+struct State {
+    filled: usize,
+    end: Option<End>,
+}
+
+pub struct Shared {
+    state: Mutex<State>,
+    cond: Condvar,
+}
+
+/// Pointer to the buffer, sent to the writer thread. Sound because the writer writes only at or
+/// after `filled` and the reader reads only before it, `filled` being published under the mutex.
+struct Base(*mut u8);
+unsafe impl Send for Base {}
+
+/// The announced size when the pipeline is worth taking: a single-member gzip's ISIZE that is
+/// plausible for its compressed size (deflate cannot shrink more than ~1032:1; a trailer smaller
+/// than the input suggests a wrapped size or several members). `None`: inflate serially.
+pub fn announced_size(data: &[u8]) -> Option<usize> {
+    if data.len() < 18 || data[0] != 0x1f || data[1] != 0x8b {
+        return None;
+    }
+    let n = data.len();
+    let isize = u32::from_le_bytes([data[n - 4], data[n - 3], data[n - 2], data[n - 1]]) as usize;
+    (isize >= n && isize <= n.saturating_mul(1032)).then_some(isize)
+}
+
+/// Inflates `data` into `out` (whose length is the announced size plus one spare byte), handing the
+/// filled length over every `chunk` bytes. Runs on the writer thread.
+fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
+    let mut dec = flate2::read::MultiGzDecoder::new(data);
+    let mut filled = 0usize;
+    // the first hand-overs are small so that the reader starts early, then they double up to `chunk`
+    let mut step = chunk.min(FIRST_CHUNK);
+    let end = loop {
+        if filled == cap {
+            break End::Overflow;
+        }
+        let want = step.min(cap - filled);
+        step = (step * 2).min(chunk);
+        // SAFETY: [filled, filled + want) lies inside the allocation and no reader slice covers it
+        // (readers only see [0, published filled)).
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.0.add(filled), want) };
+        let mut got = 0;
+        let mut eof = false;
+        // fill the whole chunk before handing it over: decoders return short reads
+        while got < want {
+            match dec.read(&mut dst[got..]) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let mut st = shared.state.lock().unwrap();
+                    st.filled = filled + got;
+                    st.end = Some(End::Failed(e.to_string(), filled + got));
+                    shared.cond.notify_all();
+                    return;
+                }
+            }
+        }
+        filled += got;
+        let mut st = shared.state.lock().unwrap();
+        st.filled = filled;
+        if eof {
+            st.end = Some(End::Complete);
+            shared.cond.notify_all();
+            return;
+        }
+        shared.cond.notify_all();
+    };
+    let mut st = shared.state.lock().unwrap();
+    st.end = Some(end);
+    shared.cond.notify_all();
+}
+
+/// The reader's side: a growing, UTF-8-validated prefix of the buffer.
+pub struct Feed<'a> {
+    path: &'a str,
+    base: *const u8,
+    shared: &'a Shared,
+    /// Bytes handed to the parser (validated UTF-8, ending on a character boundary).
+    avail: usize,
+    /// Bytes seen filled by the writer.
+    seen: usize,
+    end: Option<End>,
+}
+
+/// Why `more` stopped the parse.
+#[derive(Debug)]
+pub enum Stop {
+    /// The pipeline cannot finish: start over serially.
+    Overflow,
+    /// A real error of the file (gzip or UTF-8), as the serial path reports it.
+    Err(Error),
+}
+
+impl<'a> Feed<'a> {
+    /// The bytes the parser may read. Their lifetime is the buffer's: it is neither moved nor
+    /// written below `avail` while the feed lives.
+    pub fn slice(&self) -> &'a [u8] {
+        // SAFETY: [0, avail) was published by the writer under the mutex and is never written again.
+        unsafe { std::slice::from_raw_parts(self.base, self.avail) }
+    }
+
+    /// The file the bytes come from.
+    pub fn path(&self) -> &'a str {
+        self.path
+    }
+
+    /// True once every byte is in and handed out.
+    pub fn complete(&self) -> bool {
+        self.end == Some(End::Complete) && self.avail == self.seen
+    }
+
+    /// Waits until more validated bytes can be handed out: `Ok(true)` when `slice` grew,
+    /// `Ok(false)` when the whole stream is in and handed out. A corrupt stream wins over invalid
+    /// UTF-8 (as on the serial path, which inflates everything before it validates).
+    pub fn more(&mut self) -> Result<bool, Stop> {
+        loop {
+            if self.avail < self.seen {
+                // SAFETY: [avail, seen) was published and is never written again.
+                let fresh = unsafe { std::slice::from_raw_parts(self.base.add(self.avail), self.seen - self.avail) };
+                let (ok, bad) = match std::str::from_utf8(fresh) {
+                    Ok(_) => (fresh.len(), false),
+                    // a cut character waits for its end; a wrong byte is an error
+                    Err(e) => (e.valid_up_to(), e.error_len().is_some() || self.end.is_some()),
+                };
+                if bad {
+                    let at = self.avail + ok;
+                    self.wait_end();
+                    return Err(self.end_error().unwrap_or_else(|| {
+                        Stop::Err(Error::format(self.path, Some(at as u64), None, "invalid UTF-8"))
+                    }));
+                }
+                if ok > 0 {
+                    self.avail += ok;
+                    return Ok(true);
+                }
+            }
+            if let Some(stop) = self.end_error() {
+                return Err(stop);
+            }
+            if self.end.is_some() {
+                return Ok(false);
+            }
+            let mut st = self.shared.state.lock().unwrap();
+            while st.filled == self.seen && st.end.is_none() {
+                st = self.shared.cond.wait(st).unwrap();
+            }
+            self.seen = st.filled;
+            self.end = st.end.clone();
+        }
+    }
+
+    /// The first `n` inflated bytes (fewer if the stream is shorter), not yet validated: to tell
+    /// a raw stream from JSON before any is handed to the parser.
+    pub fn head(&mut self, n: usize) -> &'a [u8] {
+        let mut st = self.shared.state.lock().unwrap();
+        while st.filled < n && st.end.is_none() {
+            st = self.shared.cond.wait(st).unwrap();
+        }
+        self.seen = st.filled;
+        self.end = st.end.clone();
+        drop(st);
+        // SAFETY: [0, seen) was published and is never written again.
+        unsafe { std::slice::from_raw_parts(self.base, self.seen.min(n)) }
+    }
+
+    fn wait_end(&mut self) {
+        let mut st = self.shared.state.lock().unwrap();
+        while st.end.is_none() {
+            st = self.shared.cond.wait(st).unwrap();
+        }
+        self.seen = st.filled;
+        self.end = st.end.clone();
+    }
+
+    fn end_error(&self) -> Option<Stop> {
+        match &self.end {
+            Some(End::Overflow) => Some(Stop::Overflow),
+            Some(End::Failed(msg, n)) => Some(Stop::Err(gzip_error(self.path, msg, *n))),
+            _ => None,
+        }
+    }
+}
+
+/// The error of a corrupt or truncated gzip stream, worded alike on both paths.
+pub fn gzip_error(path: &str, msg: &str, inflated: usize) -> Error {
+    Error::format(
+        path,
+        None,
+        None,
+        format!("corrupt or truncated gzip stream after {inflated} decompressed bytes: {msg}"),
+    )
+}
+
+/// Runs `parse` on a feed of `data` inflated by a second thread, `chunk` bytes at a time.
+/// `Err(Stop::Overflow)`: the trailer's size was wrong; the caller must start over serially.
+pub fn with_feed<T>(
+    path: &str,
+    data: &[u8],
+    announced: usize,
+    chunk: usize,
+    parse: impl FnOnce(&mut Feed<'_>) -> Result<T, Stop>,
+) -> Result<T, Stop> {
+    let cap = announced + 1;
+    // zeroed pages come lazily from the OS: nothing is touched before the writer gets there
+    let mut buf = vec![0u8; cap];
+    let ptr = buf.as_mut_ptr();
+    let shared = Shared {
+        state: Mutex::new(State::default()),
+        cond: Condvar::new(),
+    };
+    let r = std::thread::scope(|s| {
+        let sh = &shared;
+        let base = Base(ptr);
+        s.spawn(move || write(data, base, cap, chunk.max(1), sh));
+        let mut feed = Feed {
+            path,
+            base: ptr as *const u8,
+            shared: &shared,
+            avail: 0,
+            seen: 0,
+            end: None,
+        };
+        let r = parse(&mut feed);
+        if r.is_err() {
+            // the writer may still be inflating; an error found on it wins (see `more`)
+            feed.wait_end();
+            if let Some(stop) = feed.end_error() {
+                return Err(stop);
+            }
+        }
+        r
+    });
+    drop(buf);
+    r
+}
