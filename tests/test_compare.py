@@ -103,6 +103,11 @@ def test_a_gemm_run_on_another_kernel_is_one_change_of_its_class(tmp_path) -> No
     [
         ("kernel:ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
         ("kernel:cross_device_reduce_1stage", "communication"),
+        # DeepEP's expert-parallel exchange, its namespace stripped or kept; its layout kernel routes
+        ("kernel:dispatch", "communication"),
+        ("kernel:deep_ep::internode_ll::combine", "communication"),
+        ("kernel:cached_notify_combine", "communication"),
+        ("kernel:get_dispatch_layout", "MoE routing"),
         ("kernel:flash_fwd_splitkv_kernel", "attention"),
         ("kernel:paged_attention_ll4mi_reduce_kernel", "attention"),
         ("kernel:reshape_and_cache_flash_kernel", "copy and index"),

@@ -248,6 +248,7 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
     link = np.asarray(tr.link)
     names = tr.strings
     coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
+    ep = re.compile(r"(?:^|[ :])(?:dispatch|combine|notify_dispatch|cached_notify_(?:dispatch|combine))$")
     first: dict = {}
     group = [first.setdefault(x["process"], k) for k, x in enumerate(tr.sources)]
     src = np.asarray(group, dtype=np.int64)[np.asarray(tr.source, dtype=np.int64)]
@@ -257,7 +258,10 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
         for i in gpu[mine].tolist():
             s, e = int(tr.ts[i]), int(tr.ts[i] + tr.dur[i])
             if layer[i] == 6:
-                kind = "comm" if coll.search(names[tr.name[i]].lower().replace("_", "")) else "compute"
+                nm = names[tr.name[i]]
+                own = re.split(r"[<(]", nm)[0].strip()
+                is_coll = coll.search(nm.lower().replace("_", "")) or ep.search(own)
+                kind = "comm" if is_coll else "compute"
             else:
                 kind = "memory"
             acts.append((s, int(link[i]) < 0, e, int(link[i]), kind))

@@ -70,7 +70,7 @@ KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
     (
         "MoE routing",
         r"top_?k_?gating|moe_?align|align_block_size|count_and_sort_expert|expert_?tokens|moe_?permute"
-        r"|moe_?unpermute|moe_?sum",
+        r"|moe_?unpermute|moe_?sum|dispatch_?layout",
     ),
     (
         "GEMM",
@@ -94,6 +94,11 @@ KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
 _KERNEL_CLASS_RX = [(c, re.compile(rx, re.IGNORECASE)) for c, rx in KERNEL_CLASSES]
 # teller_core::summary::is_collective's tokens, matched the same way (lower case, underscores dropped)
 _COLLECTIVE = ("nccl", "rccl", "crossdevicereduce", "allreduce", "allgather", "reducescatter", "alltoall")
+# and its `is_ep_exchange`: expert-parallel token exchanges by their own name (DeepEP's
+# `deep_ep::intranode::dispatch`, normalized to `kernel:dispatch`)
+_EP_EXCHANGE = re.compile(
+    r"^(?:dispatch|combine|notify_dispatch|cached_notify_dispatch|cached_notify_combine)$"
+)
 
 
 def kernel_class(symbol: str) -> str | None:
@@ -103,9 +108,9 @@ def kernel_class(symbol: str) -> str | None:
         return None
     name = symbol[len("kernel:") :]
     flat = name.replace("_", "").lower()
-    if any(t in flat for t in _COLLECTIVE):
-        return "communication"
     last = name.rsplit("::", 1)[-1]  # (`flashinfer::norm::RMSNormKernel` is a norm, not attention)
+    if any(t in flat for t in _COLLECTIVE) or _EP_EXCHANGE.match(last):
+        return "communication"
     return next((c for c, rx in _KERNEL_CLASS_RX if rx.search(last)), "other")
 
 

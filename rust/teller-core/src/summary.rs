@@ -80,9 +80,15 @@ struct Act {
 
 /// A collective (communication) kernel by name: NCCL's and RCCL's, vLLM's custom all-reduce
 /// (`cross_device_reduce_*`) and names spelling a collective (`all_reduce`, `AllGather`,
-/// `reduce_scatter`, `all_to_all`); case and underscores ignored. The same set as
-/// `teller.data.summary`'s `_COLLECTIVE`, plus RCCL.
+/// `reduce_scatter`, `all_to_all`); case and underscores ignored; and expert-parallel all-to-all
+/// kernels named by what they do (DeepEP's `deep_ep::intranode::dispatch<...>`,
+/// `internode_ll::combine`, their `notify_dispatch` / `cached_notify_*` steps: [`is_ep_exchange`]).
+/// The set of `teller.data.summary`'s `_COLLECTIVE`, plus RCCL and the expert-parallel kernels
+/// (the model's features keep the older set: shipped checkpoints were trained on it).
 pub fn is_collective(name: &str) -> bool {
+    if is_ep_exchange(name) {
+        return true;
+    }
     let k: String = name
         .chars()
         .filter(|c| *c != '_')
@@ -99,6 +105,18 @@ pub fn is_collective(name: &str) -> bool {
     ]
     .iter()
     .any(|p| k.contains(p))
+}
+
+/// An expert-parallel token exchange: the kernel's own name (the last `::` part, before template
+/// arguments and parameters) is `dispatch`, `combine` or one of DeepEP's notify steps before them.
+/// (DeepEP's `get_dispatch_layout` computes the routing locally: not an exchange.)
+pub fn is_ep_exchange(name: &str) -> bool {
+    let head = name.split(['<', '(']).next().unwrap_or(name).trim();
+    let head = head.rsplit([' ', ':']).next().unwrap_or(head);
+    matches!(
+        head,
+        "dispatch" | "combine" | "notify_dispatch" | "cached_notify_dispatch" | "cached_notify_combine"
+    )
 }
 
 #[derive(Debug, Clone, Default)]
@@ -420,10 +438,23 @@ mod tests {
             "AllGather_kernel",
             "reduce_scatter",
             "all_to_all_combine",
+            "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)",
+            "void deep_ep::internode_ll::combine<7168, 8>(void*, int)",
+            "void deep_ep::intranode::cached_notify_combine<8>(void**, int*)",
+            "deep_ep::internode::notify_dispatch",
+            "combine",
         ] {
             assert!(super::is_collective(n), "{n}");
         }
-        for n in ["gemm", "reduce_kernel", "all_gemm", "scatter_kernel"] {
+        for n in [
+            "gemm",
+            "reduce_kernel",
+            "all_gemm",
+            "scatter_kernel",
+            "void deep_ep::layout::get_dispatch_layout(long const*, int*)",
+            "moe_combine_kernel",
+            "void combine_fp8<float>(float*)",
+        ] {
             assert!(!super::is_collective(n), "{n}");
         }
     }
