@@ -46,6 +46,17 @@ pub struct Shared {
     cond: Condvar,
 }
 
+impl Shared {
+    // (a poisoned lock still guards plain numbers: read on rather than panic in a host process)
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'g>(&self, g: std::sync::MutexGuard<'g, State>) -> std::sync::MutexGuard<'g, State> {
+        self.cond.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Pointer to the buffer, sent to the writer thread. Sound because the writer writes only at or
 /// after `filled` and the reader reads only before it, `filled` being published under the mutex.
 struct Base(*mut u8);
@@ -63,8 +74,9 @@ pub fn announced_size(data: &[u8]) -> Option<usize> {
     (isize >= n && isize <= n.saturating_mul(1032)).then_some(isize)
 }
 
-/// Inflates `data` into `out` (whose length is the announced size plus one spare byte), handing the
-/// filled length over every `chunk` bytes. Runs on the writer thread.
+/// Inflates `data` into the buffer at `base` (`cap` bytes: the announced size plus one spare byte),
+/// handing the filled length over after each step (`FIRST_CHUNK`, doubling up to `chunk`). Runs on
+/// the writer thread.
 fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
     let mut dec = flate2::read::MultiGzDecoder::new(data);
     let mut filled = 0usize;
@@ -91,7 +103,7 @@ fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
                 Ok(k) => got += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    let mut st = shared.state.lock().unwrap();
+                    let mut st = shared.lock();
                     st.filled = filled + got;
                     st.end = Some(End::Failed(e.to_string(), filled + got));
                     shared.cond.notify_all();
@@ -100,7 +112,7 @@ fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
             }
         }
         filled += got;
-        let mut st = shared.state.lock().unwrap();
+        let mut st = shared.lock();
         st.filled = filled;
         if eof {
             st.end = Some(End::Complete);
@@ -109,7 +121,7 @@ fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
         }
         shared.cond.notify_all();
     };
-    let mut st = shared.state.lock().unwrap();
+    let mut st = shared.lock();
     st.end = Some(end);
     shared.cond.notify_all();
 }
@@ -129,7 +141,8 @@ pub struct Feed<'a> {
 /// Why `more` stopped the parse.
 #[derive(Debug)]
 pub enum Stop {
-    /// The pipeline cannot finish: start over serially.
+    /// The pipeline cannot finish (the trailer understated the size, or no thread could be
+    /// started): start over serially.
     Overflow,
     /// A real error of the file (gzip or UTF-8), as the serial path reports it.
     Err(Error),
@@ -184,9 +197,9 @@ impl<'a> Feed<'a> {
             if self.end.is_some() {
                 return Ok(false);
             }
-            let mut st = self.shared.state.lock().unwrap();
+            let mut st = self.shared.lock();
             while st.filled == self.seen && st.end.is_none() {
-                st = self.shared.cond.wait(st).unwrap();
+                st = self.shared.wait(st);
             }
             self.seen = st.filled;
             self.end = st.end.clone();
@@ -196,9 +209,9 @@ impl<'a> Feed<'a> {
     /// The first `n` inflated bytes (fewer if the stream is shorter), not yet validated: to tell
     /// a raw stream from JSON before any is handed to the parser.
     pub fn head(&mut self, n: usize) -> &'a [u8] {
-        let mut st = self.shared.state.lock().unwrap();
+        let mut st = self.shared.lock();
         while st.filled < n && st.end.is_none() {
-            st = self.shared.cond.wait(st).unwrap();
+            st = self.shared.wait(st);
         }
         self.seen = st.filled;
         self.end = st.end.clone();
@@ -208,9 +221,9 @@ impl<'a> Feed<'a> {
     }
 
     fn wait_end(&mut self) {
-        let mut st = self.shared.state.lock().unwrap();
+        let mut st = self.shared.lock();
         while st.end.is_none() {
-            st = self.shared.cond.wait(st).unwrap();
+            st = self.shared.wait(st);
         }
         self.seen = st.filled;
         self.end = st.end.clone();
@@ -255,7 +268,25 @@ pub fn with_feed<T>(
     let r = std::thread::scope(|s| {
         let sh = &shared;
         let base = Base(ptr);
-        s.spawn(move || write(data, base, cap, chunk.max(1), sh));
+        let spawned = std::thread::Builder::new()
+            .name("teller-inflate".into())
+            .spawn_scoped(s, move || {
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    write(data, base, cap, chunk.max(1), sh)
+                }));
+                if done.is_err() {
+                    // never leave the reader waiting, never unwind into the caller's process
+                    let mut st = sh.lock();
+                    let at = st.filled;
+                    st.end
+                        .get_or_insert(End::Failed("the inflating thread failed".into(), at));
+                    sh.cond.notify_all();
+                }
+            });
+        if spawned.is_err() {
+            // no thread to be had (a process at its limit): the serial read needs none
+            return Err(Stop::Overflow);
+        }
         let mut feed = Feed {
             path,
             base: ptr as *const u8,
