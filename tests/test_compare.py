@@ -264,6 +264,11 @@ def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
     assert len(each) == 2
     for g in each:
         assert g["baseline"]["compute_ns"] == pytest.approx(g["current"]["compute_ns"])
+    # each row names its GPU as both captures do: rank 0 is a.json's in the baseline, b.json's now
+    assert sorted((g["baseline_gpu"], g["gpu"]) for g in each) == [
+        ("GPU 0 of a.json", "GPU 0 of b.json"),
+        ("GPU 0 of b.json", "GPU 0 of a.json"),
+    ]
     assert not any(s.startswith("GPU") for s in c["statements"]), c["statements"]
     # without ranks the same files pair in order (and differ)
     for d in ("base", "cur"):

@@ -504,8 +504,9 @@ def trace_compare(
         for label in ("compute", "comm", "copies", "idle: host", "launch", "queued"):
             gt.add_column(label, justify="right")
         for g in c["gpus"]:
+            was = g.get("baseline_gpu")
             gt.add_row(
-                escape(g["gpu"]),
+                escape(g["gpu"] if was in (None, g["gpu"]) else f"{was} -> {g['gpu']}"),
                 *(f"{100 * g['baseline'][f]:.1f} -> {100 * g['current'][f]:.1f}" for f, _ in BREAKDOWN),
             )
         console.print(gt)

@@ -376,9 +376,13 @@ def compare(
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
     sb, sc = baseline.summary(0), current.summary(0)
     db, dc = _device_rows(sb, baseline), _device_rows(sc, current)
-    # GPUs paired by (rank, device), else in order where both captures have as many; the current
-    # capture's names (a path tail tells per-rank files apart); always the whole as well
-    gpus = [{"gpu": dc[j][0], "baseline": db[i][1], "current": dc[j][1]} for i, j in _pair_gpus(db, dc)]
+    # GPUs paired by (rank, device), else in order where both captures have as many; named as the
+    # current capture names them (a path tail tells per-rank files apart), the baseline's name
+    # beside it; always the whole as well
+    gpus = [
+        {"gpu": dc[j][0], "baseline_gpu": db[i][0], "baseline": db[i][1], "current": dc[j][1]}
+        for i, j in _pair_gpus(db, dc)
+    ]
     ab, ac = _all_gpus(sb), _all_gpus(sc)
     if ab is not None and ac is not None:
         gpus.append({"gpu": "all GPUs", "baseline": ab, "current": ac})
