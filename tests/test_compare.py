@@ -239,6 +239,50 @@ def test_a_load_change_is_read_against_the_baselines_time_for_that_load(tmp_path
     assert mixed is not None and mixed["arg"] == "num_seqs"
 
 
+def test_each_rank_is_read_against_its_own_baseline_steps(tmp_path) -> None:
+    # a prefill rank (10 us per token) and a decode rank (1 us per token) in per-rank files; the
+    # current capture runs the same costs, more of the prefill rank's steps and at higher loads: per
+    # rank nothing moved; one line through both ranks would read the mix as a change
+    def rank_file(d, name: str, rank: int, tokens: list[int], us_per_token: float) -> None:
+        t = _Trace()
+        at = 0.0
+        for k, n in enumerate(tokens):
+            dur = 100 + us_per_token * n
+            t.step(f"ProfilerStep#{k}", at, dur)
+            t.ev[-1]["args"] = {"num_tokens": n}
+            t.launch(at + 2, 3, at + 6, dur / 2)
+            at += dur + 50
+        d.mkdir(exist_ok=True)
+        doc = {"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev}
+        (d / name).write_text(json.dumps(doc))
+
+    loads = [10, 20, 40, 80, 160, 320]
+    rank_file(tmp_path / "base", "r0.json", 0, loads, 10.0)
+    rank_file(tmp_path / "base", "r1.json", 1, loads, 1.0)
+    rank_file(tmp_path / "cur", "r0.json", 0, [160, 320, 320, 160, 320, 160], 10.0)
+    rank_file(tmp_path / "cur", "r1.json", 1, [10, 20, 10], 1.0)
+    load = teller.trace.load
+    c = compare(load(tmp_path / "base", warn=False), load(tmp_path / "cur", warn=False))
+    ld = c["load"]
+    assert ld["fit"] == "per rank" and ld["in_range"] == 1.0 and ld["ratio"] == pytest.approx(1.0)
+    said = [s for s in c["statements"] if s.startswith("the steps carried")]
+    assert len(said) == 1 and "about what the baseline's steps take" in said[0]
+    assert "each rank against its own steps" in said[0]
+    # rank 1 slower by half for its load: read on its steps (3 of the 9)
+    rank_file(tmp_path / "slow", "r0.json", 0, [160, 320, 320, 160, 320, 160], 10.0)
+    rank_file(tmp_path / "slow", "r1.json", 1, [10, 20, 10, 20, 40, 10, 20], 1.5)
+    slow = compare(load(tmp_path / "base", warn=False), load(tmp_path / "slow", warn=False))["load"]
+    assert slow["fit"] == "per rank" and slow["ratio"] > 1.0
+    # without ranks: one line through both, which the mix moves
+    for d in ("base", "cur"):
+        for f in (tmp_path / d).iterdir():
+            doc = json.loads(f.read_text())
+            del doc["distributedInfo"]
+            f.write_text(json.dumps(doc))
+    one = compare(load(tmp_path / "base", warn=False), load(tmp_path / "cur", warn=False))["load"]
+    assert one["fit"] == "all" and abs(one["ratio"] - 1.0) > 0.1
+
+
 def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
     # two per-rank profiler files, each process on its GPU 0; rank 1 computes 4x longer than rank 0
     # in both captures, and the current capture's files list rank 1 first: paired by rank, nothing

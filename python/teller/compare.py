@@ -406,19 +406,45 @@ def compare(
     return out
 
 
+def _step_ranks(tr: Any, ss: list[Any]) -> list[int] | None:
+    """The rank of each step's input (:func:`_rank`), or None where any step's input names none."""
+    src = np.asarray(tr.source)
+    ranks = [_rank(tr.sources[int(src[s.event])]) for s in ss]
+    return None if any(r is None for r in ranks) else [int(r) for r in ranks]  # type: ignore[arg-type]
+
+
+def _read_line(xb: np.ndarray, db: np.ndarray, xc: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The line through the baseline's (load, time) pairs, read for the current loads: (what it
+    gives, whether it may be read there, c, k). Read only within the baseline's loads (beyond, it
+    would be extrapolated; a baseline of one load has no slope, and is read only for that load,
+    within 2 %)."""
+    from teller.findings import expected_step_times
+
+    _, c, k = expected_step_times(db, xb)
+    lo, hi = float(xb.min()), float(xb.max())
+    if hi - lo <= 0.02 * hi:  # (one load: no slope to read other loads with)
+        inside = np.abs(xc - hi) <= 0.02 * max(hi, 1.0)
+    else:
+        inside = (xc >= lo) & (xc <= hi)
+    return c + k * xc, inside, c, k
+
+
 def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[str, Any] | None:
     """Where every step of both captures records a load (the first of
     ``teller.findings.STEP_WORK_ARGS`` that all of them carry): the median load of each, the line
     ``c + k * load`` through the baseline's steps (``teller.findings.expected_step_times``: robust,
-    so one slow step moves it not; one line through the steps of every process, so the ranks of a
-    tensor-parallel engine share it), and the median of the current steps' time over what that line
+    so one slow step moves it not), and the median of the current steps' time over what that line
     gives for their load (``ratio``): above 1 they are slower than the baseline's steps of the same
-    work, whatever the traffic did to the mix. The line is read only within the baseline's loads,
-    its smallest to its largest (beyond, it would be extrapolated; a baseline of one load has no
-    slope, and is read only for steps of that load, within 2 %), and for steps that took some time:
-    ``in_range``, the share of current steps it was read for, ``ratio`` their median (None with
-    none). None otherwise, or with fewer than three baseline steps."""
-    from teller.findings import MIN_STEPS, STEP_WORK_ARGS, expected_step_times, step_loads
+    work, whatever the traffic did to the mix. Where every step's input names its rank in both
+    captures (:func:`_rank`), each rank's steps are read against the line through that rank's
+    baseline steps (``fit`` "per rank": a prefill rank and a decode rank, or pipeline stages, take
+    different times for one load); a rank with fewer than three baseline steps is not read. Else one
+    line through the steps of every process (``fit`` "all": the ranks of a tensor-parallel engine
+    share it). A line is read only within its baseline loads (:func:`_read_line`) and for steps that
+    took some time: ``in_range``, the share of current steps it was read for, ``ratio`` their median
+    (None with none). ``fixed_ns`` / ``per_unit_ns``: the line through every baseline step. None
+    otherwise, or with fewer than three baseline steps."""
+    from teller.findings import MIN_STEPS, STEP_WORK_ARGS, step_loads
 
     sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
     if len(sb) < MIN_STEPS or not sc:
@@ -431,13 +457,18 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
         return None
     db = np.array([s.dur_ns for s in sb], dtype=np.float64)
     dc = np.array([s.dur_ns for s in sc], dtype=np.float64)
-    _, c, k = expected_step_times(db, xb)
-    pred = c + k * xc
-    lo, hi = float(xb.min()), float(xb.max())
-    if hi - lo <= 0.02 * hi:  # (one load: no slope to read other loads with)
-        inside = np.abs(xc - hi) <= 0.02 * max(hi, 1.0)
-    else:
-        inside = (xc >= lo) & (xc <= hi)
+    pred, inside, c, k = _read_line(xb, db, xc)
+    rb, rc = _step_ranks(baseline, sb), _step_ranks(current, sc)
+    fit = "all"
+    if rb is not None and rc is not None and len(set(rb)) > 1:
+        fit = "per rank"
+        ab, ac = np.asarray(rb), np.asarray(rc)
+        pred, inside = np.zeros(len(sc)), np.zeros(len(sc), dtype=bool)
+        for r in sorted(set(rc)):
+            mb, mc = ab == r, ac == r
+            if mb.sum() < MIN_STEPS:
+                continue  # (a rank the baseline ran too little of, or not at all: not read)
+            pred[mc], inside[mc], _, _ = _read_line(xb[mb], db[mb], xc[mc])
     ok = inside & (pred > 0) & (dc > 0)
     return {
         "arg": key,
@@ -445,6 +476,7 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
         "current_median": float(np.median(xc)),
         "fixed_ns": c,
         "per_unit_ns": k,
+        "fit": fit,
         "ratio": float(np.median(dc[ok] / pred[ok])) if ok.any() else None,
         "in_range": float(np.mean(ok)),
     }
@@ -467,6 +499,8 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
     arg = ld["arg"]
     unit = {"num_tokens": "token", "num_seqs": "sequence"}.get(arg, "unit")
     line = f"{_ms(ld['fixed_ns'])} + {ld['per_unit_ns'] / 1e3:.3g} us per {unit}"
+    if ld.get("fit") == "per rank":
+        line = f"each rank against its own steps; all ranks: {line}"
     said = f"the steps carried {moved} (median {arg} {lc:.4g} against {lb:.4g})"
     if r is None or ld["in_range"] < 0.5:
         # (most steps outside the baseline's loads: what it would take for them is not known)
