@@ -248,7 +248,10 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
     link = np.asarray(tr.link)
     names = tr.strings
     coll = re.compile(r"nccl|rccl|crossdevicereduce|allreduce|allgather|reducescatter|alltoall")
-    ep = re.compile(r"(?:^|[ :])(?:dispatch|combine|notify_dispatch|cached_notify_(?:dispatch|combine))$")
+    ep = re.compile(
+        r"^(?:(?:deep_ep|intranode|internode|internode_ll)::)*"
+        r"(?:dispatch|combine|notify_dispatch|cached_notify(?:_dispatch|_combine)?)$"
+    )
     first: dict = {}
     group = [first.setdefault(x["process"], k) for k, x in enumerate(tr.sources)]
     src = np.asarray(group, dtype=np.int64)[np.asarray(tr.source, dtype=np.int64)]
@@ -259,7 +262,10 @@ def _breakdown_reference(tr) -> dict[tuple[int, int], dict[str, int]]:
             s, e = int(tr.ts[i]), int(tr.ts[i] + tr.dur[i])
             if layer[i] == 6:
                 nm = names[tr.name[i]]
-                own = re.split(r"[<(]", nm)[0].strip()
+                sig = nm.split("(")[0]
+                while re.search(r"<[^<>]*>", sig):
+                    sig = re.sub(r"<[^<>]*>", "", sig)
+                own = (sig.split() or [""])[-1]
                 is_coll = coll.search(nm.lower().replace("_", "")) or ep.search(own)
                 kind = "comm" if is_coll else "compute"
             else:

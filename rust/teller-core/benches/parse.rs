@@ -1,8 +1,7 @@
 //! Criterion benches of the trace core on the real fixtures: read (decompress + parse) and
 //! load (read + align); the gz read serial and pipelined (`inflate`). Run with `cargo bench -p teller-core --bench parse`.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use teller_core::inflate::CHUNK;
-use teller_core::load::{read_bytes, read_file_with};
+use teller_core::load::{read_bytes, read_file_with, Pipeline};
 use teller_core::{load, LoadOptions};
 
 fn fixtures() -> Vec<(String, String)> {
@@ -34,10 +33,10 @@ fn bench(c: &mut Criterion) {
         });
         // inflate, then parse (one thread) against parse while a second thread inflates
         g.bench_function("read_gz_serial", |b| {
-            b.iter(|| read_file_with(&path, 0, false, CHUNK).unwrap())
+            b.iter(|| read_file_with(&path, 0, Pipeline::Off).unwrap())
         });
         g.bench_function("read_gz_pipelined", |b| {
-            b.iter(|| read_file_with(&path, 0, true, CHUNK).unwrap())
+            b.iter(|| read_file_with(&path, 0, Pipeline::Auto).unwrap())
         });
         g.bench_function("load_gz_and_align", |b| {
             b.iter(|| load(std::slice::from_ref(&path), &LoadOptions::default()).unwrap())

@@ -144,10 +144,11 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
     /// Runs one piece of the parse that ends on a closing byte (an event object, a top-level
     /// value with the ',' or '}' after it). If it fails while more input can arrive, it may have
     /// been cut by the end of what has arrived: wait for more and parse it again from its start.
-    /// Strings it interned are interned again in the same order, so ids match a serial read.
+    /// What it added is undone first (args, the `bad_device` count, strings it interned: a number
+    /// cut short may have been interned as an argument's text), so ids match a serial read.
     #[inline]
     fn attempt<T>(&mut self, mut f: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
-        let (pos, nargs, bad) = (self.sc.pos, self.t.args.len(), self.bad_device);
+        let (pos, nargs, bad, nstr) = (self.sc.pos, self.t.args.len(), self.bad_device, self.t.strings.len());
         loop {
             match f(self) {
                 Ok(v) => return Ok(v),
@@ -158,6 +159,10 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     self.sc.pos = pos;
                     self.t.args.truncate(nargs);
                     self.bad_device = bad;
+                    if self.t.strings.len() > nstr {
+                        self.t.strings.truncate(nstr);
+                        self.t.id_labels.retain(|_, s| (*s as usize) < nstr);
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@
 
 use crate::error::Error;
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 /// Bytes the writer inflates between two hand-overs. Large enough that locking is noise (a 100 MB
@@ -41,9 +42,11 @@ struct State {
     end: Option<End>,
 }
 
-pub struct Shared {
+struct Shared {
     state: Mutex<State>,
     cond: Condvar,
+    /// Set by the reader when it needs no more bytes (a raw stream read serially instead).
+    cancel: AtomicBool,
 }
 
 impl Shared {
@@ -84,6 +87,9 @@ fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
     let mut step = chunk.min(FIRST_CHUNK);
     let end = loop {
         if filled == cap {
+            break End::Overflow;
+        }
+        if shared.cancel.load(Ordering::Relaxed) {
             break End::Overflow;
         }
         let want = step.min(cap - filled);
@@ -154,6 +160,23 @@ impl<'a> Feed<'a> {
     pub fn slice(&self) -> &'a [u8] {
         // SAFETY: [0, avail) was published by the writer under the mutex and is never written again.
         unsafe { std::slice::from_raw_parts(self.base, self.avail) }
+    }
+
+    /// Stops the writer at its next hand-over: the caller reads the file another way.
+    pub fn cancel(&self) {
+        self.shared.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Reads to the end of the stream, validating what is left: the error the serial read would
+    /// give first (a corrupt stream, then invalid UTF-8) where there is one.
+    fn drain(&mut self) -> Option<Stop> {
+        loop {
+            match self.more() {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(stop) => return Some(stop),
+            }
+        }
     }
 
     /// The file the bytes come from.
@@ -249,7 +272,12 @@ pub fn gzip_error(path: &str, msg: &str, inflated: usize) -> Error {
 }
 
 /// Runs `parse` on a feed of `data` inflated by a second thread, `chunk` bytes at a time.
-/// `Err(Stop::Overflow)`: the trailer's size was wrong; the caller must start over serially.
+/// `Err(Stop::Overflow)`: the trailer's size was wrong (or no buffer or thread could be had); the
+/// caller must start over serially.
+///
+/// SAFETY (of the slices `Feed` hands out): `parse` is generic over the feed's lifetime, so no
+/// slice of the buffer can leave it, and the writer thread is joined before the buffer is freed;
+/// `Feed`'s fields are private, so only `slice`/`head` create slices, of published bytes only.
 pub fn with_feed<T>(
     path: &str,
     data: &[u8],
@@ -258,12 +286,16 @@ pub fn with_feed<T>(
     parse: impl FnOnce(&mut Feed<'_>) -> Result<T, Stop>,
 ) -> Result<T, Stop> {
     let cap = announced + 1;
-    // zeroed pages come lazily from the OS: nothing is touched before the writer gets there
-    let mut buf = vec![0u8; cap];
-    let ptr = buf.as_mut_ptr();
+    // zeroed pages come lazily from the OS: nothing is touched before the writer gets there. A
+    // size that cannot be had is the serial read's to report (it grows its buffer as it goes).
+    let Some(buf) = ZeroedBuf::new(cap) else {
+        return Err(Stop::Overflow);
+    };
+    let ptr = buf.ptr;
     let shared = Shared {
         state: Mutex::new(State::default()),
         cond: Condvar::new(),
+        cancel: AtomicBool::new(false),
     };
     let r = std::thread::scope(|s| {
         let sh = &shared;
@@ -297,14 +329,38 @@ pub fn with_feed<T>(
         };
         let r = parse(&mut feed);
         if r.is_err() {
-            // the writer may still be inflating; an error found on it wins (see `more`)
-            feed.wait_end();
-            if let Some(stop) = feed.end_error() {
+            // the serial read inflates and validates everything before it parses: a corrupt
+            // stream, then invalid UTF-8 anywhere, win over what the parse found
+            if let Some(stop) = feed.drain() {
                 return Err(stop);
             }
         }
         r
     });
+    // (the writer is joined: nothing refers to the buffer any more)
     drop(buf);
     r
+}
+
+/// The inflated bytes: zeroed memory of a fixed size, never moved (slices of it are handed out
+/// while the writer fills the rest), freed when the read is done.
+struct ZeroedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl ZeroedBuf {
+    fn new(cap: usize) -> Option<Self> {
+        let layout = std::alloc::Layout::array::<u8>(cap.max(1)).ok()?;
+        // SAFETY: the layout has a non-zero size; a null return is handled
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        (!ptr.is_null()).then_some(ZeroedBuf { ptr, layout })
+    }
+}
+
+impl Drop for ZeroedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
 }

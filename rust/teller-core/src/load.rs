@@ -113,7 +113,9 @@ fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
         } else {
             0
         };
-        let mut out = Vec::with_capacity(hint.min(1 << 32).max(data.len() * 4));
+        // (a hint that cannot be had is only a hint: the buffer then grows as it fills)
+        let mut out = Vec::new();
+        let _ = out.try_reserve_exact(hint.min(1 << 32).max(data.len() * 4));
         let mut dec = flate2::read::MultiGzDecoder::new(&data[..]);
         if let Err(e) = dec.read_to_end(&mut out) {
             return Err(inflate::gzip_error(path, &e.to_string(), out.len()));
@@ -126,26 +128,37 @@ fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
 /// Below this inflated size a second thread costs more than the inflating it would hide.
 pub const PIPELINE_MIN_BYTES: usize = 256 << 10;
 
-/// Reads one file of either kind.
-pub fn read_file(path: &str, source: u16) -> Result<(Trace, Kind, Option<ProcessKey>)> {
-    read_file_with(path, source, true, inflate::CHUNK)
+/// Whether a gzipped Chrome trace is parsed while a second thread inflates it (`inflate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pipeline {
+    /// Inflate everything, then parse.
+    Off,
+    /// From `PIPELINE_MIN_BYTES` inflated (the gzip trailer's size), handing over up to
+    /// `inflate::CHUNK` bytes at a time.
+    Auto,
+    /// At any size, handing over at most `chunk` bytes at a time (tests cut events anywhere).
+    Always { chunk: usize },
 }
 
-/// `read_file`; with `pipeline`, a gzipped Chrome trace of at least `PIPELINE_MIN_BYTES` is
-/// parsed while a second thread inflates it, `chunk` bytes at a time (see `inflate`). Both ways
-/// give the same trace, warnings and errors.
-pub fn read_file_with(
-    path: &str,
-    source: u16,
-    pipeline: bool,
-    chunk: usize,
-) -> Result<(Trace, Kind, Option<ProcessKey>)> {
+/// Reads one file of either kind.
+pub fn read_file(path: &str, source: u16) -> Result<(Trace, Kind, Option<ProcessKey>)> {
+    read_file_with(path, source, Pipeline::Auto)
+}
+
+/// `read_file`, pipelined or not (both ways give the same trace, warnings and errors).
+pub fn read_file_with(path: &str, source: u16, pipeline: Pipeline) -> Result<(Trace, Kind, Option<ProcessKey>)> {
     let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
-    let announced = inflate::announced_size(&data).filter(|&n| n >= PIPELINE_MIN_BYTES || chunk < inflate::CHUNK);
-    if let (true, Some(n), false) = (pipeline, announced, path.ends_with(".tmsgpack")) {
+    let (chunk, min) = match pipeline {
+        Pipeline::Off => (0, usize::MAX),
+        Pipeline::Auto => (inflate::CHUNK, PIPELINE_MIN_BYTES),
+        Pipeline::Always { chunk } => (chunk, 0),
+    };
+    let announced = inflate::announced_size(&data).filter(|&n| n >= min);
+    if let (Some(n), false) = (announced, path.ends_with(".tmsgpack")) {
         let r = inflate::with_feed(path, &data, n, chunk, |feed| {
             // the first bytes tell a raw stream from JSON
             if looks_like_raw(feed.head(64)) {
+                feed.cancel();
                 return Ok(None);
             }
             read_chrome_feed(feed, source).map(Some)
@@ -153,7 +166,7 @@ pub fn read_file_with(
         match r {
             Ok(Some(t)) => return Ok((t, Kind::Chrome, None)),
             Err(Stop::Err(e)) => return Err(e),
-            // a raw stream, or a trailer that understated the size: the serial path below
+            // a raw stream, or a trailer that understated the size: the serial read below
             Ok(None) | Err(Stop::Overflow) => {}
         }
     }
@@ -188,11 +201,15 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     }
     // Files are independent: read them in parallel (decompression + parsing dominate). With fewer
     // files than threads a gzipped file also inflates on a thread of its own while it is parsed.
-    let pipeline = files.len() < rayon::current_num_threads();
+    let pipeline = if files.len() < rayon::current_num_threads() {
+        Pipeline::Auto
+    } else {
+        Pipeline::Off
+    };
     let parts: Vec<Result<(Trace, Kind, Option<ProcessKey>)>> = files
         .par_iter()
         .enumerate()
-        .map(|(i, f)| read_file_with(f, i as u16, pipeline, inflate::CHUNK))
+        .map(|(i, f)| read_file_with(f, i as u16, pipeline))
         .collect();
     let mut trace = Trace::new();
     let mut proc_of_source: Vec<u32> = Vec::new();

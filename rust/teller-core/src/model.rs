@@ -172,6 +172,13 @@ impl Interner {
     pub fn strings(&self) -> &[Box<str>] {
         &self.strings
     }
+    /// Forgets the strings interned after the first `len` (a parse that is retried from an earlier
+    /// point must give the ids a single pass gives).
+    pub fn truncate(&mut self, len: usize) {
+        for s in self.strings.drain(len.min(self.strings.len())..) {
+            self.map.remove(&s);
+        }
+    }
 }
 
 /// A value of an event argument. Arrays and objects are kept as their JSON text (interned).

@@ -107,16 +107,40 @@ pub fn is_collective(name: &str) -> bool {
     .any(|p| k.contains(p))
 }
 
-/// An expert-parallel token exchange: the kernel's own name (the last `::` part, before template
-/// arguments and parameters) is `dispatch`, `combine` or one of DeepEP's notify steps before them.
-/// (DeepEP's `get_dispatch_layout` computes the routing locally: not an exchange.)
+/// An expert-parallel token exchange: the kernel's own name (the last `::` part, template
+/// arguments and parameters aside) is `dispatch`, `combine` or one of DeepEP's notify steps
+/// around them, and its namespaces, where it has any, are DeepEP's (`deep_ep`, `intranode`,
+/// `internode`, `internode_ll`): a `dispatch` of another library is not taken for one. (DeepEP's
+/// `get_dispatch_layout` computes the routing locally: not an exchange.)
 pub fn is_ep_exchange(name: &str) -> bool {
-    let head = name.split(['<', '(']).next().unwrap_or(name).trim();
-    let head = head.rsplit([' ', ':']).next().unwrap_or(head);
-    matches!(
-        head,
-        "dispatch" | "combine" | "notify_dispatch" | "cached_notify_dispatch" | "cached_notify_combine"
-    )
+    let sig = name.split('(').next().unwrap_or(name);
+    // drop template arguments (balanced), so `tuple<int> ns::dispatch<8>` reads as `ns::dispatch`
+    let mut plain = String::with_capacity(sig.len());
+    let mut depth = 0usize;
+    for ch in sig.chars() {
+        match ch {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => plain.push(ch),
+            _ => {}
+        }
+    }
+    let qualified = plain.split_whitespace().last().unwrap_or("");
+    let mut parts: Vec<&str> = qualified.split("::").collect();
+    let own = parts.pop().unwrap_or("");
+    let exchange = matches!(
+        own,
+        "dispatch"
+            | "combine"
+            | "notify_dispatch"
+            | "cached_notify"
+            | "cached_notify_dispatch"
+            | "cached_notify_combine"
+    );
+    exchange
+        && parts
+            .iter()
+            .all(|p| p.is_empty() || matches!(*p, "deep_ep" | "intranode" | "internode" | "internode_ll"))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -442,6 +466,7 @@ mod tests {
             "void deep_ep::internode_ll::combine<7168, 8>(void*, int)",
             "void deep_ep::intranode::cached_notify_combine<8>(void**, int*)",
             "deep_ep::internode::notify_dispatch",
+            "void deep_ep::internode::cached_notify<8, 4>(int, int*)",
             "combine",
         ] {
             assert!(super::is_collective(n), "{n}");
@@ -454,6 +479,8 @@ mod tests {
             "void deep_ep::layout::get_dispatch_layout(long const*, int*)",
             "moe_combine_kernel",
             "void combine_fp8<float>(float*)",
+            "void thrust::cuda_cub::core::_kernel_agent<ns::dispatch>(int)",
+            "void other_lib::dispatch<int>(int)",
         ] {
             assert!(!super::is_collective(n), "{n}");
         }

@@ -1,11 +1,11 @@
 //! Parsing a gzipped trace while a second thread inflates it (`teller_core::inflate`) gives what
-//! the serial read gives: the same trace for every chunk size (events cut anywhere), and the same
-//! error for corrupt gzip, broken JSON and invalid UTF-8.
+//! the serial read gives: the same trace for chunk sizes down to one byte (events cut anywhere),
+//! and the same error for corrupt gzip, broken JSON and invalid UTF-8.
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use std::io::Write;
 use teller_core::inflate::{announced_size, CHUNK};
-use teller_core::load::{read_bytes, read_file_with, Kind};
+use teller_core::load::{read_bytes, read_file_with, Kind, Pipeline};
 use teller_core::Trace;
 
 fn fixture(name: &str) -> String {
@@ -42,13 +42,13 @@ fn digest(t: &Trace) -> String {
 }
 
 fn serial(path: &str) -> Result<(Trace, Kind), String> {
-    read_file_with(path, 0, false, CHUNK)
+    read_file_with(path, 0, Pipeline::Off)
         .map(|(t, k, _)| (t, k))
         .map_err(|e| e.to_string())
 }
 
 fn piped(path: &str, chunk: usize) -> Result<(Trace, Kind), String> {
-    read_file_with(path, 0, true, chunk)
+    read_file_with(path, 0, Pipeline::Always { chunk })
         .map(|(t, k, _)| (t, k))
         .map_err(|e| e.to_string())
 }
@@ -104,6 +104,45 @@ fn numbers_cut_by_a_chunk_end_are_not_read_short() {
     for c in 1..40 {
         let (got, _) = piped(&path, c).unwrap();
         assert_eq!(digest(&got), digest(&want), "chunk {c}");
+    }
+}
+
+#[test]
+fn a_long_number_cut_by_a_chunk_end_leaves_no_string_behind() {
+    // an integer too long for i64 is kept as its text (interned); cut short, it must not stay in
+    // the string table and move every later id
+    let json = br#"{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": "t1", "args": {"big": 123456789012345678901234567890, "s": "x"}}, {"ph": "X", "name": "b", "ts": 5, "dur": 1, "pid": 1, "tid": "t2"}]}"#;
+    let path = temp("bignum.json.gz", &gz(json));
+    let (want, _) = serial(&path).unwrap();
+    for c in 1..200 {
+        let (got, _) = piped(&path, c).unwrap();
+        assert_eq!(digest(&got), digest(&want), "chunk {c}");
+    }
+}
+
+#[test]
+fn invalid_utf8_anywhere_wins_over_an_error_found_before_it() {
+    // the serial read validates the whole text first; the pipelined one must read on to see it
+    let good = read_bytes(&fixture("traces/mi300x_sglang_decode_hipgraph.kineto.json.gz")).unwrap();
+    let events_at = good.windows(13).position(|w| w == b"\"traceEvents\"").unwrap();
+    let mut no_ts = br#"{"traceEvents": [{"ph": "X", "name": "k", "pid": 1, "tid": 1}, "#.to_vec();
+    no_ts.extend_from_slice(&good[events_at + 17..]);
+    let mut no_events = br#"{"schemaVersion": 1, "other": "#.to_vec();
+    no_events.extend_from_slice(&good[events_at + 15..]);
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(b" x");
+    for (name, mut doc) in [("no_ts", no_ts), ("no_events", no_events), ("trailing", trailing)] {
+        let n = doc.len();
+        doc[n - 300] = 0xff;
+        let path = temp(&format!("{name}_utf8.json.gz"), &gz(&doc));
+        let want = serial(&path).map(|(t, _)| digest(&t));
+        assert!(
+            want.as_ref().is_err_and(|e| e.contains("invalid UTF-8")),
+            "{name}: {want:?}"
+        );
+        for c in [4093, CHUNK] {
+            assert_eq!(piped(&path, c).map(|(t, _)| digest(&t)), want, "{name} chunk {c}");
+        }
     }
 }
 
