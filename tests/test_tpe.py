@@ -278,3 +278,46 @@ def test_progress_callback_and_cancel():
 
 def test_log_dur_matches():
     assert math.isclose(ref.log_dur(1500), math.log1p(1.5))
+
+
+def test_a_tokenizer_says_what_other_normalization_rules_mean(tmp_path) -> None:
+    import warnings
+
+    from teller.errors import TellerWarning
+
+    # trained now: the rules' version is recorded and loading says nothing
+    tok = teller.tpe.train([["kernel:gemm", "kernel:gemm", "runtime:cudaLaunchKernel"]] * 3, num_merges=2)
+    assert tok.settings["normalization_version"] == _native.NORMALIZATION_VERSION >= 2
+    tok.save(tmp_path / "now")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        teller.tpe.load(tmp_path / "now")
+    # an older tokenizer holding a mangled kernel name: that kernel is now demangled, so it is unknown
+    d = json.loads((tmp_path / "now" / "tokenizer.json").read_text())
+    mangled = "kernel:_ZN5aiter24add_rmsnorm_quant_kernelIDF16bLi256EEEvPT_"
+    assert teller.trace.symbol("kernel", mangled[len("kernel:") :]) != mangled
+    old = json.loads(json.dumps(d))
+    old["base_vocab"].append(mangled)
+    old["stats"] = {k: [*v, 0] for k, v in d["stats"].items()}
+    del old["settings"]["normalization_version"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tokenizer.json").write_text(json.dumps(old))
+    with pytest.warns(TellerWarning, match=r"1 kernel symbol\(s\) are mangled names .* before 2"):
+        teller.tpe.load(tmp_path / "old")
+    # an older one without mangled names: nothing changed for it
+    del d["settings"]["normalization_version"]
+    (tmp_path / "plain.json").write_text(json.dumps(d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        teller.tpe.load(tmp_path / "plain.json")
+    # a newer one: said; a wrong type: an error naming the field
+    (tmp_path / "new.json").write_text(
+        json.dumps(dict(d, settings={**d["settings"], "normalization_version": 99}))
+    )
+    with pytest.warns(TellerWarning, match="version 99, newer than this teller's"):
+        teller.tpe.load(tmp_path / "new.json")
+    (tmp_path / "bad.json").write_text(
+        json.dumps(dict(d, settings={**d["settings"], "normalization_version": "2"}))
+    )
+    with pytest.raises(TokenizerError, match="normalization_version"):
+        teller.tpe.load(tmp_path / "bad.json")

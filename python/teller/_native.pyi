@@ -7,6 +7,7 @@ import numpy as np
 __version__: str
 build_profile: str  # "release" or "debug"
 LAYER_NAMES: tuple[str, ...]
+NORMALIZATION_VERSION: int
 DEFAULT_STEP_PATTERNS: tuple[str, ...]
 
 class NativeTrace:

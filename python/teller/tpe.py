@@ -438,7 +438,35 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
             check_normalize(se["normalize"])
         except ConfigError as e:
             return f"settings['normalize']: {e}"
+    v = se.get("normalization_version")
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        return f"settings['normalization_version'] must be a positive integer, got {json.dumps(v)}"
     return None
+
+
+def normalization_note(tok: TPETokenizer, path: str) -> str | None:
+    """What a tokenizer trained under other symbol-normalization rules (``teller_core::normalize::
+    VERSION``, recorded as ``settings['normalization_version']`` since version 2) means for the
+    traces it encodes, where it means anything, else None: a newer one may name events differently;
+    an older one that holds mangled kernel names (``kernel:_Z...``), which this teller demangles,
+    no longer matches those kernels, so they read as unknown tokens."""
+    have, cur = tok.settings.get("normalization_version"), _native.NORMALIZATION_VERSION
+    if have == cur:
+        return None
+    if isinstance(have, int) and have > cur:
+        return (
+            f"{path}: trained with symbol normalization version {have}, newer than this teller's ({cur}): "
+            "some events may read as other symbols; encode with the teller that trained it"
+        )
+    mangled = [x for x in tok.base_vocab if x.startswith("kernel:_Z")]
+    if not mangled:
+        return None
+    return (
+        f"{path}: {len(mangled)} kernel symbol(s) are mangled names (e.g. {mangled[0][:48]}), which this "
+        f"teller demangles (symbol normalization version {cur}; the tokenizer's: "
+        f"{have if have is not None else 'before 2'}): those kernels now read as unknown tokens; "
+        "retrain it (teller tpe train) to give them symbols"
+    )
 
 
 # -- corpora ---------------------------------------------------------------------------------------
@@ -719,6 +747,8 @@ def train(
         "close_layers": list(close_layers),
         "step_names": list(step_names) if step_names is not None else None,
         "normalize": normalize,
+        # (the symbol rules this vocabulary was made with: tpe.load says what a change means)
+        "normalization_version": _native.NORMALIZATION_VERSION,
         "training_events": int(len(base_ids)),
         "training_segments": int(len(c.starts)),
     }
@@ -743,7 +773,15 @@ def load(directory: str | os.PathLike[str]) -> TPETokenizer:
         raise TokenizerError(f"{path}: not valid JSON: {e}", path=str(path)) from None
     except OSError as e:
         raise TellerIOError(f"{path}: cannot read: {e.strerror or e}", path=str(path)) from None
-    return TPETokenizer.from_dict(d, path=str(path))
+    tok = TPETokenizer.from_dict(d, path=str(path))
+    note = normalization_note(tok, str(path))
+    if note:
+        import warnings
+
+        from teller.errors import TellerWarning
+
+        warnings.warn(note, TellerWarning, stacklevel=2)
+    return tok
 
 
 __all__ = [

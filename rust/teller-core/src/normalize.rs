@@ -12,6 +12,11 @@
 //! * runtime/driver calls, host operators, memcpy/memset: kept as they are.
 //! * every canonical name is cut to `max_len` bytes (on a char boundary).
 
+/// The version of these rules: raised whenever a name's symbol changes, so a tokenizer trained on
+/// older symbols can say so (`teller.tpe`). 1: until 2026-12-06; 2: mangled kernel names are
+/// demangled (or cut to their front part) before the kernel rules.
+pub const VERSION: u32 = 2;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct NormalizeOptions {
     pub strip_namespaces: bool,

@@ -404,6 +404,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         if cfg!(debug_assertions) { "debug" } else { "release" },
     )?;
     m.add("LAYER_NAMES", PyTuple::new(m.py(), LAYER_NAMES)?)?;
+    m.add("NORMALIZATION_VERSION", teller_core::normalize::VERSION)?;
     m.add(
         "DEFAULT_STEP_PATTERNS",
         PyTuple::new(m.py(), teller_core::align::DEFAULT_STEP_PATTERNS)?,
