@@ -327,6 +327,23 @@ def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
     assert g0["baseline"]["compute_ns"] != pytest.approx(g0["current"]["compute_ns"])
 
 
+def test_gpus_pair_by_rank_and_device_else_by_rank_else_in_order() -> None:
+    from teller.compare import _pair_gpus
+
+    def rows(*keys):
+        return [(f"GPU {k}", {}, k) for k in keys]
+
+    # the files listed in another order
+    assert _pair_gpus(rows((0, 0), (1, 0)), rows((1, 0), (0, 0))) == [(1, 0), (0, 1)]
+    # each rank's GPU as device 0 in one run (CUDA_VISIBLE_DEVICES), as cuda:<rank> in the other
+    assert _pair_gpus(rows((0, 0), (1, 0)), rows((1, 1), (0, 0))) == [(1, 0), (0, 1)]
+    # a rank with two GPUs whose devices differ: no key pairs them, so in order
+    assert _pair_gpus(rows((0, 0), (0, 1)), rows((0, 2), (0, 0))) == [(0, 0), (1, 1)]
+    # no ranks: in order; not as many GPUs: none
+    assert _pair_gpus(rows(None, None), rows(None, None)) == [(0, 0), (1, 1)]
+    assert _pair_gpus(rows((0, 0), (1, 0)), rows((0, 0))) == []
+
+
 def test_rank_of_an_input() -> None:
     from teller.compare import _rank
 

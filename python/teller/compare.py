@@ -316,11 +316,17 @@ def _pair_gpus(db: list, dc: list) -> list[tuple[int, int]]:
     """Index pairs (baseline, current) of the GPUs to compare: by (rank, device) where every GPU of
     both captures has one, each once, and both have the same ones (the order of the input files, and
     so of the processes, may differ between two runs of one service: rank 1's file first in one);
-    else in order where both have as many GPUs; else none."""
+    else by rank alone where each rank has one GPU in both (one run giving each rank its GPU as
+    device 0 through ``CUDA_VISIBLE_DEVICES``, the other as ``cuda:<rank>``); else in order where
+    both have as many GPUs; else none."""
     kb, kc = [x[2] for x in db], [x[2] for x in dc]
-    if None not in kb and None not in kc and len(set(kb)) == len(kb) == len(kc) and set(kb) == set(kc):
-        at = {k: i for i, k in enumerate(kb)}
-        return [(at[k], j) for j, k in enumerate(kc)]
+    for key in (lambda k: k, lambda k: k[0]):
+        if None in kb or None in kc:
+            break
+        b, c = [key(k) for k in kb], [key(k) for k in kc]
+        if len(set(b)) == len(b) == len(c) and set(b) == set(c):
+            at = {k: i for i, k in enumerate(b)}
+            return [(at[k], j) for j, k in enumerate(c)]
     return [(i, i) for i in range(len(db))] if len(db) == len(dc) else []
 
 
