@@ -344,7 +344,7 @@ def compare(
     its steps and their median time; with unit "capture", its span instead); ``symbols`` (the
     ``top`` symbols by the largest change of their time per unit, each with layer, events and time
     per unit in both, the change and the ratio; a symbol of one capture only included); ``gpus``
-    (the GPUs paired by rank and device, else in order where both captures have as many, then
+    (the GPUs paired by rank and device, else by rank, else in order where both captures have as many, then
     ``all GPUs``: each breakdown
     share in both); ``statements`` (:func:`statements`). ``step_patterns``: the globs the captures'
     steps were found by (``teller.trace.load(step_names=...)``; the loader's defaults by default):
