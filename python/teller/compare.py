@@ -344,11 +344,11 @@ def compare(
     its steps and their median time; with unit "capture", its span instead); ``symbols`` (the
     ``top`` symbols by the largest change of their time per unit, each with layer, events and time
     per unit in both, the change and the ratio; a symbol of one capture only included); ``gpus``
-    (the GPUs paired by rank and device, else by rank, else in order where both captures have as many, then
-    ``all GPUs``: each breakdown
-    share in both); ``statements`` (:func:`statements`). ``step_patterns``: the globs the captures'
-    steps were found by (``teller.trace.load(step_names=...)``; the loader's defaults by default):
-    steps found by the loader's fallbacks (root ranges, the whole trace) make the unit "capture"."""
+    (the GPUs paired by rank and device, else by rank, else in order where both captures have as
+    many, then ``all GPUs``: each breakdown share in both); ``statements`` (:func:`statements`).
+    ``step_patterns``: the globs the captures' steps were found by
+    (``teller.trace.load(step_names=...)``; the loader's defaults by default): steps found by the
+    loader's fallbacks (root ranges, the whole trace) make the unit "capture"."""
     from teller.trace import DEFAULT_STEP_PATTERNS
 
     patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
@@ -382,7 +382,7 @@ def compare(
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
     sb, sc = baseline.summary(0), current.summary(0)
     db, dc = _device_rows(sb, baseline), _device_rows(sc, current)
-    # GPUs paired by (rank, device), else in order where both captures have as many; named as the
+    # GPUs paired by (rank, device), else rank, else in order where both have as many; named as the
     # current capture names them (a path tail tells per-rank files apart), the baseline's name
     # beside it; always the whole as well
     gpus = [
