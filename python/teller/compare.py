@@ -415,7 +415,8 @@ def compare(
 def _step_ranks(tr: Any, ss: list[Any]) -> list[int] | None:
     """The rank of each step's input (:func:`_rank`), or None where any step's input names none."""
     src = np.asarray(tr.source)
-    ranks = [_rank(tr.sources[int(src[s.event])]) for s in ss]
+    by_source = [_rank(x) for x in tr.sources]  # (once per input: `sources` is built on each access)
+    ranks = [by_source[int(src[s.event])] for s in ss]
     return None if any(r is None for r in ranks) else [int(r) for r in ranks]  # type: ignore[arg-type]
 
 
@@ -444,12 +445,13 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
     work, whatever the traffic did to the mix. Where every step's input names its rank in both
     captures (:func:`_rank`), each rank's steps are read against the line through that rank's
     baseline steps (``fit`` "per rank": a prefill rank and a decode rank, or pipeline stages, take
-    different times for one load); a rank with fewer than three baseline steps is not read. Else one
-    line through the steps of every process (``fit`` "all": the ranks of a tensor-parallel engine
-    share it). A line is read only within its baseline loads (:func:`_read_line`) and for steps that
-    took some time: ``in_range``, the share of current steps it was read for, ``ratio`` their median
-    (None with none). ``fixed_ns`` / ``per_unit_ns``: the line through every baseline step. None
-    otherwise, or with fewer than three baseline steps."""
+    different times for one load; the ranks of a tensor-parallel engine each get their own line,
+    which for them is the same line); a rank with fewer than three baseline steps is not read
+    (``unmatched``: the share of current steps in such ranks). Else one line through the steps of
+    every process. A line is read only within its baseline loads (:func:`_read_line`) and for steps
+    that took some time: ``in_range``, the share of the current steps of matched ranks it was read
+    for, ``ratio`` their median (None with none). ``fixed_ns`` / ``per_unit_ns``: the line through
+    every baseline step. None otherwise, or with fewer than three baseline steps."""
     from teller.findings import MIN_STEPS, STEP_WORK_ARGS, step_loads
 
     sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
@@ -466,14 +468,16 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
     pred, inside, c, k = _read_line(xb, db, xc)
     rb, rc = _step_ranks(baseline, sb), _step_ranks(current, sc)
     fit = "all"
-    if rb is not None and rc is not None and len(set(rb)) > 1:
+    matched = np.ones(len(sc), dtype=bool)  # (steps of a rank the baseline has a line for)
+    if rb is not None and rc is not None and len(set(rb) | set(rc)) > 1:
         fit = "per rank"
         ab, ac = np.asarray(rb), np.asarray(rc)
         pred, inside = np.zeros(len(sc)), np.zeros(len(sc), dtype=bool)
         for r in sorted(set(rc)):
             mb, mc = ab == r, ac == r
             if mb.sum() < MIN_STEPS:
-                continue  # (a rank the baseline ran too little of, or not at all: not read)
+                matched[mc] = False  # (a rank the baseline ran too little of, or not at all: not read)
+                continue
             pred[mc], inside[mc], _, _ = _read_line(xb[mb], db[mb], xc[mc])
     ok = inside & (pred > 0) & (dc > 0)
     return {
@@ -484,7 +488,10 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
         "per_unit_ns": k,
         "fit": fit,
         "ratio": float(np.median(dc[ok] / pred[ok])) if ok.any() else None,
-        "in_range": float(np.mean(ok)),
+        # of the steps of ranks with a baseline line, the share read (within its loads, of some time)
+        "in_range": float(np.mean(ok[matched])) if matched.any() else 0.0,
+        # the share of current steps whose rank the baseline has fewer than three steps of
+        "unmatched": float(np.mean(~matched)),
     }
 
 
@@ -508,6 +515,12 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
     if ld.get("fit") == "per rank":
         line = f"each rank against its own steps; all ranks: {line}"
     said = f"the steps carried {moved} (median {arg} {lc:.4g} against {lb:.4g})"
+    if ld.get("unmatched", 0.0) > 0.5:
+        # (most steps on ranks the baseline ran too little of: there is no line to read them by)
+        return [
+            f"{said}, mostly on ranks the baseline has too few steps of: "
+            "their time is not compared for their load"
+        ]
     if r is None or ld["in_range"] < 0.5:
         # (most steps outside the baseline's loads: what it would take for them is not known)
         return [f"{said}, mostly outside the baseline's loads: their time is not compared for their load"]
