@@ -304,6 +304,19 @@ def test_a_tokenizer_says_what_other_normalization_rules_mean(tmp_path) -> None:
     (tmp_path / "old" / "tokenizer.json").write_text(json.dumps(old))
     with pytest.warns(TellerWarning, match=r"1 kernel symbol\(s\) are mangled names .* before 2"):
         teller.tpe.load(tmp_path / "old")
+    # one whose mangled name this teller keeps whole (a wrapper it cannot read): still matches
+    kept = json.loads(json.dumps(old))
+    wrapper = "kernel:_ZN7cutlass6KernelIN4gemm5KernelILi128EEEEvTnT_"
+    assert teller.trace.symbol("kernel", wrapper[len("kernel:") :]) == wrapper
+    kept["base_vocab"][-1] = wrapper
+    (tmp_path / "kept.json").write_text(json.dumps(kept))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        teller.tpe.load(tmp_path / "kept.json")
+    # said once by the parent; worker processes load with warn=False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        teller.tpe.load(tmp_path / "old", warn=False)
     # an older one without mangled names: nothing changed for it
     del d["settings"]["normalization_version"]
     (tmp_path / "plain.json").write_text(json.dumps(d))

@@ -448,8 +448,9 @@ def normalization_note(tok: TPETokenizer, path: str) -> str | None:
     """What a tokenizer trained under other symbol-normalization rules (``teller_core::normalize::
     VERSION``, recorded as ``settings['normalization_version']`` since version 2) means for the
     traces it encodes, where it means anything, else None: a newer one may name events differently;
-    an older one that holds mangled kernel names (``kernel:_Z...``), which this teller demangles,
-    no longer matches those kernels, so they read as unknown tokens."""
+    one from before version 2 that holds mangled kernel names (``kernel:_Z...``) which this teller
+    now gives other symbols (it demangles them; some it keeps whole) no longer matches those kernels;
+    one of a later older version may differ in ways docs/normalization.md lists."""
     have, cur = tok.settings.get("normalization_version"), _native.NORMALIZATION_VERSION
     if have == cur:
         return None
@@ -458,14 +459,25 @@ def normalization_note(tok: TPETokenizer, path: str) -> str | None:
             f"{path}: trained with symbol normalization version {have}, newer than this teller's ({cur}): "
             "some events may read as other symbols; encode with the teller that trained it"
         )
-    mangled = [x for x in tok.base_vocab if x.startswith("kernel:_Z")]
-    if not mangled:
+    if isinstance(have, int) and have >= 2:
+        return (
+            f"{path}: trained with symbol normalization version {have}, older than this teller's ({cur}): "
+            "some events may read as other symbols (docs/normalization.md); retrain it (teller tpe train)"
+        )
+    from teller.trace import symbol
+
+    norm = tok.settings.get("normalize")
+    moved = [
+        x
+        for x in tok.base_vocab
+        if x.startswith("kernel:_Z") and symbol("kernel", x[7:], normalize=norm) != x
+    ]
+    if not moved:
         return None
     return (
-        f"{path}: {len(mangled)} kernel symbol(s) are mangled names (e.g. {mangled[0][:48]}), which this "
-        f"teller demangles (symbol normalization version {cur}; the tokenizer's: "
-        f"{have if have is not None else 'before 2'}): those kernels now read as unknown tokens; "
-        "retrain it (teller tpe train) to give them symbols"
+        f"{path}: {len(moved)} kernel symbol(s) are mangled names (e.g. {moved[0][:48]}) that this teller "
+        f"demangles (symbol normalization version {cur}; the tokenizer's: before 2): those kernels now "
+        "read as unknown tokens; retrain it (teller tpe train) to give them symbols"
     )
 
 
@@ -755,8 +767,10 @@ def train(
     return TPETokenizer(base_vocab, merges, merge_counts=merge_counts, stats=stats, settings=settings)
 
 
-def load(directory: str | os.PathLike[str]) -> TPETokenizer:
-    """Load a tokenizer saved with :meth:`TPETokenizer.save` (a directory or the JSON file itself)."""
+def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenizer:
+    """Load a tokenizer saved with :meth:`TPETokenizer.save` (a directory or the JSON file itself).
+    ``warn``: say (:class:`teller.TellerWarning`) what other symbol-normalization rules than this
+    teller's mean for it (:func:`normalization_note`; off in worker processes, whose parent said it)."""
     if not isinstance(directory, (str, os.PathLike)):
         raise ConfigError(f"tpe.load takes a directory or file path, got {type(directory).__name__}")
     p = Path(directory)
@@ -774,7 +788,7 @@ def load(directory: str | os.PathLike[str]) -> TPETokenizer:
     except OSError as e:
         raise TellerIOError(f"{path}: cannot read: {e.strerror or e}", path=str(path)) from None
     tok = TPETokenizer.from_dict(d, path=str(path))
-    note = normalization_note(tok, str(path))
+    note = normalization_note(tok, str(path)) if warn else None
     if note:
         import warnings
 

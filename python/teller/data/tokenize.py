@@ -448,7 +448,7 @@ def _encode_shard(job: dict[str, Any]) -> dict[str, Any]:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tok = tpe.load(job["tokenizer"])
+    tok = tpe.load(job["tokenizer"], warn=False)  # (the parent said what there is to say)
     logtok = LogTokenizer.load(job["log_tokenizer"])
     ref = KernelReference.load(job["reference"]) if job.get("reference") else None
     folds = [KernelReference.load(p) for p in job["reference_folds"]] if job.get("reference_folds") else None
@@ -616,7 +616,7 @@ def _reference_points(job: tuple[str, str, Any, str], tok: Any = None) -> tuple[
     sdir, sid, seed, tok_file = job
     sd = Path(sdir)
     if tok is None:
-        tok = _WORKER_TOK.get(tok_file) or _WORKER_TOK.setdefault(tok_file, tpe.load(tok_file))
+        tok = _WORKER_TOK.get(tok_file) or _WORKER_TOK.setdefault(tok_file, tpe.load(tok_file, warn=False))
     try:
         ann = json.loads((sd / "annotation.json").read_text())
         tr = load_sample_trace(sd, tok)
