@@ -163,6 +163,29 @@ def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
         assert [n[k] for k in kids] == ["pkg.engine.prepare"]
 
 
+def test_nvtx_json_name_with_an_unknown_field_leaves_the_function_alone(tmp_path):
+    # a {cls} name with a field the hook does not know: said once at start-up, the function is left
+    # unwrapped, and the program runs (it used to fail at every call)
+    (tmp_path / "pkg2").mkdir()
+    write(tmp_path / "pkg2", "__init__.py", "")
+    write(tmp_path / "pkg2", "m.py", "class A:\n    def run(self):\n        return 7\n")
+    prog = write(tmp_path, "main2.py", "from pkg2.m import A\nprint('got', A().run(), flush=True)\n")
+    groups = tmp_path / "g2.json"
+    groups.write_text(json.dumps([{"module": "pkg2.m", "functions": ["A.run"], "name": "{cls}.{bogus}"}]))
+    p, _ = collect(
+        tmp_path,
+        "--nvtx-json",
+        str(groups),
+        "--",
+        sys.executable,
+        str(prog),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "got 7" in p.stdout
+    assert "cannot wrap pkg2.m.A.run" in p.stderr and "bogus" in p.stderr
+
+
 def test_builtin_profile_tiny_gpt2(tmp_path):
     prog = write(
         tmp_path,
