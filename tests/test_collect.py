@@ -163,15 +163,34 @@ def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
         assert [n[k] for k in kids] == ["pkg.engine.prepare"]
 
 
-def test_nvtx_json_name_with_an_unknown_field_leaves_the_function_alone(tmp_path):
+def test_nvtx_json_leaves_alone_what_it_cannot_wrap(tmp_path):
     # a {cls} name with a field the hook does not know: said once at start-up, the function is left
     # unwrapped, and the program runs (it used to fail at every call)
     (tmp_path / "pkg2").mkdir()
     write(tmp_path / "pkg2", "__init__.py", "")
-    write(tmp_path / "pkg2", "m.py", "class A:\n    def run(self):\n        return 7\n")
-    prog = write(tmp_path, "main2.py", "from pkg2.m import A\nprint('got', A().run(), flush=True)\n")
+    write(
+        tmp_path / "pkg2",
+        "m.py",
+        "class A:\n    def run(self):\n        return 7\n"
+        "def gen():\n    yield 1\n"
+        "async def co():\n    return 2\n",
+    )
+    prog = write(
+        tmp_path,
+        "main2.py",
+        "import asyncio\nfrom pkg2.m import A, gen, co\n"
+        "print('got', A().run(), list(gen()), asyncio.run(co()), flush=True)\n",
+    )
     groups = tmp_path / "g2.json"
-    groups.write_text(json.dumps([{"module": "pkg2.m", "functions": ["A.run"], "name": "{cls}.{bogus}"}]))
+    groups.write_text(
+        json.dumps(
+            [
+                {"module": "pkg2.m", "functions": ["A.run"], "name": "{cls}.{bogus}"},
+                # a generator and a coroutine: a push/pop range cannot follow them, so they are left alone
+                {"module": "pkg2.m", "functions": ["gen", "co"]},
+            ]
+        )
+    )
     p, _ = collect(
         tmp_path,
         "--nvtx-json",
@@ -182,8 +201,9 @@ def test_nvtx_json_name_with_an_unknown_field_leaves_the_function_alone(tmp_path
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert p.returncode == 0, p.stderr
-    assert "got 7" in p.stdout
+    assert "got 7 [1] 2" in p.stdout
     assert "cannot wrap pkg2.m.A.run" in p.stderr and "bogus" in p.stderr
+    assert "cannot wrap pkg2.m.gen" in p.stderr and "cannot wrap pkg2.m.co" in p.stderr
 
 
 def test_builtin_profile_tiny_gpt2(tmp_path):

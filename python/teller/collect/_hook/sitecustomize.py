@@ -99,11 +99,21 @@ def _emitter():
 _EMIT = None
 
 
+# code flags of functions whose body runs later, in parts: generator, coroutine, iterable
+# coroutine, async generator (`inspect` would cost its import in every collected process)
+_SUSPENDS = 0x20 | 0x80 | 0x100 | 0x200
+
+
 def _wrap(
     fn, label_fmt: str, module: str, qualname: str, domain: str | None, color: str | None, dynamic: bool
 ):
     if getattr(fn, "__teller_wrapped__", False):
         return fn
+    flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
+    if flags & _SUSPENDS:
+        # a push/pop range would cover only making the generator or coroutine, and ranges of
+        # interleaved coroutines on one thread would pop each other's
+        raise TypeError("a generator or async function: a push/pop range cannot follow it; not wrapped")
     pusher, popper = _EMIT
     function = qualname.rsplit(".", 1)[-1]
     # (a name with a field it does not know fails here, where the caller says so and leaves the
