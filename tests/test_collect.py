@@ -96,10 +96,28 @@ def test_python_nvtx_program(tmp_path):
     assert summary["findings"] == []  # (a CPU run of four ranges: nothing stands out, and it says so)
 
 
+def _package(d, module: str, source: str) -> None:
+    """A package directory ``d`` holding one module."""
+    d.mkdir()
+    write(d, "__init__.py", "")
+    write(d, module, source)
+
+
+def _collect_groups(tmp_path, groups, prog):
+    """``teller collect --nvtx-json GROUPS -- python PROG`` with ``tmp_path`` on the child's path."""
+    return collect(
+        tmp_path,
+        "--nvtx-json",
+        str(groups),
+        "--",
+        sys.executable,
+        str(prog),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+
+
 def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    write(tmp_path / "pkg", "__init__.py", "")
-    write(
+    _package(
         tmp_path / "pkg",
         "engine.py",
         """
@@ -141,15 +159,7 @@ def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
             ]
         )
     )
-    p, run = collect(
-        tmp_path,
-        "--nvtx-json",
-        str(groups),
-        "--",
-        sys.executable,
-        str(prog),
-        env={"PYTHONPATH": str(tmp_path)},
-    )
+    p, run = _collect_groups(tmp_path, groups, prog)
     assert p.returncode == 0, p.stderr
     tr = T.load(run, warn=False)
     n = names(tr)
@@ -166,9 +176,7 @@ def test_nvtx_json_wraps_unmodified_code_and_children(tmp_path):
 def test_nvtx_json_leaves_alone_what_it_cannot_wrap(tmp_path):
     # a {cls} name with a field the hook does not know: said once at start-up, the function is left
     # unwrapped, and the program runs (it used to fail at every call)
-    (tmp_path / "pkg2").mkdir()
-    write(tmp_path / "pkg2", "__init__.py", "")
-    write(
+    _package(
         tmp_path / "pkg2",
         "m.py",
         "class A:\n    def run(self):\n        return 7\n"
@@ -191,15 +199,7 @@ def test_nvtx_json_leaves_alone_what_it_cannot_wrap(tmp_path):
             ]
         )
     )
-    p, _ = collect(
-        tmp_path,
-        "--nvtx-json",
-        str(groups),
-        "--",
-        sys.executable,
-        str(prog),
-        env={"PYTHONPATH": str(tmp_path)},
-    )
+    p, _ = _collect_groups(tmp_path, groups, prog)
     assert p.returncode == 0, p.stderr
     assert "got 7 [1] 2" in p.stdout
     assert "cannot wrap pkg2.m.A.run" in p.stderr and "bogus" in p.stderr
