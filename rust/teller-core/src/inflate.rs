@@ -69,12 +69,18 @@ unsafe impl Send for Base {}
 /// plausible for its compressed size (deflate cannot shrink more than ~1032:1; a trailer smaller
 /// than the input suggests a wrapped size or several members). `None`: inflate serially.
 pub fn announced_size(data: &[u8]) -> Option<usize> {
-    if data.len() < 18 || data[0] != 0x1f || data[1] != 0x8b {
+    let (n, isize) = (data.len(), trailer_size(data)?);
+    (isize >= n && isize <= n.saturating_mul(1032)).then_some(isize)
+}
+
+/// A gzip stream's ISIZE trailer (the last member's inflated size modulo 2^32), or None for what
+/// is not a gzip stream of at least a header and a trailer.
+pub fn trailer_size(data: &[u8]) -> Option<usize> {
+    let n = data.len();
+    if n < 18 || data[0] != 0x1f || data[1] != 0x8b {
         return None;
     }
-    let n = data.len();
-    let isize = u32::from_le_bytes([data[n - 4], data[n - 3], data[n - 2], data[n - 1]]) as usize;
-    (isize >= n && isize <= n.saturating_mul(1032)).then_some(isize)
+    Some(u32::from_le_bytes([data[n - 4], data[n - 3], data[n - 2], data[n - 1]]) as usize)
 }
 
 /// Inflates `data` into the buffer at `base` (`cap` bytes: the announced size plus one spare byte),

@@ -103,16 +103,7 @@ pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
 fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
     if data.len() >= 2 && data[0] == 0x1f && data[1] == 0x8b {
         // ISIZE (last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint.
-        let hint = if data.len() >= 18 {
-            u32::from_le_bytes([
-                data[data.len() - 4],
-                data[data.len() - 3],
-                data[data.len() - 2],
-                data[data.len() - 1],
-            ]) as usize
-        } else {
-            0
-        };
+        let hint = inflate::trailer_size(&data).unwrap_or(0);
         // (a hint that cannot be had is only a hint: the buffer then grows as it fills)
         let mut out = Vec::new();
         let _ = out.try_reserve_exact(hint.min(1 << 32).max(data.len() * 4));
