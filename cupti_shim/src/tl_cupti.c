@@ -12,6 +12,7 @@
 #include <link.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -274,7 +275,10 @@ static void *writer_main(void *arg) {
             if (stop) break;
             continue;
         }
-        process_buffer(tl_self(), q);
+        if (tl_enter()) { /* signals are blocked here; the guard also covers a synchronous one */
+            process_buffer(tl_self(), q);
+            tl_leave();
+        }
         pthread_mutex_lock(&C.mu);
         if (C.n_free < 8) {
             q->next = C.free_bufs;
@@ -306,19 +310,29 @@ static int is_blocking(CUpti_CallbackDomain dom, CUpti_CallbackId cbid) {
     return 0;
 }
 
+static void api_record(const CUpti_CallbackData *d);
+
 static void CUPTIAPI api_callback(void *ud, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data) {
     (void)ud;
     if (!is_blocking(dom, cbid)) return;
     const CUpti_CallbackData *d = data;
+    if (!d->correlationData) return;
+    if (d->callbackSite == CUPTI_API_ENTER) *d->correlationData = 0; /* no END without its BEGIN */
+    if (!tl_enter()) return;
+    api_record(d);
+    tl_leave();
+}
+
+static void api_record(const CUpti_CallbackData *d) {
     tl_thread *t = tl_self();
-    if (!t || !d->correlationData) return;
+    if (!t) return;
     if (d->callbackSite == CUPTI_API_ENTER) {
         uint64_t id = tl_next_range_id(t);
-        *d->correlationData = id;
         const char *nm = d->functionName ? d->functionName : "cudaSynchronize";
         uint32_t name = tl_intern(t, nm, strlen(nm));
         uint8_t *r = tl_reserve(t, 96);
         if (!r) return;
+        *d->correlationData = id;
         uint8_t *c = r + 1;
         mp_uint(&c, TL_BEGIN);
         mp_uint(&c, id);
@@ -567,7 +581,21 @@ static int setup(void) {
     }
     C.pid = getpid();
     C.stop = 0;
-    if (pthread_create(&C.thread, NULL, writer_main, NULL) != 0) {
+    /* The writer thread starts with asynchronous signals blocked, so the program's handlers (SIGALRM,
+     * SIGCHLD, SIGINT, profilers' SIGPROF) run on its own threads, never on ours mid-buffer. The
+     * synchronous ones stay open: blocking them makes a fault kill the process silently. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGTRAP);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int started = pthread_create(&C.thread, NULL, writer_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!started) {
         tl_diag(TL_ERROR, "cannot start the CUPTI writer thread: GPU activity not collected");
         return -1;
     }

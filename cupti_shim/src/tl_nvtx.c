@@ -208,37 +208,42 @@ static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
     return i;
 }
 
+/* Every callback that writes runs inside the reentrancy guard (tl_writer.h): a call from a signal
+ * handler that interrupted this thread inside the shim is refused (push -1, start 0) and counted. */
+
 static int NVTX_API cb_RangePushA(const char *msg) {
+    if (!tl_enter()) return -1;
     tl_thread *t = tl_self();
-    if (!t) return -1;
-    return do_push(t, NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL);
+    int r = t ? do_push(t, NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL) : -1;
+    tl_leave();
+    return r;
 }
 
-static int NVTX_API cb_RangePushEx(const nvtxEventAttributes_t *a) {
+static int push_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    if (!tl_enter()) return -1;
     tl_thread *t = tl_self();
-    if (!t) return -1;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    return do_push(t, NULL, at.name, &at);
+    int r = -1;
+    if (t) {
+        tl_attr at;
+        decode_attr(t, a, &at);
+        r = do_push(t, d, at.name, &at);
+    }
+    tl_leave();
+    return r;
 }
 
-static int NVTX_API cb_RangePop(void) {
+static int pop(nvtxDomainHandle_t d) {
+    if (!tl_enter()) return -1;
     tl_thread *t = tl_self();
-    return t ? do_pop(t, NULL) : -1;
+    int r = t ? do_pop(t, d) : -1;
+    tl_leave();
+    return r;
 }
 
-static int NVTX_API cb_DomainRangePushEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
-    tl_thread *t = tl_self();
-    if (!t) return -1;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    return do_push(t, d, at.name, &at);
-}
-
-static int NVTX_API cb_DomainRangePop(nvtxDomainHandle_t d) {
-    tl_thread *t = tl_self();
-    return t ? do_pop(t, d) : -1;
-}
+static int NVTX_API cb_RangePushEx(const nvtxEventAttributes_t *a) { return push_ex(NULL, a); }
+static int NVTX_API cb_RangePop(void) { return pop(NULL); }
+static int NVTX_API cb_DomainRangePushEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) { return push_ex(d, a); }
+static int NVTX_API cb_DomainRangePop(nvtxDomainHandle_t d) { return pop(d); }
 
 /* ---- start / end (may end on another thread) ---- */
 
@@ -248,31 +253,35 @@ static nvtxRangeId_t start_range(nvtxDomainHandle_t d, uint32_t name, const tl_a
     return write_begin(t, id, name, domain_sid(t, d), a, ts) ? id : 0; /* 0: dropped, RangeEnd(0) is ignored */
 }
 
-static nvtxRangeId_t NVTX_API cb_RangeStartEx(const nvtxEventAttributes_t *a) {
+static nvtxRangeId_t start_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    if (!tl_enter()) return 0;
     tl_thread *t = tl_self();
-    if (!t) return 0;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    return start_range(NULL, at.name, &at, t);
+    nvtxRangeId_t id = 0;
+    if (t) {
+        tl_attr at;
+        decode_attr(t, a, &at);
+        id = start_range(d, at.name, &at, t);
+    }
+    tl_leave();
+    return id;
 }
 
+static nvtxRangeId_t NVTX_API cb_RangeStartEx(const nvtxEventAttributes_t *a) { return start_ex(NULL, a); }
+static nvtxRangeId_t NVTX_API cb_DomainRangeStartEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) { return start_ex(d, a); }
+
 static nvtxRangeId_t NVTX_API cb_RangeStartA(const char *msg) {
+    if (!tl_enter()) return 0;
     tl_thread *t = tl_self();
-    if (!t) return 0;
-    return start_range(NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, t);
+    nvtxRangeId_t id = t ? start_range(NULL, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, t) : 0;
+    tl_leave();
+    return id;
 }
 
 static void NVTX_API cb_RangeEnd(nvtxRangeId_t id) {
+    if (!id || !tl_enter()) return;
     tl_thread *t = tl_self();
-    if (t && id) write_end(t, id, tl_now());
-}
-
-static nvtxRangeId_t NVTX_API cb_DomainRangeStartEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
-    tl_thread *t = tl_self();
-    if (!t) return 0;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    return start_range(d, at.name, &at, t);
+    if (t) write_end(t, id, tl_now());
+    tl_leave();
 }
 
 static void NVTX_API cb_DomainRangeEnd(nvtxDomainHandle_t d, nvtxRangeId_t id) {
@@ -283,34 +292,37 @@ static void NVTX_API cb_DomainRangeEnd(nvtxDomainHandle_t d, nvtxRangeId_t id) {
 /* ---- marks ---- */
 
 static void NVTX_API cb_MarkA(const char *msg) {
+    if (!tl_enter()) return;
     tl_thread *t = tl_self();
     if (t) write_mark(t, tl_intern(t, msg ? msg : "", msg ? strlen(msg) : 0), NULL, NULL);
+    tl_leave();
 }
 
-static void NVTX_API cb_MarkEx(const nvtxEventAttributes_t *a) {
+static void mark_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
+    if (!tl_enter()) return;
     tl_thread *t = tl_self();
-    if (!t) return;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    write_mark(t, at.name, NULL, &at);
+    if (t) {
+        tl_attr at;
+        decode_attr(t, a, &at);
+        tl_name *dn = d ? (tl_name *)(void *)d : NULL;
+        write_mark(t, at.name, dn && dn->magic == TL_DOMAIN_MAGIC ? dn : NULL, &at);
+    }
+    tl_leave();
 }
 
-static void NVTX_API cb_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
-    tl_thread *t = tl_self();
-    if (!t) return;
-    tl_attr at;
-    decode_attr(t, a, &at);
-    tl_name *dn = d ? (tl_name *)(void *)d : NULL;
-    write_mark(t, at.name, dn && dn->magic == TL_DOMAIN_MAGIC ? dn : NULL, &at);
-}
+static void NVTX_API cb_MarkEx(const nvtxEventAttributes_t *a) { mark_ex(NULL, a); }
+static void NVTX_API cb_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) { mark_ex(d, a); }
 
 /* ---- names, domains, registered strings ---- */
 
 static void NVTX_API cb_NameOsThreadA(uint32_t tid, const char *name) {
+    if (!name || !tl_enter()) return;
     tl_thread *t = tl_self();
-    if (t && name) tl_write_thread_name(t, tid, name, strlen(name));
+    if (t) tl_write_thread_name(t, tid, name, strlen(name));
+    tl_leave();
 }
 
+/* Domains and registered strings touch no thread state (only malloc), so they need no guard. */
 static nvtxDomainHandle_t NVTX_API cb_DomainCreateA(const char *name) {
     /* Handles live for the whole process (NVTX never guarantees a destroy before use ends). */
     return (nvtxDomainHandle_t)(void *)tl_name_new(name ? name : "", TL_DOMAIN_MAGIC);

@@ -21,6 +21,8 @@
 #define TL_NAME_MAGIC_STR 0x54535452u
 
 __thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
+__thread uint8_t tl_busy __attribute__((tls_model("initial-exec")));
+__thread uint64_t tl_reentered __attribute__((tls_model("initial-exec")));
 uint32_t tl_gen;          /* bumped for every new file (first open, fork child) */
 uint64_t tl_rid_global = 1;
 
@@ -40,6 +42,7 @@ static struct {
     size_t chunk_size;
     uint64_t start_ns;
     uint64_t dropped_unreported; /* atomic */
+    uint64_t reentered_unreported; /* atomic: refused reentrant calls of exited threads */
     uint64_t full_until;         /* after a failed growth, don't retry before this time (ns) */
     uint64_t last_sync;          /* CLOCK_SYNC written at most every sync_ns (on chunk hand-out) */
     uint64_t sync_ns;
@@ -392,6 +395,9 @@ static void thread_unlink_locked(tl_thread *t) {
 static void thread_destructor(void *p) {
     tl_thread *t = p;
     if (!t) return;
+    uint8_t was_busy = tl_busy; /* set when called from tl_self_slow */
+    tl_busy = 1; /* a handler's NVTX call must not write into the chunk being unmapped */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     pthread_mutex_lock(&g.mu);
     int mine = (t->gen == tl_gen && fd_ok_locked());
     if (t->gen == tl_gen) thread_unlink_locked(t);
@@ -406,8 +412,12 @@ static void thread_destructor(void *p) {
     pthread_mutex_unlock(&g.mu);
     if (t->chunk) munmap(t->chunk, t->chunk_len);
     if (t->dropped) __atomic_add_fetch(&g.dropped_unreported, t->dropped, __ATOMIC_RELAXED);
+    uint64_t re = t->reentered + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
+    if (re) __atomic_add_fetch(&g.reentered_unreported, re, __ATOMIC_RELAXED);
     if (tl_tls == t) tl_tls = NULL;
     free(t);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = was_busy;
 }
 
 /* fork handling: the child must never write into the parent's mappings or file. */
@@ -439,6 +449,9 @@ static void atfork_child(void) {
     g_lost = 0;
     g.pid = 0;
     g.dropped_unreported = 0;
+    g.reentered_unreported = 0;
+    tl_reentered = 0; /* the forking thread's count belongs to the parent's file */
+    tl_busy = 0;
     g.cupti_version = 0;
     g.cupti_error[0] = 0;
     /* The child's file describes the child: the parent's GPUs are not claimed (CUDA is unusable in the
@@ -460,7 +473,14 @@ void tl_register_fork_child(void (*fn)(void)) {
     pthread_mutex_unlock(&g.mu);
 }
 
-static void atexit_handler(void) { tl_writer_finish(); }
+static void atexit_handler(void) {
+    /* exit() from a signal handler that interrupted the shim: leave the file as it is (zero padding
+     * after the last record) rather than wait for a lock this thread holds */
+    if (!tl_enter()) return;
+    tl_writer_finish();
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = 0;
+}
 
 static void init_once(void) {
     tl_clock_init();
@@ -494,6 +514,21 @@ int tl_writer_enabled(void) { return g.state == 1; }
 const char *tl_trace_path(void) { return g.fd >= 0 ? g.path : NULL; }
 
 static void report_dropped(tl_thread *t);
+static void report_reentered(tl_thread *t);
+
+#define TL_REENTERED_REASON "NVTX called from a signal handler that interrupted the collector on the same thread"
+
+/* Move this thread's refused-call count into its struct, under the guard so that a handler's own
+ * chunk hand-out (which reports and clears t->reentered) cannot interleave with the update. */
+void tl_reentered_fold(void) {
+    if (!tl_enter()) return;
+    uint64_t n = __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
+    tl_thread *t = tl_tls;
+    if (t && t->gen == __atomic_load_n(&tl_gen, __ATOMIC_RELAXED)) t->reentered += n;
+    else __atomic_add_fetch(&g.reentered_unreported, n, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = 0; /* not tl_leave(): a count arriving now waits for the next call, no recursion */
+}
 
 tl_thread *tl_self_slow(void) {
     if (tl_writer_init() != 0) return NULL;
@@ -566,6 +601,7 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     t->pos = p;
     t->end = p + len;
     if (TL_UNLIKELY(t->dropped)) report_dropped(t);
+    if (TL_UNLIKELY(t->reentered)) report_reentered(t);
     /* long runs: refresh the monotonic/realtime pair now and then (NTP moves realtime) */
     uint64_t mono = tl_mono_ns(), last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED);
     if (mono - last >= g.sync_ns && __atomic_compare_exchange_n(&g.last_sync, &last, mono, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
@@ -587,6 +623,17 @@ static void report_dropped(tl_thread *t) {
     mp_uint(&c, TL_DROPPED);
     mp_uint(&c, n);
     mp_cstr(&c, "trace file full or unwritable");
+    tl_commit(t, s, c, 0x93);
+}
+
+static void report_reentered(tl_thread *t) {
+    uint8_t *s = t->pos;
+    if ((size_t)(t->end - s) < 128) return;
+    uint8_t *c = s + 1;
+    mp_uint(&c, TL_DROPPED);
+    mp_uint(&c, t->reentered);
+    mp_cstr(&c, TL_REENTERED_REASON);
+    t->reentered = 0;
     tl_commit(t, s, c, 0x93);
 }
 
@@ -734,15 +781,24 @@ void tl_writer_finish(void) {
     tl_thread *t = tl_tls;
     uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
     if (t && t->gen == tl_gen) { d += t->dropped; t->dropped = 0; }
+    uint64_t re = __atomic_exchange_n(&g.reentered_unreported, 0, __ATOMIC_RELAXED)
+                  + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
+    if (t && t->gen == tl_gen) { re += t->reentered; t->reentered = 0; }
     /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
      * written even when the file is at its size cap and no chunk has room. */
-    uint8_t buf[128];
+    uint8_t buf[256];
     uint8_t *c = buf;
     if (d) {
         mp_arr(&c, 3);
         mp_uint(&c, TL_DROPPED);
         mp_uint(&c, d);
         mp_cstr(&c, "trace file full or unwritable");
+    }
+    if (re) {
+        mp_arr(&c, 3);
+        mp_uint(&c, TL_DROPPED);
+        mp_uint(&c, re);
+        mp_cstr(&c, TL_REENTERED_REASON);
     }
     mp_arr(&c, 3);
     mp_uint(&c, TL_CLOCK_SYNC);

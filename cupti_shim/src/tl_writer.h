@@ -52,6 +52,7 @@ typedef struct tl_thread {
     uint32_t gen;         /* file generation this struct belongs to */
     uint64_t rid_next, rid_limit;
     uint64_t dropped;     /* records dropped by this thread, not yet reported */
+    uint64_t reentered;   /* calls refused by the reentrancy guard, not yet reported */
     int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked nor recorded) */
     uint64_t too_deep;    /* pushes beyond TL_MAX_DEPTH */
     tl_stack_entry stack[TL_MAX_DEPTH];
@@ -103,6 +104,37 @@ TL_HIDDEN void tl_register_fork_child(void (*fn)(void));
 
 /* initial-exec: one pointer of static TLS, no __tls_get_addr call on the hot path */
 extern __thread tl_thread *tl_tls __attribute__((tls_model("initial-exec")));
+
+/* Reentrancy guard. A signal handler that calls NVTX while its thread is inside the shim (between
+ * tl_reserve and tl_publish, moving the push/pop stack, or holding the writer lock) would write over
+ * the record in progress or deadlock on the lock. Every entry point that touches the thread's state
+ * runs between tl_enter() and tl_leave(); a call that finds the flag set does nothing and is counted
+ * (reported as a DROPPED record at the next chunk hand-out, thread exit or process exit). A handler
+ * runs to completion before its thread goes on, so a handler's push and pop are either both recorded
+ * or both refused. Both flags are thread-local and only touched by their own thread (and its signal
+ * handlers), so single-instruction updates with signal fences suffice: no lock, no atomic RMW on the
+ * hot path. */
+extern __thread uint8_t tl_busy __attribute__((tls_model("initial-exec")));
+extern __thread uint64_t tl_reentered __attribute__((tls_model("initial-exec")));
+TL_HIDDEN void tl_reentered_fold(void);
+
+static inline int tl_enter(void) {
+    if (TL_UNLIKELY(tl_busy)) {
+        __atomic_fetch_add(&tl_reentered, 1, __ATOMIC_RELAXED); /* one instruction: a nested handler cannot tear it */
+        return 0;
+    }
+    tl_busy = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    return 1;
+}
+
+static inline void tl_leave(void) {
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    /* a refused call incremented the count before the flag was cleared, so it is seen here */
+    if (TL_UNLIKELY(__atomic_load_n(&tl_reentered, __ATOMIC_RELAXED))) tl_reentered_fold();
+}
 extern uint32_t tl_gen; /* current file generation */
 extern uint64_t tl_rid_global; /* atomic */
 

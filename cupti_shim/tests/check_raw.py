@@ -283,6 +283,51 @@ def scenario_fork(d, facts):
     print("fork: parent and 2 children in separate files OK")
 
 
+REENTERED = "NVTX called from a signal handler that interrupted the collector on the same thread"
+
+
+def reentered(f):
+    """NVTX calls the reentrancy guard refused (DROPPED records with its reason)."""
+    return sum(r[1] for r in f.of(DROPPED) if f.s(r[2]) == REENTERED)
+
+
+def scenario_signal_inside(d, facts):
+    """A SIGSEGV inside the shim whose handler calls NVTX: the handler's calls are refused and
+    counted, the interrupted push and mark complete with their names."""
+    (f,) = load_dir(d)
+    check(f.torn == 0, f"{f.torn} torn records")
+    check(facts["faults"] == 2, f"faults {facts['faults']}")
+    check(facts["handler_push_ret"] < 0, f"refused push returned {facts['handler_push_ret']}")
+    names = [r["name"] for r in sorted(f.ranges().values(), key=lambda r: r["start"])]
+    check(names == ["before", "pushed-across-a-page", "from-handler"], f"ranges {names}")
+    marks = [f.s(m[2]) for m in f.of(MARK)]
+    check(marks == ["marked-across-a-page"], f"marks {marks}")
+    check(reentered(f) == 6, f"refused calls {reentered(f)}, expected 6 (3 per fault)")
+    check(all(r["end"] is not None for r in f.ranges().values()), "an open range")
+
+
+def scenario_signal_storm(d, facts):
+    """Interval-timer handlers calling NVTX on a thread that is nearly always inside the shim: the
+    file decodes, the main thread's ranges nest and are all there, and each handler invocation is
+    recorded whole or refused whole (3 calls)."""
+    (f,) = load_dir(d)
+    check(f.torn == 0, f"{f.torn} torn records")
+    rs = list(f.ranges().values())
+    check(all(r["end"] is not None for r in rs), "an open range")
+    check_nesting(rs, facts["main_tid"])
+    main = [r for r in rs if r["name"] != "sig"]
+    check(len(main) == 2 * facts["iters"], f"{len(main)} program ranges, expected {2 * facts['iters']}")
+    sig = sum(1 for r in rs if r["name"] == "sig")
+    sig_marks = sum(1 for m in f.of(MARK) if f.s(m[2]) == "sig-mark")
+    main_marks = sum(1 for m in f.of(MARK) if f.s(m[2]) == "main-mark")
+    check(main_marks == facts["iters"], f"{main_marks} program marks, expected {facts['iters']}")
+    check(sig == sig_marks, f"{sig} handler ranges but {sig_marks} handler marks")
+    refused = reentered(f)
+    check(refused == 3 * (facts["alarms"] - sig), f"refused {refused}, alarms {facts['alarms']}, recorded {sig}")
+    check(refused > 0 and facts["alarms"] > 100, f"no handler ran inside the shim ({facts['alarms']} alarms)")
+    print(f"signal-storm: {facts['alarms']} alarms, {sig} recorded, {refused // 3} refused, {facts['iters']} iterations")
+
+
 def scenario_crash(d, facts, how):
     fs = load_dir(d)
     check(len(fs) == 1, f"expected 1 file, got {len(fs)}")
@@ -580,6 +625,10 @@ def main():
             scenario_fork(d, facts)
         elif scen.startswith("crash-"):
             scenario_crash(d, facts, scen[6:])
+        elif scen == "signal-inside":
+            scenario_signal_inside(d, facts)
+        elif scen == "signal-storm":
+            scenario_signal_storm(d, facts)
         elif scen == "convert":
             scenario_convert(d, facts)
         elif scen == "gpu":

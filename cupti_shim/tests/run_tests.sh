@@ -44,6 +44,13 @@ d="$(fresh basic-noavx)"
 if TELLER_NO_AVX=1 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > "$d/facts.json" \
     && "${CHECK[@]}" basic "$d" "$d/facts.json"; then ok "nvtx-basic-noavx"; else ko "nvtx-basic-noavx"; fi
 
+# signal handlers calling NVTX while their thread is inside the shim (reentrancy guard)
+for s in signal-inside signal-storm; do
+  d="$(fresh "$s")"
+  if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" "$s" > "$d/facts.json" \
+      && "${CHECK[@]}" "$s" "$d" "$d/facts.json"; then ok "nvtx-$s"; else ko "nvtx-$s"; fi
+done
+
 # span mode (one SPAN per push/pop) still decodes
 d="$(fresh span)"
 if TELLER_NVTX_MODE=span TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" basic > "$d/facts.json"; then

@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +173,103 @@ static void scenario_crash(const char *how, const char *ready) {
     for (;;) pause();
 }
 
+/* ---- signal handlers that call NVTX ---- */
+
+/* Deterministic: the name a push or mark reads ends on a PROT_NONE page, so the shim faults while
+ * it is inside the callback (reentrancy guard set). The SIGSEGV handler calls NVTX (which must be
+ * refused, not recorded), then makes the page readable and the shim's read is retried. */
+static char *g_page;
+static size_t g_pagesz;
+static volatile sig_atomic_t g_faults;
+static volatile int g_handler_push_ret = 99;
+
+static void segv_handler(int sig, siginfo_t *si, void *uc) {
+    (void)sig; (void)uc;
+    if ((char *)si->si_addr < g_page + g_pagesz || (char *)si->si_addr >= g_page + 2 * g_pagesz) {
+        signal(SIGSEGV, SIG_DFL); /* a real crash */
+        return;
+    }
+    g_handler_push_ret = nvtxRangePushA("from-handler");
+    nvtxMarkA("handler-mark");
+    nvtxRangePop();
+    mprotect(g_page + g_pagesz, g_pagesz, PROT_READ | PROT_WRITE);
+    g_faults++;
+}
+
+static char *name_across_pages(const char *name) {
+    size_t n = strlen(name);
+    char *p = g_page + g_pagesz - n / 2; /* the first half on the readable page */
+    memcpy(p, name, n + 1);
+    mprotect(g_page + g_pagesz, g_pagesz, PROT_NONE);
+    return p;
+}
+
+static void scenario_signal_inside(void) {
+    g_pagesz = (size_t)sysconf(_SC_PAGESIZE);
+    g_page = mmap(NULL, 2 * g_pagesz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g_page == MAP_FAILED) exit(2);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, NULL);
+    nvtxRangePushA("before");
+    nvtxRangePop();
+    nvtxRangePushA(name_across_pages("pushed-across-a-page")); /* fault 1: inside the push */
+    int push_ret = g_handler_push_ret;
+    nvtxMarkA(name_across_pages("marked-across-a-page"));     /* fault 2: inside the mark */
+    nvtxRangePop();
+    nvtxRangePushA("from-handler"); /* the same name, from the program: recorded */
+    nvtxRangePop();
+    printf("{\"pid\": %d, \"faults\": %d, \"handler_push_ret\": %d}\n", (int)getpid(), (int)g_faults, push_ret);
+}
+
+/* Statistical: a 20 us interval timer whose handler pushes, marks and pops, while the main thread
+ * spends nearly all its time inside the shim (new strings now and then: the string table's lock; new
+ * chunks: the writer lock and mmap). Without the guard the handler writes over records in progress
+ * or deadlocks on a lock its thread holds. */
+static volatile sig_atomic_t g_alarms;
+
+static void alarm_handler(int sig) {
+    (void)sig;
+    nvtxRangePushA("sig");
+    nvtxMarkA("sig-mark");
+    nvtxRangePop();
+    g_alarms++;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void scenario_signal_storm(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = alarm_handler;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 20}, {0, 20}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    long iters = 0;
+    double t0 = now_s();
+    char name[32];
+    while (now_s() - t0 < 0.6) {
+        for (int k = 0; k < 256; k++, iters++) {
+            snprintf(name, sizeof name, "n%ld", iters % 5000);
+            nvtxRangePushA(name);
+            nvtxRangePushA("leaf");
+            nvtxMarkA("main-mark");
+            nvtxRangePop();
+            nvtxRangePop();
+        }
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("{\"pid\": %d, \"main_tid\": %u, \"alarms\": %d, \"iters\": %ld}\n", (int)getpid(), tid(), (int)g_alarms, iters);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *s = argc > 1 ? argv[1] : "basic";
@@ -216,6 +316,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
         printf("{\"pid\": %d}\n", (int)getpid());
     }
+    else if (strcmp(s, "signal-inside") == 0) scenario_signal_inside();
+    else if (strcmp(s, "signal-storm") == 0) scenario_signal_storm();
     else if (strncmp(s, "crash-", 6) == 0) scenario_crash(s + 6, argc > 2 ? argv[2] : NULL);
     else { fprintf(stderr, "unknown scenario %s\n", s); return 2; }
     return 0;

@@ -519,7 +519,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let mut open: HashMap<u64, Open> = HashMap::new();
     let mut unmatched_end = 0u64;
     let mut unknown_types: HashMap<i64, u64> = HashMap::new();
-    let mut dropped = 0u64;
+    // DROPPED records summed per reason: the shim writes one per chunk hand-out, so a long run that
+    // filled its file (or a program whose signal handlers call NVTX) has thousands of them.
+    let mut dropped: Vec<(u32, u64, u64)> = Vec::new(); // (reason, records, reports), first seen first
     let mut last_ts = i64::MIN;
     let cats: Vec<u32> = LAYER_DEFAULT_CATS.iter().map(|c| t.strings.intern(c)).collect();
 
@@ -779,11 +781,14 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             10 => {
                 let n = int(1, "count")?;
                 let reason = name_at(&mut t, 2)?;
-                dropped += n.max(0) as u64;
-                warnings.push(format!(
-                    "{path}: the collector dropped {n} record(s): {}",
-                    t.strings.get(reason)
-                ));
+                let n = n.max(0) as u64;
+                match dropped.iter_mut().find(|d| d.0 == reason) {
+                    Some(d) => {
+                        d.1 += n;
+                        d.2 += 1;
+                    }
+                    None => dropped.push((reason, n, 1)),
+                }
             }
             11 => {
                 let c = int(1, "mono_ns")?;
@@ -847,7 +852,17 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             "{path}: skipped records of unknown types {v:?} (written by a newer collector?)"
         ));
     }
-    let _ = dropped;
+    for (reason, n, reports) in dropped {
+        let times = if reports > 1 {
+            format!(" ({reports} reports)")
+        } else {
+            String::new()
+        };
+        warnings.push(format!(
+            "{path}: the collector dropped {n} record(s){times}: {}",
+            t.strings.get(reason)
+        ));
+    }
     if let Some(MVal::Str(argv0)) = meta.get("argv").and_then(|a| match a {
         MVal::Array(v) => v.first(),
         _ => None,
@@ -1089,6 +1104,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dropped_records_are_summed_per_reason() {
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 0);
+        let dropped = |b: &mut Vec<u8>, n: i64, why: &str| write(b, &V::A(vec![V::I(10), V::I(n), V::S(why)]));
+        dropped(&mut b, 3, "trace file full or unwritable");
+        span(&mut b, Layer::Annotation as i64, "a", 1, 0, 5);
+        dropped(&mut b, 6, "NVTX called from a signal handler");
+        dropped(&mut b, 4, "trace file full or unwritable");
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        let w: Vec<&String> = t.warnings.iter().filter(|w| w.contains("dropped")).collect();
+        assert_eq!(
+            w,
+            [
+                "p: the collector dropped 7 record(s) (2 reports): trace file full or unwritable",
+                "p: the collector dropped 6 record(s): NVTX called from a signal handler",
+            ]
+        );
     }
 
     #[test]
