@@ -294,19 +294,29 @@ static void *writer_main(void *arg) {
 
 /* ---- callbacks: blocking synchronization calls become BEGIN/END (layer sync) so a hang is visible ---- */
 
+/* Ids newer than some headers the shim builds against (CUPTI callback ids are a stable ABI). An older
+ * libcupti refuses to enable an id it does not know; that is all. */
+enum { TL_CBID_cudaExecutionCtxSynchronize = 534, TL_CBID_cuCtxSynchronize_v2 = 800 };
+
+static const CUpti_CallbackId runtime_sync_cbids[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020, TL_CBID_cudaExecutionCtxSynchronize};
+/* The driver's own blocking calls, made directly by NCCL, Triton, XLA and CuPy. The runtime's sync calls
+ * make them too, nested: those are skipped (the thread already has its runtime sync range open). */
+static const CUpti_CallbackId driver_sync_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize,
+    TL_CBID_cuCtxSynchronize_v2};
+
 static int is_blocking(CUpti_CallbackDomain dom, CUpti_CallbackId cbid) {
-    if (dom == CUPTI_CB_DOMAIN_RUNTIME_API) {
-        switch (cbid) {
-        case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020:
-            return 1;
-        default:
-            return 0;
-        }
-    }
+    const CUpti_CallbackId *ids;
+    size_t n;
+    if (dom == CUPTI_CB_DOMAIN_RUNTIME_API) { ids = runtime_sync_cbids; n = sizeof runtime_sync_cbids / sizeof *ids; }
+    else if (dom == CUPTI_CB_DOMAIN_DRIVER_API) { ids = driver_sync_cbids; n = sizeof driver_sync_cbids / sizeof *ids; }
+    else return 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == cbid) return 1;
     return 0;
 }
 
@@ -327,6 +337,7 @@ static void api_record(const CUpti_CallbackData *d) {
     tl_thread *t = tl_self();
     if (!t) return;
     if (d->callbackSite == CUPTI_API_ENTER) {
+        if (t->sync_open) return; /* the driver call inside a runtime sync (or any sync nested in one) */
         uint64_t id = tl_next_range_id(t);
         const char *nm = d->functionName ? d->functionName : "cudaSynchronize";
         uint32_t name = tl_intern(t, nm, strlen(nm));
@@ -345,7 +356,9 @@ static void api_record(const CUpti_CallbackData *d) {
         mp_str(&c, "corr", 4);
         mp_uint(&c, d->correlationId);
         tl_commit(t, r, c, 0x98);
+        t->sync_open++;
     } else if (*d->correlationData) {
+        if (t->sync_open) t->sync_open--;
         uint8_t *r = tl_reserve(t, 32);
         if (!r) return;
         uint8_t *c = r + 1;
@@ -602,15 +615,15 @@ static int setup(void) {
     C.thread_running = 1;
 
     /* Callbacks only for the blocking calls (every other API call stays callback-free). */
-    static const CUpti_CallbackId sync_cbids[] = {
-        CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020,
-        CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000,
-        CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020};
-    int cb_ok = 0;
+    int cb_ok = 0, drv_ok = 0;
     if (C.EnableCallback) {
-        for (size_t i = 0; i < sizeof sync_cbids / sizeof sync_cbids[0]; i++)
-            cb_ok += C.EnableCallback(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API, sync_cbids[i]) == CUPTI_SUCCESS;
+        for (size_t i = 0; i < sizeof runtime_sync_cbids / sizeof runtime_sync_cbids[0]; i++)
+            cb_ok += C.EnableCallback(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_sync_cbids[i]) == CUPTI_SUCCESS;
+        for (size_t i = 0; i < sizeof driver_sync_cbids / sizeof driver_sync_cbids[0]; i++)
+            drv_ok += C.EnableCallback(1, C.sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_sync_cbids[i]) == CUPTI_SUCCESS;
     }
+    /* never the whole driver domain: a callback on every driver call would cost every launch */
+    if (!drv_ok) tl_diag(TL_WARN, "driver-API synchronize calls get no BEGIN/END (cuptiEnableCallback refused them)");
     if (!cb_ok) {
         r = C.EnableDomain(1, C.sub, CUPTI_CB_DOMAIN_RUNTIME_API);
         if (r != CUPTI_SUCCESS) tl_diag(TL_WARN, "cuptiEnableDomain(RUNTIME_API): %s", result_str(r));

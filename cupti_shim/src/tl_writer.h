@@ -55,6 +55,7 @@ typedef struct tl_thread {
     uint64_t reentered;   /* calls refused by the reentrancy guard, not yet reported */
     int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked nor recorded) */
     uint64_t too_deep;    /* pushes beyond TL_MAX_DEPTH */
+    uint32_t sync_open;   /* blocking-sync callbacks begun and not yet ended (nested driver calls skipped) */
     tl_stack_entry stack[TL_MAX_DEPTH];
     tl_scache_entry scache[TL_SCACHE];
     struct tl_thread *next, *prev;

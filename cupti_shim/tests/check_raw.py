@@ -496,13 +496,17 @@ def scenario_inject(d, facts, mode):
         check(gpus["kernel_in_step"][7] == ci and gpus["kernel_outside"][7] == co, "kernel corr")
         k = gpus["kernel_in_step"]
         check(R["step"]["start"] <= spans[ci][4] <= spans[ci][5] <= k[5] <= k[6], "timestamps on one clock")
-        sync = [r for r in f.ranges().values() if r["layer"] == 9]
+        # one range per blocking call: the runtime's (its nested cuStreamSynchronize is not a second
+        # range) and a direct driver call's
+        sync = sorted((r for r in f.ranges().values() if r["layer"] == 9), key=lambda r: r["start"])
         check(
-            len(sync) == 1
-            and sync[0]["name"] == "cudaStreamSynchronize"
-            and sync[0]["args"] == {"corr": facts["corr_sync"]}
-            and sync[0]["end"] is not None,
-            f"sync range {sync}",
+            [(r["name"], r["args"]) for r in sync]
+            == [
+                ("cudaStreamSynchronize", {"corr": facts["corr_sync"]}),
+                ("cuCtxSynchronize", {"corr": facts["corr_dsync"]}),
+            ]
+            and all(r["end"] is not None and r["tid"] == facts["tid"] for r in sync),
+            f"sync ranges {sync}",
         )
         dropped = f.of(DROPPED)
         check(len(dropped) == 1 and dropped[0][1] == 3, f"dropped {dropped}")

@@ -31,6 +31,7 @@ static __thread int t_ext_n;
 static __thread int t_in_complete;
 static int g_dropped_once = 3;
 static int g_cb_enabled[1024];
+static int g_drv_cb_enabled[1024];
 static int g_domain_enabled;
 
 static uint64_t now(void) {
@@ -48,6 +49,8 @@ V CUptiResult cuptiGetResultString(CUptiResult r, const char **s) {
 V CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain d, uint32_t cbid, const char **s) {
     if (d == CUPTI_CB_DOMAIN_RUNTIME_API && cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000) { *s = "cudaLaunchKernel"; return CUPTI_SUCCESS; }
     if (d == CUPTI_CB_DOMAIN_RUNTIME_API && cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020) { *s = "cudaStreamSynchronize"; return CUPTI_SUCCESS; }
+    if (d == CUPTI_CB_DOMAIN_DRIVER_API && cbid == CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize) { *s = "cuCtxSynchronize"; return CUPTI_SUCCESS; }
+    if (d == CUPTI_CB_DOMAIN_DRIVER_API && cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize) { *s = "cuStreamSynchronize"; return CUPTI_SUCCESS; }
     return CUPTI_ERROR_INVALID_PARAMETER;
 }
 V CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, void *ud) {
@@ -74,8 +77,10 @@ V CUptiResult cuptiEnableDomain(uint32_t en, CUpti_SubscriberHandle h, CUpti_Cal
 }
 V CUptiResult cuptiEnableCallback(uint32_t en, CUpti_SubscriberHandle h, CUpti_CallbackDomain d, CUpti_CallbackId cbid) {
     (void)h;
-    if (d != CUPTI_CB_DOMAIN_RUNTIME_API || cbid >= 1024) return CUPTI_ERROR_INVALID_PARAMETER;
-    g_cb_enabled[cbid] = (int)en;
+    if (cbid >= 1024) return CUPTI_ERROR_INVALID_PARAMETER;
+    if (d == CUPTI_CB_DOMAIN_RUNTIME_API) g_cb_enabled[cbid] = (int)en;
+    else if (d == CUPTI_CB_DOMAIN_DRIVER_API) g_drv_cb_enabled[cbid] = (int)en;
+    else return CUPTI_ERROR_INVALID_PARAMETER;
     return CUPTI_SUCCESS;
 }
 V CUptiResult cuptiSetThreadIdType(CUpti_ActivityThreadIdType t) { (void)t; return CUPTI_SUCCESS; }
@@ -195,6 +200,29 @@ V CUptiResult cuptiActivityFlushAll(uint32_t flag) {
 
 /* ---- test driver entry points ---- */
 
+/* A driver-API call's callbacks (ENTER, then EXIT) where the shim enabled them; `inside` runs between. */
+static void driver_callbacks(CUpti_CallbackId cbid, const char *fname, uint32_t corr, void (*inside)(void)) {
+    uint64_t corrdata = 0;
+    CUpti_CallbackData d;
+    memset(&d, 0, sizeof d);
+    d.functionName = fname;
+    d.correlationId = corr;
+    d.correlationData = &corrdata;
+    d.callbackSite = CUPTI_API_ENTER;
+    int enabled = cbid < 1024 && g_drv_cb_enabled[cbid];
+    if (getenv("FAKE_CUPTI_CALLBACK_LOG") && g_cb) fprintf(stderr, "fake_cupti: callback %s %s\n", fname, enabled ? "on" : "off");
+    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+    if (inside) inside();
+    d.callbackSite = CUPTI_API_EXIT;
+    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+}
+
+/* as the runtime does: cudaStreamSynchronize calls cuStreamSynchronize */
+static void nested_driver_sync(void) {
+    driver_callbacks(CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize, "cuStreamSynchronize",
+                     __atomic_add_fetch(&g_corr, 1, __ATOMIC_RELAXED), NULL);
+}
+
 static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kernel, const char *kname, unsigned tid) {
     uint64_t corrdata = 0;
     if (!g_req) return 0; /* activity API never set up (e.g. subscribe failed) */
@@ -208,6 +236,7 @@ static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kern
     int enabled = g_domain_enabled || (cbid < 1024 && g_cb_enabled[cbid]);
     if (getenv("FAKE_CUPTI_CALLBACK_LOG") && g_cb) fprintf(stderr, "fake_cupti: callback %s %s\n", fname, enabled ? "on" : "off");
     if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
+    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020) nested_driver_sync();
     uint64_t start = now();
     uint64_t end = now() + 1000;
     d.callbackSite = CUPTI_API_EXIT;
@@ -259,6 +288,25 @@ V uint32_t fake_cupti_launch(const char *kernel, unsigned tid) {
 }
 V uint32_t fake_cupti_sync(unsigned tid) {
     return api_call(CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020, "cudaStreamSynchronize", 0, NULL, tid);
+}
+/* a direct driver call (NCCL, Triton, XLA): cuCtxSynchronize with its callbacks and DRIVER record */
+V uint32_t fake_cupti_driver_sync(unsigned tid) {
+    if (!g_req) return 0;
+    uint32_t corr = __atomic_add_fetch(&g_corr, 1, __ATOMIC_RELAXED);
+    uint64_t start = now();
+    driver_callbacks(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, "cuCtxSynchronize", corr, NULL);
+    pthread_mutex_lock(&g_mu);
+    if (g_enabled[CUPTI_ACTIVITY_KIND_DRIVER]) {
+        CUpti_ActivityAPI *a = put(sizeof *a);
+        a->kind = CUPTI_ACTIVITY_KIND_DRIVER;
+        a->cbid = CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize;
+        a->start = start;
+        a->end = now() + 1000;
+        a->threadId = tid;
+        a->correlationId = corr;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return corr;
 }
 V void fake_cupti_complete_now(void) { cuptiActivityFlushAll(0); }
 /* Wait (at most timeout_ms) until the fake libcuda has answered n device queries; returns the count. */

@@ -36,9 +36,10 @@ int main(int argc, char **argv) {
     int r2 = init(); /* the driver may call it twice */
     if (r1 != 1 || r2 != 1) { fprintf(stderr, "InitializeInjection returned %d, %d\n", r1, r2); return 1; }
 
-    uint32_t corr_in = 0, corr_out = 0, corr_sync = 0;
+    uint32_t corr_in = 0, corr_out = 0, corr_sync = 0, corr_dsync = 0;
     uint32_t (*launch)(const char *, unsigned) = NULL;
     uint32_t (*sync)(unsigned) = NULL;
+    uint32_t (*driver_sync)(unsigned) = NULL;
     void (*complete)(void) = NULL;
     int (*wait_driver)(int, int) = NULL;
     if (fake) {
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
         if (fc) {
             *(void **)&launch = dlsym(fc, "fake_cupti_launch");
             *(void **)&sync = dlsym(fc, "fake_cupti_sync");
+            *(void **)&driver_sync = dlsym(fc, "fake_cupti_driver_sync");
             *(void **)&complete = dlsym(fc, "fake_cupti_complete_now");
             *(void **)&wait_driver = dlsym(fc, "fake_cupti_wait_driver_calls");
         }
@@ -58,6 +60,7 @@ int main(int argc, char **argv) {
     nvtxRangePop();
     if (launch) corr_out = launch("kernel_outside", tid());
     if (sync) corr_sync = sync(tid());
+    if (driver_sync) corr_dsync = driver_sync(tid());
     int driver_calls = -1, child = 0;
     if (corr_in && complete && wait_driver) {
         complete();
@@ -76,7 +79,7 @@ int main(int argc, char **argv) {
     }
     nvtxRangePushA("after-init");
     nvtxRangePop();
-    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u, \"driver_calls\": %d, \"child\": %d}\n",
-           (int)getpid(), tid(), corr_in, corr_out, corr_sync, driver_calls, child);
+    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u, \"corr_dsync\": %u, \"driver_calls\": %d, \"child\": %d}\n",
+           (int)getpid(), tid(), corr_in, corr_out, corr_sync, corr_dsync, driver_calls, child);
     return 0; /* exit(): the shim flushes CUPTI and joins its writer thread in atexit */
 }
