@@ -5,6 +5,7 @@
 //! a 10M-event trace costs ~90 bytes/event instead of a heap object per event.
 
 use hashbrown::HashMap;
+use std::hash::BuildHasher;
 
 /// The largest |time| or duration a reader accepts, in ns (about 127 years from the epoch): every
 /// end (ts + dur) fits in an i64, and differences of two ends saturate.
@@ -133,10 +134,18 @@ pub mod flags {
 }
 
 /// A string interner: every distinct name, category and string argument is stored once.
+///
+/// The texts live back to back in one buffer and the table holds only ids, so a new string costs no
+/// allocation of its own (amortized buffer growth). Two allocations per new string (a `Box<str>` for
+/// the map and its clone for the id list) were a quarter of the load time of small traces, with
+/// malloc, free and rehashing together larger than the JSON scanner.
 #[derive(Debug, Default, Clone)]
 pub struct Interner {
-    map: HashMap<Box<str>, u32>,
-    strings: Vec<Box<str>>,
+    table: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    buf: String,
+    /// end offset in `buf` of string i (its start is the previous end)
+    ends: Vec<usize>,
 }
 
 impl Interner {
@@ -145,39 +154,73 @@ impl Interner {
         s.intern(""); // id 0 is always the empty string
         s
     }
+    /// An interner sized for about `strings` strings of `bytes` bytes in all.
+    pub fn with_capacity(strings: usize, bytes: usize) -> Self {
+        let mut s = Interner {
+            table: hashbrown::HashTable::with_capacity(strings),
+            hasher: Default::default(),
+            buf: String::with_capacity(bytes),
+            ends: Vec::with_capacity(strings),
+        };
+        s.intern("");
+        s
+    }
+    #[inline]
+    fn text<'a>(buf: &'a str, ends: &[usize], id: u32) -> &'a str {
+        let i = id as usize;
+        let start = if i == 0 { 0 } else { ends[i - 1] };
+        &buf[start..ends[i]]
+    }
     #[inline]
     pub fn intern(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.map.get(s) {
+        let hash = self.hasher.hash_one(s);
+        let Interner {
+            table,
+            hasher,
+            buf,
+            ends,
+        } = self;
+        if let Some(&id) = table.find(hash, |&id| Self::text(buf, ends, id) == s) {
             return id;
         }
-        let id = self.strings.len() as u32;
-        let b: Box<str> = s.into();
-        self.strings.push(b.clone());
-        self.map.insert(b, id);
+        let id = ends.len() as u32;
+        buf.push_str(s);
+        ends.push(buf.len());
+        table.insert_unique(hash, id, |&id| hasher.hash_one(Self::text(buf, ends, id)));
         id
     }
     #[inline]
     pub fn get(&self, id: u32) -> &str {
-        &self.strings[id as usize]
+        Self::text(&self.buf, &self.ends, id)
     }
     pub fn lookup(&self, s: &str) -> Option<u32> {
-        self.map.get(s).copied()
+        let hash = self.hasher.hash_one(s);
+        self.table.find(hash, |&id| self.get(id) == s).copied()
     }
     pub fn len(&self) -> usize {
-        self.strings.len()
+        self.ends.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
+        self.ends.is_empty()
     }
-    pub fn strings(&self) -> &[Box<str>] {
-        &self.strings
+    /// The strings in id order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.ends.len() as u32).map(move |id| self.get(id))
     }
     /// Forgets the strings interned after the first `len` (a parse that is retried from an earlier
     /// point must give the ids a single pass gives).
     pub fn truncate(&mut self, len: usize) {
-        for s in self.strings.drain(len.min(self.strings.len())..) {
-            self.map.remove(&s);
+        let len = len.min(self.ends.len());
+        while self.ends.len() > len {
+            let id = (self.ends.len() - 1) as u32;
+            let hash = self.hasher.hash_one(self.get(id));
+            if let Ok(e) = self.table.find_entry(hash, |&x| x == id) {
+                e.remove();
+            }
+            self.ends.pop();
         }
+        let end = if len == 0 { 0 } else { self.ends[len - 1] };
+        self.buf.truncate(end);
     }
 }
 
@@ -380,7 +423,7 @@ impl Trace {
     /// Re-intern `other`'s strings into `self` and append all of its events, flows and metadata,
     /// shifting source indices. Used to merge per-file traces.
     pub fn append(&mut self, other: Trace) {
-        let remap: Vec<u32> = other.strings.strings().iter().map(|s| self.strings.intern(s)).collect();
+        let remap: Vec<u32> = other.strings.iter().map(|s| self.strings.intern(s)).collect();
         let src_shift = self.sources.len() as u16;
         let n0 = self.len();
         let a0 = self.args.len() as u32;
@@ -456,5 +499,44 @@ impl Trace {
         self.sources.extend(other.sources);
         self.warnings.extend(other.warnings);
         debug_assert_eq!(self.len(), n0 + other.ts.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Interner;
+
+    #[test]
+    fn interner_ids_texts_and_truncate() {
+        let mut s = Interner::new();
+        assert_eq!(s.get(0), "");
+        assert_eq!(s.intern(""), 0);
+        // enough strings to rehash the table several times; some share prefixes, one is multi-byte
+        let words: Vec<String> = (0..5000).map(|i| format!("k{i}_{}", "é".repeat(i % 3))).collect();
+        let ids: Vec<u32> = words.iter().map(|w| s.intern(w)).collect();
+        assert_eq!(ids, (1..=5000).collect::<Vec<u32>>());
+        for (w, &id) in words.iter().zip(&ids) {
+            assert_eq!(s.get(id), w);
+            assert_eq!(s.intern(w), id);
+            assert_eq!(s.lookup(w), Some(id));
+        }
+        assert_eq!(s.lookup("absent"), None);
+        assert_eq!(s.len(), 5001);
+        assert_eq!(s.iter().nth(3), Some(words[2].as_str()));
+        // truncating forgets the later strings; interning them again gives the same ids
+        s.truncate(1001);
+        assert_eq!(s.len(), 1001);
+        assert_eq!(s.lookup(&words[1000]), None);
+        assert_eq!(s.lookup(&words[999]), Some(1000));
+        for (w, &id) in words.iter().zip(&ids).skip(1000) {
+            assert_eq!(s.intern(w), id);
+        }
+        assert_eq!(
+            s.iter().collect::<Vec<_>>()[1..],
+            words.iter().map(|w| w.as_str()).collect::<Vec<_>>()[..]
+        );
+        s.truncate(0);
+        assert!(s.is_empty());
+        assert_eq!(s.intern("x"), 0);
     }
 }

@@ -42,7 +42,7 @@ pub struct Sequences {
 
 pub fn sequences(t: &Trace, opts: &SequenceOptions) -> Sequences {
     let n = t.len();
-    let mut names: Vec<String> = t.symbols.strings().iter().map(|s| s.to_string()).collect();
+    let mut names: Vec<String> = t.symbols.iter().map(|s| s.to_string()).collect();
     let close_id = names.len() as u32;
     names.push(CLOSE_SYMBOL.to_string());
     let mut out = Sequences {

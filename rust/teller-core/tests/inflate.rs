@@ -18,7 +18,7 @@ fn digest(t: &Trace) -> String {
     labels.sort();
     format!(
         "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-        t.strings.strings(),
+        t.strings.iter().collect::<Vec<_>>(),
         t.layer,
         t.name,
         t.cat,

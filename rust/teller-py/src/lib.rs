@@ -144,11 +144,11 @@ impl NativeTrace {
     }
 
     fn strings(&self) -> Vec<&str> {
-        self.inner.strings.strings().iter().map(|s| &**s).collect()
+        self.inner.strings.iter().collect()
     }
 
     fn symbols(&self) -> Vec<&str> {
-        self.inner.symbols.strings().iter().map(|s| &**s).collect()
+        self.inner.symbols.iter().collect()
     }
 
     fn warnings(&self) -> Vec<String> {
