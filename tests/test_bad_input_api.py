@@ -4,18 +4,33 @@ TypeError/OverflowError from deep inside, and nothing written before the refusal
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import stat
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from teller import tpe, trace
+from teller._io import write_atomic
 from teller.cli import app
 from teller.data import generate
-from teller.errors import ConfigError, EmptyTraceError, TellerError, TellerIOError, TokenizerError
+from teller.errors import (
+    ConfigError,
+    EmptyTraceError,
+    TellerError,
+    TellerIOError,
+    TellerIsADirectoryError,
+    TellerPermissionError,
+    TokenizerError,
+)
 from typer.testing import CliRunner
 
-GOLDEN = Path(__file__).parent / "data" / "tpe" / "golden_tokenizer"
+DATA = Path(__file__).parent / "data"
+GOLDEN = DATA / "tpe" / "golden_tokenizer"
 
 
 @pytest.fixture(scope="module")
@@ -383,6 +398,21 @@ def test_output_under_a_file_says_so(tmp_path, tr):
             lambda d: d["settings"].__setitem__("normalize", {"max_len": -5}),
             r"settings\['normalize'\]: normalization option 'max_len' must be an integer",
         ),
+        # used at the first encode, so said at load, naming the file
+        (
+            lambda d: d["settings"].__setitem__("close_layers", ["nope"]),
+            r"settings\['close_layers'\]: unknown layer 'nope'",
+        ),
+        (lambda d: d.__setitem__("merge_counts", d["merge_counts"][:1]), r"merge_counts has 1 entries for 4"),
+        (lambda d: d["merge_counts"].__setitem__(0, -1), r"merge_counts\[0\] must be a non-negative"),
+        (
+            lambda d: d["settings"].__setitem__("min_frequency", "x"),
+            r"'min_frequency'\] must be an integer >= 1",
+        ),
+        (
+            lambda d: d["settings"].__setitem__("max_token_events", -3),
+            r"'max_token_events'\] must be .* or null",
+        ),
     ],
 )
 def test_tokenizer_file_fields_are_checked(tmp_path, edit, needle):
@@ -401,3 +431,142 @@ def test_step_names_that_match_nothing_are_said(sample):
     with pytest.warns(Warning, match="no range matches the step patterns"):
         trace.load(sample, step_names=["zzz*"])
     assert not any("step patterns" in w for w in trace.load(sample, warn=False).warnings)  # (defaults)
+
+
+# --- outputs: what is at the path is respected; errors name the path and subclass the right built-in
+
+
+def _fifo_reader(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t, got
+
+
+def test_outputs_write_into_a_fifo_in_place(tmp_path, tr):
+    """A rename over a named pipe (or /dev/null, a device) would replace the node with a file."""
+    for write in (lambda p: tr.to_chrome(p), lambda p: write_atomic(p, b"hello")):
+        fifo = tmp_path / "pipe.json"
+        os.mkfifo(fifo)
+        t, got = _fifo_reader(fifo)
+        write(fifo)
+        t.join(10)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced"
+        assert got and got[0] and not list(tmp_path.glob(".*tmp*")), got
+        fifo.unlink()
+
+
+def test_outputs_write_through_links_and_keep_modes(tmp_path, tr):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    real.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to("real.json")
+    tr.to_chrome(link)
+    assert link.is_symlink() and json.loads(real.read_text())["traceEvents"]
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600, "a private file became readable by others"
+    write_atomic(link, "x")
+    assert link.is_symlink() and real.read_text() == "x" and stat.S_IMODE(real.stat().st_mode) == 0o600
+
+
+def test_io_errors_subclass_the_matching_builtin(tmp_path, tr):
+    e = TellerIOError("p: cannot read it (Permission denied)", path="p", errno=errno.EACCES)
+    assert (
+        type(e) is TellerPermissionError and isinstance(e, PermissionError) and isinstance(e, TellerIOError)
+    )
+    assert (e.errno, e.strerror, str(e), e.path) == (
+        13,
+        os.strerror(13),
+        "p: cannot read it (Permission denied)",
+        "p",
+    )
+    assert type(TellerIOError("plain")) is TellerIOError and TellerIOError("plain").errno is None
+    with pytest.raises(TellerIsADirectoryError) as d:
+        tr.to_chrome(tmp_path)
+    assert isinstance(d.value, IsADirectoryError) and d.value.errno == errno.EISDIR
+    assert str(d.value).startswith(f"{tmp_path}: ")
+    if os.geteuid() == 0:
+        return  # (root writes into read-only directories)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        for write in (lambda p: tr.to_chrome(p), lambda p: write_atomic(p, "x")):
+            with pytest.raises(TellerPermissionError) as p:
+                write(ro / "out.json")
+            assert p.value.errno == errno.EACCES and str(p.value).startswith(f"{ro / 'out.json'}: ")
+            assert ".out.json" not in str(p.value) and "not writable" in str(p.value), str(p.value)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_unstarted_raw_files_in_a_run_directory_are_skipped(tmp_path):
+    """A process killed between creating its raw file and writing its HEADER leaves an empty (or
+    all-zero, pre-allocated) file: the run's other files are read, that one is named in a warning."""
+    good = sorted((DATA / "gpu" / "h200_llama_tiny" / "raw").glob("*.tmsgpack"))
+    assert good
+    run = tmp_path / "run"
+    (run / "raw").mkdir(parents=True)
+    for f in good:
+        shutil.copy(f, run / "raw" / f.name)
+    (run / "raw" / "teller-h-999-0.tmsgpack").write_bytes(b"")
+    (run / "raw" / "teller-h-998-0.tmsgpack").write_bytes(bytes(65536))
+    (run / "raw" / "teller-h-997-0.tmsgpack").write_bytes(good[0].read_bytes()[:5])  # cut in its HEADER
+    whole = trace.load(good, warn=False)
+    t = trace.load(run, warn=False)
+    assert len(t) == len(whole)
+    skipped = [w for w in t.warnings if "skipped (a process that stopped" in w]
+    assert sorted(Path(w.split(":")[0]).name for w in skipped) == [
+        "teller-h-997-0.tmsgpack",
+        "teller-h-998-0.tmsgpack",
+        "teller-h-999-0.tmsgpack",
+    ]
+    # named on its own, or the only file of a run, it is still an error
+    with pytest.raises(EmptyTraceError):
+        trace.load(run / "raw" / "teller-h-999-0.tmsgpack")
+    only = tmp_path / "only"
+    (only / "raw").mkdir(parents=True)
+    (only / "raw" / "teller-h-1-0.tmsgpack").write_bytes(b"")
+    with pytest.raises(EmptyTraceError, match="teller-h-1-0.tmsgpack"):
+        trace.load(only)
+
+
+def test_the_same_file_twice_is_read_once(sample):
+    t = trace.load([sample, Path(str(sample.parent) + "/./" + sample.name)], warn=False)
+    assert len(t) == len(trace.load(sample, warn=False))
+    assert any("the same file as" in w and "read once" in w for w in t.warnings)
+
+
+def test_a_fifo_is_read_as_a_file(tmp_path, sample):
+    fifo = tmp_path / "in.json"
+    os.mkfifo(fifo)
+    data = sample.read_bytes()
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    got = trace.load(fifo, warn=False)
+    t.join(10)
+    assert len(got) == len(trace.load(sample, warn=False))
+
+
+def test_tpe_load_of_an_unsearchable_directory(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root searches any directory")
+    d = tmp_path / "tok"
+    d.mkdir()
+    shutil.copy(GOLDEN / "tokenizer.json", d / "tokenizer.json")
+    d.chmod(0o600)  # readable listing, but no search: tokenizer.json cannot be opened or stat'ed
+    try:
+        with pytest.raises(TellerPermissionError, match="tokenizer.json"):
+            tpe.load(d)
+    finally:
+        d.chmod(0o755)

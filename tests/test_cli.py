@@ -99,6 +99,11 @@ def test_summary_json_keys():
     assert s["gpu_events"] == 30 and s["linked_gpu_events"] == 30
 
 
+def test_convert_to_stdout_holds_the_trace_alone():
+    p = run("trace", "convert", FIX, "-o", "/dev/stdout")
+    assert json.loads(p.stdout)["traceEvents"] and "wrote /dev/stdout" in p.stderr.replace("\n", "")
+
+
 def test_summary_human():
     out = run("trace", "summary", FIX).stdout
     assert "events per layer" in out and "GPU busy/idle" in out
@@ -107,7 +112,8 @@ def test_summary_human():
 def test_convert_then_summary(tmp_path):
     out = tmp_path / "o.json.gz"
     p = run("trace", "convert", FIX, "-o", str(out))
-    assert str(out) in p.stdout.replace("\n", "")
+    # (the note is on stderr: with `-o /dev/stdout` stdout holds the trace alone)
+    assert str(out) in p.stderr.replace("\n", "") and not p.stdout
     s1 = json.loads(run("trace", "summary", FIX, "--json").stdout)
     s2 = json.loads(run("trace", "summary", str(out), "--json").stdout)
     assert s1["events"] == s2["events"] and s1["by_category"] == s2["by_category"]

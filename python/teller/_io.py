@@ -41,20 +41,53 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise TellerIOError(f"{p}: cannot create the {what}: {e.strerror or e}", path=str(p)) from None
+        raise TellerIOError(
+            f"{p}: cannot create the {what}: {e.strerror or e}", path=str(p), errno=e.errno
+        ) from None
     return p
+
+
+def _link_hops(p: Path) -> str:
+    """The first target of a symbolic link at ``p`` (absolute), or ``""``."""
+    try:
+        t = os.readlink(p)
+    except OSError:
+        return ""
+    return t if os.path.isabs(t) else os.path.join(os.path.dirname(os.path.abspath(p)), t)
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     """Write ``data`` (text, bytes, or a callable that writes the file it is given) to ``path``
     through a temporary file beside it, flushed to disk and renamed over it: a reader, or a rerun
     after a crash or a Ctrl-C, sees the old file or the new one, never half of one. A symbolic link
-    at ``path`` is written through (its target replaced); an existing file keeps its permissions.
+    at ``path`` is written through (its target replaced); an existing file keeps its permissions. A
+    device, FIFO or socket at ``path`` (``/dev/null``, a named pipe) is written in place: renaming over
+    it would replace the node with a regular file.
     The temporary name carries the pid, so two processes writing one path do not write into one
     temporary file. A failure removes the temporary file and is a :class:`TellerIOError` naming
     ``path``."""
     p = Path(path)
     target = Path(os.path.realpath(p)) if p.is_symlink() else p
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        mode = stat.S_IFREG  # (none yet, or unreadable: the usual path says why)
+    # a descriptor alias (/dev/stdout, /dev/fd/N, /proc/PID/fd/N) names an open descriptor, not a file
+    # to replace: appended to (the shell's `>` truncated it already; `>>` means to add)
+    via_fd = any(str(x).startswith(("/proc/", "/dev/fd/")) for x in (p.absolute(), _link_hops(p)))
+    if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or via_fd):
+        try:
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            if isinstance(payload, (bytes, bytearray, memoryview)):
+                with open(p, "ab") as f:
+                    f.write(payload)
+            else:
+                payload(p)
+        except OSError as e:
+            raise TellerIOError(
+                f"{p}: cannot write it ({e.strerror or e})", path=str(p), errno=e.errno
+            ) from None
+        return p
     name = f".{target.name}.{os.getpid()}.tmp"
     if len(name.encode()) > 255:  # (a long name plus the suffix: a name the filesystem still takes)
         name = f".teller-{os.getpid()}-{abs(hash(target.name)):x}.tmp"
@@ -78,7 +111,10 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(e, OSError):
-            raise TellerIOError(f"{p}: cannot write it ({e.strerror or e})", path=str(p)) from None
+            why = e.strerror or str(e)
+            if isinstance(e, PermissionError) and e.filename is not None and Path(e.filename) == tmp:
+                why = f"its directory {tmp.parent} is not writable"  # (not the hidden temporary name)
+            raise TellerIOError(f"{p}: cannot write it ({why})", path=str(p), errno=e.errno) from None
         raise
     return p
 
@@ -97,7 +133,9 @@ def claim_run_dir(parent: str | os.PathLike[str], stem: str) -> Path:
         except FileExistsError:
             out, k = Path(parent) / f"{stem}-{k}", k + 1
         except OSError as e:
-            raise TellerIOError(f"{out}: cannot create it ({e.strerror or e})", path=str(out)) from None
+            raise TellerIOError(
+                f"{out}: cannot create it ({e.strerror or e})", path=str(out), errno=e.errno
+            ) from None
 
 
 # the lock file of an output directory a teller command is writing (see dir_lock)
@@ -206,6 +244,7 @@ def dir_lock(
                 f"{d / LOCK_FILE}: cannot open the lock file of the {what}: {e.strerror or e}"
                 + (" (a symbolic link, not teller's lock file)" if path.is_symlink() else ""),
                 path=str(d / LOCK_FILE),
+                errno=e.errno,
             ) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -263,8 +263,9 @@ def trace_convert(
     dt = time.perf_counter() - t0
     for w in tr.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
-    console.print(
-        f"wrote [bold]{output}[/] ({len(tr)} events, {len(tr.steps())} steps, "
+    # (on stderr: with `-o /dev/stdout` the trace itself is on stdout)
+    err_console.print(
+        f"wrote [bold]{escape(output)}[/] ({len(tr)} events, {len(tr.steps())} steps, "
         f"{len(tr.sources)} source(s)) in {dt:.2f} s. Open it at https://ui.perfetto.dev",
         highlight=False,
     )

@@ -8,6 +8,9 @@ The Rust binding looks these classes up by name, so they are the single source o
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 
 class TellerError(Exception):
     """Base class of every teller error.
@@ -45,7 +48,55 @@ class TellerFileNotFoundError(TellerError, FileNotFoundError):
 
 
 class TellerIOError(TellerError, OSError):
-    """An I/O error other than a missing file (permissions, a directory where a file was expected)."""
+    """An I/O error other than a missing file (permissions, a directory where a file was expected).
+
+    Given the operating system's ``errno``, the error is created as the subclass that also subclasses
+    the matching built-in, as ``OSError(errno, ...)`` itself does: :class:`TellerPermissionError`
+    (``PermissionError``), :class:`TellerIsADirectoryError`, :class:`TellerNotADirectoryError`.
+    ``errno`` and ``strerror`` are set; ``str()`` is teller's message (naming the file), not
+    ``[Errno N] ...``."""
+
+    def __new__(cls, message: str = "", *args: object, errno: int | None = None, **kwargs: object):
+        if cls is TellerIOError and errno in _IO_BY_ERRNO:
+            cls = _IO_BY_ERRNO[errno]
+        return super().__new__(cls, message)
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        index: int | None = None,
+        detail: str | None = None,
+        errno: int | None = None,
+    ) -> None:
+        super().__init__(message, path=path, offset=offset, index=index, detail=detail)
+        self.errno = errno
+        self.strerror = _os.strerror(errno) if errno else None
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TellerPermissionError(TellerIOError, PermissionError):
+    """Permission denied (EACCES, EPERM)."""
+
+
+class TellerIsADirectoryError(TellerIOError, IsADirectoryError):
+    """A directory where a file was expected (EISDIR)."""
+
+
+class TellerNotADirectoryError(TellerIOError, NotADirectoryError):
+    """A file where a directory was expected, or in a path's directories (ENOTDIR)."""
+
+
+_IO_BY_ERRNO: dict[int, type[TellerIOError]] = {
+    _errno.EACCES: TellerPermissionError,
+    _errno.EPERM: TellerPermissionError,
+    _errno.EISDIR: TellerIsADirectoryError,
+    _errno.ENOTDIR: TellerNotADirectoryError,
+}
 
 
 class DirectoryLockedError(TellerIOError, BlockingIOError):
@@ -82,6 +133,9 @@ __all__ = [
     "TellerError",
     "TellerFileNotFoundError",
     "TellerIOError",
+    "TellerIsADirectoryError",
+    "TellerNotADirectoryError",
+    "TellerPermissionError",
     "TellerWarning",
     "TokenizerError",
     "TraceFormatError",

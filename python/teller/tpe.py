@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -423,11 +424,37 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in st[k]
             ):
                 return f"stats[{k!r}] must be an array of numbers"
+    mc = d.get("merge_counts")
+    if isinstance(mc, list) and mc:
+        # (a saved tokenizer has one count per merge; `tpe inspect` lists merges by them)
+        if isinstance(ms, list) and len(mc) != len(ms):
+            return f"merge_counts has {len(mc)} entries for {len(ms)} merges (one count per merge)"
+        k = next(
+            (i for i, x in enumerate(mc) if not isinstance(x, int) or isinstance(x, bool) or x < 0), None
+        )
+        if k is not None:
+            return f"merge_counts[{k}] must be a non-negative integer, got {json.dumps(mc[k])}"
     se = d.get("settings") or {}
     for key in ("close_layers", "step_names"):
         v = se.get(key)
         if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
             return f"settings[{key!r}] must be an array of strings, got {json.dumps(v)}"
+    bad_layer = next((x for x in se.get("close_layers") or [] if x not in LAYER_NAMES), None)
+    if bad_layer is not None:  # (used at every encode: said here, naming the tokenizer)
+        return f"settings['close_layers']: unknown layer {bad_layer!r} (layers: {', '.join(LAYER_NAMES)})"
+    for key, least, nullable in (
+        ("min_frequency", 1, False),
+        ("min_symbol_count", 1, False),
+        ("max_token_events", 1, True),
+        ("training_events", 0, False),
+        ("training_segments", 0, False),
+    ):
+        if key not in se or (nullable and se[key] is None):
+            continue
+        v = se[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            null = " or null" if nullable else ""
+            return f"settings[{key!r}] must be an integer >= {least}{null}, got {json.dumps(v)}"
     if se.get("normalize") is not None and not isinstance(se["normalize"], dict):
         return f"settings['normalize'] must be an object or null, got {json.dumps(se['normalize'])}"
     if se.get("normalize"):
@@ -596,7 +623,8 @@ def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
     if not found:
         raise ConfigError(
             f"{p}: no traces found (expected sample directories with trace.json, run directories, "
-            f"or *.json/*.json.gz/*.tmsgpack files)"
+            f"or *.json/*.json.gz/*.tmsgpack files)",
+            path=str(p),
         )
     return found
 
@@ -775,18 +803,26 @@ def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenize
         raise ConfigError(f"tpe.load takes a directory or file path, got {type(directory).__name__}")
     p = Path(directory)
     path = p / FILE_NAME if p.is_dir() else p
-    if not path.exists():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
         raise TellerFileNotFoundError(
             f"{path}: no such file (expected a tokenizer directory)", path=str(path)
-        )
-    if not path.is_file():
+        ) from None
+    except OSError as e:  # (a directory that may not be searched: PermissionError)
+        raise TellerIOError(
+            f"{path}: cannot read: {e.strerror or e}", path=str(path), errno=e.errno
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
         raise TellerIOError(f"{path}: not a file (expected a tokenizer.json)", path=str(path))
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: not valid JSON: {e}", path=str(path)) from None
     except OSError as e:
-        raise TellerIOError(f"{path}: cannot read: {e.strerror or e}", path=str(path)) from None
+        raise TellerIOError(
+            f"{path}: cannot read: {e.strerror or e}", path=str(path), errno=e.errno
+        ) from None
     tok = TPETokenizer.from_dict(d, path=str(path))
     note = normalization_note(tok, str(path)) if warn else None
     if note:

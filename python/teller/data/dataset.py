@@ -80,7 +80,7 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
             ) from None
         except OSError as e:
             raise TellerIOError(
-                f"{p}: cannot read the configuration: {e.strerror or e}", path=str(p)
+                f"{p}: cannot read the configuration: {e.strerror or e}", path=str(p), errno=e.errno
             ) from None
         user = _read_yaml(text, str(p))
         named = user.pop("base", None)  # (popped even when --preset overrides it: not a setting)
@@ -661,7 +661,9 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise TellerIOError(f"{p}: cannot read the {what}: {e.strerror or e}", path=str(p)) from None
+        raise TellerIOError(
+            f"{p}: cannot read the {what}: {e.strerror or e}", path=str(p), errno=e.errno
+        ) from None
     try:
         return _decode_json(raw)
     except ValueError as e:

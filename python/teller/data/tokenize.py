@@ -806,7 +806,7 @@ def tokenize_dataset(
             os.replace(tmp, out / RUN_STAMP)
         except OSError as e:
             raise TellerIOError(
-                f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out)
+                f"{out}: cannot write the run directory: {e.strerror or e}", path=str(out), errno=e.errno
             ) from None
         # A resumed run's log tokenizer and kernel reference are what its shards were encoded with: one
         # that is damaged (unreadable, malformed, or another file than its record says) is copied again
@@ -1071,7 +1071,9 @@ def samples_fingerprint(data: Path, man: dict[str, Any]) -> str:
                     st = os.stat(os.path.join(root, rel))
                 except OSError as e:  # (checked just before: it went meanwhile)
                     p = data / rel
-                    raise TellerIOError(f"{p}: cannot be read: {e.strerror or e}", path=str(p)) from None
+                    raise TellerIOError(
+                        f"{p}: cannot be read: {e.strerror or e}", path=str(p), errno=e.errno
+                    ) from None
                 h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
@@ -1087,7 +1089,9 @@ def shard_samples_digest(data: str | os.PathLike[str], ids: Iterable[str]) -> st
             try:
                 fh = _sha256(p)
             except OSError as e:  # (checked before encoding: it went meanwhile)
-                raise TellerIOError(f"{p}: cannot be read: {e.strerror or e}", path=str(p)) from None
+                raise TellerIOError(
+                    f"{p}: cannot be read: {e.strerror or e}", path=str(p), errno=e.errno
+                ) from None
             h.update(f"{rel}\0{fh}\n".encode())
     return h.hexdigest()
 
@@ -1351,7 +1355,7 @@ def _load_array(f: Path, mmap: bool) -> np.ndarray:
         if what is None:
             return np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
     except PermissionError as e:
-        raise TellerIOError(f"{f}: cannot be read: {e.strerror or e}", path=str(f)) from None
+        raise TellerIOError(f"{f}: cannot be read: {e.strerror or e}", path=str(f), errno=e.errno) from None
     except (ValueError, EOFError, OSError, TypeError) as e:
         what = "truncated" if isinstance(e, EOFError) else str(e) or type(e).__name__
         if "mmap length is greater" in what:

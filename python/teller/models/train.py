@@ -144,7 +144,9 @@ def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise TellerIOError(f"{p}: cannot read the configuration ({e.strerror or e})", path=str(p)) from None
+        raise TellerIOError(
+            f"{p}: cannot read the configuration ({e.strerror or e})", path=str(p), errno=e.errno
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -391,7 +393,9 @@ def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(e, OSError):
-            raise TellerIOError(f"{path}: cannot write it ({e.strerror or e})", path=str(path)) from None
+            raise TellerIOError(
+                f"{path}: cannot write it ({e.strerror or e})", path=str(path), errno=e.errno
+            ) from None
         if isinstance(e, Exception):
             # (a full disk reaches torch.save as a RuntimeError, safetensors as its SafetensorError)
             raise TellerIOError(
@@ -471,7 +475,7 @@ def _commit(out: Path, files: dict[str, Path]) -> None:
                 with contextlib.suppress(OSError):
                     jtmp.unlink()
                 raise TellerIOError(
-                    f"{journal}: cannot write it ({e.strerror or e})", path=str(journal)
+                    f"{journal}: cannot write it ({e.strerror or e})", path=str(journal), errno=e.errno
                 ) from None
             _fsync_dir(out)
         try:
@@ -480,7 +484,9 @@ def _commit(out: Path, files: dict[str, Path]) -> None:
                     os.replace(tmp, out / name)
                 except OSError as e:
                     raise TellerIOError(
-                        f"{out / name}: cannot write it ({e.strerror or e})", path=str(out / name)
+                        f"{out / name}: cannot write it ({e.strerror or e})",
+                        path=str(out / name),
+                        errno=e.errno,
                     ) from None
         except BaseException:
             # (failed in this process: the caller removes the temporary files it names)
@@ -493,7 +499,7 @@ def _commit(out: Path, files: dict[str, Path]) -> None:
                 journal.unlink()
             except OSError as e:
                 raise TellerIOError(
-                    f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal)
+                    f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal), errno=e.errno
                 ) from None
     _fsync_dir(out)
 
@@ -537,12 +543,15 @@ def recover_commit(out: Path) -> list[str]:
                 raise TellerIOError(
                     f"{out / name}: cannot finish the interrupted save ({e.strerror or e})",
                     path=str(out / name),
+                    errno=e.errno,
                 ) from None
             done.append(name)
     try:
         journal.unlink()
     except OSError as e:
-        raise TellerIOError(f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal)) from None
+        raise TellerIOError(
+            f"{journal}: cannot remove it ({e.strerror or e})", path=str(journal), errno=e.errno
+        ) from None
     _fsync_dir(out)
     return done
 
@@ -671,7 +680,9 @@ def load_checkpoint(
     try:
         cfg = json.loads(cfg_path.read_text())
     except OSError as e:
-        raise TellerIOError(f"{cfg_path}: cannot read it ({e.strerror or e})", path=str(cfg_path)) from None
+        raise TellerIOError(
+            f"{cfg_path}: cannot read it ({e.strerror or e})", path=str(cfg_path), errno=e.errno
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{cfg_path}: not a readable checkpoint configuration ({e})") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
@@ -962,7 +973,9 @@ def _resume_state(
         # (CPU first: a run saved on one device may resume on another; load_state_dict moves it)
         st = torch.load(sp, weights_only=False, map_location="cpu")
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        raise TellerIOError(f"{sp}: cannot read it ({e.strerror or e})", path=str(sp)) from None
+        raise TellerIOError(
+            f"{sp}: cannot read it ({e.strerror or e})", path=str(sp), errno=e.errno
+        ) from None
     except Exception as e:  # noqa: BLE001 - torch / pickle raise many types on a damaged file
         raise ConfigError(
             f"{sp}: not a readable training state ({_one_line(e)}); the run cannot be resumed: {hint}",
@@ -990,7 +1003,9 @@ def _resume_state(
             meta = fh.metadata() or {}
             last = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - (not a dict)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        raise TellerIOError(f"{lp}: cannot read it ({e.strerror or e})", path=str(lp)) from None
+        raise TellerIOError(
+            f"{lp}: cannot read it ({e.strerror or e})", path=str(lp), errno=e.errno
+        ) from None
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a damaged file
         raise ConfigError(
             f"{lp}: not readable safetensors ({_one_line(e)}); the run cannot be resumed: {hint}",

@@ -7,8 +7,14 @@ use std::fmt;
 pub enum Error {
     /// An input path does not exist.
     NotFound { path: String },
-    /// Any other I/O failure (permissions, a directory where a file was expected, ...).
-    Io { path: String, msg: String },
+    /// Any other I/O failure (permissions, a directory where a file was expected, ...). `errno` is
+    /// the operating system's error number where there is one (the binding picks the Python class
+    /// by it: PermissionError, IsADirectoryError, ...).
+    Io {
+        path: String,
+        msg: String,
+        errno: Option<i32>,
+    },
     /// Malformed content. `offset` is a byte offset in the (decompressed) stream, `index` the index of
     /// the event or record being read when the problem was found.
     Format {
@@ -39,6 +45,7 @@ impl Error {
             Error::Io {
                 path: path.to_string(),
                 msg: e.to_string(),
+                errno: e.raw_os_error(),
             }
         }
     }
@@ -57,7 +64,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NotFound { path } => write!(f, "{path}: no such file or directory"),
-            Error::Io { path, msg } => write!(f, "{path}: {msg}"),
+            Error::Io { path, msg, .. } => write!(f, "{path}: {msg}"),
             Error::Format {
                 path,
                 offset,

@@ -43,7 +43,8 @@ fn is_trace_file(p: &Path) -> bool {
 pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
     let p = Path::new(input);
     let md = std::fs::metadata(p).map_err(|e| Error::io(input, &e))?;
-    if md.is_file() {
+    if !md.is_dir() {
+        // a file, or a pipe or device to read to its end (`/dev/stdin`, `<(zcat t.json.gz)`)
         return Ok(vec![p.to_path_buf()]);
     }
     let mut raw = Vec::new();
@@ -62,6 +63,7 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
                 return Err(Error::Io {
                     path: path.to_string_lossy().into_owned(),
                     msg: "file name is not valid UTF-8: teller reads UTF-8 paths (rename the file)".into(),
+                    errno: None,
                 });
             }
             if path.is_file() && is_trace_file(&path) {
@@ -182,8 +184,26 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         return Err(Error::Config("no input given".into()));
     }
     let mut files: Vec<String> = Vec::new();
+    // raw files found in a directory: one its process never started writing may be skipped
+    let mut in_dir: Vec<bool> = Vec::new();
+    let mut seen: HashMap<(u64, u64), String> = HashMap::new();
+    let mut repeated: Vec<String> = Vec::new();
     for i in inputs {
+        let dir = Path::new(i).is_dir();
         for f in expand_input(i)? {
+            // the same file named twice (`t.json ./t.json`, a file and its run directory) is read once
+            if let Ok(md) = std::fs::metadata(&f) {
+                use std::os::unix::fs::MetadataExt;
+                if md.is_file() {
+                    let name = f.display().to_string();
+                    if let Some(first) = seen.get(&(md.dev(), md.ino())) {
+                        repeated.push(format!("{name}: the same file as {first}; read once"));
+                        continue;
+                    }
+                    seen.insert((md.dev(), md.ino()), name);
+                }
+            }
+            in_dir.push(dir && f.to_string_lossy().ends_with(".tmsgpack"));
             files.push(f.display().to_string());
         }
     }
@@ -206,8 +226,18 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     let mut proc_of_source: Vec<u32> = Vec::new();
     let mut procs: HashMap<ProcessKey, u32> = HashMap::new();
     let mut next_proc = 0u32;
-    for part in parts {
-        let (t, _kind, key) = part?;
+    let mut skipped: Vec<Error> = Vec::new();
+    for (part, &in_dir) in parts.into_iter().zip(&in_dir) {
+        let (t, _kind, key) = match part {
+            Ok(p) => p,
+            // a process killed between creating its raw file and writing its HEADER (or one still
+            // starting): the others are read, and the file is named in a warning
+            Err(e) if in_dir && crate::raw::is_unstarted(&e) => {
+                skipped.push(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let proc = match key {
             Some(k) => *procs.entry(k).or_insert_with(|| {
                 next_proc += 1;
@@ -234,11 +264,20 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         trace.append(t);
     }
     if trace.is_empty() {
+        if let Some(e) = skipped.into_iter().next() {
+            return Err(e);
+        }
         return Err(Error::Empty {
             path: inputs.join(", "),
             msg: "no events in the input(s)".into(),
         });
     }
     finish(&mut trace, &proc_of_source, &opts.align);
+    for e in skipped {
+        trace.warnings.push(format!(
+            "{e}; skipped (a process that stopped before it wrote its first records)"
+        ));
+    }
+    trace.warnings.extend(repeated);
     Ok(trace)
 }

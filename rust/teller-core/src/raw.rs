@@ -310,6 +310,19 @@ struct Open {
     args: Vec<(u32, ArgValue)>,
 }
 
+const TRUNCATED_HEADER: &str = "truncated before the end of the HEADER record";
+const TORN_HEADER: &str = "unfinished or torn HEADER record (the file starts with zero bytes): nothing can be read";
+
+/// Is `e` the error of a raw file its process never finished starting: empty, all zeros (created
+/// and pre-allocated, nothing written), or cut inside its HEADER record?
+pub fn is_unstarted(e: &Error) -> bool {
+    match e {
+        Error::Empty { .. } => true,
+        Error::Format { msg, .. } => msg == TRUNCATED_HEADER || msg == TORN_HEADER,
+        _ => false,
+    }
+}
+
 /// Reads one raw file. Returns the trace (one source) and its process key.
 pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)> {
     if b.iter().all(|&c| c == 0) {
@@ -323,11 +336,11 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // fail somewhere inside the decoder ("string is not valid UTF-8 at byte 13").
     if !looks_like_raw(b) {
         let msg = if is_header_prefix(b) {
-            "truncated before the end of the HEADER record".to_string()
+            TRUNCATED_HEADER.to_string()
         } else if b[0] == 0 {
             // the HEADER is written first, at offset 0: zero bytes there mean a write that never
             // finished (or damage), and without the HEADER no record can be read
-            "unfinished or torn HEADER record (the file starts with zero bytes): nothing can be read".to_string()
+            TORN_HEADER.to_string()
         } else {
             let head: Vec<String> = b.iter().take(4).map(|c| format!("{c:02x}")).collect();
             format!(
@@ -423,7 +436,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             }
             Err(DErr::Eof) => {
                 if recs.is_empty() {
-                    return Err(fe(at, 0, "truncated before the end of the HEADER record".into()));
+                    return Err(fe(at, 0, TRUNCATED_HEADER.into()));
                 }
                 warnings.push(format!(
                     "{path}: truncated: the last {} byte(s) from byte {at} hold an incomplete record; {} complete record(s) read",

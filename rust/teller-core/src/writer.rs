@@ -432,11 +432,76 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     Ok(())
 }
 
-/// Writes the trace to `path`, gzip-compressed when the path ends in `.gz`. Writes to a temporary
-/// file next to it and renames, so an existing file is never left half-written.
+/// Follows symbolic links from `p` (relative targets from the link's directory), at most 40 hops:
+/// the file a write through `p` lands in, and whether the way there passes through a descriptor
+/// alias (`/dev/stdout`, `/dev/fd/N`, `/proc/PID/fd/N`), whose "target" is an open descriptor and
+/// not a name to replace.
+fn resolve_links(p: &std::path::Path) -> (std::path::PathBuf, bool) {
+    let mut cur = p.to_path_buf();
+    let alias = |c: &std::path::Path| c.starts_with("/proc") || c.starts_with("/dev/fd");
+    let mut via_fd = alias(&cur);
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&cur) {
+            Ok(md) if md.file_type().is_symlink() => match std::fs::read_link(&cur) {
+                Ok(t) if t.is_absolute() => cur = t,
+                Ok(t) => cur = cur.parent().unwrap_or(std::path::Path::new("")).join(t),
+                Err(_) => break,
+            },
+            _ => break,
+        }
+        via_fd |= alias(&cur);
+    }
+    (cur, via_fd)
+}
+
+fn write_error(path: &str, what: &str, e: &std::io::Error) -> Error {
+    Error::Io {
+        path: path.to_string(),
+        msg: format!("cannot write it: {what}{e}"),
+        errno: e.raw_os_error(),
+    }
+}
+
+fn write_to(t: &Trace, f: std::fs::File, gz: bool, opts: &WriteOptions) -> std::io::Result<()> {
+    let mut bw = std::io::BufWriter::with_capacity(1 << 20, f);
+    if gz {
+        let mut z = flate2::write::GzEncoder::new(bw, flate2::Compression::new(4));
+        write_chrome(t, &mut z, opts)?;
+        bw = z.finish()?;
+    } else {
+        write_chrome(t, &mut bw, opts)?;
+    }
+    bw.flush()
+}
+
+/// Writes the trace to `path`, gzip-compressed when the path ends in `.gz`. A regular file is written
+/// to a temporary file beside it and renamed over it, so an existing file is never left half-written;
+/// it keeps the old file's permissions. A symbolic link is written through (its target replaced). A
+/// device, FIFO or socket (`/dev/null`, `/dev/stdout`, a named pipe) is written in place: a rename
+/// would replace the node with a regular file.
 pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<()> {
-    let p = std::path::Path::new(path);
-    let dir = p
+    let gz = path.ends_with(".gz");
+    let (target, via_fd) = resolve_links(std::path::Path::new(path));
+    let existing = std::fs::metadata(path).ok();
+    if let Some(md) = &existing {
+        if md.is_dir() {
+            return Err(Error::Io {
+                path: path.to_string(),
+                msg: "is a directory (name a file to write)".into(),
+                errno: Some(21), // EISDIR
+            });
+        }
+        if !md.is_file() || via_fd {
+            // (appending: a descriptor alias of a regular file is the shell's `>` or `>>` redirection,
+            // already truncated or meant to be added to)
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(|e| write_error(path, "", &e))?;
+            return write_to(t, f, gz, opts).map_err(|e| write_error(path, "", &e));
+        }
+    }
+    let dir = target
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
@@ -447,6 +512,7 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
             Some(f) if !f.is_dir() => Error::Io {
                 path: f.display().to_string(),
                 msg: "exists and is not a directory (the output's directory lies under it)".into(),
+                errno: Some(20), // ENOTDIR
             },
             _ => Error::NotFound {
                 path: dir.display().to_string(),
@@ -455,30 +521,35 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
     }
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
-        p.file_name().map(|s| s.to_string_lossy()).unwrap_or_default(),
+        target.file_name().map(|s| s.to_string_lossy()).unwrap_or_default(),
         std::process::id()
     ));
-    let tmp_s = tmp.display().to_string();
-    let res = (|| -> std::io::Result<()> {
-        let f = std::fs::File::create(&tmp)?;
-        let mut bw = std::io::BufWriter::with_capacity(1 << 20, f);
-        if path.ends_with(".gz") {
-            let mut gz = flate2::write::GzEncoder::new(bw, flate2::Compression::new(4));
-            write_chrome(t, &mut gz, opts)?;
-            bw = gz.finish()?;
+    let f = std::fs::File::create(&tmp).map_err(|e| {
+        let what = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!("its directory {} is not writable (", dir.display())
         } else {
-            write_chrome(t, &mut bw, opts)?;
+            format!("cannot create a temporary file in {} (", dir.display())
+        };
+        let mut err = write_error(path, &what, &e);
+        if let Error::Io { msg, .. } = &mut err {
+            msg.push(')');
         }
-        bw.flush()?;
-        Ok(())
+        err
+    })?;
+    let res = (|| -> std::io::Result<()> {
+        if let Some(md) = &existing {
+            // (a file of the user's own: kept as private, or as shared, as it was)
+            f.set_permissions(md.permissions())?;
+        }
+        write_to(t, f, gz, opts)
     })();
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(&tmp_s, &e));
+        return Err(write_error(path, "", &e));
     }
-    std::fs::rename(&tmp, p).map_err(|e| {
+    std::fs::rename(&tmp, &target).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        Error::io(path, &e)
+        write_error(path, "", &e)
     })
 }
 

@@ -19,9 +19,13 @@ mod tpe;
 /// can also subclass the right built-in, e.g. ValueError or FileNotFoundError).
 pub fn to_py_err(e: Error) -> PyErr {
     Python::attach(|py| {
+        let mut errno = None;
         let (cls, path, offset, index, detail) = match &e {
             Error::NotFound { path } => ("TellerFileNotFoundError", Some(path.clone()), None, None, None),
-            Error::Io { path, msg } => ("TellerIOError", Some(path.clone()), None, None, Some(msg.clone())),
+            Error::Io { path, msg, errno: n } => {
+                errno = *n; // (TellerIOError picks its subclass by it: TellerPermissionError, ...)
+                ("TellerIOError", Some(path.clone()), None, None, Some(msg.clone()))
+            }
             Error::Format {
                 path,
                 offset,
@@ -45,6 +49,9 @@ pub fn to_py_err(e: Error) -> PyErr {
             kw.set_item("offset", offset)?;
             kw.set_item("index", index)?;
             kw.set_item("detail", detail)?;
+            if errno.is_some() {
+                kw.set_item("errno", errno)?;
+            }
             let obj = c.call((e.to_string(),), Some(&kw))?;
             Ok(PyErr::from_value(obj))
         };
