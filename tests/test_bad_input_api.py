@@ -570,3 +570,16 @@ def test_tpe_load_of_an_unsearchable_directory(tmp_path):
             tpe.load(d)
     finally:
         d.chmod(0o755)
+
+
+def test_outputs_inside_the_input_dataset_are_refused(dataset, tmp_path):
+    from teller.data.tokenize import tokenize_dataset
+
+    before = sorted(p.name for p in dataset.iterdir())
+    with pytest.raises(ConfigError, match=r"inside the dataset .*write --output-dir elsewhere"):
+        tokenize_dataset(dataset, GOLDEN, dataset)
+    r = cli(
+        "tpe", "train", "--data-dir", str(dataset), "--output-dir", str(dataset / "tok"), "--num-merges", "3"
+    )
+    assert r.exit_code == 2 and "inside --data-dir" in r.output, r.output
+    assert sorted(p.name for p in dataset.iterdir()) == before

@@ -151,6 +151,22 @@ def test_workload_shape_is_checked_before_anything_runs(tmp_path):
     (old / "manifest.json").write_text("{not json")
     with pytest.raises(ConfigError, match="manifest.json: not a readable manifest"):
         collect_cpu(old, 3)
+    # another kind of dataset (a simulated one): its manifest and samples are left alone
+    sim = tmp_path / "sim"
+    (sim / "s000000").mkdir(parents=True)
+    (sim / "s000000" / "annotation.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"sim: holds samples of another dataset \(s000000\)"):
+        collect_cpu(sim, 3)
+    man = json.dumps({"generator": {"name": "teller-sim", "version": 5}, "num_samples": 13})
+    (sim / "manifest.json").write_text(man)
+    with pytest.raises(
+        ConfigError, match=r"sim: already holds a dataset of another kind \(generator 'teller-sim'"
+    ):
+        collect_cpu(sim, 3)
+    assert (sim / "manifest.json").read_text() == man and sorted(p.name for p in sim.iterdir()) == [
+        "manifest.json",
+        "s000000",
+    ]
 
 
 def test_splits_are_stratified_stable_and_checked():

@@ -34,6 +34,26 @@ def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
             return
 
 
+def check_outside(
+    out: str | os.PathLike[str], data: str | os.PathLike[str], out_option: str, data_option: str
+) -> None:
+    """Refuse, before any work, an output directory that is the input directory ``data`` or lies
+    inside it: what is written there would be read as part of the input (a dataset's run directories
+    would read as samples the manifest does not list)."""
+    from teller.errors import ConfigError
+
+    d = Path(data)
+    if not d.is_dir():
+        return
+    o, dr = Path(out).resolve(), d.resolve()
+    if o == dr or dr in o.parents:
+        raise ConfigError(
+            f"{out}: inside {data_option} {data} (what is written there would be read as part of "
+            f"it); write {out_option} elsewhere",
+            path=str(out),
+        )
+
+
 def make_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
     """Create ``path`` (and its parents) if needed; a failure (no permission, a full disk, a file in
     the way) is a :class:`TellerIOError` naming it and ``what`` it is for. Returns the path."""

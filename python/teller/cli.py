@@ -733,6 +733,12 @@ def tpe_train(
     if vocab_size is None and num_merges is None:
         vocab_size = 8192
     _output_dir(output_dir, "--output-dir")
+    from teller._io import check_outside
+
+    try:
+        check_outside(output_dir, data_dir, "--output-dir", "--data-dir")
+    except TellerError as e:
+        raise _fail(e) from None
     t0 = time.perf_counter()
     try:
         with _progress("training TPE") as cb:

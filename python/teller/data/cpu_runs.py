@@ -439,6 +439,34 @@ def _calibrate(shape: dict[str, int]) -> dict[str, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _check_kind(out: Path) -> None:
+    """Refuse a directory that holds another dataset (a simulated one, `dataset generate`'s): the
+    collection would write its runs among the other samples and its manifest over theirs."""
+    man_path = out / "manifest.json"
+    if man_path.exists():
+        try:
+            gen = json.loads(man_path.read_text()).get("generator")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ConfigError(f"{man_path}: not a readable manifest ({e})", path=str(man_path)) from None
+        name = gen.get("name") if isinstance(gen, dict) else gen
+        if name is not None and name != GENERATOR:  # (none: a collection from before it was said)
+            raise ConfigError(
+                f"{out}: already holds a dataset of another kind (generator {name!r}, not {GENERATOR!r}); "
+                "collect the real runs into a directory of their own",
+                path=str(out),
+            )
+    others = sorted(
+        p.parent.name for p in out.glob("*/annotation.json") if not p.parent.name.startswith("cpu")
+    )
+    if others:
+        more = ", ..." if len(others) > 3 else ""
+        raise ConfigError(
+            f"{out}: holds samples of another dataset ({', '.join(others[:3])}{more}); "
+            "collect the real runs into a directory of their own",
+            path=str(out),
+        )
+
+
 def _check_shape(out: Path, shape: dict[str, int]) -> bool:
     """Refuse to resume a collection of another workload shape: its runs would not be comparable.
     The manifest says what the finished runs were (before ``layers`` and ``prompt_len`` were
@@ -531,6 +559,7 @@ def collect_cpu(
     # one collection per directory at a time: two would write the same runs, and their fault runs
     # would load the CPUs the other one is timing (the lock creates the directory)
     with dir_lock(out, "teller dataset collect-cpu"):
+        _check_kind(out)
         shape_known = _check_shape(out, shape)
         plans = _plan(seed, num_samples, kinds)
         split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from teller._io import check_output_dir, dir_lock
+from teller._io import check_output_dir, check_outside, dir_lock
 from teller.data.dataset import (
     annotation_problem,
     file_problem,
@@ -730,6 +730,7 @@ def tokenize_dataset(
         )
     out_root = Path(output_dir)
     check_output_dir(out_root, "--output-dir names a directory")
+    check_outside(out_root, data, "--output-dir", "the dataset")
     tok = tpe.load(tfile)  # fail early on a bad tokenizer
     labels: list[str] = list(man["labels"])
     t_hash = _sha256(tfile)
