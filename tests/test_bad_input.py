@@ -91,6 +91,38 @@ def test_corrupt_gzip(tmp_path):
         T.load(p)
 
 
+def test_what_follows_the_gzip_data_and_other_compressions(tmp_path):
+    body = doc(ok_event()).encode()
+    gz = gzip.compress(body)
+    # two members read as one stream (gzip's concatenation); bytes that are not a member are said so
+    assert (
+        len(T.load(write(tmp_path, "two.json.gz", gzip.compress(body[:20]) + gzip.compress(body[20:])))) == 1
+    )
+    with pytest.raises(
+        TraceFormatError, match=r"9 byte\(s\) after the end of the gzip data are not another gzip"
+    ):
+        T.load(write(tmp_path, "tail.json.gz", gz + b"garbage!!"))
+    with pytest.raises(EmptyTraceError, match="its gzip data decompress to nothing"):
+        T.load(write(tmp_path, "e.json.gz", gzip.compress(b"")))
+    import bz2
+    import lzma
+
+    for name, data, what in (
+        ("t.json.bz2", bz2.compress(body), "bzip2-compressed"),
+        ("t.json.xz", lzma.compress(body), "xz-compressed"),
+        ("t.json.zst", b"\x28\xb5\x2f\xfd" + bytes(20), "zstd-compressed"),
+    ):
+        with pytest.raises(TraceFormatError, match=f"{name}: {what}, which teller does not read"):
+            T.load(write(tmp_path, name, data))
+
+
+def test_time_out_of_range_says_the_value(tmp_path):
+    for ts in ("-5e15", "5e15"):
+        p = write(tmp_path, "t.json", doc(ok_event()).replace('"ts": 1.5', f'"ts": {ts}'))
+        with pytest.raises(TraceFormatError, match=rf"'ts' is out of range \({ts} us; teller reads -4"):
+            T.load(p)
+
+
 def test_large_gzip_errors_match_the_plain_file(tmp_path):
     # a gzipped trace of 256 KiB and more is parsed while a second thread inflates it: a broken
     # event deep inside reads as the same error as in the plain file, and a corrupt stream as gzip

@@ -98,13 +98,13 @@ def test_tpe_train_cli_max_token_events(tmp_path, dataset):
             "--max-token-events",
             "-1",
         ),
-        "error: max_token_events must be an integer",
+        "error: --max-token-events must be an integer",
     )
     refused(
         cli(
             "tpe", "train", "--data-dir", str(dataset), "--output-dir", str(tmp_path / "x"), "--step-name", ""
         ),
-        "error: step_names[0] is an empty pattern",
+        "error: --step-name[0] is an empty pattern",
     )
     assert not (tmp_path / "x").exists()
 
@@ -583,3 +583,42 @@ def test_outputs_inside_the_input_dataset_are_refused(dataset, tmp_path):
     )
     assert r.exit_code == 2 and "inside --data-dir" in r.output, r.output
     assert sorted(p.name for p in dataset.iterdir()) == before
+
+
+def test_cli_errors_name_options_not_api_arguments(dataset, tmp_path):
+    for args, said in (
+        (
+            (
+                "tpe",
+                "train",
+                "--data-dir",
+                str(dataset),
+                "--output-dir",
+                str(tmp_path / "t"),
+                "--vocab-size",
+                "-5",
+            ),
+            "--vocab-size must be an integer >= 0",
+        ),
+        (
+            (
+                "tpe",
+                "train",
+                "--data-dir",
+                str(dataset),
+                "--output-dir",
+                str(tmp_path / "t"),
+                "--num-merges",
+                "3",
+                "--vocab-size",
+                "9",
+            ),
+            "give exactly one of --vocab-size and --num-merges",
+        ),
+        (
+            ("dataset", "collect-cpu", "--output-dir", str(tmp_path / "c"), "--num-samples", "0"),
+            "--num-samples must be >= 1",
+        ),
+    ):
+        r = cli(*args)
+        assert r.exit_code == 2 and said in r.output, r.output

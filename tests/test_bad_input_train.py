@@ -24,6 +24,7 @@ from teller.errors import (  # noqa: E402
     TellerError,
     TellerFileNotFoundError,
     TellerIOError,
+    TellerWarning,
 )
 from teller.models.train import load_checkpoint, load_config, train  # noqa: E402
 
@@ -90,6 +91,9 @@ def test_training_into_a_trained_run_needs_resume(data, tmp_path) -> None:
     # an empty directory (or one a run interrupted in its first epoch left) is trained into
     (tmp_path / "empty").mkdir()
     assert (train(CFG, shards, tmp_path / "empty") / "model.safetensors").is_file()
+    # --resume into one: trained from the start, and said (not silently)
+    with pytest.warns(TellerWarning, match=r"fresh: holds no saved run to resume .*training from the start"):
+        assert (train(CFG, shards, tmp_path / "fresh", resume=True) / "model.safetensors").is_file()
 
 
 def test_resume_refuses_a_damaged_state_and_keeps_the_run(data, tmp_path) -> None:
@@ -312,6 +316,11 @@ def test_a_checkpoint_config_of_the_wrong_shape_names_config_json(data, tmp_path
         ConfigError, match=r"config.json: a JSON file, not a checkpoint: give the run directory"
     ):
         load_checkpoint(run / "config.json")
+    (tmp_path / "lone.json").write_text("{}")  # (no run beside it: none is suggested)
+    with pytest.raises(
+        ConfigError, match=r"lone.json: a JSON file, not a checkpoint: give a run directory of"
+    ):
+        load_checkpoint(tmp_path / "lone.json")
 
 
 def test_cli_train_errors_are_one_line(data, tmp_path) -> None:

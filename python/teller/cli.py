@@ -80,9 +80,37 @@ def _root(
     """teller: find why an LLM inference service is slow or failing."""
 
 
+# API argument names whose command-line option is spelled otherwise than `--` + the name with dashes
+_FLAG_ALIASES = {"step_names": "--step-name"}
+_FLAGS: dict[str, str] = {}
+
+
+def _as_flags(msg: str) -> str:
+    """A ConfigError from the Python API names its arguments (``vocab_size must be ...``); at the
+    command line they are options (``--vocab-size must be ...``). Every two-word argument name that is
+    an option of some command is said as that option (one-word names read as plain words: left)."""
+    import re
+
+    if not _FLAGS:
+        _FLAGS.update(_FLAG_ALIASES)
+        stack = [typer.main.get_command(app)]
+        while stack:
+            cmd = stack.pop()
+            stack.extend(getattr(cmd, "commands", {}).values())
+            for p in cmd.params:
+                longs = [o for o in getattr(p, "opts", ()) if o.startswith("--")]
+                if p.name and "_" in p.name and longs:
+                    _FLAGS.setdefault(p.name, longs[0])
+    for name, flag in _FLAGS.items():
+        msg = re.sub(rf"(?<![\w\-.'\"/]){re.escape(name)}(?![\w'\"/])", flag, msg)
+    return msg
+
+
 def _fail(e: Exception, code: int = 2) -> typer.Exit:
+    # (an error naming a file, a configuration file's key say, is about that file: left as it is)
+    text = _as_flags(str(e)) if isinstance(e, ConfigError) and e.path is None else str(e)
     # (escaped: a message's [brackets], e.g. "a [min, max] pair", are text, not rich markup)
-    err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -1203,7 +1231,10 @@ def train_mot_cmd(
     config: _ConfigOpt = None,
     tpe_dir: _TpeOpt = None,
     output_dir: _ResumableOutOpt = None,
-    resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue from OUTPUT_DIR/state.pt (where there is none: from the start, said)."),
+    ] = False,
     epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
@@ -1229,7 +1260,10 @@ def train_single_cmd(
     config: _ConfigOpt = None,
     tpe_dir: _TpeOpt = None,
     output_dir: _ResumableOutOpt = None,
-    resume: Annotated[bool, typer.Option(help="Continue from OUTPUT_DIR/state.pt.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue from OUTPUT_DIR/state.pt (where there is none: from the start, said)."),
+    ] = False,
     epochs: Annotated[int | None, typer.Option(help="Override train.epochs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override train.seed.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
@@ -1306,14 +1340,16 @@ def evaluate_cmd(
         typer.Option(
             "--data-dir",
             help="Tokenized shards (default: training), or a dataset directory: encoded with the "
-            "checkpoint's tokenizers (cached in CHECKPOINT/eval-data), its --split evaluated.",
+            "checkpoint's tokenizers (cached in CHECKPOINT/eval-data, or OUTPUT/eval-data where the "
+            "checkpoint is read-only), its --split evaluated.",
         ),
     ] = None,
     split: Annotated[
         str,
         typer.Option(
             help="test, test_ood, val, train, all, or a dataset directory (teller dataset generate / "
-            "collect-cpu): encoded with the checkpoint's tokenizers (cached in CHECKPOINT/eval-data) and "
+            "collect-cpu): encoded with the checkpoint's tokenizers (cached in CHECKPOINT/eval-data, or "
+            "OUTPUT/eval-data where the checkpoint is read-only) and "
             "evaluated whole."
         ),
     ] = "test",
@@ -1333,7 +1369,7 @@ def evaluate_cmd(
 
     _output_dir(output, "--output")
     try:
-        results = evaluate_any(checkpoint, data_dir, split)
+        results = evaluate_any(checkpoint, data_dir, split, cache=output)
     except TellerError as e:
         raise _fail(e) from None
     out = Path(output) if output else Path(checkpoint)

@@ -73,11 +73,7 @@ def resolve_nvtx_json(spec: str) -> Path:
                 f"{p}: not UTF-8 text (byte {e.start}): an --nvtx-json file is JSON", path=str(p)
             ) from None
         except json.JSONDecodeError as e:
-            what = (
-                "empty"
-                if not e.doc.strip()
-                else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-            )
+            what = "empty" if not e.doc.strip() else f"not valid JSON: {e}"
             raise ConfigError(f"{p}: {what}", path=str(p)) from None
     else:
         raise TellerFileNotFoundError(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import warnings
@@ -37,9 +38,12 @@ MAIN_KEYS = (
 )
 
 
-def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int) -> Path:
+def _tokenize_for(
+    ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int, cache: Path | None = None
+) -> Path:
     """Shards of ``dataset`` encoded with the TPE and log tokenizers a checkpoint was trained with,
-    cached under ``CHECKPOINT/eval-data/`` (a rerun reuses them)."""
+    cached under ``CHECKPOINT/eval-data/`` (a rerun reuses them), or under ``cache`` where given
+    and the checkpoint's directory may not be written (a shared, read-only checkpoint)."""
     from teller.data.tokenize import read_shards_manifest, tokenize_dataset
     from teller.models.train import shards_run_dir
 
@@ -58,10 +62,13 @@ def _tokenize_for(ck_dir: Path, cfg: dict[str, Any], dataset: Path, workers: int
         if not q or not Path(q).exists():
             raise TellerFileNotFoundError(f"{ck_dir}: the checkpoint's {what} {q} is gone", path=str(q))
     # every sample is measured against the checkpoint's reference, none hidden (as diagnose does)
+    where = ck_dir / "eval-data"
+    if cache is not None and not os.access(ck_dir, os.W_OK):
+        where = cache / "eval-data"
     return tokenize_dataset(
         dataset,
         tpe_path,
-        ck_dir / "eval-data",
+        where,
         log_tokenizer=log_tok,
         reference=ref,
         hide_reference=False,
@@ -78,15 +85,22 @@ def _is_dataset(path: Path) -> bool:
 
 
 def evaluate_any(
-    checkpoint: str | Path, data_dir: str | Path | None, split: str, *, workers: int = 1
+    checkpoint: str | Path,
+    data_dir: str | Path | None,
+    split: str,
+    *,
+    workers: int = 1,
+    cache: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Metrics of a MoT/single run, a baselines run (one entry per baseline) or an ensemble. ``split`` is a
     split name of the shards (``all``: every split), or a dataset directory (``teller dataset
     generate``), which is tokenized with the checkpoint's tokenizers and evaluated whole.
     ``data_dir`` is shards (``teller tokenize``) or a dataset directory, tokenized the same way, of
     which ``split`` is evaluated: models trained on other tokenizers are then compared on the same
-    samples (their ``data`` is the dataset)."""
+    samples (their ``data`` is the dataset). The encoded dataset is cached in the checkpoint's
+    directory, or in ``cache`` (the metrics' output directory) where that one may not be written."""
     p = Path(checkpoint)
+    cache = Path(cache) if cache is not None else None
     if not p.exists():
         raise TellerFileNotFoundError(
             f"{p}: no such checkpoint (a run directory of teller train)", path=str(p)
@@ -132,10 +146,10 @@ def evaluate_any(
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
             mot = Path(cfg["mot"])
             data_dir = _tokenize_for(
-                mot, read_json(mot / "config.json", "checkpoint configuration"), dataset, workers
+                mot, read_json(mot / "config.json", "checkpoint configuration"), dataset, workers, cache
             )
         else:
-            data_dir = _tokenize_for(cfgp.parent, cfg, dataset, workers)
+            data_dir = _tokenize_for(cfgp.parent, cfg, dataset, workers, cache)
         res = evaluate_any(checkpoint, data_dir, split, workers=workers)
         for m in res:
             m["dataset"] = m["data"] = str(dataset.resolve())

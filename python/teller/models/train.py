@@ -660,11 +660,11 @@ def load_checkpoint(
     run = p if p.is_dir() else p.parent
     weights = p / "model.safetensors" if p.is_dir() else p
     if p.is_file() and p.name.endswith(".json"):  # (read as weights it is "not safetensors")
-        raise ConfigError(
-            f"{p}: a JSON file, not a checkpoint: give the run directory {run} (or its weights "
-            "file, model.safetensors)",
-            path=str(p),
-        )
+        if (run / "model.safetensors").is_file():  # (its config.json, say: the run beside it)
+            hint = f"give the run directory {run} (or its weights file, model.safetensors)"
+        else:
+            hint = "give a run directory of teller train (model.safetensors + config.json)"
+        raise ConfigError(f"{p}: a JSON file, not a checkpoint: {hint}", path=str(p))
     cfg_path = run / "config.json"
     if not weights.is_file() or not cfg_path.is_file():
         raise TellerFileNotFoundError(
@@ -960,6 +960,12 @@ def _resume_state(
     yet (the run starts from scratch)."""
     present = [f for f in RUN_FILES if (out / f).exists()]
     if not present:
+        # (a run stopped before its first epoch was saved leaves nothing to resume: said, not silent)
+        warnings.warn(
+            f"{out}: holds no saved run to resume (no state.pt): training from the start",
+            TellerWarning,
+            stacklevel=2,
+        )
         return None, None, {}
     hint = f"train into another --output-dir, or remove {out} to start over"
     for f in ("state.pt", "last.safetensors"):

@@ -518,7 +518,11 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                         self.path,
                         Some(off as u64),
                         Some(self.index),
-                        format!("'{what}' is out of range (at most {} us)", MAX_TIME_NS / 1000),
+                        format!(
+                            "'{what}' is out of range ({} us; teller reads -{max}..{max} us)",
+                            String::from_utf8_lossy(&n[..n.len().min(40)]),
+                            max = MAX_TIME_NS / 1000
+                        ),
                     )
                 }),
             other => Err(Error::format(

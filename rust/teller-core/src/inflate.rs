@@ -87,7 +87,7 @@ pub fn trailer_size(data: &[u8]) -> Option<usize> {
 /// handing the filled length over after each step (`FIRST_CHUNK`, doubling up to `chunk`). Runs on
 /// the writer thread.
 fn write(data: &[u8], base: Base, cap: usize, chunk: usize, shared: &Shared) {
-    let mut dec = flate2::read::MultiGzDecoder::new(data);
+    let mut dec = Members::new(data);
     let mut filled = 0usize;
     // the first hand-overs are small so that the reader starts early, then they double up to `chunk`
     let mut step = chunk.min(FIRST_CHUNK);
@@ -267,14 +267,73 @@ impl<'a> Feed<'a> {
     }
 }
 
+const TRAILING: &str = "not another gzip member";
+
+/// A gzip file's members one after the other (as `MultiGzDecoder`), but what follows the last member
+/// and is not another one is an error of its own ("N bytes after the end of the gzip data are not
+/// another gzip member"), not the "unexpected end of file" of a member header that never was.
+pub struct Members<'a> {
+    dec: Option<flate2::bufread::GzDecoder<&'a [u8]>>,
+}
+
+impl<'a> Members<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Members {
+            dec: Some(flate2::bufread::GzDecoder::new(data)),
+        }
+    }
+}
+
+impl std::io::Read for Members<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(d) = self.dec.as_mut() else {
+                return Ok(0);
+            };
+            let n = d.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // the member ended: what is left of the input is another member, or nothing
+            let rest: &[u8] = self.dec.take().map(|d| d.into_inner()).unwrap_or(&[]);
+            if rest.is_empty() {
+                return Ok(0);
+            }
+            if rest.len() >= 2 && rest[0] == 0x1f && rest[1] == 0x8b {
+                self.dec = Some(flate2::bufread::GzDecoder::new(rest));
+                continue;
+            }
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} byte(s) after the end of the gzip data are {TRAILING}", rest.len()),
+            ));
+        }
+    }
+}
+
 /// The error of a corrupt or truncated gzip stream, worded alike on both paths.
 pub fn gzip_error(path: &str, msg: &str, inflated: usize) -> Error {
-    Error::format(
-        path,
-        None,
-        None,
-        format!("corrupt or truncated gzip stream after {inflated} decompressed bytes: {msg}"),
-    )
+    let msg = if msg.ends_with(TRAILING) {
+        format!("{msg} (the {inflated} bytes before them decompressed)")
+    } else {
+        format!("corrupt or truncated gzip stream after {inflated} decompressed bytes: {msg}")
+    };
+    Error::format(path, None, None, msg)
+}
+
+/// The compression a file's first bytes announce, where it is one teller does not read.
+pub fn other_compression(data: &[u8]) -> Option<(&'static str, &'static str)> {
+    const KNOWN: [(&[u8], &str, &str); 5] = [
+        (&[0x28, 0xb5, 0x2f, 0xfd], "zstd", "zstd -d"),
+        (b"BZh", "bzip2", "bunzip2"),
+        (&[0xfd, b'7', b'z', b'X', b'Z', 0x00], "xz", "unxz"),
+        (b"PK\x03\x04", "zip", "unzip"),
+        (&[0x04, 0x22, 0x4d, 0x18], "lz4", "lz4 -d"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _, _)| data.starts_with(m))
+        .map(|&(_, name, cmd)| (name, cmd))
 }
 
 /// Runs `parse` on a feed of `data` inflated by a second thread, `chunk` bytes at a time.

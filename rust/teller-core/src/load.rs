@@ -109,11 +109,25 @@ fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
         // (a hint that cannot be had is only a hint: the buffer then grows as it fills)
         let mut out = Vec::new();
         let _ = out.try_reserve_exact(hint.min(1 << 32).max(data.len() * 4));
-        let mut dec = flate2::read::MultiGzDecoder::new(&data[..]);
+        let mut dec = inflate::Members::new(&data[..]);
         if let Err(e) = dec.read_to_end(&mut out) {
             return Err(inflate::gzip_error(path, &e.to_string(), out.len()));
         }
+        if out.is_empty() {
+            return Err(Error::Empty {
+                path: path.into(),
+                msg: "empty: its gzip data decompress to nothing".into(),
+            });
+        }
         return Ok(out);
+    }
+    if let Some((name, cmd)) = inflate::other_compression(&data) {
+        return Err(Error::format(
+            path,
+            None,
+            None,
+            format!("{name}-compressed, which teller does not read: decompress it first ({cmd}), or gzip it"),
+        ));
     }
     Ok(data)
 }
