@@ -622,3 +622,27 @@ def test_cli_errors_name_options_not_api_arguments(dataset, tmp_path):
     ):
         r = cli(*args)
         assert r.exit_code == 2 and said in r.output, r.output
+
+
+def test_writing_to_our_own_stdout_shares_its_position(tmp_path, sample):
+    """`-o /dev/stdout` with stdout redirected to a file: the trace goes where stdout is, and what is
+    printed next follows it (a reopened path has a position of its own and was overwritten)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from teller._io import write_atomic; import teller.trace as T\n"
+        "print('before', flush=False)\n"
+        "write_atomic('/dev/stdout', 'PY\\n')\n"
+        f"T.load({str(sample)!r}, warn=False).to_chrome('/dev/stdout')\n"
+        "print('after')\n"
+    )
+    out = tmp_path / "out.txt"
+    link = tmp_path / "link"
+    link.symlink_to("/dev/stdout")  # (a chain of links ending in a descriptor alias: the same)
+    code += f"write_atomic({str(link)!r}, 'LINK\\n')\n"
+    with open(out, "wb") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=60)
+    text = out.read_text()
+    assert text.startswith("before\nPY\n{") and text.endswith("}\nafter\nLINK\n"), text[:80] + text[-80:]
+    assert json.loads(text[len("before\nPY\n") : -len("after\nLINK\n")])["traceEvents"]

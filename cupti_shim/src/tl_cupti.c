@@ -382,7 +382,18 @@ static void ext_pop(void) {
 
 /* ---- lifecycle ---- */
 
+static void cupti_atexit_guarded(void);
+
 static void cupti_atexit(void) {
+    /* exit() from a signal handler that interrupted the shim: CUPTI is left unflushed rather than
+     * wait for a lock this thread holds or write over its record in progress */
+    if (!tl_enter()) return;
+    cupti_atexit_guarded();
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = 0;
+}
+
+static void cupti_atexit_guarded(void) {
     if (!C.active || C.pid != getpid()) return;
     tl_ext_push = NULL;
     tl_ext_pop = NULL;
@@ -675,6 +686,9 @@ TL_VISIBLE int InitializeInjection(void) {
     /* The driver may call this more than once (and the shim may also be loaded by NVTX): idempotent. */
     if (__atomic_exchange_n(&g_init_state, 1, __ATOMIC_ACQ_REL) != 0) return 1;
     if (tl_writer_init() != 0) return 1;
-    setup();
+    if (tl_enter()) { /* (writes DIAG and HEADER records of this thread) */
+        setup();
+        tl_leave();
+    }
     return 1; /* never make the driver fail because of the tool */
 }

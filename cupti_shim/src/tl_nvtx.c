@@ -322,10 +322,13 @@ static void NVTX_API cb_NameOsThreadA(uint32_t tid, const char *name) {
     tl_leave();
 }
 
-/* Domains and registered strings touch no thread state (only malloc), so they need no guard. */
 static nvtxDomainHandle_t NVTX_API cb_DomainCreateA(const char *name) {
-    /* Handles live for the whole process (NVTX never guarantees a destroy before use ends). */
-    return (nvtxDomainHandle_t)(void *)tl_name_new(name ? name : "", TL_DOMAIN_MAGIC);
+    /* Handles live for the whole process (NVTX never guarantees a destroy before use ends). Refused
+     * (NULL: the default domain) from a handler that interrupted the shim, which may be in malloc. */
+    if (!tl_enter()) return NULL;
+    nvtxDomainHandle_t d = (nvtxDomainHandle_t)(void *)tl_name_new(name ? name : "", TL_DOMAIN_MAGIC);
+    tl_leave();
+    return d;
 }
 
 static void NVTX_API cb_DomainDestroy(nvtxDomainHandle_t d) {
@@ -334,7 +337,10 @@ static void NVTX_API cb_DomainDestroy(nvtxDomainHandle_t d) {
 
 static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringA(nvtxDomainHandle_t d, const char *s) {
     (void)d;
-    return (nvtxStringHandle_t)(void *)tl_name_new(s ? s : "", TL_REGSTR_MAGIC);
+    if (!tl_enter()) return NULL;
+    nvtxStringHandle_t h = (nvtxStringHandle_t)(void *)tl_name_new(s ? s : "", TL_REGSTR_MAGIC);
+    tl_leave();
+    return h;
 }
 
 static void NVTX_API cb_NameCategoryA(uint32_t cat, const char *name) { (void)cat; (void)name; }

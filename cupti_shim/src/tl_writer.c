@@ -421,13 +421,21 @@ static void thread_destructor(void *p) {
 }
 
 /* fork handling: the child must never write into the parent's mappings or file. */
+static __thread uint8_t fork_was_busy __attribute__((tls_model("initial-exec")));
 static void atfork_prepare(void) {
+    /* the locks are held across fork() with signals deliverable: a handler's NVTX call must not
+     * wait for them (the reentrancy guard) */
+    fork_was_busy = tl_busy;
+    tl_busy = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     pthread_mutex_lock(&g.smu);
     pthread_mutex_lock(&g.mu);
 }
 static void atfork_parent(void) {
     pthread_mutex_unlock(&g.mu);
     pthread_mutex_unlock(&g.smu);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tl_busy = fork_was_busy;
 }
 static void atfork_child(void) {
     pthread_mutex_init(&g.mu, NULL);
@@ -516,7 +524,7 @@ const char *tl_trace_path(void) { return g.fd >= 0 ? g.path : NULL; }
 static void report_dropped(tl_thread *t);
 static void report_reentered(tl_thread *t);
 
-#define TL_REENTERED_REASON "NVTX called from a signal handler that interrupted the collector on the same thread"
+#define TL_REENTERED_REASON "calls from a signal handler made while the collector was running on the same thread (NVTX ranges, CUDA synchronize callbacks)"
 
 /* Move this thread's refused-call count into its struct, under the guard so that a handler's own
  * chunk hand-out (which reports and clears t->reentered) cannot interleave with the update. */
@@ -524,7 +532,7 @@ void tl_reentered_fold(void) {
     if (!tl_enter()) return;
     uint64_t n = __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
     tl_thread *t = tl_tls;
-    if (t && t->gen == __atomic_load_n(&tl_gen, __ATOMIC_RELAXED)) t->reentered += n;
+    if (t && t->gen == __atomic_load_n(&tl_gen, __ATOMIC_RELAXED)) __atomic_add_fetch(&t->reentered, n, __ATOMIC_RELAXED);
     else __atomic_add_fetch(&g.reentered_unreported, n, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tl_busy = 0; /* not tl_leave(): a count arriving now waits for the next call, no recursion */
@@ -631,9 +639,8 @@ static void report_reentered(tl_thread *t) {
     if ((size_t)(t->end - s) < 128) return;
     uint8_t *c = s + 1;
     mp_uint(&c, TL_DROPPED);
-    mp_uint(&c, t->reentered);
+    mp_uint(&c, __atomic_exchange_n(&t->reentered, 0, __ATOMIC_RELAXED)); /* (tl_writer_finish may read it) */
     mp_cstr(&c, TL_REENTERED_REASON);
-    t->reentered = 0;
     tl_commit(t, s, c, 0x93);
 }
 
@@ -783,7 +790,11 @@ void tl_writer_finish(void) {
     if (t && t->gen == tl_gen) { d += t->dropped; t->dropped = 0; }
     uint64_t re = __atomic_exchange_n(&g.reentered_unreported, 0, __ATOMIC_RELAXED)
                   + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
-    if (t && t->gen == tl_gen) { re += t->reentered; t->reentered = 0; }
+    /* every live thread's count too (threads still running at exit may never take another chunk) */
+    pthread_mutex_lock(&g.mu);
+    for (tl_thread *x = g.threads; x; x = x->next)
+        if (x->gen == tl_gen) re += __atomic_exchange_n(&x->reentered, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g.mu);
     /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
      * written even when the file is at its size cap and no chunk has room. */
     uint8_t buf[256];

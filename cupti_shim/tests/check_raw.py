@@ -283,7 +283,7 @@ def scenario_fork(d, facts):
     print("fork: parent and 2 children in separate files OK")
 
 
-REENTERED = "NVTX called from a signal handler that interrupted the collector on the same thread"
+REENTERED = "calls from a signal handler made while the collector was running on the same thread (NVTX ranges, CUDA synchronize callbacks)"
 
 
 def reentered(f):

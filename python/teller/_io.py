@@ -4,6 +4,7 @@ the lock that keeps two teller processes from writing one output directory at on
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -30,7 +31,9 @@ def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
     for q in (p, *p.parents):
         if q.exists():
             if not q.is_dir():
-                raise TellerIOError(f"{q}: exists and is not a directory ({option})", path=str(q))
+                raise TellerIOError(
+                    f"{q}: exists and is not a directory ({option})", path=str(q), errno=errno.ENOTDIR
+                )
             return
 
 
@@ -67,13 +70,35 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
     return p
 
 
-def _link_hops(p: Path) -> str:
-    """The first target of a symbolic link at ``p`` (absolute), or ``""``."""
-    try:
-        t = os.readlink(p)
-    except OSError:
-        return ""
-    return t if os.path.isabs(t) else os.path.join(os.path.dirname(os.path.abspath(p)), t)
+def _own_fd(s: str) -> int | None:
+    """The descriptor of this process that ``s`` names (``/dev/stdout``, ``/dev/fd/N``,
+    ``/proc/self/fd/N``, ``/proc/<our pid>/fd/N``), or None."""
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    if s in named:
+        return named[s]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if s.startswith(prefix) and s[len(prefix) :].isdigit():
+            return int(s[len(prefix) :])
+    return None
+
+
+def resolve_output(p: Path) -> tuple[Path, int | None, bool]:
+    """Where a write through ``p`` lands (as ``teller_core::writer::resolve_links``): the file at the
+    end of its symbolic links, one of this process's descriptors where the way passes through a
+    descriptor alias (written to at its own position, not replaced), and whether it passed through
+    any alias (``/proc/...``, ``/dev/fd/...``: another process's descriptor is appended to)."""
+    cur = str(p)
+    fd, alias = _own_fd(cur), cur.startswith(("/proc/", "/dev/fd/"))
+    for _ in range(40):
+        if fd is not None:
+            break
+        try:
+            link = os.readlink(cur)
+        except OSError:
+            break
+        cur = link if os.path.isabs(link) else os.path.join(os.path.dirname(cur), link)
+        fd, alias = _own_fd(cur), alias or cur.startswith(("/proc/", "/dev/fd/"))
+    return Path(cur), fd, alias
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
@@ -81,21 +106,38 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     through a temporary file beside it, flushed to disk and renamed over it: a reader, or a rerun
     after a crash or a Ctrl-C, sees the old file or the new one, never half of one. A symbolic link
     at ``path`` is written through (its target replaced); an existing file keeps its permissions. A
-    device, FIFO or socket at ``path`` (``/dev/null``, a named pipe) is written in place: renaming over
-    it would replace the node with a regular file.
+    device or FIFO at ``path`` (``/dev/null``, a named pipe) is written in place: renaming over it
+    would replace the node with a regular file. One of this process's descriptors (``/dev/stdout``)
+    is written through a duplicate that shares its position.
     The temporary name carries the pid, so two processes writing one path do not write into one
     temporary file. A failure removes the temporary file and is a :class:`TellerIOError` naming
     ``path``."""
     p = Path(path)
-    target = Path(os.path.realpath(p)) if p.is_symlink() else p
+    target, own, alias = resolve_output(p)
+    if own is not None:
+        # one of our own descriptors (`/dev/stdout`): written through a duplicate sharing its position,
+        # after what Python has buffered for it, so that what is printed next follows
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                f.flush()
+        try:
+            with os.fdopen(os.dup(own), "ab") as f:
+                if isinstance(data, (str, bytes, bytearray, memoryview)):
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                else:
+                    f.close()
+                    data(p)
+        except OSError as e:
+            raise TellerIOError(
+                f"{p}: cannot write it ({e.strerror or e})", path=str(p), errno=e.errno
+            ) from None
+        return p
     try:
         mode = os.stat(p).st_mode
     except OSError:
         mode = stat.S_IFREG  # (none yet, or unreadable: the usual path says why)
-    # a descriptor alias (/dev/stdout, /dev/fd/N, /proc/PID/fd/N) names an open descriptor, not a file
-    # to replace: appended to (the shell's `>` truncated it already; `>>` means to add)
-    via_fd = any(str(x).startswith(("/proc/", "/dev/fd/")) for x in (p.absolute(), _link_hops(p)))
-    if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or via_fd):
+    if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or alias):
+        # a device or pipe (renaming over it would replace the node), or another process's descriptor
         try:
             payload = data.encode("utf-8") if isinstance(data, str) else data
             if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -347,7 +389,7 @@ def check_output_file(path: str | os.PathLike[str], inputs: list[Any], option: s
 
     o = Path(path)
     if o.is_dir():
-        raise TellerIOError(f"{o}: a directory ({option} names a file)", path=str(o))
+        raise TellerIOError(f"{o}: a directory ({option} names a file)", path=str(o), errno=errno.EISDIR)
     # (the files the loader read, not everything under an input directory: a run directory's own
     # earlier output, say RUN/merged.json.gz, is not an input of RUN)
     if o.exists() and any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):

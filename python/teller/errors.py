@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os as _os
+from typing import Any
 
 
 class TellerError(Exception):
@@ -77,6 +78,10 @@ class TellerIOError(TellerError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (pickled across processes: errno and strerror are OSError slots, not in __dict__)
+        return (type(self), self.args, {**self.__dict__, "errno": self.errno, "strerror": self.strerror})
 
 
 class TellerPermissionError(TellerIOError, PermissionError):

@@ -17,6 +17,7 @@ pure-Python oracle the tests compare against.
 
 from __future__ import annotations
 
+import errno
 import json
 import operator
 import os
@@ -814,7 +815,11 @@ def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenize
             f"{path}: cannot read: {e.strerror or e}", path=str(path), errno=e.errno
         ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise TellerIOError(f"{path}: not a file (expected a tokenizer.json)", path=str(path))
+        raise TellerIOError(
+            f"{path}: not a file (expected a tokenizer.json)",
+            path=str(path),
+            errno=errno.EISDIR if os.path.isdir(path) else None,
+        )
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -10,6 +10,7 @@ name is ``tr.strings[tr.name[i]]``; its normalized symbol is ``tr.symbols[tr.sym
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import sys
@@ -340,6 +341,9 @@ class Trace:
                         f"highlight[{k}] = {int(x)} is not an event of this trace (0..{len(self) - 1})"
                     )
                 hl.append(int(x))
+        for f in (sys.stdout, sys.stderr):  # (`/dev/stdout`: what was printed before comes first)
+            with contextlib.suppress(Exception):
+                f.flush()
         self._n.to_chrome(_utf8_path(os.fspath(path)), hl)
 
     def summary(self, top: int = 10) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Layout (``docs/dataset.md``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import multiprocessing as mp
@@ -657,7 +658,11 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     if not p.exists():
         raise TellerFileNotFoundError(f"{p}: no {what}", path=str(p))
     if not p.is_file():
-        raise TellerIOError(f"{p}: not a file (the {what} is expected here)", path=str(p))
+        raise TellerIOError(
+            f"{p}: not a file (the {what} is expected here)",
+            path=str(p),
+            errno=errno.EISDIR if os.path.isdir(p) else None,
+        )
     try:
         raw = p.read_bytes()
     except OSError as e:
@@ -867,7 +872,7 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
 
     d = Path(directory)
     if d.exists() and not d.is_dir():
-        raise TellerIOError(f"{d}: a file, not a dataset directory", path=str(d))
+        raise TellerIOError(f"{d}: a file, not a dataset directory", path=str(d), errno=errno.ENOTDIR)
     if not d.is_dir():
         raise TellerFileNotFoundError(f"{d}: no such dataset directory", path=str(d))
     problems: list[Problem] = []

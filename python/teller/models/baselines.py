@@ -513,7 +513,10 @@ def evaluate_baselines(
     b = load_baselines(p)
     cfg = read_json(p.parent / "config.json", "baselines configuration")
     if not isinstance(cfg, dict) or not cfg.get("data_dir") and data_dir is None:
-        raise ConfigError(f"{p.parent / 'config.json'}: not a baselines configuration (no data_dir)")
+        raise ConfigError(
+            f"{p.parent / 'config.json'}: not a baselines configuration (no data_dir)",
+            path=str(p.parent / "config.json"),
+        )
     run_dir = shards_run_dir(data_dir or cfg["data_dir"])
     check_eval_data(cfg, run_dir, split, p.parent, (int(b.trace_vocab), len(b.log_vocab)))
     check_shards_version(cfg, run_dir)

@@ -10,6 +10,7 @@ lines that mention warnings or errors.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -41,11 +42,11 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         return path, (log if log.is_file() else None)
     t = path / "trace.json"
     if t.exists() and not t.is_file():
-        raise TellerIOError(f"{t}: a directory, not a trace file", path=str(t))
+        raise TellerIOError(f"{t}: a directory, not a trace file", path=str(t), errno=errno.EISDIR)
     if t.is_file():
         log = path / "log.txt"
         if log.exists() and not log.is_file():
-            raise TellerIOError(f"{log}: a directory, not a log file", path=str(log))
+            raise TellerIOError(f"{log}: a directory, not a log file", path=str(log), errno=errno.EISDIR)
         return t, (log if log.is_file() else None)
     if (path / "annotation.json").is_file():
         # a sample directory (docs/dataset.md) without its trace: not a directory of loose traces

@@ -10,6 +10,7 @@ but the same thread count is).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -138,7 +139,9 @@ def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
         if path and not Path(path).suffix:
             p = builtin_config(str(path))
         elif p.is_dir():
-            raise TellerIOError(f"{p}: a directory, not a configuration file", path=str(p))
+            raise TellerIOError(
+                f"{p}: a directory, not a configuration file", path=str(p), errno=errno.EISDIR
+            )
         else:
             raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
     try:

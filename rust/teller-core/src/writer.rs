@@ -432,26 +432,62 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     Ok(())
 }
 
-/// Follows symbolic links from `p` (relative targets from the link's directory), at most 40 hops:
-/// the file a write through `p` lands in, and whether the way there passes through a descriptor
-/// alias (`/dev/stdout`, `/dev/fd/N`, `/proc/PID/fd/N`), whose "target" is an open descriptor and
-/// not a name to replace.
-fn resolve_links(p: &std::path::Path) -> (std::path::PathBuf, bool) {
+/// What a write through `p` lands in: the file at the end of its symbolic links (relative targets
+/// from the link's directory, at most 40 hops), or one of this process's open descriptors where the
+/// way passes through a descriptor alias (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`): its
+/// "target" is then not a name to replace but a descriptor to write to, at its own position.
+/// `alias` is also set for another process's descriptor (`/proc/PID/fd/N`), which has no position
+/// of ours to share.
+struct Target {
+    path: std::path::PathBuf,
+    fd: Option<i32>,
+    alias: bool,
+}
+
+fn own_fd(p: &std::path::Path) -> Option<i32> {
+    let s = p.to_str()?;
+    match s {
+        "/dev/stdin" => return Some(0),
+        "/dev/stdout" => return Some(1),
+        "/dev/stderr" => return Some(2),
+        _ => {}
+    }
+    let n = s
+        .strip_prefix("/dev/fd/")
+        .or_else(|| s.strip_prefix("/proc/self/fd/"))
+        .or_else(|| {
+            let rest = s.strip_prefix("/proc/")?;
+            let (pid, n) = rest.split_once("/fd/")?;
+            (pid.parse::<u32>().ok()? == std::process::id()).then_some(n)
+        })?;
+    n.parse().ok()
+}
+
+fn resolve_links(p: &std::path::Path) -> Target {
     let mut cur = p.to_path_buf();
-    let alias = |c: &std::path::Path| c.starts_with("/proc") || c.starts_with("/dev/fd");
-    let mut via_fd = alias(&cur);
+    let is_alias = |c: &std::path::Path| c.starts_with("/proc") || c.starts_with("/dev/fd");
+    let mut t = Target {
+        path: cur.clone(),
+        fd: own_fd(&cur),
+        alias: is_alias(&cur),
+    };
     for _ in 0..40 {
+        if t.fd.is_some() {
+            break;
+        }
         match std::fs::symlink_metadata(&cur) {
             Ok(md) if md.file_type().is_symlink() => match std::fs::read_link(&cur) {
-                Ok(t) if t.is_absolute() => cur = t,
-                Ok(t) => cur = cur.parent().unwrap_or(std::path::Path::new("")).join(t),
+                Ok(l) if l.is_absolute() => cur = l,
+                Ok(l) => cur = cur.parent().unwrap_or(std::path::Path::new("")).join(l),
                 Err(_) => break,
             },
             _ => break,
         }
-        via_fd |= alias(&cur);
+        t.fd = own_fd(&cur);
+        t.alias |= is_alias(&cur);
     }
-    (cur, via_fd)
+    t.path = cur;
+    t
 }
 
 fn write_error(path: &str, what: &str, e: &std::io::Error) -> Error {
@@ -477,11 +513,25 @@ fn write_to(t: &Trace, f: std::fs::File, gz: bool, opts: &WriteOptions) -> std::
 /// Writes the trace to `path`, gzip-compressed when the path ends in `.gz`. A regular file is written
 /// to a temporary file beside it and renamed over it, so an existing file is never left half-written;
 /// it keeps the old file's permissions. A symbolic link is written through (its target replaced). A
-/// device, FIFO or socket (`/dev/null`, `/dev/stdout`, a named pipe) is written in place: a rename
-/// would replace the node with a regular file.
+/// device or FIFO (`/dev/null`, a named pipe) is written in place: a rename would replace the node
+/// with a regular file. One of this process's descriptors (`/dev/stdout`, `/dev/fd/N`) is written
+/// through a duplicate that shares its position.
 pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<()> {
     let gz = path.ends_with(".gz");
-    let (target, via_fd) = resolve_links(std::path::Path::new(path));
+    let Target {
+        path: target,
+        fd: own,
+        alias,
+    } = resolve_links(std::path::Path::new(path));
+    if let Some(n) = own {
+        // one of our own descriptors (`-o /dev/stdout`): written through a duplicate, which shares
+        // its position, so that what the program prints next follows the trace instead of
+        // overwriting it (a reopened path would have a position of its own, at 0)
+        // SAFETY: `n` is only borrowed for the duplicate; a closed descriptor fails the dup (EBADF).
+        let dup = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) }.try_clone_to_owned();
+        let f = std::fs::File::from(dup.map_err(|e| write_error(path, "", &e))?);
+        return write_to(t, f, gz, opts).map_err(|e| write_error(path, "", &e));
+    }
     let existing = std::fs::metadata(path).ok();
     if let Some(md) = &existing {
         if md.is_dir() {
@@ -491,9 +541,8 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
                 errno: Some(21), // EISDIR
             });
         }
-        if !md.is_file() || via_fd {
-            // (appending: a descriptor alias of a regular file is the shell's `>` or `>>` redirection,
-            // already truncated or meant to be added to)
+        if !md.is_file() || alias {
+            // (a device or pipe; or another process's descriptor: appended to, as its `>>` would)
             let f = std::fs::OpenOptions::new()
                 .append(true)
                 .open(path)
