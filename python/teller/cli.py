@@ -40,7 +40,11 @@ app.add_typer(shim_app, name="shim")
 
 # Output piped or redirected (a file, a CI log) is 160 columns wide, not rich's 80: tables keep
 # whole kernel names on one line. COLUMNS, where set, still decides.
-_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
+_PIPE_WIDTH = (
+    None
+    if (sys.stdout is not None and sys.stdout.isatty()) or os.environ.get("COLUMNS", "").isdigit()
+    else 160
+)
 console = Console(width=_PIPE_WIDTH)
 err_console = Console(stderr=True)
 
@@ -101,8 +105,11 @@ def _as_flags(msg: str) -> str:
                 longs = [o for o in getattr(p, "opts", ()) if o.startswith("--")]
                 if p.name and "_" in p.name and longs:
                     _FLAGS.setdefault(p.name, longs[0])
+    given = " ".join(sys.argv[1:])  # (a name inside what the user typed, a directory `data_dir`, stays)
     for name, flag in _FLAGS.items():
-        msg = re.sub(rf"(?<![\w\-.'\"/]){re.escape(name)}(?![\w'\"/])", flag, msg)
+        if name in given:
+            continue
+        msg = re.sub(rf"(?<![\w\-.'\"/]){re.escape(name)}(?![\w'\"/]|\.\w)", flag, msg)
     return msg
 
 
@@ -648,7 +655,11 @@ def _collect(
             torch_nvtx=torch_nvtx,
         )
     except TellerError as e:
-        raise _fail(e) from None
+        # (as a shell says it: 127 the program was not found, 126 it could not be executed)
+        code = 2
+        if e.path is not None and e.path == cmd[0]:
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+        raise _fail(e, code) from None
     from teller.trace import split_collector_notes
 
     notes, warnings = split_collector_notes(list(res.warnings))
@@ -696,12 +707,16 @@ def _collect(
         err_console.print(
             f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True
         )
+    status = f"exit status {res.returncode}"
+    if res.returncode > 128:  # (128 + N: the program was killed by signal N)
+        import signal
+
+        with contextlib.suppress(ValueError):
+            status = f"killed by {signal.Signals(res.returncode - 128).name}, {status}"
     err_console.print(
-        f"[bold]teller:[/] run directory: {res.run_dir} (exit status {res.returncode})",
-        highlight=False,
-        soft_wrap=True,
+        f"[bold]teller:[/] run directory: {res.run_dir} ({status})", highlight=False, soft_wrap=True
     )
-    raise typer.Exit(res.returncode)
+    raise typer.Exit(130 if res.interrupted else res.returncode)
 
 
 _ctx = {"allow_interspersed_args": False}

@@ -8,12 +8,13 @@ The launcher
   placed first on ``PYTHONPATH`` (inherited by children and spawned workers),
 * passes stdout/stderr through to the terminal unchanged while writing them, line by line with a
   timestamp on the trace clock, to ``log.txt`` (and raw copies to ``stdout.log``/``stderr.log``),
-* forwards SIGINT/SIGTERM, returns the child's exit status, and
+* passes on SIGINT/SIGTERM/SIGHUP/SIGQUIT the program did not get itself, returns its exit status, and
 * writes ``run.json`` and, unless told not to, the aligned ``trace.json`` and ``summary.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -24,13 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
 from teller._io import check_output_dir, make_output_dir, write_atomic
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerWarning
 
 TOPOLOGY_VARS = (
     "RANK",
@@ -54,6 +56,23 @@ class RunResult:
     trace_json: Path | None = None
     summary: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False  # (Ctrl-C during the conversion: the run is kept, unconverted)
+
+
+# si_code of a signal the kernel sent (a terminal's Ctrl-C, Ctrl-\\, hang-up), not another process
+_SI_KERNEL = 0x80
+
+
+def _interpreter(path: str) -> str:
+    """The interpreter a script's ``#!`` line names, or ``"?"``."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return "?"
+    if not first.startswith(b"#!"):
+        return "?"
+    return first[2:].strip().split(b" ")[0].decode("utf-8", "replace") or "?"
 
 
 def builtin_profiles() -> list[str]:
@@ -63,6 +82,8 @@ def builtin_profiles() -> list[str]:
 def resolve_nvtx_json(spec: str) -> Path:
     """A path to a groups file, or the name of a built-in profile (``torch``, ``transformers``, ``vllm``)."""
     p = Path(spec)
+    if p.is_dir():
+        raise ConfigError(f"{p}: a directory, not an --nvtx-json file (a JSON list of groups)", path=str(p))
     if not p.is_file() and (PROFILE_DIR / f"{spec}.json").is_file():
         p = PROFILE_DIR / f"{spec}.json"
     if p.is_file():
@@ -108,6 +129,23 @@ def validate_groups(groups: Any, path: str) -> None:
         for key in ("domain", "name", "color"):
             if key in g and not isinstance(g[key], str):
                 raise ConfigError(f"{path}: group #{i}: '{key}' must be a string", path=path, index=i)
+        if "name" in g:  # (checked here: in the program it would fail at every call)
+            import string
+
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(g["name"]) if f is not None]
+            except ValueError as e:
+                raise ConfigError(
+                    f"{path}: group #{i}: 'name' is not a format: {e}", path=path, index=i
+                ) from None
+            bad = [f for f in fields if f not in ("module", "qualname", "function", "cls")]
+            if bad:
+                raise ConfigError(
+                    f"{path}: group #{i}: 'name' uses unknown field {{{bad[0]}}} (known: module, qualname, "
+                    "function, cls)",
+                    path=path,
+                    index=i,
+                )
         unknown = set(g) - {"module", "functions", "domain", "name", "color", "category", "subclasses"}
         if unknown:
             raise ConfigError(f"{path}: group #{i}: unknown keys {sorted(unknown)}", path=path, index=i)
@@ -127,13 +165,23 @@ def new_run_dir(trace_dir: Path) -> Path:
     raise TellerError(f"{trace_dir}: could not create a fresh run directory")
 
 
+# A line longer than this (a progress bar drawn with \r and no newline) is logged in pieces.
+MAX_LOG_LINE = 1 << 20
+# After the program exits, how long its output pipes are still read (a background process it started
+# may hold them open for good): then teller stops copying and finishes.
+DRAIN_S = 2.0
+
+
 class _LogTee:
-    """Copies a child's stream to our own, unchanged, and to log files with a timestamp per line."""
+    """Copies a child's stream to our own, unchanged, and to log files with a timestamp per line.
+
+    Where our own stream is closed (``| head``), the program's pipe is closed too, so that the
+    program sees the closed output (SIGPIPE, EPIPE) as it would without teller."""
 
     def __init__(
         self,
         src: IO[bytes],
-        dst: IO[bytes],
+        dst: IO[bytes] | None,
         raw: IO[bytes],
         log: IO[str],
         name: str,
@@ -143,50 +191,80 @@ class _LogTee:
         self.src, self.dst, self.raw, self.log, self.name = src, dst, raw, log, name
         self.lock, self.offset_ns = lock, offset_ns
         self.lines = 0
+        self.stop = threading.Event()
+        self.output_closed = False
         self.thread = threading.Thread(target=self._run, name=f"teller-tee-{name}", daemon=True)
 
+    def _emit(self, lines: list[bytes]) -> None:
+        with self.lock:
+            if self.stop.is_set():
+                return
+            # The stamp is taken under the lock shared by both tees so log.txt is in time order even
+            # when one reader thread is scheduled late. It is the time teller read the line; the order
+            # of stdout vs stderr lines written within a few microseconds is best effort (two pipes
+            # carry no common sequence).
+            ts = time.monotonic_ns() + self.offset_ns
+            for line in lines:
+                self.log.write(f"{ts} {self.name} {line.decode('utf-8', 'replace').rstrip(chr(13))}\n")
+            self.log.flush()
+        self.lines += len(lines)
+
     def _run(self) -> None:
-        partial = b""
-        while True:
-            chunk = os.read(self.src.fileno(), 65536)
+        import select
+
+        fd = self.src.fileno()
+        pieces: list[bytes] = []  # the unfinished line (kept as pieces: joining per read is quadratic)
+        size = 0
+        while not self.stop.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
             if not chunk:
                 break
-            try:
-                self.dst.write(chunk)
-                self.dst.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
-            self.raw.write(chunk)
-            data = partial + chunk
-            *lines, partial = data.split(b"\n")
-            if lines:
-                with self.lock:
-                    # The stamp is taken under the lock shared by both tees so log.txt is in time order
-                    # even when one reader thread is scheduled late. It is the time teller read the line;
-                    # the order of stdout vs stderr lines written within a few microseconds is best effort
-                    # (two pipes carry no common sequence).
-                    ts = time.monotonic_ns() + self.offset_ns
-                    for line in lines:
-                        self.log.write(
-                            f"{ts} {self.name} {line.decode('utf-8', 'replace').rstrip(chr(13))}\n"
-                        )
-                    self.log.flush()
-                self.lines += len(lines)
-        if partial:
+            if self.dst is not None and not self.output_closed:
+                try:
+                    self.dst.write(chunk)
+                    self.dst.flush()
+                except (BrokenPipeError, ValueError, OSError):
+                    # our stdout is gone (`teller collect ... | head`): the program's is closed too
+                    self.output_closed = True
+                    with self.lock:
+                        if not self.stop.is_set():
+                            self.raw.write(chunk)
+                    break
             with self.lock:
-                self.log.write(
-                    f"{time.monotonic_ns() + self.offset_ns} {self.name} "
-                    f"{partial.decode('utf-8', 'replace')}\n"
-                )
-                self.log.flush()
-            self.lines += 1
-        self.raw.flush()
+                if self.stop.is_set():
+                    break
+                self.raw.write(chunk)
+            nl = chunk.rfind(b"\n")
+            if nl < 0:
+                pieces.append(chunk)
+                size += len(chunk)
+                if size >= MAX_LOG_LINE:
+                    self._emit([b"".join(pieces)])
+                    pieces, size = [], 0
+                continue
+            lines = (b"".join(pieces) + chunk[:nl]).split(b"\n")
+            rest = chunk[nl + 1 :]
+            pieces, size = ([rest], len(rest)) if rest else ([], 0)
+            self._emit(lines)
+        if pieces:
+            self._emit([b"".join(pieces)])
+        if self.output_closed or self.stop.is_set():
+            with contextlib.suppress(OSError):
+                self.src.close()
+        with self.lock:
+            if not self.stop.is_set():
+                self.raw.flush()
 
     def start(self) -> None:
         self.thread.start()
 
-    def join(self) -> None:
-        self.thread.join()
+    def join(self, timeout: float | None = None) -> bool:
+        """Whether the stream ended (its last writer closed it) within ``timeout``."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
 
 
 def child_env(
@@ -203,6 +281,8 @@ def child_env(
         "TELLER_TRACE_DIR": str(run_dir),
         "TELLER_RUN_DIR": str(run_dir),
         "PYTHONUNBUFFERED": "1",
+        # (the hook says some things only in the program's own process, not in its workers)
+        "TELLER_LAUNCHER_PID": str(os.getpid()),
     }
     if so is not None:
         set_["NVTX_INJECTION64_PATH"] = str(so)
@@ -249,12 +329,24 @@ def collect(
     )
     if so is not None:
         lib = Path(so)
+        if lib.is_dir():
+            raise ConfigError(
+                f"{lib}: a directory, not a shim library (--so names libteller_shim.so)", path=str(lib)
+            )
         if not lib.is_file():
             raise TellerFileNotFoundError(f"{lib}: no such shim library", path=str(lib))
         with open(lib, "rb") as f:
-            if f.read(4) != b"\x7fELF":
+            head = f.read(4)
+            if head != b"\x7fELF":
                 # (the child's injection loader would skip it silently: a run with no events)
                 raise ConfigError(f"{lib}: not a shared library (no ELF header)", path=str(lib))
+            # its dynamic string table names the entry points NVTX and CUDA look up
+            if b"InitializeInjectionNvtx2\0" not in head + f.read():
+                raise ConfigError(
+                    f"{lib}: not a teller shim (it exports no InitializeInjectionNvtx2: NVTX would not "
+                    "load it); build one with `teller shim build`",
+                    path=str(lib),
+                )
         lib = lib.resolve()
     else:
         lib = shim_mod.build(cuda_home)
@@ -264,54 +356,107 @@ def collect(
     cupti = os.environ.get("TELLER_CUPTI_PATH") or find_cuda(cuda_home).libcupti
     run_dir = new_run_dir(td)
     (run_dir / "raw").mkdir()
-    env, teller_env = child_env(dict(os.environ), run_dir, lib, nvtx_path, cupti, torch_nvtx)
+    # (absolute: a program that changes directory, or starts a child elsewhere, writes into the run)
+    env, teller_env = child_env(dict(os.environ), run_dir.absolute(), lib, nvtx_path, cupti, torch_nvtx)
+    for var in ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH"):
+        if os.environ.get(var) and os.environ[var] != str(lib):
+            warnings.warn(
+                f"{var}={os.environ[var]} is replaced by teller's shim for this run (one injection "
+                "library per process: the other one is not loaded)",
+                TellerWarning,
+                stacklevel=2,
+            )
     # Clock pair for the logs: the shim writes CLOCK_MONOTONIC, the logs carry realtime ns.
     mono0, real0 = time.monotonic_ns(), time.time_ns()
     offset = real0 - mono0
-    out_stream = stdout or sys.stdout.buffer
-    err_stream = stderr or sys.stderr.buffer
+    out_stream = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
+    err_stream = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
     start_ns = time.time_ns()
     lock = threading.Lock()
-    with (
-        open(run_dir / "log.txt", "w", encoding="utf-8") as log,
-        open(run_dir / "stdout.log", "wb") as raw_out,
-        open(run_dir / "stderr.log", "wb") as raw_err,
-    ):
-        try:
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=None)
-        except OSError as e:
-            # nothing ran: leave no empty run directory behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-            if isinstance(e, FileNotFoundError):
-                raise TellerFileNotFoundError(f"{cmd[0]}: command not found", path=cmd[0]) from None
-            raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}") from None
-        assert proc.stdout is not None and proc.stderr is not None
-        tees = [
-            _LogTee(proc.stdout, out_stream, raw_out, log, "stdout", lock, offset),
-            _LogTee(proc.stderr, err_stream, raw_err, log, "stderr", lock, offset),
-        ]
-        for t in tees:
-            t.start()
-        forwarded: list[int] = []
-
-        def forward(signum: int, _frame: Any) -> None:
-            forwarded.append(signum)
+    # Signals: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked here (and in the copying threads, which
+    # inherit the mask) and taken with sigtimedwait, which says who sent them. One the terminal sent
+    # (Ctrl-C, Ctrl-\\, a hang-up) went to the whole foreground group, the program included: it is not
+    # sent again (a second Ctrl-C means "force quit" to many servers). One sent to teller alone
+    # (`kill`, a scheduler) is forwarded. The program starts with the mask teller had.
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+    main = threading.current_thread() is threading.main_thread()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
+    forwarded: list[int] = []
+    seen: list[int] = []
+    drained = True
+    try:
+        with (
+            open(run_dir / "log.txt", "w", encoding="utf-8") as log,
+            open(run_dir / "stdout.log", "wb") as raw_out,
+            open(run_dir / "stderr.log", "wb") as raw_err,
+        ):
             try:
-                proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                old[s] = signal.signal(s, forward)
-        try:
-            rc = proc.wait()
+                proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=None,
+                    preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask))
+                    if main
+                    else None,
+                )
+            except OSError as e:
+                # nothing ran: leave no empty run directory behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+                if isinstance(e, FileNotFoundError):
+                    what = "command not found"
+                    found = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
+                    if found and os.path.isfile(found):  # (it exists: its #! interpreter does not)
+                        what = f"cannot execute: bad interpreter ({_interpreter(found)}: no such file)"
+                    raise TellerFileNotFoundError(f"{cmd[0]}: {what}", path=cmd[0]) from None
+                raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}", path=cmd[0]) from None
+            assert proc.stdout is not None and proc.stderr is not None
+            tees = [
+                _LogTee(proc.stdout, out_stream, raw_out, log, "stdout", lock, offset),
+                _LogTee(proc.stderr, err_stream, raw_err, log, "stderr", lock, offset),
+            ]
             for t in tees:
-                t.join()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+                t.start()
+
+            def take(timeout: float) -> bool:
+                """Wait up to ``timeout`` for a signal and pass it on; whether one came."""
+                if not main:
+                    time.sleep(timeout)
+                    return False
+                info = signal.sigtimedwait(sigs, timeout)
+                if info is None:
+                    return False
+                sig = info.si_signo
+                same_group = True
+                with contextlib.suppress(OSError):
+                    same_group = os.getpgid(proc.pid) == os.getpgrp()
+                if info.si_code == _SI_KERNEL and same_group:
+                    seen.append(sig)  # (the terminal sent it to the program as well)
+                elif proc.poll() is None:
+                    forwarded.append(sig)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                return True
+
+            while proc.poll() is None:
+                take(0.02)
+            rc = proc.returncode
+            # its output: until the pipes close, or DRAIN_S after the program ended while a process it
+            # started in the background still holds them (a signal now ends the wait at once)
+            deadline = time.monotonic() + DRAIN_S
+            while not all(t.join(0) for t in tees):
+                if time.monotonic() > deadline or take(0.02):
+                    drained = False
+                    break
+            if not drained:
+                for t in tees:
+                    t.stop.set()
+            with lock:  # (a copying thread still running writes nothing more into these files)
+                pass
+    finally:
+        if old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     end_ns = time.time_ns()
     exit_signal = -rc if rc < 0 else None
     returncode = 128 + exit_signal if exit_signal else rc
@@ -332,6 +477,8 @@ def collect(
         "exit_code": rc if rc >= 0 else None,
         "exit_signal": exit_signal,
         "forwarded_signals": forwarded,
+        # (sent by the terminal to the program's group too: not sent again)
+        "terminal_signals": seen,
         "returncode": returncode,
         "clock_sync": {"clock": "CLOCK_MONOTONIC", "monotonic_ns": mono0, "realtime_ns": real0},
         "shim": shim_info,
@@ -341,11 +488,26 @@ def collect(
         "log_lines": sum(t.lines for t in tees),
     }
     result = RunResult(run_dir=run_dir, returncode=returncode)
+    if not drained:
+        result.warnings.append(
+            "the program exited while a process it started still held its output: teller stopped "
+            f"copying that output {DRAIN_S:g} s later (what it writes now is not in the logs)"
+        )
+    run["warnings"] = result.warnings
+    # written now, and again after the conversion: an interrupted conversion keeps the run's record
+    write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
     if convert:
-        _convert(run_dir, result)
+        try:
+            _convert(run_dir, result)
+        except KeyboardInterrupt:
+            result.warnings.append(
+                f"interrupted while converting: {run_dir} keeps the raw files, logs and run.json "
+                f"(`teller trace convert {run_dir} -o trace.json` converts it)"
+            )
+            result.interrupted = True
         run["trace_json"] = str(result.trace_json) if result.trace_json else None
         run["warnings"] = result.warnings
-    write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+        write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
     return result
 
 

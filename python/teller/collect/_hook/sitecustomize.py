@@ -164,8 +164,15 @@ def _patch(module, groups) -> None:
             try:
                 if "." in spec:
                     cls_name, meth = spec.split(".", 1)
-                    owner = getattr(module, cls_name)
-                    raw = owner.__dict__[meth]
+                    owner = getattr(module, cls_name, None)
+                    if not isinstance(owner, type):
+                        _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {mname} has no class {cls_name!r}")
+                        continue
+                    # (an inherited method is wrapped for this class: set on it, the base left alone)
+                    raw = next((c.__dict__[meth] for c in owner.__mro__ if meth in c.__dict__), None)
+                    if raw is None:
+                        _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {cls_name} has no method {meth!r}")
+                        continue
                     if isinstance(raw, staticmethod):
                         setattr(
                             owner,
@@ -191,7 +198,10 @@ def _patch(module, groups) -> None:
                             _wrap(raw, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic),
                         )
                 else:
-                    fn = getattr(module, spec)
+                    fn = getattr(module, spec, None)
+                    if fn is None:
+                        _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {mname} has no function {spec!r}")
+                        continue
                     setattr(
                         module, spec, _wrap(fn, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic)
                     )
@@ -329,6 +339,21 @@ def _install() -> None:
             by_module.setdefault(g["module"], []).append(g)
     for name, gs in by_module.items():
         _after_import(name, functools.partial(_patch, groups=gs))
+    # A module of the user's own file that the program never imported (a typo, say) is said at exit, by
+    # the program's own process only (its workers need not import it); built-in profiles name many.
+    own = os.path.dirname(os.path.abspath(path)) != os.path.join(os.path.dirname(_HOOK_DIR), "profiles")
+    if own and os.environ.get("TELLER_LAUNCHER_PID") == str(os.getppid()):
+        import atexit
+
+        def never_imported() -> None:
+            missed = sorted(n for n in by_module if n in _AFTER_IMPORT and n not in sys.modules)
+            if missed:
+                _warn(
+                    f"--nvtx-json: module(s) {', '.join(missed)} never imported by the program: "
+                    "nothing of them was wrapped (a misspelt name?)"
+                )
+
+        atexit.register(never_imported)
 
 
 _chain_load()
