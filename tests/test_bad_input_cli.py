@@ -29,8 +29,8 @@ def teller(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
     )
 
 
-def refused(p: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert p.returncode == 2, (p.returncode, p.stderr)
+def refused(p: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> None:
+    assert p.returncode == code, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
     for n in needles:
         assert n in p.stderr, (n, p.stderr)
@@ -157,8 +157,13 @@ def test_collect_refuses_bad_inputs_and_leaves_no_empty_run(tmp_path):
     )
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho hi\n")  # not executable
-    refused(teller("collect", "--trace-dir", str(traces), "--", str(script)), "cannot execute")
-    refused(teller("collect", "--trace-dir", str(traces), "--", "no-such-command-xyz"), "command not found")
+    # (as a shell: 126 cannot be executed, 127 not found)
+    refused(teller("collect", "--trace-dir", str(traces), "--", str(script)), "cannot execute", code=126)
+    refused(
+        teller("collect", "--trace-dir", str(traces), "--", "no-such-command-xyz"),
+        "command not found",
+        code=127,
+    )
     assert not list(traces.glob("run-*")) if traces.exists() else True
 
 
