@@ -572,3 +572,21 @@ def test_nvtx_json_says_what_it_cannot_wrap_and_why(tmp_path):
     assert p.returncode == 2 and "'name' uses unknown field {bogus}" in p.stderr
     p, _ = collect(tmp_path, "--nvtx-json", str(tmp_path), "--", "true")
     assert p.returncode == 2 and "a directory, not an --nvtx-json file" in p.stderr
+
+
+def test_a_slow_reader_of_the_output_loses_nothing(tmp_path):
+    """The 2 s after the program's exit count only while no output flows: a reader that takes its
+    time (`| less`, a slow link) still gets everything, and so do the logs."""
+    teller = f"{sys.executable} -m teller collect --no-convert --trace-dir traces"
+    sh = f"{teller} -- seq 1 30000 | (sleep 3; wc -l)"
+    p = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.stdout.split() == ["30000"] and "still held its output" not in p.stderr, (p.stdout, p.stderr)
+    (run,) = (tmp_path / "traces").glob("run-*")
+    assert len((run / "log.txt").read_text().splitlines()) == 30000
+
+
+def test_an_exit_code_above_128_is_not_a_signal(tmp_path):
+    p, _ = collect(tmp_path, "--no-convert", "--", "sh", "-c", "exit 137")
+    assert p.returncode == 137 and "(exit status 137)" in p.stderr and "killed" not in p.stderr
+    p, _ = collect(tmp_path, "--no-convert", "--", "sh", "-c", "kill -9 $$")
+    assert p.returncode == 137 and "killed by SIGKILL, exit status 137" in p.stderr

@@ -708,11 +708,11 @@ def _collect(
             f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True
         )
     status = f"exit status {res.returncode}"
-    if res.returncode > 128:  # (128 + N: the program was killed by signal N)
+    if res.exit_signal:  # (not an exit code above 128: `exit 137` is no SIGKILL)
         import signal
 
         with contextlib.suppress(ValueError):
-            status = f"killed by {signal.Signals(res.returncode - 128).name}, {status}"
+            status = f"killed by {signal.Signals(res.exit_signal).name}, {status}"
     err_console.print(
         f"[bold]teller:[/] run directory: {res.run_dir} ({status})", highlight=False, soft_wrap=True
     )

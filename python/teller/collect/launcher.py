@@ -56,7 +56,8 @@ class RunResult:
     trace_json: Path | None = None
     summary: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
-    interrupted: bool = False  # (Ctrl-C during the conversion: the run is kept, unconverted)
+    interrupted: bool = False  # (stopped after the program's exit: the run is kept, unconverted)
+    exit_signal: int | None = None  # (the signal that killed the program, where one did)
 
 
 # si_code of a signal the kernel sent (a terminal's Ctrl-C, Ctrl-\\, hang-up), not another process
@@ -72,7 +73,8 @@ def _interpreter(path: str) -> str:
         return "?"
     if not first.startswith(b"#!"):
         return "?"
-    return first[2:].strip().split(b" ")[0].decode("utf-8", "replace") or "?"
+    words = first[2:].split()
+    return words[0].decode("utf-8", "replace") if words else "?"
 
 
 def builtin_profiles() -> list[str]:
@@ -133,7 +135,10 @@ def validate_groups(groups: Any, path: str) -> None:
             import string
 
             try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(g["name"]) if f is not None]
+                parsed = [(f, c) for _, f, _, c in string.Formatter().parse(g["name"]) if f is not None]
+                fields = [f for f, _ in parsed]
+                if any(c not in (None, "r", "s", "a") for _, c in parsed):
+                    raise ValueError("a conversion other than !r, !s, !a")
             except ValueError as e:
                 raise ConfigError(
                     f"{path}: group #{i}: 'name' is not a format: {e}", path=path, index=i
@@ -193,6 +198,7 @@ class _LogTee:
         self.lines = 0
         self.stop = threading.Event()
         self.output_closed = False
+        self.last_read = time.monotonic()  # (the drain after the program's exit waits while output flows)
         self.thread = threading.Thread(target=self._run, name=f"teller-tee-{name}", daemon=True)
 
     def _emit(self, lines: list[bytes]) -> None:
@@ -209,30 +215,52 @@ class _LogTee:
             self.log.flush()
         self.lines += len(lines)
 
+    def _copy(self, chunk: bytes) -> None:
+        """Write ``chunk`` to our own stream, whole; ``output_closed`` where it is gone."""
+        import select
+
+        if self.dst is None or self.output_closed:
+            return
+        fd = None
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            self.dst.flush()  # (anything buffered first)
+            fd = self.dst.fileno()
+        view = memoryview(chunk)
+        try:
+            if fd is None:  # (a stream without a descriptor: a test's BytesIO)
+                self.dst.write(chunk)
+                self.dst.flush()
+                return
+            while view:
+                try:
+                    n = os.write(fd, view)  # (short writes are written on, not dropped)
+                except BlockingIOError:  # (a non-blocking output that is full: wait for room)
+                    po = select.poll()
+                    po.register(fd, select.POLLOUT)
+                    po.poll(100)
+                    continue
+                view = view[n:]
+        except (BrokenPipeError, ConnectionResetError, ValueError, OSError):
+            # our output is gone (`teller collect ... | head`): the program's is closed too, so that it
+            # sees the closed pipe (SIGPIPE, EPIPE) as it would alone
+            self.output_closed = True
+
     def _run(self) -> None:
         import select
 
         fd = self.src.fileno()
+        po = select.poll()  # (not select(): descriptors above 1024)
+        po.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         pieces: list[bytes] = []  # the unfinished line (kept as pieces: joining per read is quadratic)
         size = 0
         while not self.stop.is_set():
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if not ready:
+            if not po.poll(100):
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 break
-            if self.dst is not None and not self.output_closed:
-                try:
-                    self.dst.write(chunk)
-                    self.dst.flush()
-                except (BrokenPipeError, ValueError, OSError):
-                    # our stdout is gone (`teller collect ... | head`): the program's is closed too
-                    self.output_closed = True
-                    with self.lock:
-                        if not self.stop.is_set():
-                            self.raw.write(chunk)
-                    break
+            self.last_read = time.monotonic()
+            # the logs first: what reached the logs does not wait for a slow reader of our output
             with self.lock:
                 if self.stop.is_set():
                     break
@@ -244,11 +272,15 @@ class _LogTee:
                 if size >= MAX_LOG_LINE:
                     self._emit([b"".join(pieces)])
                     pieces, size = [], 0
-                continue
-            lines = (b"".join(pieces) + chunk[:nl]).split(b"\n")
-            rest = chunk[nl + 1 :]
-            pieces, size = ([rest], len(rest)) if rest else ([], 0)
-            self._emit(lines)
+            else:
+                lines = (b"".join(pieces) + chunk[:nl]).split(b"\n")
+                rest = chunk[nl + 1 :]
+                pieces, size = ([rest], len(rest)) if rest else ([], 0)
+                self._emit(lines)
+            self._copy(chunk)
+            self.last_read = time.monotonic()
+            if self.output_closed:
+                break
         if pieces:
             self._emit([b"".join(pieces)])
         if self.output_closed or self.stop.is_set():
@@ -383,13 +415,18 @@ def collect(
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
     forwarded: list[int] = []
     seen: list[int] = []
-    drained = True
+    late: list[int] = []  # (signals after the program ended: the user wants teller to stop)
+    exited: list[float] = []  # (when teller saw the program's exit)
+    drain_end: str | None = None  # why the copying stopped early: "time" or "signal"
     try:
         with (
             open(run_dir / "log.txt", "w", encoding="utf-8") as log,
             open(run_dir / "stdout.log", "wb") as raw_out,
             open(run_dir / "stderr.log", "wb") as raw_err,
         ):
+            # (a signal already pending here, a Ctrl-C while the files were opened, never reached the
+            # program, which starts after it: forwarded once it has started, whoever sent it)
+            early = sorted(signal.sigpending() & sigs) if main else []
             try:
                 proc = subprocess.Popen(
                     cmd,
@@ -416,44 +453,78 @@ def collect(
                 _LogTee(proc.stdout, out_stream, raw_out, log, "stdout", lock, offset),
                 _LogTee(proc.stderr, err_stream, raw_err, log, "stderr", lock, offset),
             ]
-            for t in tees:
-                t.start()
+            try:
+                for t in tees:
+                    t.start()
 
-            def take(timeout: float) -> bool:
-                """Wait up to ``timeout`` for a signal and pass it on; whether one came."""
-                if not main:
-                    time.sleep(timeout)
-                    return False
-                info = signal.sigtimedwait(sigs, timeout)
-                if info is None:
-                    return False
-                sig = info.si_signo
-                same_group = True
-                with contextlib.suppress(OSError):
-                    same_group = os.getpgid(proc.pid) == os.getpgrp()
-                if info.si_code == _SI_KERNEL and same_group:
-                    seen.append(sig)  # (the terminal sent it to the program as well)
-                elif proc.poll() is None:
+                def take(timeout: float) -> bool:
+                    """Wait up to ``timeout`` for a signal and pass it on; whether one came."""
+                    if not main:
+                        time.sleep(timeout)
+                        return False
+                    info = signal.sigtimedwait(sigs, timeout)
+                    if info is None:
+                        return False
+                    sig = info.si_signo
+                    same_group = True
+                    with contextlib.suppress(OSError):
+                        same_group = os.getpgid(proc.pid) == os.getpgrp()
+                    from_tty = info.si_code == _SI_KERNEL and same_group
+                    if proc.poll() is not None:
+                        if not exited:
+                            exited.append(time.monotonic())
+                        # (the terminal's signal that ended the program, taken just after it did, was
+                        # the program's; one later, or one sent to teller, asks teller to stop)
+                        (seen if from_tty and time.monotonic() - exited[0] < 0.5 else late).append(sig)
+                    elif from_tty and sig not in early:
+                        seen.append(sig)  # (the terminal sent it to the program as well)
+                    else:
+                        forwarded.append(sig)
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.send_signal(sig)
+                    return True
+
+                for sig in early:
+                    with contextlib.suppress(OSError):
+                        signal.sigtimedwait({sig}, 0)
                     forwarded.append(sig)
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(sig)
-                return True
-
-            while proc.poll() is None:
-                take(0.02)
-            rc = proc.returncode
-            # its output: until the pipes close, or DRAIN_S after the program ended while a process it
-            # started in the background still holds them (a signal now ends the wait at once)
-            deadline = time.monotonic() + DRAIN_S
-            while not all(t.join(0) for t in tees):
-                if time.monotonic() > deadline or take(0.02):
-                    drained = False
-                    break
-            if not drained:
-                for t in tees:
-                    t.stop.set()
-            with lock:  # (a copying thread still running writes nothing more into these files)
-                pass
+                while proc.poll() is None:
+                    take(0.02)
+                rc = proc.returncode
+                if not exited:
+                    exited.append(time.monotonic())
+                # Its output: until the pipes close. Where a process it started in the background still
+                # holds them, DRAIN_S after the last byte came (not counting time spent writing to a slow
+                # reader of our own output); a signal now ends the wait at once.
+                while not all(t.join(0) for t in tees):
+                    if take(0.02):
+                        drain_end = "signal"
+                        break
+                    if time.monotonic() - max(t.last_read for t in tees) > DRAIN_S:
+                        drain_end = "time"
+                        break
+                while take(0):  # (signals that came after the last wait)
+                    pass
+            except BaseException:
+                # (teller itself failed or was stopped: the program is not left running unwatched)
+                if proc.poll() is None:
+                    with contextlib.suppress(OSError):
+                        proc.terminate()
+                    try:
+                        proc.wait(5)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                drain_end = drain_end or "signal"
+                raise
+            finally:
+                if drain_end is not None:
+                    for t in tees:
+                        t.stop.set()
+                with lock:  # (a copying thread still running writes nothing more into these files)
+                    pass
     finally:
         if old_mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -479,6 +550,8 @@ def collect(
         "forwarded_signals": forwarded,
         # (sent by the terminal to the program's group too: not sent again)
         "terminal_signals": seen,
+        # (after the program had exited: teller stopped without converting)
+        "late_signals": late,
         "returncode": returncode,
         "clock_sync": {"clock": "CLOCK_MONOTONIC", "monotonic_ns": mono0, "realtime_ns": real0},
         "shim": shim_info,
@@ -487,16 +560,24 @@ def collect(
         "env": {**teller_env, **{k: os.environ[k] for k in TOPOLOGY_VARS if k in os.environ}},
         "log_lines": sum(t.lines for t in tees),
     }
-    result = RunResult(run_dir=run_dir, returncode=returncode)
-    if not drained:
+    result = RunResult(run_dir=run_dir, returncode=returncode, exit_signal=exit_signal)
+    if drain_end == "time":
         result.warnings.append(
             "the program exited while a process it started still held its output: teller stopped "
-            f"copying that output {DRAIN_S:g} s later (what it writes now is not in the logs)"
+            f"copying that output after {DRAIN_S:g} s without any (what it writes now is not in the logs)"
+        )
+    elif drain_end == "signal" or late:
+        result.interrupted = True
+        result.warnings.append(
+            "stopped by a signal after the program exited: "
+            + ("its output was still being copied; " if drain_end else "")
+            + f"{run_dir} keeps the raw files, logs and run.json, unconverted "
+            f"(`teller trace convert {run_dir} -o trace.json` converts it)"
         )
     run["warnings"] = result.warnings
     # written now, and again after the conversion: an interrupted conversion keeps the run's record
     write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
-    if convert:
+    if convert and not result.interrupted:
         try:
             _convert(run_dir, result)
         except KeyboardInterrupt:

@@ -169,10 +169,16 @@ def _patch(module, groups) -> None:
                         _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {mname} has no class {cls_name!r}")
                         continue
                     # (an inherited method is wrapped for this class: set on it, the base left alone)
-                    raw = next((c.__dict__[meth] for c in owner.__mro__ if meth in c.__dict__), None)
-                    if raw is None:
+                    base = next((c for c in owner.__mro__ if meth in c.__dict__), None)
+                    if base is None:
                         _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {cls_name} has no method {meth!r}")
                         continue
+                    raw = base.__dict__[meth]
+                    if base is not owner:  # (inherited, perhaps wrapped for its base already: its own label)
+                        inner = getattr(raw, "__func__", raw)
+                        if getattr(inner, "__teller_wrapped__", False) and hasattr(inner, "__wrapped__"):
+                            inner = inner.__wrapped__
+                            raw = type(raw)(inner) if isinstance(raw, (staticmethod, classmethod)) else inner
                     if isinstance(raw, staticmethod):
                         setattr(
                             owner,
