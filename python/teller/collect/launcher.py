@@ -199,6 +199,7 @@ class _LogTee:
         self.stop = threading.Event()
         self.output_closed = False
         self.last_read = time.monotonic()  # (the drain after the program's exit waits while output flows)
+        self.writing = False  # (in a write to our own output: a slow reader, not an idle pipe)
         self.thread = threading.Thread(target=self._run, name=f"teller-tee-{name}", daemon=True)
 
     def _emit(self, lines: list[bytes]) -> None:
@@ -277,8 +278,12 @@ class _LogTee:
                 rest = chunk[nl + 1 :]
                 pieces, size = ([rest], len(rest)) if rest else ([], 0)
                 self._emit(lines)
-            self._copy(chunk)
-            self.last_read = time.monotonic()
+            self.writing = True
+            try:
+                self._copy(chunk)
+            finally:
+                self.last_read = time.monotonic()
+                self.writing = False
             if self.output_closed:
                 break
         if pieces:
@@ -502,7 +507,8 @@ def collect(
                     if take(0.02):
                         drain_end = "signal"
                         break
-                    if time.monotonic() - max(t.last_read for t in tees) > DRAIN_S:
+                    writing = any(t.writing for t in tees)
+                    if not writing and time.monotonic() - max(t.last_read for t in tees) > DRAIN_S:
                         drain_end = "time"
                         break
                 while take(0):  # (signals that came after the last wait)
