@@ -586,33 +586,11 @@ def test_outputs_inside_the_input_dataset_are_refused(dataset, tmp_path):
 
 
 def test_cli_errors_name_options_not_api_arguments(dataset, tmp_path):
+    train = ("tpe", "train", "--data-dir", str(dataset), "--output-dir", str(tmp_path / "t"))
     for args, said in (
+        ((*train, "--vocab-size", "-5"), "--vocab-size must be an integer >= 0"),
         (
-            (
-                "tpe",
-                "train",
-                "--data-dir",
-                str(dataset),
-                "--output-dir",
-                str(tmp_path / "t"),
-                "--vocab-size",
-                "-5",
-            ),
-            "--vocab-size must be an integer >= 0",
-        ),
-        (
-            (
-                "tpe",
-                "train",
-                "--data-dir",
-                str(dataset),
-                "--output-dir",
-                str(tmp_path / "t"),
-                "--num-merges",
-                "3",
-                "--vocab-size",
-                "9",
-            ),
+            (*train, "--num-merges", "3", "--vocab-size", "9"),
             "give exactly one of --vocab-size and --num-merges",
         ),
         (

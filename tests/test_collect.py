@@ -28,6 +28,11 @@ def collect(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeo
     return p, (runs[-1] if runs else None)
 
 
+def teller_cmd(traces: str, *program: str) -> list[str]:
+    """``python -m teller collect --trace-dir TRACES -- PROGRAM...``"""
+    return [sys.executable, "-m", "teller", "collect", "--trace-dir", traces, "--", *program]
+
+
 def names(tr) -> list[str]:
     return [tr.name_of(i) for i in range(len(tr))]
 
@@ -319,17 +324,7 @@ def test_sigterm_is_forwarded(tmp_path):
             time.sleep(60)
     """,
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "teller",
-        "collect",
-        "--trace-dir",
-        str(tmp_path / "traces"),
-        "--",
-        sys.executable,
-        str(prog),
-    ]
+    cmd = teller_cmd(str(tmp_path / "traces"), sys.executable, str(prog))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -442,17 +437,7 @@ def test_a_relative_trace_dir_holds_what_a_program_writes_elsewhere(tmp_path):
         subprocess.run([sys.executable, "-c", "import nvtx; nvtx.mark('child')"], cwd="/", check=True)
         """,
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "teller",
-        "collect",
-        "--trace-dir",
-        "traces",
-        "--",
-        sys.executable,
-        str(prog),
-    ]
+    cmd = teller_cmd("traces", sys.executable, str(prog))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     (run,) = (tmp_path / "traces").glob("run-*")

@@ -200,8 +200,9 @@ V CUptiResult cuptiActivityFlushAll(uint32_t flag) {
 
 /* ---- test driver entry points ---- */
 
-/* A driver-API call's callbacks (ENTER, then EXIT) where the shim enabled them; `inside` runs between. */
-static void driver_callbacks(CUpti_CallbackId cbid, const char *fname, uint32_t corr, void (*inside)(void)) {
+/* An API call's callbacks (ENTER, then EXIT) where the shim enabled them; `inside` runs between. */
+static void callback_pair(CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const char *fname, uint32_t corr,
+                          int enabled, void (*inside)(void)) {
     uint64_t corrdata = 0;
     CUpti_CallbackData d;
     memset(&d, 0, sizeof d);
@@ -209,12 +210,15 @@ static void driver_callbacks(CUpti_CallbackId cbid, const char *fname, uint32_t 
     d.correlationId = corr;
     d.correlationData = &corrdata;
     d.callbackSite = CUPTI_API_ENTER;
-    int enabled = cbid < 1024 && g_drv_cb_enabled[cbid];
     if (getenv("FAKE_CUPTI_CALLBACK_LOG") && g_cb) fprintf(stderr, "fake_cupti: callback %s %s\n", fname, enabled ? "on" : "off");
-    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+    if (g_cb && enabled) g_cb(NULL, dom, cbid, &d);
     if (inside) inside();
     d.callbackSite = CUPTI_API_EXIT;
-    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
+    if (g_cb && enabled) g_cb(NULL, dom, cbid, &d);
+}
+
+static void driver_callbacks(CUpti_CallbackId cbid, const char *fname, uint32_t corr, void (*inside)(void)) {
+    callback_pair(CUPTI_CB_DOMAIN_DRIVER_API, cbid, fname, corr, cbid < 1024 && g_drv_cb_enabled[cbid], inside);
 }
 
 /* as the runtime does: cudaStreamSynchronize calls cuStreamSynchronize */
@@ -224,23 +228,13 @@ static void nested_driver_sync(void) {
 }
 
 static uint32_t api_call(CUpti_CallbackId cbid, const char *fname, int with_kernel, const char *kname, unsigned tid) {
-    uint64_t corrdata = 0;
     if (!g_req) return 0; /* activity API never set up (e.g. subscribe failed) */
     uint32_t corr = __atomic_add_fetch(&g_corr, 1, __ATOMIC_RELAXED);
-    CUpti_CallbackData d;
-    memset(&d, 0, sizeof d);
-    d.functionName = fname;
-    d.correlationId = corr;
-    d.correlationData = &corrdata;
-    d.callbackSite = CUPTI_API_ENTER;
     int enabled = g_domain_enabled || (cbid < 1024 && g_cb_enabled[cbid]);
-    if (getenv("FAKE_CUPTI_CALLBACK_LOG") && g_cb) fprintf(stderr, "fake_cupti: callback %s %s\n", fname, enabled ? "on" : "off");
-    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
-    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020) nested_driver_sync();
     uint64_t start = now();
+    callback_pair(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, fname, corr, enabled,
+                  cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020 ? nested_driver_sync : NULL);
     uint64_t end = now() + 1000;
-    d.callbackSite = CUPTI_API_EXIT;
-    if (g_cb && enabled) g_cb(NULL, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &d);
     pthread_mutex_lock(&g_mu);
     static int ctx_done;
     if (!ctx_done && g_enabled[CUPTI_ACTIVITY_KIND_CONTEXT]) { /* as CUPTI: the contexts before their work */

@@ -101,6 +101,21 @@ def resolve_output(p: Path) -> tuple[Path, int | None, bool]:
     return Path(cur), fd, alias
 
 
+def _write_in_place(p: Path, data: str | bytes | Any, fd: int | None) -> Path:
+    """``write_atomic``'s data appended to ``p`` (or to the descriptor ``fd``, which it closes)."""
+    try:
+        if not isinstance(data, (str, bytes, bytearray, memoryview)):
+            if fd is not None:
+                os.close(fd)
+            data(p)  # (a writer of its own: given the path)
+            return p
+        with open(fd if fd is not None else p, "ab") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    except OSError as e:
+        raise TellerIOError(f"{p}: cannot write it ({e.strerror or e})", path=str(p), errno=e.errno) from None
+    return p
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     """Write ``data`` (text, bytes, or a callable that writes the file it is given) to ``path``
     through a temporary file beside it, flushed to disk and renamed over it: a reader, or a rerun
@@ -120,36 +135,14 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
         for f in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 f.flush()
-        try:
-            with os.fdopen(os.dup(own), "ab") as f:
-                if isinstance(data, (str, bytes, bytearray, memoryview)):
-                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
-                else:
-                    f.close()
-                    data(p)
-        except OSError as e:
-            raise TellerIOError(
-                f"{p}: cannot write it ({e.strerror or e})", path=str(p), errno=e.errno
-            ) from None
-        return p
+        return _write_in_place(p, data, os.dup(own))
     try:
         mode = os.stat(p).st_mode
     except OSError:
         mode = stat.S_IFREG  # (none yet, or unreadable: the usual path says why)
     if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or alias):
         # a device or pipe (renaming over it would replace the node), or another process's descriptor
-        try:
-            payload = data.encode("utf-8") if isinstance(data, str) else data
-            if isinstance(payload, (bytes, bytearray, memoryview)):
-                with open(p, "ab") as f:
-                    f.write(payload)
-            else:
-                payload(p)
-        except OSError as e:
-            raise TellerIOError(
-                f"{p}: cannot write it ({e.strerror or e})", path=str(p), errno=e.errno
-            ) from None
-        return p
+        return _write_in_place(p, data, None)
     name = f".{target.name}.{os.getpid()}.tmp"
     if len(name.encode()) > 255:  # (a long name plus the suffix: a name the filesystem still takes)
         name = f".teller-{os.getpid()}-{abs(hash(target.name)):x}.tmp"

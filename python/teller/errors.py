@@ -62,17 +62,8 @@ class TellerIOError(TellerError, OSError):
             cls = _IO_BY_ERRNO[errno]
         return super().__new__(cls, message)
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        index: int | None = None,
-        detail: str | None = None,
-        errno: int | None = None,
-    ) -> None:
-        super().__init__(message, path=path, offset=offset, index=index, detail=detail)
+    def __init__(self, message: str, *, errno: int | None = None, **where: str | int | None) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]  (path, offset, index, detail)
         self.errno = errno
         self.strerror = _os.strerror(errno) if errno else None
 
