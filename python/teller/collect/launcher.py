@@ -462,14 +462,16 @@ def collect(
                 for t in tees:
                     t.start()
 
-                def take(timeout: float) -> bool:
-                    """Wait up to ``timeout`` for a signal and pass it on; whether one came."""
+                def take(timeout: float) -> str | None:
+                    """Wait up to ``timeout`` for a signal and pass it on; what it was: "seen" (the
+                    program got it too), "forwarded", "late" (after the program's exit: teller is asked
+                    to stop), or None (none came)."""
                     if not main:
                         time.sleep(timeout)
-                        return False
+                        return None
                     info = signal.sigtimedwait(sigs, timeout)
                     if info is None:
-                        return False
+                        return None
                     sig = info.si_signo
                     same_group = True
                     with contextlib.suppress(OSError):
@@ -480,14 +482,18 @@ def collect(
                             exited.append(time.monotonic())
                         # (the terminal's signal that ended the program, taken just after it did, was
                         # the program's; one later, or one sent to teller, asks teller to stop)
-                        (seen if from_tty and time.monotonic() - exited[0] < 0.5 else late).append(sig)
-                    elif from_tty and sig not in early:
+                        if from_tty and time.monotonic() - exited[0] < 0.5:
+                            seen.append(sig)
+                            return "seen"
+                        late.append(sig)
+                        return "late"
+                    if from_tty and sig not in early:
                         seen.append(sig)  # (the terminal sent it to the program as well)
-                    else:
-                        forwarded.append(sig)
-                        with contextlib.suppress(ProcessLookupError):
-                            proc.send_signal(sig)
-                    return True
+                        return "seen"
+                    forwarded.append(sig)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                    return "forwarded"
 
                 for sig in early:
                     with contextlib.suppress(OSError):
@@ -504,14 +510,14 @@ def collect(
                 # holds them, DRAIN_S after the last byte came (not counting time spent writing to a slow
                 # reader of our own output); a signal now ends the wait at once.
                 while not all(t.join(0) for t in tees):
-                    if take(0.02):
+                    if take(0.02) == "late":  # (not the terminal's Ctrl-C that ended the program)
                         drain_end = "signal"
                         break
                     writing = any(t.writing for t in tees)
                     if not writing and time.monotonic() - max(t.last_read for t in tees) > DRAIN_S:
                         drain_end = "time"
                         break
-                while take(0):  # (signals that came after the last wait)
+                while take(0) is not None:  # (signals that came after the last wait)
                     pass
             except BaseException:
                 # (teller itself failed or was stopped: the program is not left running unwatched)
