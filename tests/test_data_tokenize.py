@@ -571,3 +571,27 @@ def test_a_bad_log_tokenizer_is_named(setup, tmp_path):
         with pytest.raises(TokenizerError, match=msg):
             LogTokenizer.load(lt)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_log_reads_as_a_terminal_shows_it(tmp_path):
+    """A program that saw a terminal colours its lines and redraws progress bars with \\r: the log is
+    read as the text a terminal showed, so it holds the words a program without one would log."""
+    from teller._io import strip_escapes, terminal_text
+
+    assert strip_escapes("\x1b[1;32mINFO\x1b[0m 12-01 ok") == "INFO 12-01 ok"
+    assert strip_escapes("\x1b]8;;https://x\x1b\\link\x1b]8;;\x07 \x1b(Bdone\x1b") == "link done"
+    assert terminal_text("\x1b[2K\rLoading 1/5\rLoading 5/5\r") == "Loading 5/5"
+    assert terminal_text("plain") == "plain" and terminal_text("\r") == ""
+    p = tmp_path / "log.txt"
+    p.write_bytes(
+        b"5 stderr \x1b[33mWARNING\x1b[0m slow\n"
+        b"6 stderr \r 10%|#   |\r100%|####|\r\n"
+        b"7 stdout page\x0cbreak\n"  # (a form feed is no line end: splitlines() made it one)
+        b"no prefix \x1b[31mred\x1b[0m\r\n"
+    )
+    assert parse_log(p) == [
+        (5, "stderr", "WARNING slow"),
+        (6, "stderr", "100%|####|"),
+        (7, "stdout", "page\x0cbreak"),
+        (0, "stdout", "no prefix red"),
+    ]

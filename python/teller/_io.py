@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -387,3 +388,25 @@ def check_output_file(path: str | os.PathLike[str], inputs: list[Any], option: s
     # earlier output, say RUN/merged.json.gz, is not an input of RUN)
     if o.exists() and any(Path(i).is_file() and os.path.samefile(i, o) for i in inputs):
         raise ConfigError(f"{o}: is one of the inputs; write {option} elsewhere", path=str(o))
+
+
+# ECMA-48 escape sequences a terminal interprets and does not show: CSI (colours, cursor moves:
+# ``ESC [ ... m``), OSC (titles, hyperlinks: ``ESC ] ... BEL`` or ``ESC ] ... ESC \``), and the
+# two- and three-byte ones (``ESC ( B``, ``ESC 7``). The CSI and OSC forms come first: their second
+# byte would also end the short form.
+_ESCAPE_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])?")
+
+
+def strip_escapes(line: str) -> str:
+    """``line`` without the terminal escape sequences in it (colours, cursor moves, titles, links)."""
+    return _ESCAPE_RE.sub("", line) if "\x1b" in line else line
+
+
+def terminal_text(line: str) -> str:
+    """What a terminal shows of one output line: escape sequences removed, and of a line redrawn with
+    ``\\r`` (a progress bar) its last state (the last non-empty part)."""
+    line = strip_escapes(line)
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p]
+        line = parts[-1] if parts else ""
+    return line

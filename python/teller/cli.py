@@ -631,6 +631,15 @@ def _collect(
             "changed from it (teller trace compare).",
         ),
     ] = None,
+    pty: Annotated[
+        bool | None,
+        typer.Option(
+            "--pty/--no-pty",
+            help="Give the program pseudo-terminals for stdout and stderr (line-buffered, coloured, sized "
+            "output) or pipes. Default: a pseudo-terminal for each of teller's streams that is a terminal.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an unmodified program with the collector injected: NVTX ranges, CUDA API calls, GPU work, logs."""
     from teller.collect import collect
@@ -653,6 +662,7 @@ def _collect(
             so=so,
             convert=not no_convert,
             torch_nvtx=torch_nvtx,
+            pty=pty,
         )
     except TellerError as e:
         # (as a shell says it: 127 the program was not found, 126 it could not be executed)

@@ -7,7 +7,9 @@ The launcher
 * optionally wraps Python functions in NVTX ranges (``--nvtx-json``) through a ``sitecustomize``
   placed first on ``PYTHONPATH`` (inherited by children and spawned workers),
 * passes stdout/stderr through to the terminal unchanged while writing them, line by line with a
-  timestamp on the trace clock, to ``log.txt`` (and raw copies to ``stdout.log``/``stderr.log``),
+  timestamp on the trace clock, to ``log.txt`` (and raw copies to ``stdout.log``/``stderr.log``);
+  a stream that goes to a terminal reaches the program as a pseudo-terminal of the same size, so
+  that it buffers, colours and sizes its output as it would without teller,
 * passes on SIGINT/SIGTERM/SIGHUP/SIGQUIT the program did not get itself, returns its exit status, and
 * writes ``run.json`` and, unless told not to, the aligned ``trace.json`` and ``summary.json``.
 """
@@ -15,6 +17,7 @@ The launcher
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from teller import __version__
-from teller._io import check_output_dir, make_output_dir, write_atomic
+from teller._io import check_output_dir, make_output_dir, strip_escapes, write_atomic
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerWarning
 
 TOPOLOGY_VARS = (
@@ -75,6 +78,45 @@ def _interpreter(path: str) -> str:
         return "?"
     words = first[2:].split()
     return words[0].decode("utf-8", "replace") if words else "?"
+
+
+def _tty_fd(stream: Any) -> int | None:
+    """The descriptor of ``stream`` where it is a terminal, else None."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
+    return fd if os.isatty(fd) else None
+
+
+def _copy_winsize(src_fd: int | None, dst_fd: int) -> None:
+    """Give the terminal ``dst_fd`` the window size of ``src_fd`` (where it has one)."""
+    if src_fd is None:
+        return
+    import fcntl
+    import termios
+
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(dst_fd, termios.TIOCSWINSZ, fcntl.ioctl(src_fd, termios.TIOCGWINSZ, b"\0" * 8))
+
+
+def _open_pty(size_from: int | None) -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) for one of the program's output streams, sized as
+    ``size_from``. Output processing is off: the bytes the program writes arrive as written (no
+    ``\\n`` -> ``\\r\\n``; the real terminal they are copied to does its own)."""
+    import termios
+
+    master, slave = os.openpty()
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        _copy_winsize(size_from, master)
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return master, slave
 
 
 def builtin_profiles() -> list[str]:
@@ -212,7 +254,9 @@ class _LogTee:
             # carry no common sequence).
             ts = time.monotonic_ns() + self.offset_ns
             for line in lines:
-                self.log.write(f"{ts} {self.name} {line.decode('utf-8', 'replace').rstrip(chr(13))}\n")
+                # (log.txt holds the text: colour and cursor codes stay in stdout.log / stderr.log)
+                text = strip_escapes(line.decode("utf-8", "replace")).rstrip("\r")
+                self.log.write(f"{ts} {self.name} {text}\n")
             self.log.flush()
         self.lines += len(lines)
 
@@ -257,7 +301,12 @@ class _LogTee:
         while not self.stop.is_set():
             if not po.poll(100):
                 continue
-            chunk = os.read(fd, 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError as e:  # (a pseudo-terminal whose last writer closed it reads as EIO)
+                if e.errno != errno.EIO:
+                    raise
+                chunk = b""
             if not chunk:
                 break
             self.last_read = time.monotonic()
@@ -317,7 +366,6 @@ def child_env(
     set_: dict[str, str] = {
         "TELLER_TRACE_DIR": str(run_dir),
         "TELLER_RUN_DIR": str(run_dir),
-        "PYTHONUNBUFFERED": "1",
         # (the hook says some things only in the program's own process, not in its workers)
         "TELLER_LAUNCHER_PID": str(os.getpid()),
     }
@@ -338,6 +386,12 @@ def child_env(
     return env, set_
 
 
+def unbuffer_python(env: dict[str, str], set_: dict[str, str]) -> None:
+    """Python writes stdout in blocks to a pipe: unbuffered, its lines reach the log as they are
+    printed. (Not for a pseudo-terminal: Python line-buffers one, as it does on a terminal.)"""
+    env["PYTHONUNBUFFERED"] = set_["PYTHONUNBUFFERED"] = "1"
+
+
 def collect(
     cmd: list[str],
     *,
@@ -349,8 +403,12 @@ def collect(
     torch_nvtx: bool = False,
     stdout: IO[bytes] | None = None,
     stderr: IO[bytes] | None = None,
+    pty: bool | None = None,
 ) -> RunResult:
-    """Run ``cmd`` under the collector and return where everything went."""
+    """Run ``cmd`` under the collector and return where everything went.
+
+    ``pty``: whether the program's stdout and stderr are pseudo-terminals (each copied to ours) or
+    pipes; None (the default): a pseudo-terminal for each of our streams that is a terminal."""
     from teller.collect import shim as shim_mod
 
     if not cmd:
@@ -395,6 +453,20 @@ def collect(
     (run_dir / "raw").mkdir()
     # (absolute: a program that changes directory, or starts a child elsewhere, writes into the run)
     env, teller_env = child_env(dict(os.environ), run_dir.absolute(), lib, nvtx_path, cupti, torch_nvtx)
+    out_stream = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
+    err_stream = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
+    # Terminals: a stream of ours that is one reaches the program as a pseudo-terminal (C stdio then
+    # line-buffers it, and libraries colour and size their output as they would without teller). The
+    # program stays in teller's process group and keeps the real terminal as its controlling one and
+    # as its stdin: Ctrl-C and job control are unchanged. A window-size change reaches the program from
+    # the terminal and again from teller once the pseudo-terminals have the new size (SIGWINCH).
+    streams = (("stdout", out_stream), ("stderr", err_stream))
+    want_pty = [n for n, st in streams if (pty if pty is not None else _tty_fd(st) is not None)]
+    size_fd = next((fd for _, st in streams if (fd := _tty_fd(st)) is not None), None)
+    if size_fd is None:
+        size_fd = next((fd for fd in (0, 1, 2) if os.isatty(fd)), None)
+    if "stdout" not in want_pty:
+        unbuffer_python(env, teller_env)
     for var in ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH"):
         if os.environ.get(var) and os.environ[var] != str(lib):
             warnings.warn(
@@ -406,8 +478,6 @@ def collect(
     # Clock pair for the logs: the shim writes CLOCK_MONOTONIC, the logs carry realtime ns.
     mono0, real0 = time.monotonic_ns(), time.time_ns()
     offset = real0 - mono0
-    out_stream = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
-    err_stream = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
     start_ns = time.time_ns()
     lock = threading.Lock()
     # Signals: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked here (and in the copying threads, which
@@ -416,8 +486,11 @@ def collect(
     # sent again (a second Ctrl-C means "force quit" to many servers). One sent to teller alone
     # (`kill`, a scheduler) is forwarded. The program starts with the mask teller had.
     sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+    wait_sigs = sigs | ({signal.SIGWINCH} if want_pty else set())
+    masters: dict[str, int] = {}
+    pty_error: str | None = None
     main = threading.current_thread() is threading.main_thread()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if main else None
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, wait_sigs) if main else None
     forwarded: list[int] = []
     seen: list[int] = []
     late: list[int] = []  # (signals after the program ended: the user wants teller to stop)
@@ -432,18 +505,32 @@ def collect(
             # (a signal already pending here, a Ctrl-C while the files were opened, never reached the
             # program, which starts after it: forwarded once it has started, whoever sent it)
             early = sorted(signal.sigpending() & sigs) if main else []
+            slaves: dict[str, int] = {}
+            try:
+                for name in want_pty:
+                    masters[name], slaves[name] = _open_pty(size_fd)
+            except OSError as e:  # (no pseudo-terminals here, e.g. no /dev/pts in a container: pipes)
+                pty_error = f"{e.strerror or e}"
+                if "stdout" in want_pty:  # (a pipe after all)
+                    unbuffer_python(env, teller_env)
+                for fd in (*masters.values(), *slaves.values()):
+                    os.close(fd)
+                masters.clear()
+                slaves.clear()
             try:
                 proc = subprocess.Popen(
                     cmd,
                     env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
+                    stdout=slaves.get("stdout", subprocess.PIPE),
+                    stderr=slaves.get("stderr", subprocess.PIPE),
                     stdin=None,
                     preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask))
                     if main
                     else None,
                 )
             except OSError as e:
+                for fd in masters.values():
+                    os.close(fd)
                 # nothing ran: leave no empty run directory behind
                 shutil.rmtree(run_dir, ignore_errors=True)
                 if isinstance(e, FileNotFoundError):
@@ -453,10 +540,15 @@ def collect(
                         what = f"cannot execute: bad interpreter ({_interpreter(found)}: no such file)"
                     raise TellerFileNotFoundError(f"{cmd[0]}: {what}", path=cmd[0]) from None
                 raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}", path=cmd[0]) from None
-            assert proc.stdout is not None and proc.stderr is not None
+            finally:
+                for fd in slaves.values():  # (the program holds them now: its exit ends the stream)
+                    os.close(fd)
+            srcs = {n: os.fdopen(fd, "rb", buffering=0) for n, fd in masters.items()}
+            out_src, err_src = srcs.get("stdout", proc.stdout), srcs.get("stderr", proc.stderr)
+            assert out_src is not None and err_src is not None
             tees = [
-                _LogTee(proc.stdout, out_stream, raw_out, log, "stdout", lock, offset),
-                _LogTee(proc.stderr, err_stream, raw_err, log, "stderr", lock, offset),
+                _LogTee(out_src, out_stream, raw_out, log, "stdout", lock, offset),
+                _LogTee(err_src, err_stream, raw_err, log, "stderr", lock, offset),
             ]
             try:
                 for t in tees:
@@ -469,10 +561,19 @@ def collect(
                     if not main:
                         time.sleep(timeout)
                         return None
-                    info = signal.sigtimedwait(sigs, timeout)
+                    info = signal.sigtimedwait(wait_sigs, timeout)
                     if info is None:
                         return None
                     sig = info.si_signo
+                    if sig == signal.SIGWINCH:
+                        # (the program may have asked for the size before the pseudo-terminals had it)
+                        for f in srcs.values():
+                            if not f.closed:
+                                _copy_winsize(size_fd, f.fileno())
+                        if srcs and proc.poll() is None:
+                            with contextlib.suppress(ProcessLookupError):
+                                proc.send_signal(sig)
+                        return "resized"
                     same_group = True
                     with contextlib.suppress(OSError):
                         same_group = os.getpgid(proc.pid) == os.getpgrp()
@@ -571,8 +672,15 @@ def collect(
         # only what teller set and what describes topology: traces get shared, secrets must not
         "env": {**teller_env, **{k: os.environ[k] for k in TOPOLOGY_VARS if k in os.environ}},
         "log_lines": sum(t.lines for t in tees),
+        # (the streams the program saw as a terminal)
+        "pty": sorted(masters),
     }
     result = RunResult(run_dir=run_dir, returncode=returncode, exit_signal=exit_signal)
+    if pty_error is not None:
+        result.warnings.append(
+            f"no pseudo-terminal could be opened ({pty_error}): the program's output went through pipes "
+            "(C stdio buffers stdout in blocks, and isatty() is false)"
+        )
     if drain_end == "time":
         result.warnings.append(
             "the program exited while a process it started still held its output: teller stopped "

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from teller._io import check_output_dir, check_outside, dir_lock
+from teller._io import check_output_dir, check_outside, dir_lock, terminal_text
 from teller.data.dataset import (
     annotation_problem,
     file_problem,
@@ -131,22 +131,33 @@ def split_log_line(text: str) -> list[tuple[str, float]]:
 
 def parse_log(path: Path) -> list[tuple[int, str, str]]:
     """``log.txt`` lines -> (realtime ns, stream, text). Lines without the tee prefix get ts 0.
-    Undecodable bytes are replaced; a missing or unreadable file is a TellerError naming it."""
+    Undecodable bytes are replaced; a missing or unreadable file is a TellerError naming it.
+    Lines end at ``\n`` only, and their text is what a terminal shows of it
+    (:func:`teller._io.terminal_text`: no colour codes; a ``\r``-redrawn progress bar's last state):
+    a program that saw a terminal (``teller collect`` gives it one) logs the same words as one that
+    did not."""
     out = []
     try:
-        text = Path(path).read_text(errors="replace")
+        # (newline="": a \r is kept where it is, not made a line end)
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            text = f.read()
     except FileNotFoundError:
         raise TellerFileNotFoundError(f"{path}: no such log file", path=str(path)) from None
     except OSError as e:
         what = "a directory, not a log file" if Path(path).is_dir() else f"cannot be read: {e.strerror or e}"
         raise TellerIOError(f"{path}: {what}", path=str(path)) from None
-    for line in text.splitlines():
+    # (not splitlines(): it also ends a line at \r, \f, \x1c-\x1e and U+2028, which made each part of
+    # a progress bar a line of its own, without its time stamp)
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    for line in lines:
         ts_s, _, rest = line.partition(" ")
         stream, _, text = rest.partition(" ")
         if ts_s.isdigit() and stream in ("stdout", "stderr"):
-            out.append((int(ts_s), stream, text))
+            out.append((int(ts_s), stream, terminal_text(text)))
         else:
-            out.append((0, "stdout", line))
+            out.append((0, "stdout", terminal_text(line)))
     return out
 
 
