@@ -559,6 +559,50 @@ def test_nvtx_json_says_what_it_cannot_wrap_and_why(tmp_path):
     assert p.returncode == 2 and "a directory, not an --nvtx-json file" in p.stderr
 
 
+def test_nvtx_json_never_imported_is_said_for_the_whole_run(tmp_path):
+    """A module is "never imported" when no Python process of the run imported it: not when only a
+    worker did, and also when the program is started through a wrapper (a shell script, say)."""
+    (tmp_path / "mymod.py").write_text("def compute():\n    return 2\n")
+    (tmp_path / "other.py").write_text("def f():\n    return 1\n")
+    worker = write(tmp_path, "worker.py", "import mymod\nmymod.compute()\n")
+    # the program imports `other` itself and `mymod` only in a worker it starts, and is started by sh
+    prog = write(
+        tmp_path,
+        "app.py",
+        "import subprocess, sys, other\nother.f()\n"
+        f"subprocess.run([sys.executable, {str(worker)!r}], check=True)\n",
+    )
+    groups = tmp_path / "g.json"
+    groups.write_text(
+        json.dumps(
+            [
+                {"module": m, "functions": [f]}
+                for m, f in (("mymod", "compute"), ("other", "f"), ("mymdo", "x"))
+            ]
+        )
+    )
+    p, run = collect(
+        tmp_path,
+        "--nvtx-json",
+        str(groups),
+        "--",
+        "sh",
+        "-c",
+        '"$0" "$1"',
+        sys.executable,
+        str(prog),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert p.returncode == 0, p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "never imported" in ln]
+    assert len(said) == 1 and "module(s) mymdo never imported" in said[0] and "2 Python processes" in said[0]
+    assert sorted(names(T.load(run, warn=False))) == ["mymod.compute", "other.f"]
+    assert not (run / ".nvtx-imports").exists()
+    # a Python that ignores PYTHONPATH runs no hook: said, as nothing was wrapped
+    p, _ = collect(tmp_path, "--nvtx-json", str(groups), "--", sys.executable, "-I", "-c", "pass")
+    assert p.returncode == 0 and "no Python process of the program loaded teller's hook" in p.stderr, p.stderr
+
+
 def test_a_slow_reader_of_the_output_loses_nothing(tmp_path):
     """The 2 s after the program's exit count only while no output flows: a reader that takes its
     time (`| less`, a slow link) still gets everything, and so do the logs."""

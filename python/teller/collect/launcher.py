@@ -198,6 +198,43 @@ def validate_groups(groups: Any, path: str) -> None:
             raise ConfigError(f"{path}: group #{i}: unknown keys {sorted(unknown)}", path=path, index=i)
 
 
+def nvtx_json_imports(run_dir: Path, nvtx_path: Path) -> str | None:
+    """What to say about an --nvtx-json file once the program has exited: that no Python process of
+    it ran the hook, or which modules none of them imported (a user's own file only: a built-in
+    profile names modules of several versions). Reads and removes the hook's record of the run."""
+    f = run_dir / ".nvtx-imports"
+    try:
+        lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
+        f.unlink()
+    except OSError:
+        lines = []
+    hooks = lines.count("hook")
+    if hooks == 0:
+        if "hook-off" in lines:  # (the processes said why, on their stderr)
+            return None
+        return (
+            "--nvtx-json: no Python process of the program loaded teller's hook, so nothing was wrapped "
+            "(it is loaded through PYTHONPATH: `python -I` and `-E` ignore it, and a program that is not "
+            "Python has no functions to wrap)"
+        )
+    if nvtx_path.parent == PROFILE_DIR.resolve():
+        return None
+    try:
+        groups = json.loads(nvtx_path.read_text(encoding="utf-8"))
+        modules = {g["module"] for g in groups}
+    except (OSError, ValueError, TypeError, KeyError):  # (changed during the run: nothing to say)
+        return None
+    imported = {ln[len("imported ") :] for ln in lines if ln.startswith("imported ")}
+    missed = sorted(modules - imported)
+    if not missed:
+        return None
+    procs = f"{hooks} Python process{'es' if hooks > 1 else ''}"
+    return (
+        f"--nvtx-json: module(s) {', '.join(missed)} never imported by the program ({procs} ran the "
+        "hook): nothing of them was wrapped (a misspelt name?)"
+    )
+
+
 def new_run_dir(trace_dir: Path) -> Path:
     check_output_dir(trace_dir, "the trace directory")
     make_output_dir(trace_dir, "trace directory")
@@ -366,8 +403,6 @@ def child_env(
     set_: dict[str, str] = {
         "TELLER_TRACE_DIR": str(run_dir),
         "TELLER_RUN_DIR": str(run_dir),
-        # (the hook says some things only in the program's own process, not in its workers)
-        "TELLER_LAUNCHER_PID": str(os.getpid()),
     }
     if so is not None:
         set_["NVTX_INJECTION64_PATH"] = str(so)
@@ -676,6 +711,8 @@ def collect(
         "pty": sorted(masters),
     }
     result = RunResult(run_dir=run_dir, returncode=returncode, exit_signal=exit_signal)
+    if nvtx_path is not None and (said := nvtx_json_imports(run_dir, nvtx_path)) is not None:
+        result.warnings.append(said)
     if pty_error is not None:
         result.warnings.append(
             f"no pseudo-terminal could be opened ({pty_error}): the program's output went through pipes "

@@ -34,6 +34,28 @@ def _warn(msg: str) -> None:
         pass
 
 
+# Which of the --nvtx-json modules the program's Python processes imported, for the whole run: one line
+# per event, appended to a file of the run directory that teller reads when the program has exited
+# (a process killed before its exit handlers has still said what it imported). Lines: "hook" (this
+# process wraps the groups), "hook-off" (it cannot: said on its stderr), "imported MODULE".
+IMPORTS_FILE = ".nvtx-imports"
+
+
+def _record(line: str) -> None:
+    d = os.environ.get("TELLER_RUN_DIR")
+    if not d:
+        return
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(os.path.join(d, IMPORTS_FILE), flags, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8"))  # (one short O_APPEND write: whole)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _chain_load() -> None:
     """Import the next sitecustomize on sys.path, if any (ours shadows it)."""
     paths = [p for p in sys.path if os.path.abspath(p or ".") != _HOOK_DIR]
@@ -337,29 +359,18 @@ def _install() -> None:
         return
     _EMIT = _emitter()
     if _EMIT is None:
+        _record("hook-off")
         _warn("--nvtx-json: neither the `nvtx` package nor torch.cuda.nvtx is importable; no ranges recorded")
         return
+    _record("hook")
     by_module: dict = {}
     for g in groups if isinstance(groups, list) else []:
         if isinstance(g, dict) and isinstance(g.get("module"), str) and isinstance(g.get("functions"), list):
             by_module.setdefault(g["module"], []).append(g)
     for name, gs in by_module.items():
         _after_import(name, functools.partial(_patch, groups=gs))
-    # A module of the user's own file that the program never imported (a typo, say) is said at exit, by
-    # the program's own process only (its workers need not import it); built-in profiles name many.
-    own = os.path.dirname(os.path.abspath(path)) != os.path.join(os.path.dirname(_HOOK_DIR), "profiles")
-    if own and os.environ.get("TELLER_LAUNCHER_PID") == str(os.getppid()):
-        import atexit
-
-        def never_imported() -> None:
-            missed = sorted(n for n in by_module if n in _AFTER_IMPORT and n not in sys.modules)
-            if missed:
-                _warn(
-                    f"--nvtx-json: module(s) {', '.join(missed)} never imported by the program: "
-                    "nothing of them was wrapped (a misspelt name?)"
-                )
-
-        atexit.register(never_imported)
+        # (teller says, after the run, which modules no process imported: a misspelt name, say)
+        _after_import(name, lambda _m, n=name: _record(f"imported {n}"))
 
 
 _chain_load()
