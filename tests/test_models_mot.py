@@ -840,6 +840,19 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     assert m["n"] == 6 and m["split"] == "fresh" and (run / "eval-fresh-mot.json").is_file()
     (ev,) = (run / "eval-data").glob("tok-*")
     assert (ev / "log_tokenizer.json").read_bytes() == (out / "log_tokenizer.json").read_bytes()
+    # a checkpoint inside the dataset it evaluates: its cache would be read as samples; said as such
+    import shutil
+
+    inside = fresh / "ck"
+    shutil.copytree(run, inside, ignore=shutil.ignore_patterns("eval-data"))
+    r = subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(inside), "--split", str(fresh)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "evaluate with the checkpoint outside the dataset" in r.stderr, r.stderr
+    shutil.rmtree(inside)
     # a split the dataset does not have: said before anything is encoded
     r = subprocess.run(
         [*cli, "evaluate", "--checkpoint", str(run), "--data-dir", str(data), "--split", "nosuch"],

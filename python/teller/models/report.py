@@ -65,6 +65,14 @@ def _tokenize_for(
     where = ck_dir / "eval-data"
     if cache is not None and not os.access(ck_dir, os.W_OK):
         where = cache / "eval-data"
+    d, w = Path(dataset).resolve(), where.resolve()
+    if w == d or d in w.parents:  # (said here: tokenize_dataset's refusal would name its --output-dir)
+        via = "--output" if where.parent == cache else "the checkpoint"
+        raise ConfigError(
+            f"{where}: the encoded dataset's cache would lie inside the dataset {dataset} (it would be read "
+            f"as part of it); evaluate with {via} outside the dataset",
+            path=str(where),
+        )
     return tokenize_dataset(
         dataset,
         tpe_path,
