@@ -280,3 +280,38 @@ def test_merged_trace_with_flow_ids_reused_across_processes(tmp_path):
     assert any("more than one process" in w for w in tr.warnings)
     assert _launch_pid(tr, "k0") is None and _launch_pid(tr, "k1") is None
     assert _launch_pid(tr, "k3") == 100 and _launch_pid(tr, "k4") == 200
+
+
+def test_inputs_of_different_processes_keep_their_processes_apart(tmp_path):
+    """Two ranks' files both number their GPU tracks 0 (and may share an OS pid): merged, each keeps
+    processes of its own (a later input's clashing pids move by 10_000_000), in the model and in the
+    written trace, so that Perfetto shows one track per rank's GPU stream, not both interleaved."""
+    import gzip
+    import json
+
+    src = json.loads(gzip.open(TRACES / "a100_nccl_2rank.kineto.json.gz").read())
+    files = []
+    for r in (0, 1):
+        p = tmp_path / f"rank{r}.json"
+        p.write_text(json.dumps(src))  # (the same pids in both: the worst case)
+        files.append(p)
+    one = T.load(files[0], warn=False)
+    both = T.load(files, warn=False)
+    first, second = both.source == 0, both.source == 1
+    assert set(both.pid[first]) == set(one.pid)
+    assert not set(both.pid[first]) & set(both.pid[second])
+    numbers = sorted(int(p) for p in set(one.pid) if p < 2**52)
+    assert sorted(int(p) for p in set(both.pid[second]) if p < 2**52) == [p + 10_000_000 for p in numbers]
+    # links and steps as in each file alone
+    assert both.summary()["linked_gpu_events"] == 2 * one.summary()["linked_gpu_events"]
+    assert len(both.steps()) == 2 * len(one.steps())
+    out = tmp_path / "both.json"
+    both.to_chrome(out)
+    ev = json.loads(out.read_text())["traceEvents"]
+    kern = [(e["pid"], e["tid"], e["ts"]) for e in ev if e.get("cat") == "kernel"]
+    assert len(kern) == len(set(kern))  # (no kernel of one rank on the other's track)
+    names = {(e["pid"], e["args"]["name"]) for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert len({p for p, _ in names}) == len(names)  # (one name per process)
+    # Kineto's own tracks (string pids) of the second file are named after it
+    labels = {e["pid"] for e in ev if isinstance(e.get("pid"), str)}
+    assert {"Traces", "Traces (rank1.json)", "Spans", "Spans (rank1.json)"} <= labels, labels

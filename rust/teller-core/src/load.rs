@@ -5,7 +5,7 @@ use crate::align::{finish, AlignOptions};
 use crate::chrome::{read_chrome, read_chrome_feed};
 use crate::error::{Error, Result};
 use crate::inflate::{self, Stop};
-use crate::model::Trace;
+use crate::model::{Trace, LABEL_ID_BASE};
 use crate::raw::{looks_like_raw, read_raw, ProcessKey};
 use hashbrown::HashMap;
 use rayon::prelude::*;
@@ -193,6 +193,101 @@ pub fn read_file_with(path: &str, source: u16, pipeline: Pipeline) -> Result<(Tr
 }
 
 /// Loads and aligns any number of inputs (files or run directories) into one trace.
+/// Added to a pid that another process's input already uses (times 1, 2, ...: the first free).
+pub const PID_SHIFT: i64 = 10_000_000;
+
+/// Who holds a pid among the inputs read so far: a number, or a label (a string pid, by its text).
+#[derive(Default)]
+struct PidOwners {
+    numbers: HashMap<i64, u32>,
+    labels: HashMap<String, u32>,
+}
+
+/// Inputs of different processes that use the same pid (Kineto numbers a GPU's tracks by its device,
+/// 0 in every rank, and names its own tracks "Traces" and "Spans"; ranks on two hosts may share an OS
+/// pid) would share one process in Perfetto and in every per-process view. The later input's
+/// clashing pids move: a number to `pid + k * PID_SHIFT`, the smallest `k` free; a label to
+/// `"label (file name)"`, across its events, flows, counters and names. Raw files of one process keep
+/// theirs. Decision: renumbered in the model, not only in the writer, as process and thread names
+/// carry no source to tell them apart by later.
+fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
+    let mut pids: Vec<i64> = t
+        .pid
+        .iter()
+        .copied()
+        .chain(t.flows.iter().map(|f| f.pid))
+        .chain(t.counters.iter().map(|c| c.pid))
+        .chain(t.process_names.iter().map(|p| p.0))
+        .chain(t.thread_names.iter().map(|p| p.0))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let file = t
+        .sources
+        .first()
+        .map(|s| {
+            let p = Path::new(&s.path);
+            p.file_name()
+                .map_or(s.path.clone(), |n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let mut map: HashMap<i64, i64> = HashMap::new();
+    for &p in &pids {
+        let label = (p >= LABEL_ID_BASE)
+            .then(|| t.id_labels.get(&p).map(|&sym| t.strings.get(sym).to_string()))
+            .flatten();
+        if let Some(label) = label {
+            match owners.labels.get(&label) {
+                Some(&o) if o != proc => {
+                    let new = (1..)
+                        .map(|k| match k {
+                            1 => format!("{label} ({file})"),
+                            k => format!("{label} ({file} #{k})"),
+                        })
+                        .find(|l| {
+                            !owners.labels.contains_key(l) && !t.id_labels.values().any(|&sym| t.strings.get(sym) == l)
+                        })
+                        .expect("a free label");
+                    owners.labels.insert(new.clone(), proc);
+                    map.insert(p, t.label_id(&new));
+                }
+                Some(_) => {}
+                None => {
+                    owners.labels.insert(label, proc);
+                }
+            }
+            continue;
+        }
+        match owners.numbers.get(&p) {
+            Some(&o) if o != proc => {
+                let q = (1..)
+                    .map(|k| p.saturating_add(k * PID_SHIFT))
+                    .find(|q| !owners.numbers.contains_key(q) && pids.binary_search(q).is_err())
+                    .expect("a free pid");
+                owners.numbers.insert(q, proc);
+                map.insert(p, q);
+            }
+            Some(_) => {}
+            None => {
+                owners.numbers.insert(p, proc);
+            }
+        }
+    }
+    if map.is_empty() {
+        return;
+    }
+    let m = |p: &mut i64| {
+        if let Some(&q) = map.get(p) {
+            *p = q;
+        }
+    };
+    t.pid.iter_mut().for_each(m);
+    t.flows.iter_mut().for_each(|f| m(&mut f.pid));
+    t.counters.iter_mut().for_each(|c| m(&mut c.pid));
+    t.process_names.iter_mut().for_each(|p| m(&mut p.0));
+    t.thread_names.iter_mut().for_each(|p| m(&mut p.0));
+}
+
 pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     if inputs.is_empty() {
         return Err(Error::Config("no input given".into()));
@@ -241,6 +336,7 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     let mut procs: HashMap<ProcessKey, u32> = HashMap::new();
     let mut next_proc = 0u32;
     let mut skipped: Vec<Error> = Vec::new();
+    let mut pid_owners = PidOwners::default();
     for (part, &in_dir) in parts.into_iter().zip(&in_dir) {
         let (t, _kind, key) = match part {
             Ok(p) => p,
@@ -275,6 +371,7 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         for src in t.sources.iter_mut() {
             src.process = proc;
         }
+        separate_pids(&mut t, proc, &mut pid_owners);
         trace.append(t);
     }
     if trace.is_empty() {
