@@ -315,3 +315,38 @@ def test_inputs_of_different_processes_keep_their_processes_apart(tmp_path):
     # Kineto's own tracks (string pids) of the second file are named after it
     labels = {e["pid"] for e in ev if isinstance(e.get("pid"), str)}
     assert {"Traces", "Traces (rank1.json)", "Spans", "Spans (rank1.json)"} <= labels, labels
+
+
+def test_highlighted_events_are_copied_onto_a_track_perfetto_shows(tmp_path):
+    """Perfetto ignores `cname`: the highlighted events are also copied onto a "teller: culprits"
+    process sorted first, one track per track they come from, and read back once, not twice."""
+    import json
+
+    tr = T.load(TRACES / "b300_cuda13_moe.kineto.json.gz", warn=False)
+    kernels = np.flatnonzero(tr.layer_mask("kernel"))
+    pick = [int(i) for i in kernels[::3]] + [int(np.flatnonzero(tr.layer_mask("host_op"))[0])]
+    out = tmp_path / "hl.json"
+    tr.to_chrome(out, highlight=pick)
+    ev = json.loads(out.read_text())["traceEvents"]
+    orig = [e for e in ev if e.get("ph") == "X" and e.get("cat") != "teller.culprit"]
+    copies = [e for e in ev if e.get("cat") == "teller.culprit"]
+    assert len(copies) == len(pick) and sum(e["args"].get("teller.highlight", False) for e in orig) == len(
+        pick
+    )
+    assert {e["pid"] for e in copies} == {"teller: culprits"}
+    assert sorted(e["args"]["teller.event"] for e in copies) == sorted(pick)
+    for c in copies:  # a copy is its event, in time and name
+        i = c["args"]["teller.event"]
+        assert c["name"] == tr.name_of(i) and c["dur"] * 1000 == pytest.approx(tr.dur[i], abs=1)
+    meta = [e for e in ev if e.get("ph") == "M" and e.get("pid") == "teller: culprits"]
+    assert {"process_name", "process_sort_index"} <= {e["name"] for e in meta}
+    tracks = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    assert len(tracks) == len({e["tid"] for e in copies}) >= 2  # (kernels and a host operator)
+    for tid in tracks:  # each track's slices nest (none overlaps another partly)
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in copies if e["tid"] == tid)
+        assert all(b[0] >= a[1] - 1e-6 or b[1] <= a[1] + 1e-6 for a, b in zip(spans, spans[1:], strict=False))
+    back = T.load(out, warn=False)
+    assert len(back) == len(tr) and "teller.culprit" not in {back.strings[c] for c in set(back.cat)}
+    again = tmp_path / "again.json"
+    back.to_chrome(again)
+    assert "teller: culprits" not in again.read_text()

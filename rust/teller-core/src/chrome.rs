@@ -65,6 +65,8 @@ pub struct ChromeReader<'a, 'f> {
     k_device: u32,
     k_stream: u32,
     k_name: u32,
+    /// `writer::CULPRIT_CAT`: copies of highlighted events, skipped
+    k_culprit: u32,
 }
 
 /// Reads one Chrome trace from its (decompressed) bytes. `source` is the source index events get.
@@ -98,6 +100,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         let k_device = t.strings.intern("device");
         let k_stream = t.strings.intern("stream");
         let k_name = t.strings.intern("name");
+        let k_culprit = t.strings.intern(crate::writer::CULPRIT_CAT);
         ChromeReader {
             path,
             sc,
@@ -118,6 +121,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
             k_device,
             k_stream,
             k_name,
+            k_culprit,
         }
     }
 
@@ -650,6 +654,17 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
     }
 
     fn dispatch(&mut self, ev: Ev, off: usize) -> Result<()> {
+        let culprit_copy = ev.cat == Some(self.k_culprit)
+            || (ev.ph == b'M'
+                && ev.pid >= LABEL_ID_BASE
+                && self.t.id_labels.get(&ev.pid).map(|&s| self.t.strings.get(s))
+                    == Some(crate::writer::CULPRIT_PROCESS));
+        if culprit_copy {
+            // (a diagnosis's copy of an event that is in the file itself, and its track names: the
+            // trace reads back as the one it was written from)
+            self.t.args.truncate(ev.args_start);
+            return Ok(());
+        }
         match ev.ph {
             b'X' => {
                 let ts = self.need_ts(&ev, off)?;

@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::*;
+use hashbrown::HashMap;
 use std::io::Write;
 
 pub fn push_json_str(out: &mut String, s: &str) {
@@ -427,9 +428,96 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         out.push_str(ryu::Buffer::new().format(c.value));
         out.push_str("}}");
     }
+    write_culprit_tracks(&mut out, t, &highlight, base, &mut sep);
     out.push_str("\n]\n}\n");
     w.write_all(out.as_bytes())?;
     Ok(())
+}
+
+/// The process that holds copies of the highlighted events, and the category of the copies (the
+/// Chrome reader skips them: a highlighted trace reads back as the trace it was written from).
+pub const CULPRIT_PROCESS: &str = "teller: culprits";
+pub const CULPRIT_CAT: &str = "teller.culprit";
+
+/// Highlighted events, copied onto a process of their own, one track per track they come from (so
+/// their nesting stays valid), sorted first: in Perfetto they are the first thing seen, aligned in
+/// time with the real tracks. Decision: copies, not a colour alone, because Perfetto ignores
+/// `cname` (only the legacy chrome://tracing viewer colours by it), and not renamed originals, which
+/// would no longer read back under their own names.
+fn write_culprit_tracks(out: &mut String, t: &Trace, highlight: &[bool], base: i64, sep: &mut impl FnMut(&mut String)) {
+    let mut tracks: HashMap<(i64, i64), i64> = HashMap::new();
+    let mut order: Vec<(i64, i64)> = Vec::new();
+    for i in (0..t.len()).filter(|&i| highlight[i]) {
+        let key = (t.pid[i], t.tid[i]);
+        if !tracks.contains_key(&key) {
+            tracks.insert(key, order.len() as i64 + 1);
+            order.push(key);
+        }
+    }
+    if order.is_empty() {
+        return;
+    }
+    let pname: HashMap<i64, &str> = t.process_names.iter().map(|&(p, n)| (p, t.strings.get(n))).collect();
+    let tname: HashMap<(i64, i64), &str> = t
+        .thread_names
+        .iter()
+        .map(|&(p, th, n)| ((p, th), t.strings.get(n)))
+        .collect();
+    let id_text = |id: i64| -> String {
+        if id >= LABEL_ID_BASE {
+            if let Some(&sym) = t.id_labels.get(&id) {
+                return t.strings.get(sym).to_string();
+            }
+        }
+        id.to_string()
+    };
+    sep(out);
+    out.push_str("{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": ");
+    push_json_str(out, CULPRIT_PROCESS);
+    out.push_str(", \"tid\": 0, \"args\": {\"name\": ");
+    push_json_str(out, CULPRIT_PROCESS);
+    out.push_str("}},\n{\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": ");
+    push_json_str(out, CULPRIT_PROCESS);
+    out.push_str(", \"tid\": 0, \"args\": {\"sort_index\": -1000000}}");
+    for (k, &(pid, tid)) in order.iter().enumerate() {
+        let p = pname
+            .get(&pid)
+            .map_or_else(|| id_text(pid), |n| format!("{n} {}", id_text(pid)));
+        let th = tname.get(&(pid, tid)).map_or_else(|| id_text(tid), |n| n.to_string());
+        sep(out);
+        out.push_str("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": ");
+        push_json_str(out, CULPRIT_PROCESS);
+        out.push_str(", \"tid\": ");
+        push_i64(out, k as i64 + 1);
+        out.push_str(", \"args\": {\"name\": ");
+        push_json_str(out, &format!("{p} / {th}"));
+        out.push_str("}}");
+    }
+    for i in (0..t.len()).filter(|&i| highlight[i]) {
+        sep(out);
+        let instant = t.flags[i] & flags::INSTANT != 0;
+        out.push_str(if instant {
+            "{\"ph\": \"i\", \"s\": \"t\", \"cat\": "
+        } else {
+            "{\"ph\": \"X\", \"cat\": "
+        });
+        push_json_str(out, CULPRIT_CAT);
+        out.push_str(", \"name\": ");
+        push_json_str(out, t.strings.get(t.name[i]));
+        out.push_str(", \"pid\": ");
+        push_json_str(out, CULPRIT_PROCESS);
+        out.push_str(", \"tid\": ");
+        push_i64(out, tracks[&(t.pid[i], t.tid[i])]);
+        out.push_str(", \"ts\": ");
+        push_us(out, t.ts[i] - base);
+        if !instant {
+            out.push_str(", \"dur\": ");
+            push_us(out, t.dur[i]);
+        }
+        out.push_str(", \"cname\": \"terrible\", \"args\": {\"teller.event\": ");
+        push_i64(out, i as i64);
+        out.push_str("}}");
+    }
 }
 
 /// What a write through `p` lands in: the file at the end of its symbolic links (relative targets
