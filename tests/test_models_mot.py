@@ -1113,7 +1113,7 @@ def test_minilm_init_fills_only_the_log_side() -> None:
 
 
 @pytest.mark.slow
-def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
+def test_diagnose_names_an_injected_fault_in_top3(tmp_path, monkeypatch) -> None:
     """Train the demo configuration on a few hundred tiny samples, then diagnose fresh samples of the
     faults with a clear signature: each must be in the top 3. (400 samples: on 260, about 180 for
     training, the model sat at the edge, a fresh eager-mode sample 4th after the generator's
@@ -1148,6 +1148,13 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path) -> None:
         assert label in [c["cause"] for c in d["root_causes"]], (sd.name, label, d["root_causes"])
         checked += 1
     assert checked >= 3
+    # an operator the training corpus never had has no "how far from normal": null, not +0.0
+    ops = d["operators"]
+    assert ops and all(isinstance(o["dur_z"], float) for o in ops)
+    with monkeypatch.context() as m:  # (as if the training corpus had none of its symbols)
+        m.setattr(tpe.TPETokenizer, "known", lambda self, names: np.zeros(len(list(names)), bool))
+        ops = diagnose(sd, run, top=3)["operators"]
+    assert ops and all(o["dur_z"] is None for o in ops)
 
 
 def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
@@ -2165,7 +2172,13 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
         return logtok.encode_lines(lines, 0)[0]
 
     same = _unfamiliar(a, log(lines), tok, logtok)
-    assert same == {"trace_events": 0.0, "log_words": pytest.approx(0.25), "flagged": False}
+    assert same == {
+        "trace_events": 0.0,
+        "log_words": pytest.approx(0.25),
+        "flagged": False,
+        "trace_events_n": int((np.asarray(a.step) >= 0).sum()),
+        "log_words_n": 4,
+    }
     other = _unfamiliar(b, log([(0, "stderr", "Traceback here")]), tok, logtok)
     names = set(tok.base_vocab)
     stepped = np.asarray(b.symbol)[np.asarray(b.step) >= 0]
@@ -2185,7 +2198,13 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
 
     no_events = SimpleNamespace(symbol=np.zeros(0, np.int64), step=np.zeros(0, np.int64), symbols=[])
     empty = _unfamiliar(no_events, log([]), tok, logtok)
-    assert empty == {"trace_events": 0.0, "log_words": 0.0, "flagged": False}
+    assert empty == {
+        "trace_events": 0.0,
+        "log_words": 0.0,
+        "flagged": False,
+        "trace_events_n": 0,
+        "log_words_n": 0,
+    }
 
     def shown(u: dict) -> str:
         return _rendered(unfamiliar=u)
@@ -2193,6 +2212,11 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     assert "unfamiliar capture: 100 % of its trace events and 0 % of its log words" in shown(
         {"trace_events": 1.0, "log_words": 0.0, "flagged": True}
     )
+    # a capture without a log: no "0 % of its log words"
+    said = shown(
+        {"trace_events": 1.0, "log_words": 0.0, "flagged": True, "trace_events_n": 9, "log_words_n": 0}
+    )
+    assert "100 % of its trace events are unknown to this model's tokenizers (it has no log words)" in said
     assert "unfamiliar" not in shown(same)
     # ... and points at what the capture itself shows, with a path a shell reads back
     hint = _rendered(path="my run/x", unfamiliar={"trace_events": 1.0, "log_words": 0.0, "flagged": True})

@@ -373,7 +373,11 @@ def diagnose(
     by_sym = culprit[np.argsort(sym_col[culprit], kind="stable")]
     for evs in np.split(by_sym, np.flatnonzero(np.diff(sym_col[by_sym])) + 1) if len(by_sym) else []:
         sym = syms[int(sym_col[evs[0]])]
-        z = tok.duration_z(tok.symbol_id(sym), dur[evs])
+        sid = tok.symbol_id(sym)
+        # (None where there is no "normal" to be far from: a symbol the training corpus never had, or
+        # never timed; the [UNK] id's statistics are of other symbols)
+        timed = tok.has_duration_stats and bool(tok.known([sym])[0]) and int(tok.stats["count"][sid]) > 0
+        z = tok.duration_z(sid, dur[evs]) if timed else None
         name = sym.split(":", 1)[-1]
         ranks = np.unique(np.where(dev[evs] >= 0, dev[evs], pid[evs]))
         sc = score[evs]
@@ -581,7 +585,14 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
     flagged = (modalities != "log" and trace_share >= UNFAMILIAR_FROM) or (
         modalities != "trace" and log_share >= UNFAMILIAR_FROM
     )
-    return {"trace_events": trace_share, "log_words": log_share, "flagged": bool(flagged)}
+    return {
+        "trace_events": trace_share,
+        "log_words": log_share,
+        "flagged": bool(flagged),
+        # (how many each share is of: a share of nothing is said as such, not as "0 %")
+        "trace_events_n": int(len(ev)),
+        "log_words_n": n_words,
+    }
 
 
 def is_uncertain(confidence: float) -> bool:
@@ -608,10 +619,14 @@ def render(d: dict[str, Any], console: Any) -> None:
         console.print(f"uncertain: {alts}; the capture does not settle it", highlight=False)
     u = d.get("unfamiliar") or {}
     if u.get("flagged"):
+        kinds = (("trace_events", "trace events"), ("log_words", "log words"))
+        # (a side with nothing in it is said as such, not as "0 %"; older results lack the counts)
+        sides = [f"{100 * u[k]:.0f} % of its {what}" for k, what in kinds if u.get(f"{k}_n", 1)]
+        none = [what for k, what in kinds if not u.get(f"{k}_n", 1)]
         console.print(
-            f"unfamiliar capture: {100 * u['trace_events']:.0f} % of its trace events and "
-            f"{100 * u['log_words']:.0f} % of its log words are unknown to this model's tokenizers; "
-            "it was trained on other captures, so these causes and confidences are guesses "
+            f"unfamiliar capture: {' and '.join(sides)} are unknown to this model's tokenizers"
+            + (f" (it has no {' and no '.join(none)})" if none else "")
+            + "; it was trained on other captures, so these causes and confidences are guesses "
             "(train on captures like this one: docs/models.md)",
             highlight=False,
             markup=False,
@@ -633,7 +648,7 @@ def render(d: dict[str, Any], console: Any) -> None:
             f"{r['score']:.2f}",
             str(r["events"]),
             f"{r['mean_dur_us']:.1f}",
-            f"{r['dur_z']:+.1f}",
+            "-" if r["dur_z"] is None else f"{r['dur_z']:+.1f}",
             ",".join(map(str, r["ranks_or_pids"])),
         )
     console.print(o)
