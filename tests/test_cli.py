@@ -228,3 +228,15 @@ def test_piped_output_is_wide_unless_columns_says_otherwise():
     env["COLUMNS"] = "100"
     told = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert told.stdout.strip() == "100", told.stderr
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """`teller ... | head`: no error and no traceback once the reader has gone, whether the output was
+    printed (summary) or written as a file to /dev/stdout (convert)."""
+    a100 = TRACES / "a100_nccl_2rank.kineto.json.gz"
+    teller_cmd = f"{sys.executable} -m teller"
+    for cmd in (f"trace summary {a100} --json", f"trace convert {a100} -o /dev/stdout"):
+        sh = f"{teller_cmd} {cmd} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}"
+        p = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        # (0 where everything fitted in the pipe before the reader left)
+        assert p.stdout.split()[0] in ("0", "1") and p.stderr == "", (cmd, p.stdout, p.stderr)

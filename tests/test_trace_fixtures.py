@@ -350,3 +350,12 @@ def test_highlighted_events_are_copied_onto_a_track_perfetto_shows(tmp_path):
     again = tmp_path / "again.json"
     back.to_chrome(again)
     assert "teller: culprits" not in again.read_text()
+
+
+def test_a_gz_name_in_capitals_is_compressed(tmp_path):
+    import gzip
+
+    tr = T.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", warn=False)
+    out = tmp_path / "X.JSON.GZ"
+    tr.to_chrome(out)
+    assert out.read_bytes()[:2] == b"\x1f\x8b" and gzip.decompress(out.read_bytes()).startswith(b"{")

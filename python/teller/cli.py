@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import platform
@@ -113,7 +114,18 @@ def _as_flags(msg: str) -> str:
     return msg
 
 
+def _stdout_gone() -> None:
+    """Our output's reader has gone (`teller ... | head`): nothing more is said, as with any tool
+    whose output was cut short, and the interpreter's last flush must not fail."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def _fail(e: Exception, code: int = 2) -> typer.Exit:
+    if getattr(e, "errno", None) == errno.EPIPE:  # (`trace convert -o /dev/stdout | head`)
+        _stdout_gone()
+        return typer.Exit(1)
     # (an error naming a file, a configuration file's key say, is about that file: left as it is)
     text = _as_flags(str(e)) if isinstance(e, ConfigError) and e.path is None else str(e)
     # (escaped: a message's [brackets], e.g. "a [min, max] pair", are text, not rich markup)
@@ -1482,7 +1494,7 @@ def diagnose_cmd(
             help="Sample directories (trace.json + log.txt), collected runs, or trace files (their log: "
             "the log.txt beside each). Several are diagnosed in one process: the checkpoint is loaded once.",
             show_default=False,
-            metavar="PATH",
+            metavar="PATH...",
         ),
     ],
     checkpoint: Annotated[
@@ -1491,7 +1503,10 @@ def diagnose_cmd(
             "--checkpoint", help="A MoT/single run directory, or an ensemble run (teller train ensemble)."
         ),
     ],
-    top: Annotated[int, typer.Option(min=1, help="Root causes and operators to show.")] = 3,
+    top: Annotated[
+        int,
+        typer.Option(min=1, help="Root causes to show; culprit operators and symbols: twice as many."),
+    ] = 3,
     perfetto: Annotated[
         str | None,
         typer.Option("--perfetto", help="Output trace with the culprits highlighted (one PATH only)."),
@@ -1594,8 +1609,7 @@ def main() -> None:
     try:
         app()
     except BrokenPipeError:  # e.g. `teller trace summary x | head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _stdout_gone()
         sys.exit(1)
     except OSError as e:
         # the last net under every command: an OS error on a named path (permissions, a directory

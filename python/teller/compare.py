@@ -747,5 +747,5 @@ def side_by_side(
     }
     data = json.dumps(merged, separators=(",", ":")).encode()
     out = os.fspath(path)
-    write_atomic(out, gzip.compress(data, 6, mtime=0) if out.endswith(".gz") else data)
+    write_atomic(out, gzip.compress(data, 6, mtime=0) if out.lower().endswith(".gz") else data)
     return {"shift_us": shift_us, "pid_offset": pid_off, "events": len(baseline) + len(current)}

@@ -605,7 +605,7 @@ fn write_to(t: &Trace, f: std::fs::File, gz: bool, opts: &WriteOptions) -> std::
 /// with a regular file. One of this process's descriptors (`/dev/stdout`, `/dev/fd/N`) is written
 /// through a duplicate that shares its position.
 pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<()> {
-    let gz = path.ends_with(".gz");
+    let gz = path.to_ascii_lowercase().ends_with(".gz"); // (`X.JSON.GZ` too)
     let Target {
         path: target,
         fd: own,
