@@ -59,7 +59,7 @@ def test_compare_names_the_kernel_that_slowed_and_the_new_one(tmp_path) -> None:
     assert new["baseline_ns"] == 0 and new["ratio"] is None and new["current_count"] == 1
     says = "\n".join(c["statements"])
     assert "kernel:gemm_kernel: +60.0 us per step (4.00x" in says
-    assert "kernel:debug_kernel is new: 10.0 us per step (1 events per step)" in says
+    assert "kernel:debug_kernel is new: 10.0 us per step (1 event per step)" in says
     # the GPU's breakdown, one GPU: the same numbers as the whole, said once
     assert [g["gpu"] for g in c["gpus"]] == ["GPU 0", "all GPUs"]
     assert c["gpus"][1]["current"]["compute_ns"] > c["gpus"][1]["baseline"]["compute_ns"]
@@ -92,7 +92,7 @@ def test_a_gemm_run_on_another_kernel_is_one_change_of_its_class(tmp_path) -> No
     ]
     # the swap is one sentence, not a "new" and a "gone"; the normalization kernel is new
     assert not any("nvjet" in s and "is new" in s for s in says) and not any("is gone" in s for s in says)
-    assert "kernel:rms_norm_kernel is new: 10.0 us per step (1 events per step)" in says
+    assert "kernel:rms_norm_kernel is new: 10.0 us per step (1 event per step)" in says
     # a slower swap says by how much
     slow = compare(base, _steps(tmp_path, "slow.json", 100, kernel="nvjet_sm90_tst_64x8_64x16_1x4_h_bz_TNT"))
     assert any(s.endswith("0.1 ms per step in all against 50.0 us (2.00x)") for s in slow["statements"])

@@ -563,16 +563,16 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
                 first.append(_swap_statement(swapped[cls], per))
             continue
         if r.get("only_in") == "current":
-            text = (
-                f"{r['symbol']} is new: {_ms(r['current_ns'])} {per} ({r['current_count']:.3g} events {per})"
-            )
+            text = f"{r['symbol']} is new: {_ms(r['current_ns'])} {per} ({_count(r['current_count'])} {per})"
         elif r.get("only_in") == "baseline":
             text = f"{r['symbol']} is gone: it took {_ms(r['baseline_ns'])} {per} in the baseline"
         else:
             sign = "+" if r["delta_ns"] > 0 else "-"
             cnt = ""
             if abs(r["current_count"] - r["baseline_count"]) >= 0.5 * max(1.0, 0.1 * r["baseline_count"]):
-                cnt = f"; {r['current_count']:.3g} events {per} against {r['baseline_count']:.3g}"
+                cnt = (
+                    f"; {_count(r['current_count'])} {per} against {_count(r['baseline_count'], unit=False)}"
+                )
             ratio = f"{r['ratio']:.2f}x: " if r["ratio"] is not None else ""
             text = (
                 f"{r['symbol']}: {sign}{_ms(abs(r['delta_ns']))} {per} ({ratio}"
@@ -617,6 +617,17 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
                         f"{g['gpu']}: {label} {_pct(c)} of its time, against {_pct(b)} in the baseline"
                     )
     return out
+
+
+def _count(n: float, unit: bool = True) -> str:
+    """An event count per step or capture, as people write it: ``1 event``, ``1,590 events``, ``2.5 events``
+    (a mean over steps keeps one decimal below 100)."""
+    text = f"{n:.1f}"
+    if n >= 99.95 or text.endswith(".0"):
+        text = f"{n:,.0f}"
+    if not unit:
+        return text
+    return f"{text} event" if text == "1" else f"{text} events"
 
 
 def _swap_statement(a: dict[str, Any], per: str) -> str:
