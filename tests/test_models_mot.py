@@ -2224,6 +2224,24 @@ def test_diagnose_flags_a_capture_unlike_the_training_data() -> None:
     assert "teller trace summary" not in shown(same)
 
 
+def test_culprit_operators_rank_evidence_above_frequency() -> None:
+    """Level scores do not put the most frequent symbol first: a symbol running slower than normal
+    comes before one that is merely frequent; without evidence, more events rank higher."""
+    from teller.models.diagnose import operator_rank_key
+
+    ops = [
+        {"symbol": "runtime:cudaLaunchKernel", "score": 0.9, "events": 200, "dur_z": 0.1},
+        {"symbol": "memcpy:Memcpy HtoD", "score": 0.9, "events": 12, "dur_z": 2.8},
+        {"symbol": "kernel:new", "score": 0.9, "events": 40, "dur_z": None},  # (never timed: no evidence)
+        {"symbol": "kernel:fast", "score": 0.9, "events": 40, "dur_z": -3.0},  # (faster: no evidence)
+    ]
+    got = [o["symbol"] for o in sorted(ops, key=operator_rank_key)]
+    assert got == ["memcpy:Memcpy HtoD", "runtime:cudaLaunchKernel", "kernel:fast", "kernel:new"]
+    # the head's score still counts: a clearly lower score is not lifted by a small shift
+    low = {"symbol": "kernel:low", "score": 0.2, "events": 12, "dur_z": 0.5}
+    assert sorted([ops[0], low], key=operator_rank_key)[0] is ops[0]
+
+
 def test_diagnose_summary_table_hand_made() -> None:
     # one row per capture: the summary-row head's symbol before the operators', where the culprit
     # events are, the flags; a normal capture names no culprit; a capture that failed shows its error
