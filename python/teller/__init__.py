@@ -6,6 +6,8 @@ from teller._native import __version__, build_profile
 from teller.errors import (
     ConfigError,
     CudaNotFoundError,
+    DatasetError,
+    DirectoryLockedError,
     EmptyTraceError,
     TellerError,
     TellerFileNotFoundError,
@@ -14,12 +16,15 @@ from teller.errors import (
     TellerNotADirectoryError,
     TellerPermissionError,
     TellerWarning,
+    TokenizerError,
     TraceFormatError,
 )
 
 __all__ = [
     "ConfigError",
     "CudaNotFoundError",
+    "DatasetError",
+    "DirectoryLockedError",
     "EmptyTraceError",
     "TellerError",
     "TellerFileNotFoundError",
@@ -28,6 +33,7 @@ __all__ = [
     "TellerNotADirectoryError",
     "TellerPermissionError",
     "TellerWarning",
+    "TokenizerError",
     "TraceFormatError",
     "__version__",
     "build_profile",

@@ -11,6 +11,7 @@ import re
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,9 +145,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes | Any) -> Path:
     if not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or alias):
         # a device or pipe (renaming over it would replace the node), or another process's descriptor
         return _write_in_place(p, data, None)
-    name = f".{target.name}.{os.getpid()}.tmp"
+    # (pid and thread: two threads of one process may write the same file at once)
+    who = f"{os.getpid()}-{threading.get_ident():x}"
+    name = f".{target.name}.{who}.tmp"
     if len(name.encode()) > 255:  # (a long name plus the suffix: a name the filesystem still takes)
-        name = f".teller-{os.getpid()}-{abs(hash(target.name)):x}.tmp"
+        name = f".teller-{who}-{abs(hash(target.name)):x}.tmp"
     tmp = target.with_name(name)
     try:
         if isinstance(data, str):

@@ -44,17 +44,14 @@ class EmptyTraceError(TraceFormatError):
     """A trace file (or a set of inputs) holds no events."""
 
 
-class TellerFileNotFoundError(TellerError, FileNotFoundError):
-    """An input path does not exist."""
-
-
 class TellerIOError(TellerError, OSError):
-    """An I/O error other than a missing file (permissions, a directory where a file was expected).
+    """An I/O error (permissions, a directory where a file was expected, a missing file).
 
     Given the operating system's ``errno``, the error is created as the subclass that also subclasses
-    the matching built-in, as ``OSError(errno, ...)`` itself does: :class:`TellerPermissionError`
-    (``PermissionError``), :class:`TellerIsADirectoryError`, :class:`TellerNotADirectoryError`.
-    ``errno`` and ``strerror`` are set; ``str()`` is teller's message (naming the file), not
+    the matching built-in, as ``OSError(errno, ...)`` itself does: :class:`TellerFileNotFoundError`
+    (``FileNotFoundError``), :class:`TellerPermissionError` (``PermissionError``),
+    :class:`TellerIsADirectoryError`, :class:`TellerNotADirectoryError`. ``errno``, ``strerror``
+    and ``filename`` (the ``path``) are set; ``str()`` is teller's message (naming the file), not
     ``[Errno N] ...``."""
 
     def __new__(cls, message: str = "", *args: object, errno: int | None = None, **kwargs: object):
@@ -66,13 +63,22 @@ class TellerIOError(TellerError, OSError):
         super().__init__(message, **where)  # type: ignore[arg-type]  (path, offset, index, detail)
         self.errno = errno
         self.strerror = _os.strerror(errno) if errno else None
+        self.filename = self.path
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # (pickled across processes: errno and strerror are OSError slots, not in __dict__)
-        return (type(self), self.args, {**self.__dict__, "errno": self.errno, "strerror": self.strerror})
+        slots = {"errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+        return (type(self), self.args, {**self.__dict__, **slots})
+
+
+class TellerFileNotFoundError(TellerIOError, FileNotFoundError):
+    """An input path does not exist (ENOENT)."""
+
+    def __init__(self, message: str, *, errno: int | None = _errno.ENOENT, **where: str | int | None) -> None:
+        super().__init__(message, errno=errno, **where)
 
 
 class TellerPermissionError(TellerIOError, PermissionError):
@@ -88,6 +94,7 @@ class TellerNotADirectoryError(TellerIOError, NotADirectoryError):
 
 
 _IO_BY_ERRNO: dict[int, type[TellerIOError]] = {
+    _errno.ENOENT: TellerFileNotFoundError,
     _errno.EACCES: TellerPermissionError,
     _errno.EPERM: TellerPermissionError,
     _errno.EISDIR: TellerIsADirectoryError,

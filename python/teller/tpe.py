@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import operator
 import os
 import stat
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__, _native
-from teller._io import make_output_dir
+from teller._io import make_output_dir, write_atomic
 from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TokenizerError
 from teller.trace import LAYER_NAMES, Trace, _int_arg, check_normalize, step_patterns
 from teller.trace import load as load_trace
@@ -324,13 +325,15 @@ class TPETokenizer:
         d = Path(directory)
         if d.exists() and not d.is_dir():
             raise TellerIOError(
-                f"{d}: exists and is not a directory (save takes the tokenizer directory)", path=str(d)
+                f"{d}: exists and is not a directory (save takes the tokenizer directory)",
+                path=str(d),
+                errno=errno.ENOTDIR,
             )
         make_output_dir(d, "tokenizer directory")
         path = d / FILE_NAME
-        tmp = d / f".{FILE_NAME}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
+        # (atomic, through a link to the file, keeping an existing file's mode; a temporary name per
+        # process and thread)
+        write_atomic(path, json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
         return path
 
     @classmethod
@@ -425,6 +428,20 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in st[k]
             ):
                 return f"stats[{k!r}] must be an array of numbers"
+        if not len(st["count"]) == len(st["mean"]) == len(st["std"]):
+            return "stats['count'], ['mean'] and ['std'] must be as long as each other (one entry per symbol)"
+        # (a count is read as an unsigned integer, a std divides: said here, naming the file)
+        bad = next((i for i, x in enumerate(st["count"]) if not isinstance(x, int) or x < 0), None)
+        if bad is not None:
+            return f"stats['count'][{bad}] must be a non-negative integer, got {json.dumps(st['count'][bad])}"
+        for k, least in (("mean", None), ("std", 0.0)):
+            bad = next(
+                (i for i, x in enumerate(st[k]) if not math.isfinite(x) or (least is not None and x < least)),
+                None,
+            )
+            if bad is not None:
+                what = "a finite number >= 0" if least is not None else "a finite number"
+                return f"stats[{k!r}][{bad}] must be {what}, got {st[k][bad]}"
     mc = d.get("merge_counts")
     if isinstance(mc, list) and mc:
         # (a saved tokenizer has one count per merge; `tpe inspect` lists merges by them)
@@ -440,6 +457,14 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
         v = se.get(key)
         if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
             return f"settings[{key!r}] must be an array of strings, got {json.dumps(v)}"
+    if se.get("step_names") is not None:
+        from teller.errors import ConfigError
+        from teller.trace import step_patterns
+
+        try:  # (used at every load of a trace to encode: an empty list or pattern said here)
+            step_patterns(se["step_names"], "settings['step_names']")
+        except ConfigError as e:
+            return str(e)
     bad_layer = next((x for x in se.get("close_layers") or [] if x not in LAYER_NAMES), None)
     if bad_layer is not None:  # (used at every encode: said here, naming the tokenizer)
         return f"settings['close_layers']: unknown layer {bad_layer!r} (layers: {', '.join(LAYER_NAMES)})"
@@ -630,6 +655,36 @@ def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
+def _trace_load_options(
+    source: Any, step_names: list[str] | None, normalize: dict[str, Any] | None
+) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """The step names and normalization a tokenizer trained on ``source`` records: a Trace given
+    already has its steps and symbols (it was loaded with its own), and the settings must say how a
+    path is to be loaded when it is encoded, so they are the Traces' own. Options given that differ
+    from them, or Traces loaded differently from each other, are a ConfigError."""
+    items = [source] if isinstance(source, Trace) else source if isinstance(source, (list, tuple)) else []
+    traces = [t for t in items if isinstance(t, Trace)]
+    if not traces:
+        return step_names, normalize
+    given = {"step_names": step_names, "normalize": normalize}
+    opts = traces[0].load_options
+    for k, t in enumerate(traces[1:], 1):
+        if t.load_options != opts:
+            raise ConfigError(
+                f"the Traces given were loaded with different options ({opts} and {t.load_options} for "
+                f"trace {k}): a tokenizer records one way to load a trace; load them alike"
+            )
+    for key in ("step_names", "normalize"):
+        if given[key] is not None and given[key] != opts[key]:
+            raise ConfigError(
+                f"{key}={given[key]!r} differs from how the Trace given was loaded ({key}={opts[key]!r}): "
+                f"it applies to paths; load the Trace with it (teller.trace.load(..., {key}=...)), or "
+                "leave it out (the tokenizer records the Trace's own)"
+            )
+    # (paths beside the Traces are loaded as the Traces were)
+    return opts["step_names"], opts["normalize"]
+
+
 def _source_corpus(
     source: Any,
     names: Sequence[str] | None,
@@ -740,6 +795,7 @@ def train(
         raise ConfigError("names must be a list of symbol name strings")
     step_names = step_patterns(step_names)
     normalize = check_normalize(normalize)
+    step_names, normalize = _trace_load_options(source, step_names, normalize)
     if progress is not None and not callable(progress):
         raise ConfigError(f"progress must be a callable(done, total) or None, got {type(progress).__name__}")
     c = _source_corpus(source, names, close_layers, step_names, normalize)

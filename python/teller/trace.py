@@ -107,6 +107,8 @@ class Trace:
 
     def __init__(self, native: Any) -> None:
         self._n = native
+        # the step names and normalization it was loaded with (None: the defaults); `load` sets them
+        self.load_options: dict[str, Any] = {"step_names": None, "normalize": None}
 
     # -- columns (zero-copy views) ------------------------------------------------------------
     def _col(self, name: str) -> np.ndarray:
@@ -251,6 +253,17 @@ class Trace:
         return f"<teller.Trace {len(self)} events, {len(self.steps())} steps, {len(self.sources)} source(s)>"
 
     # -- per-event helpers --------------------------------------------------------------------
+    def _index(self, i: int) -> int:
+        """``i`` as an event index, negative ones from the end as for a list; an IndexError (a
+        TypeError for what is no integer: 1.5 is not event 1) otherwise."""
+        if isinstance(i, (bool, np.bool_)):
+            raise TypeError(f"event indices are integers, got {type(i).__name__}")
+        k = operator.index(i)
+        n = len(self)
+        if not -n <= k < n:
+            raise IndexError(f"event index {k} is out of range (the trace has {n} events)")
+        return k + n if k < 0 else k
+
     def name_of(self, i: int) -> str:
         return self.strings[int(self.name[i])]
 
@@ -261,11 +274,11 @@ class Trace:
         return LAYER_NAMES[int(self.layer[i])]
 
     def args(self, i: int) -> dict[str, Any]:
-        return self._n.args(int(i))
+        return self._n.args(self._index(i))
 
     def event(self, i: int) -> dict[str, Any]:
         """One event as a dict (for inspection; use the columns for bulk work)."""
-        i = int(i)
+        i = self._index(i)
         return {
             "index": i,
             "layer": self.layer_name(i),
@@ -286,6 +299,9 @@ class Trace:
         }
 
     def layer_mask(self, *layers: str) -> np.ndarray:
+        bad = [x for x in layers if x not in LAYER_NAMES]
+        if bad:
+            raise ConfigError(f"unknown layer {bad[0]!r} (the layers: {', '.join(LAYER_NAMES)})")
         codes = [LAYER_NAMES.index(x) for x in layers]
         return np.isin(self.layer, codes)
 
@@ -370,8 +386,9 @@ def load(
     (``FILE: collector info: ...``) are only kept there.
     """
     plist = _path_list(paths)
+    opts = {"step_names": step_patterns(step_names), "normalize": check_normalize(normalize)}
     try:
-        native = _native.load(plist, step_patterns(step_names), check_normalize(normalize))
+        native = _native.load(plist, opts["step_names"], opts["normalize"])
     except EmptyTraceError as e:
         sample = _dataset_sample(e.path)
         if sample is None:
@@ -383,6 +400,8 @@ def load(
             detail=e.detail,
         ) from None
     tr = Trace(native)
+    # (how it was loaded: a tokenizer trained on it records the same, to load what it encodes alike)
+    tr.load_options = opts
     if warn:
         for w in split_collector_notes(tr.warnings)[1]:
             warnings.warn(w, TellerWarning, stacklevel=2)
@@ -503,7 +522,9 @@ def check_normalize(normalize: Any) -> dict[str, Any] | None:
             _int_arg(v, "normalization option 'max_len'", 1, 2**63 - 1)
         elif not isinstance(k, str):
             raise ConfigError(f"normalization option names are strings, got {k!r}")
-    # (unknown names: the native loader names them)
+        else:  # (said here, not first by the native loader: a saved tokenizer's settings are checked too)
+            known = ", ".join((*_NORMALIZE_BOOLS, "max_len"))
+            raise ConfigError(f"unknown normalization option {k!r} (known: {known})")
     return {
         k: bool(v) if k in _NORMALIZE_BOOLS else operator.index(v) if k == "max_len" else v
         for k, v in normalize.items()

@@ -656,10 +656,13 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
             },
         });
     }
+    // (pid and a per-process count: threads of one process write at once, the GIL released)
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         target.file_name().map(|s| s.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let f = std::fs::File::create(&tmp).map_err(|e| {
         let what = if e.kind() == std::io::ErrorKind::PermissionDenied {

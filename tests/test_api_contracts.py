@@ -1,0 +1,156 @@
+"""What a library user relies on (found by a review written as one): error types and their
+attributes, indexing, saved-tokenizer checks, settings that say how the vocabulary was made, and
+writes from several threads at once."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import teller
+import teller.trace as T
+from conftest import TRACES
+from teller import tpe
+from teller.errors import (
+    ConfigError,
+    TellerFileNotFoundError,
+    TellerIOError,
+    TellerNotADirectoryError,
+    TokenizerError,
+)
+
+MI250 = TRACES / "mi250_rocm62_tiny.kineto.json.gz"
+
+
+@pytest.fixture(scope="module")
+def tr():
+    return T.load(MI250, warn=False)
+
+
+def test_a_missing_file_is_an_os_error_with_its_errno_and_filename(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        T.load(tmp_path / "nope.json")
+    assert isinstance(e.value, TellerFileNotFoundError) and isinstance(e.value, teller.TellerError)
+    assert e.value.errno == errno.ENOENT and e.value.filename == str(tmp_path / "nope.json")
+    back = pickle.loads(pickle.dumps(e.value))
+    assert (type(back), back.errno, back.filename, str(back)) == (
+        TellerFileNotFoundError,
+        errno.ENOENT,
+        e.value.filename,
+        str(e.value),
+    )
+    # an I/O error with ENOENT is the not-found class, as OSError(2, ...) is FileNotFoundError
+    assert isinstance(TellerIOError("x: gone", errno=errno.ENOENT, path="x"), TellerFileNotFoundError)
+    with pytest.raises(FileNotFoundError):
+        tpe.load(tmp_path / "nothing")
+
+
+def test_event_indices_behave_as_a_sequence(tr):
+    n = len(tr)
+    assert tr.event(-1)["index"] == n - 1 and tr.args(-1) == tr.args(n - 1)
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"event index {bad} is out of range"):
+            tr.event(bad)
+        with pytest.raises(IndexError):
+            tr.args(bad)
+    with pytest.raises(TypeError):
+        tr.event(1.5)  # (not event 1)
+    with pytest.raises(ConfigError, match="unknown layer 'kernal'"):
+        tr.layer_mask("kernal")
+
+
+def _saved(tmp_path, tr, edit) -> str:
+    d = tmp_path / "tok"
+    tpe.train([tr], num_merges=5).save(d)
+    f = d / "tokenizer.json"
+    j = json.loads(f.read_text())
+    edit(j)
+    f.write_text(json.dumps(j))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (
+            lambda j: j["stats"]["count"].__setitem__(0, -5),
+            r"stats\['count'\]\[0\] must be a non-negative integer",
+        ),
+        (lambda j: j["stats"]["count"].__setitem__(1, 1.5), r"stats\['count'\]\[1\] must be a non-negative"),
+        (
+            lambda j: j["stats"]["std"].__setitem__(0, -1.0),
+            r"stats\['std'\]\[0\] must be a finite number >= 0",
+        ),
+        (lambda j: j["stats"]["mean"].pop(), "must be as long as each other"),
+        (
+            lambda j: j["settings"].__setitem__("step_names", []),
+            r"settings\['step_names'\] must not be empty",
+        ),
+        (lambda j: j["settings"].__setitem__("step_names", [""]), "is an empty pattern"),
+        (lambda j: j["settings"].__setitem__("normalize", {"foo": 1}), "unknown normalization option 'foo'"),
+    ],
+)
+def test_a_damaged_saved_tokenizer_is_refused_at_load_naming_its_file(tmp_path, tr, edit, said):
+    d = _saved(tmp_path, tr, edit)
+    with pytest.raises(TokenizerError, match=said) as e:
+        tpe.load(d)
+    assert "tokenizer.json" in str(e.value)
+
+
+def test_a_tokenizer_trained_on_traces_records_how_they_were_loaded(tmp_path):
+    short = T.load(MI250, normalize={"max_len": 8}, warn=False)
+    tok = tpe.train([short], num_merges=5)
+    assert tok.settings["normalize"] == {"max_len": 8}
+    # so a path is encoded as the trace was: no [UNK] that the trace itself did not have
+    unk = [i for i, s in enumerate(tok.base_vocab) if s.startswith("[UNK")]
+    assert not np.isin(tok.encode(MI250).base_ids, unk).any()
+    with pytest.raises(ConfigError, match="differs from how the Trace given was loaded"):
+        tpe.train([T.load(MI250, warn=False)], num_merges=5, normalize={"max_len": 8})
+    with pytest.raises(ConfigError, match="loaded with different options"):
+        tpe.train([short, T.load(MI250, warn=False)], num_merges=5)
+
+
+def test_threads_writing_one_output_at_once_do_not_collide(tmp_path, tr):
+    tok = tpe.train([tr], num_merges=5)
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for _ in range(15):
+                tr.to_chrome(tmp_path / "same.json.gz")
+                tok.save(tmp_path / "sametok")
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(T.load(tmp_path / "same.json.gz", warn=False)) == len(tr)
+    assert tpe.load(tmp_path / "sametok").merges == tok.merges
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_a_saved_tokenizer_keeps_its_mode_and_links(tmp_path, tr):
+    tok = tpe.train([tr], num_merges=5)
+    real = tmp_path / "real"
+    tok.save(real)
+    (real / "tokenizer.json").chmod(0o600)
+    tok.save(real)
+    assert (real / "tokenizer.json").stat().st_mode & 0o777 == 0o600
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink(real / "tokenizer.json", linked / "tokenizer.json")
+    tok.save(linked)
+    assert (linked / "tokenizer.json").is_symlink()
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    with pytest.raises(TellerNotADirectoryError):
+        tok.save(f)
