@@ -154,3 +154,10 @@ def test_a_saved_tokenizer_keeps_its_mode_and_links(tmp_path, tr):
     f.write_text("x")
     with pytest.raises(TellerNotADirectoryError):
         tok.save(f)
+
+
+def test_encode_given_a_list_of_trace_paths_says_to_use_encode_batch(tr):
+    tok = tpe.train([tr], num_merges=5)
+    with pytest.raises(ConfigError, match="encode_batch"):
+        tok.encode([str(MI250)])  # (a list of strings is a symbol sequence: it was 1 [UNK] token)
+    assert [len(e.base_ids) for e in tok.encode_batch([MI250])] == [len(tok.encode(MI250).base_ids)]

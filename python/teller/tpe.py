@@ -241,6 +241,14 @@ class TPETokenizer:
             )
         if isinstance(x, Corpus):
             return x
+        if isinstance(x, (list, tuple)) and any(
+            isinstance(e, os.PathLike) or (isinstance(e, str) and _names_a_trace(e)) for e in x
+        ):
+            # (a list of strings is one symbol sequence: paths in it would encode as one [UNK] each)
+            raise ConfigError(
+                "encode takes one trace (a Trace or a path) or symbol sequences; for several traces use "
+                "encode_batch([...])"
+            )
         return corpus_from_symbols(_symbol_sequences(x))
 
     def encode(self, x: Any) -> Encoding:
@@ -653,6 +661,11 @@ def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
             path=str(p),
         )
     return found
+
+
+def _names_a_trace(s: str) -> bool:
+    """Whether a string in a symbol sequence is rather the path of a trace or run directory."""
+    return (s.endswith(TRACE_SUFFIXES) or os.sep in s) and os.path.exists(s)
 
 
 def _trace_load_options(
