@@ -161,3 +161,26 @@ def test_encode_given_a_list_of_trace_paths_says_to_use_encode_batch(tr):
     with pytest.raises(ConfigError, match="encode_batch"):
         tok.encode([str(MI250)])  # (a list of strings is a symbol sequence: it was 1 [UNK] token)
     assert [len(e.base_ids) for e in tok.encode_batch([MI250])] == [len(tok.encode(MI250).base_ids)]
+
+
+def test_wrong_argument_types_are_config_errors_naming_them(tr, tmp_path):
+    from teller.compare import compare
+
+    with pytest.raises(ConfigError, match=r"compare takes two teller.trace.Trace objects \(teller.trace.load\), got str as current"):
+        compare(tr, "x")
+    with pytest.raises(ConfigError, match="to_chrome takes an output path, got NoneType"):
+        tr.to_chrome(None)
+    tok = tpe.train([tr], num_merges=5)
+    with pytest.raises(TokenizerError, match="symbol id 9999 is not a base symbol"):
+        tok.duration_z(9999, [1000])
+    with pytest.warns(teller.TellerWarning, match="no merges are learned"):
+        tpe.train([tr], vocab_size=3)
+
+
+def test_a_saved_tokenizer_loads_back_exactly(tmp_path, tr):
+    tok = tpe.train([tr], num_merges=5)
+    tok.save(tmp_path / "t")
+    back = tpe.load(tmp_path / "t")
+    for k in ("count", "mean", "std"):
+        assert np.array_equal(back.stats[k], tok.stats[k]), k  # (no rounding: the same features)
+    assert np.array_equal(back.encode(tr).features, tok.encode(tr).features)

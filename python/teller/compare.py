@@ -349,8 +349,15 @@ def compare(
     ``step_patterns``: the globs the captures' steps were found by
     (``teller.trace.load(step_names=...)``; the loader's defaults by default): steps found by the
     loader's fallbacks (root ranges, the whole trace) make the unit "capture"."""
-    from teller.trace import DEFAULT_STEP_PATTERNS
+    from teller.errors import ConfigError
+    from teller.trace import DEFAULT_STEP_PATTERNS, Trace
 
+    for name, v in (("baseline", baseline), ("current", current)):
+        if not isinstance(v, Trace):
+            raise ConfigError(
+                f"compare takes two teller.trace.Trace objects (teller.trace.load), got {type(v).__name__} "
+                f"as {name}"
+            )
     patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
     nb, ub, med_b = _units(baseline, patterns)
     nc, uc, med_c = _units(current, patterns)

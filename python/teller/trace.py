@@ -342,6 +342,8 @@ class Trace:
     def to_chrome(self, path: PathLike, *, highlight: Sequence[int] | None = None) -> None:
         """Write a Chrome trace (gzip when ``path`` ends in .gz) that opens in Perfetto; ``highlight``:
         indices of events to mark (each in ``range(len(self))``, else :class:`teller.ConfigError`)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"to_chrome takes an output path, got {type(path).__name__}")
         hl = None
         if highlight is not None:
             if isinstance(highlight, (str, bytes, dict)) or not isinstance(highlight, Iterable):
