@@ -166,7 +166,10 @@ def test_encode_given_a_list_of_trace_paths_says_to_use_encode_batch(tr):
 def test_wrong_argument_types_are_config_errors_naming_them(tr, tmp_path):
     from teller.compare import compare
 
-    with pytest.raises(ConfigError, match=r"compare takes two teller.trace.Trace objects \(teller.trace.load\), got str as current"):
+    with pytest.raises(
+        ConfigError,
+        match=r"compare takes two teller.trace.Trace objects \(teller.trace.load\), got str as current",
+    ):
         compare(tr, "x")
     with pytest.raises(ConfigError, match="to_chrome takes an output path, got NoneType"):
         tr.to_chrome(None)

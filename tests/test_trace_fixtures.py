@@ -359,3 +359,40 @@ def test_a_gz_name_in_capitals_is_compressed(tmp_path):
     out = tmp_path / "X.JSON.GZ"
     tr.to_chrome(out)
     assert out.read_bytes()[:2] == b"\x1f\x8b" and gzip.decompress(out.read_bytes()).startswith(b"{")
+
+
+def test_what_teller_derived_is_not_read_back_as_args(tmp_path):
+    """teller.step / teller.highlight in a trace teller wrote are derived again, not kept as args
+    (they went stale); teller.unfinished is read as the flag it stands for, round trip after round
+    trip."""
+    import json
+
+    src = tmp_path / "open.json"
+    ev = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 5,
+            "args": {"a": 1},
+        },
+        {"ph": "B", "cat": "user_annotation", "name": "never closed", "pid": 1, "tid": 1, "ts": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 12, "dur": 3},
+    ]
+    src.write_text(json.dumps({"traceEvents": ev}))
+    tr = T.load(src, warn=False)
+    unfinished = lambda t: sorted(t.name_of(i) for i in range(len(t)) if t.flags[i] & 2)  # noqa: E731
+    assert unfinished(tr) == ["never closed"]
+    cur = tr
+    for k in range(2):
+        out = tmp_path / f"rt{k}.json"
+        cur.to_chrome(out, highlight=[0])
+        cur = T.load(out, warn=False)
+        assert unfinished(cur) == ["never closed"], k
+        assert all(not key.startswith("teller.") for i in range(len(cur)) for key in cur.args(i)), k
+    assert cur.args(
+        int(np.flatnonzero(np.array([cur.name_of(i) == "aten::mm" for i in range(len(cur))]))[0])
+    ) == {"a": 1}

@@ -31,6 +31,8 @@ struct Ev {
     bp_e: bool,
     args_start: usize,
     meta_name: Option<u32>,
+    /// `args["teller.unfinished"]` (teller's own output: a range still open when the capture ended)
+    unfinished: bool,
 }
 
 struct Pending {
@@ -562,6 +564,17 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         }
         loop {
             let k = self.sc.string().map_err(|e| self.ferr(e, true))?;
+            if k.starts_with("teller.") {
+                // what teller's writer derived (teller.step, teller.highlight): derived again, not
+                // kept as args that would go stale; teller.unfinished is the flag it stands for
+                self.sc.expect(b':').map_err(|e| self.ferr(e, true))?;
+                let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                ev.unfinished |= k == "teller.unfinished" && matches!(v, Raw::True);
+                if !self.sc.comma_or(b'}').map_err(|e| self.ferr(e, true))? {
+                    return Ok(());
+                }
+                continue;
+            }
             let key = self.t.strings.intern(&k);
             self.sc.expect(b':').map_err(|e| self.ferr(e, true))?;
             let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
@@ -783,6 +796,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
 
     #[inline]
     fn push(&mut self, layer: Layer, ev: &Ev, ts: i64, dur: i64, fl: u8) {
+        let fl = if ev.unfinished { fl | flags::UNFINISHED } else { fl };
         let device = if layer.on_gpu() {
             ev.device.unwrap_or(ev.pid) as i32
         } else if layer == Layer::Sync {
