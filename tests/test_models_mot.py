@@ -1157,6 +1157,36 @@ def test_diagnose_names_an_injected_fault_in_top3(tmp_path, monkeypatch) -> None
     assert ops and all(o["dur_z"] is None for o in ops)
 
 
+def test_a_resume_keeps_the_run_s_training_settings(shards) -> None:
+    """A resume goes on with the optimizer state the run saved: other optimization settings would be
+    recorded in config.json without being used, so they are refused; so is fewer epochs than done."""
+    from teller.errors import ConfigError
+
+    root, _data, tdir, out = shards
+    cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 2}}
+    run = train(cfg, out, root / "settings", tpe_dir=tdir)
+    other = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 4, "lr": 0.3, "batch_size": 3}}
+    with pytest.raises(ConfigError, match=r"other settings \(train.batch_size .*train.lr") as e:
+        train(other, out, run, tpe_dir=tdir, resume=True)
+    assert "config.json" in str(e.value)
+    fewer = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 1}}
+    with pytest.raises(ConfigError, match="has trained 2 epochs already"):
+        train(fewer, out, run, tpe_dir=tdir, resume=True)
+    # more epochs, another time budget: a longer run of the same training
+    longer = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3, "max_minutes": 30}}
+    notes: list[str] = []
+    train(
+        longer,
+        out,
+        run,
+        tpe_dir=tdir,
+        resume=True,
+        progress=lambda w, d, t, r: notes.append(r.get("text", "")),
+    )
+    assert len(json.loads((run / "history.json").read_text())) == 3
+    assert any("resuming" in n and "after epoch 2 of 3" in n for n in notes)
+
+
 def test_interrupted_and_resumed_training_equals_uninterrupted(shards) -> None:
     root, _data, tdir, out = shards
     cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 3}}

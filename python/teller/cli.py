@@ -1191,6 +1191,8 @@ def _train_model(
             def cb(what: str, done: int, total: int, rec: dict[str, float]) -> None:
                 if what == "train":
                     update(done, total)
+                elif what == "note":  # (resumed, stopped early: said, not silent)
+                    err_console.print(str(rec["text"]), highlight=False, soft_wrap=True)
                 elif what == "calibrate":
                     err_console.print(
                         f"calibrated on {rec['split']}: temperature {rec['temperature']:.3f} "
@@ -1216,6 +1218,15 @@ def _train_model(
             )
     except TellerError as e:
         raise _fail(e) from None
+    except KeyboardInterrupt:
+        # (training saves a whole epoch at a time: what is in OUT is the last finished one)
+        err_console.print(
+            f"interrupted: {out} keeps the last finished epoch; the same command with --resume goes on "
+            "from it",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     err_console.print(f"trained {kind} in {time.perf_counter() - t0:.1f} s", highlight=False)
     print(run)
 
@@ -1248,8 +1259,8 @@ _ResumableOutOpt = Annotated[
     str | None,
     typer.Option(
         "--output-dir",
-        help="Run directory (checkpoints, config.json); one already holding a run is refused unless "
-        "--resume.",
+        help="Run directory (checkpoints, config.json; default: output/checkpoints/KIND); one already "
+        "holding a run is refused unless --resume.",
     ),
 ]
 _ExtraOpt = Annotated[

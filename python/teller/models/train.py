@@ -1071,7 +1071,46 @@ def _resume_state(
                 f"resume it with the same one, or {hint}",
                 path=str(out),
             )
+    # The settings of the optimization itself: a resume goes on where the run stopped, with the
+    # optimizer state it saved (its learning rate, too), so other values would be recorded in
+    # config.json without having been used. train.epochs may grow (train longer), the device,
+    # patience and time budget may change.
+    rec_train = prev.get("train")
+    if isinstance(rec_train, dict):
+        now = asdict(tc)
+        diff = [
+            f"train.{k} {rec_train[k]!r}, now {now[k]!r}"
+            for k in RESUME_FIXED
+            if k in rec_train and rec_train[k] != now[k]
+        ]
+        if diff:
+            raise ConfigError(
+                f"{out}: the run was trained with other settings ({'; '.join(diff[:3])}); resume it with "
+                f"the ones in {out / 'config.json'}, or {hint}",
+                path=str(out),
+            )
+    if st["epoch"] > tc.epochs:
+        raise ConfigError(
+            f"{out}: the run has trained {st['epoch']} epochs already, more than train.epochs "
+            f"{tc.epochs}; resume with --epochs {st['epoch']} or more, or {hint}",
+            path=str(out),
+        )
     return st, last, prev
+
+
+# the training settings a resume must keep (see _resume_state)
+RESUME_FIXED = (
+    "seed",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "warmup_frac",
+    "loc_weight",
+    "loc_listwise",
+    "summary_loc_weight",
+    "grad_clip",
+    "max_train_samples",
+)
 
 
 def train(
@@ -1254,6 +1293,8 @@ def train(
                     path=str(out / "state.pt"),
                 ) from None
             start_epoch, best, bad_epochs, history = st["epoch"], st["best"], st["bad_epochs"], st["history"]
+            if progress:
+                progress("note", 0, 0, {"text": f"resuming {out} after epoch {start_epoch} of {tc.epochs}"})
         ema = WeightEMA(model, tc.ema) if tc.ema else None
         if ema is not None and st is not None:
             try:
@@ -1346,6 +1387,16 @@ def train(
                     with contextlib.suppress(OSError):
                         tmp.unlink()
             if bad_epochs >= tc.patience:
+                if progress and epoch + 1 < tc.epochs:
+                    progress(
+                        "note",
+                        0,
+                        0,
+                        {
+                            "text": f"stopped early after epoch {epoch + 1} of {tc.epochs}: the val "
+                            f"metric did not improve for {tc.patience} epochs (train.patience)"
+                        },
+                    )
                 break
             if (time.perf_counter() - t_start) / 60 > tc.max_minutes:
                 if epoch + 1 < tc.epochs:  # (not silent: the schedule was cut short, a busy CPU can do it)
