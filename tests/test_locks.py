@@ -372,3 +372,20 @@ def test_claim_run_dir_takes_a_name_no_one_else_has(tmp_path, monkeypatch) -> No
     (tmp_path / "file").write_text("x")
     with pytest.raises(TellerIOError, match="file"):
         tio.claim_run_dir(tmp_path / "file" / "runs", "tpe-1")
+
+
+def test_a_run_being_trained_is_not_evaluated(tmp_path) -> None:
+    """`teller evaluate` of a run `teller train` is still writing would score some epoch's weights,
+    uncalibrated, and write its metrics into the run: refused, naming the holder; a reader's check
+    that takes nothing and creates nothing."""
+    from teller.models.report import evaluate_any
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert tio.lock_holder(run) is None and not (run / LOCK_FILE).exists()
+    with _held(run, "teller train mot"):
+        assert "teller train mot" in tio.lock_holder(run)
+        with pytest.raises(DirectoryLockedError, match=r"being written \(pid .*'teller train mot'"):
+            evaluate_any(run, None, "test")
+    assert tio.lock_holder(run) is None

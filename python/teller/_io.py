@@ -221,6 +221,27 @@ def _holder(fd: int) -> str:
     return ", ".join(parts)
 
 
+def lock_holder(directory: str | os.PathLike[str]) -> str | None:
+    """Who holds ``directory``'s lock (:func:`dir_lock`) now, as :func:`_holder` says it (``""``
+    where it recorded nothing yet), or None where no one does. Takes nothing and creates nothing: a
+    reader's check (``teller evaluate`` of a run ``teller train`` is still writing)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(Path(directory) / LOCK_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return None  # (no lock file: no holder)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # (releases the probe's shared lock, where it got one)
+    return None
+
+
 def _missing_dirs(d: str | os.PathLike[str]) -> list[Path]:
     """The directories up to ``d`` that do not exist yet, deepest first (absolute: a ``with`` block
     may change the working directory)."""

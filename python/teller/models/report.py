@@ -116,6 +116,18 @@ def evaluate_any(
     cfgp = (p if p.is_dir() else p.parent) / "config.json"
     if not cfgp.is_file():
         raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))
+    from teller._io import lock_holder
+
+    who = lock_holder(cfgp.parent)
+    if who is not None:
+        # (trained or calibrated now: its weights are some epoch's, its temperature not yet fitted)
+        from teller.errors import DirectoryLockedError
+
+        raise DirectoryLockedError(
+            f"{cfgp.parent}: being written ({who or 'by another teller process'}); evaluate it when that "
+            "has finished",
+            path=str(cfgp.parent),
+        )
     try:
         cfg = json.loads(cfgp.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
