@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -2364,3 +2365,32 @@ def test_diagnose_with_a_log_only_model_names_no_culprit_events(shards, tmp_path
     d = diagnose(sorted(data.glob("s0*"))[0], run)
     assert d["root_causes"] and d["culprit_events"] == 0 and not d["operators"]
     assert d["culprit_where"] == {"devices": [], "pids": []}
+
+
+def test_evaluation_files_stay_true_to_their_run(shards, tmp_path) -> None:
+    """Evaluating other shards does not overwrite the run's own result; an evaluation made before
+    the run was recalibrated (or its weights changed) is said to be stale by results summarize."""
+    import shutil
+
+    from teller.models.report import evaluate_any, summarize, write_metrics
+    from teller.models.train import calibrate
+
+    root, _data, tdir, out = shards  # (its test split is empty: train is evaluated)
+    run = train(
+        {"model": CFG["model"], "train": {**CFG["train"], "epochs": 2}}, out, tmp_path / "r", tpe_dir=tdir
+    )
+    (own,) = evaluate_any(run, None, "train")
+    f_own = write_metrics(own, run)
+    assert f_own.name == "eval-train-mot.json"
+    copy = tmp_path / "copyshards"
+    shutil.copytree(out, copy)
+    (other,) = evaluate_any(run, copy, "train")
+    f_other = write_metrics(other, run)
+    assert f_other.name == "eval-copyshards-train-mot.json" and f_own.is_file()
+    assert json.loads(f_own.read_text())["data"] == own["data"] != other["data"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summarize([run], tmp_path / "sum0")  # (current: nothing said)
+    calibrate(run, None, "train")  # (a temperature fitted: the evaluation used none)
+    with pytest.warns(TellerWarning, match="evaluated before the run's weights or calibration changed"):
+        summarize([run], tmp_path / "sum1")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import numpy as np
 
 from teller._io import write_atomic
 from teller.data.dataset import read_json
-from teller.errors import ConfigError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
 
 MAIN_KEYS = (
     "ac@1",
@@ -192,12 +194,32 @@ def evaluate_any(
     from teller.models.train import shards_run_dir
 
     data = str(shards_run_dir(data_dir or cfg["data_dir"]).resolve())  # (evaluate read it: it exists)
+    own = data if not data_dir else None
+    if own is None and isinstance(cfg.get("data_dir"), str):
+        with contextlib.suppress(TellerError, OSError):  # (moved: then the evaluated data is another)
+            own = str(shards_run_dir(cfg["data_dir"]).resolve())
+    weights = weights_id(cfgp.parent)
     for m in res:  # what summarize pools and pairs by: the recipe and the data evaluated
         m["recipe"] = recipe_id(cfg)
         m["data"] = data
+        # (the run's own shards, where the data evaluated is others: its file must not be theirs)
+        m["own_data"] = own
+        # (summarize says when the run's weights changed since: a resumed or retrained run)
+        m["weights"] = weights
         if cfg.get("trained_on"):
             m["trained_on"] = cfg["trained_on"]
     return res
+
+
+def weights_id(run: Path) -> str | None:
+    """A fingerprint of a run's weights (``model.safetensors``: the first 16 hex digits of its
+    SHA-256), or None for a run without that file (baselines, ensembles)."""
+    f = run / "model.safetensors"
+    try:
+        with open(f, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+    except OSError:
+        return None
 
 
 # settings of `train:` added after runs were recorded, with their value when off: they count only
@@ -368,7 +390,15 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     ds = Path(str(m["dataset"])).name if m.get("dataset") else None
     if ds and (ds != tag or tag in ("train", "val", "test", "test_ood", "all")):
         tag = f"{ds}-{tag}"  # a split of a dataset directory: never the file of the shards' own split
+    elif not ds and m.get("data") and m.get("data") != m.get("own_data"):
+        tag = f"{Path(str(m['data'])).name}-{tag}"  # other shards' split: not the run's own file
     stem = f"eval-{tag}-{m['model']}"
+    try:  # (another data set of the same name, evaluated before: both kept, this one marked)
+        before = json.loads((out / f"{stem}.json").read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before and m.get("data") and before != m["data"]:
+        stem += "-" + hashlib.sha256(str(m["data"]).encode()).hexdigest()[:6]
     write_atomic(out / f"{stem}.json", json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
         return out / f"{stem}.json"
@@ -522,6 +552,24 @@ def _load_eval(f: Path) -> dict[str, Any]:
     return m
 
 
+def _stale(m: dict[str, Any], run: Path) -> bool:
+    """Whether an evaluation file no longer describes its run: made with other weights (the
+    fingerprint it records) or another temperature than the run's ``config.json`` now has."""
+    w = m.get("weights")
+    if isinstance(w, str) and (now := weights_id(run)) is not None and now != w:
+        return True
+    try:
+        cfg = json.loads((run / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict) or cfg.get("format") != "teller-rca-checkpoint":
+        return False  # (an ensemble's temperature is its own, fixed when it was fitted)
+    cal = cfg.get("calibration")
+    t_now = float(cal["temperature"]) if isinstance(cal, dict) and "temperature" in cal else 1.0
+    t = m.get("temperature")
+    return isinstance(t, (int, float)) and abs(float(t) - t_now) > 1e-9
+
+
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     """Collect every ``eval-*.json`` of the runs into one comparison: ``results.md`` (the main table,
     each model kind over its runs and paired per-sample differences (:func:`_model_groups`), F1 per
@@ -530,6 +578,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     rows: list[dict[str, Any]] = []
     seen: dict[Path, str] = {}
     empty: list[str] = []
+    stale: list[str] = []  # (evaluation files of an earlier state of their run)
     for r in runs:
         p = Path(r)
         if not p.exists():
@@ -548,6 +597,8 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                 )
             seen[f.resolve()] = str(r)
             m = _load_eval(f)
+            if _stale(m, p if p.is_dir() else p.parent):
+                stale.append(str(f))
             rows.append(
                 {
                     "_dir": (p if p.is_dir() else p.parent).resolve(),
@@ -570,6 +621,15 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     if empty:
         warnings.warn(
             f"{', '.join(empty)}: no eval-*.json (not a run directory, or not evaluated yet): left out",
+            stacklevel=2,
+        )
+    if stale:
+        from teller.errors import TellerWarning
+
+        warnings.warn(
+            f"{', '.join(stale)}: evaluated before the run's weights or calibration changed (resumed, "
+            "retrained, recalibrated): their numbers are the old model's; run teller evaluate again",
+            TellerWarning,
             stacklevel=2,
         )
     out = Path(output)
