@@ -1981,8 +1981,8 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
 
     _root, data, tdir, out = shards
     run = train(CFG, out, tmp_path / "run", tpe_dir=tdir)
-    # no val in this fixture: nothing fitted at training time
-    assert "calibration" not in json.loads((run / "config.json").read_text())
+    # no val in this fixture: nothing fitted at training time (null: done, nothing to fit on)
+    assert json.loads((run / "config.json").read_text())["calibration"] is None
     model, cfg = load_checkpoint(run)
     assert model.temperature == 1.0
     samples, _ = load_model_split(shards_run_dir(out), "train", cfg["model"])
@@ -2030,7 +2030,8 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
         assert calibrate(run, split="train") == cal
     (run / "config.json").write_text(json.dumps({**c, "calibration": {"temperature": "x"}}))
     assert calibrate(run, reset=True) is None
-    assert json.loads((run / "config.json").read_text()) == {k: v for k, v in c.items() if k != "calibration"}
+    # (null: removed on purpose; an absent one means training stopped before it and is warned about)
+    assert json.loads((run / "config.json").read_text()) == {**c, "calibration": None}
     assert load_checkpoint(run)[0].temperature == 1.0
     (run / "config.json").write_text(json.dumps(c))
     with pytest.raises(ConfigError, match="its 'val' split holds no samples"):
@@ -2051,8 +2052,16 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     # evaluate records the temperature its probabilities had
     assert evaluate(run, None, "train")["temperature"] == cal["temperature"]
     assert calibrate(run, reset=True) is None
-    assert "calibration" not in json.loads((run / "config.json").read_text())
-    assert load_checkpoint(run)[0].temperature == 1.0
+    assert json.loads((run / "config.json").read_text())["calibration"] is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (reset on purpose: no "not calibrated" note)
+        assert load_checkpoint(run)[0].temperature == 1.0
+    # a run whose training stopped before its calibration: said when it is loaded
+    cj = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({k: v for k, v in cj.items() if k != "calibration"}))
+    with pytest.warns(TellerWarning, match="not calibrated: its training stopped before its end"):
+        load_checkpoint(run)
+    (run / "config.json").write_text(json.dumps(cj))
     assert evaluate(run, None, "train")["temperature"] == 1.0
     # a split where every sample is right: nothing to calibrate against, T stays 1 with a note
     import teller.models.train as tm

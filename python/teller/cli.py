@@ -1470,7 +1470,8 @@ def calibrate_cmd(
             f"ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}",
             highlight=False,
         )
-    print(json.dumps(cal))
+    if cal is not None:  # (the fitted record on stdout, for scripts; a reset has none)
+        print(json.dumps(cal))
 
 
 @results_app.command(

@@ -713,6 +713,16 @@ def load_checkpoint(
             f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
         ) from None
     model.temperature = checkpoint_temperature(cfg) if calibrated else 1.0
+    if calibrated and "calibration" not in cfg and (run / "state.pt").is_file():
+        # (training calibrates on val as its last step: a run without it stopped before its end, or
+        # had no val split; its confidences are the network's raw, over-confident probabilities)
+        warnings.warn(
+            f"{run}: not calibrated: its training stopped before its end (the same teller train command "
+            "with --resume finishes it; teller calibrate fits the temperature alone); its confidences "
+            "are the network's uncalibrated probabilities",
+            TellerWarning,
+            stacklevel=2,
+        )
     model.to(device)
     model.eval()
     return model, cfg
@@ -1428,6 +1438,9 @@ def train(
                     "calibrate", 1, 1, {k: v for k, v in cfg_json["calibration"].items() if k != "method"}
                 )
             _commit_config(out, cfg_json)
+        else:  # (no val split to fit on: recorded as done, null, so that loading it says nothing)
+            cfg_json["calibration"] = None
+            _commit_config(out, cfg_json)
         return out
 
 
@@ -1612,9 +1625,8 @@ def _calibrate(
         if data_dir is not None:
             cal["data_dir"] = str(run_dir.resolve())
     new = dict(cfg)
-    new.pop("calibration", None)
-    if cal is not None:
-        new["calibration"] = cal
+    # (null after a reset: removed on purpose, where an absent one means training stopped before it)
+    new["calibration"] = cal
     _commit_config(run, new)
     return cal
 
