@@ -2403,3 +2403,21 @@ def test_evaluation_files_stay_true_to_their_run(shards, tmp_path) -> None:
     calibrate(run, None, "train")  # (a temperature fitted: the evaluation used none)
     with pytest.warns(TellerWarning, match="evaluated before the run's weights or calibration changed"):
         summarize([run], tmp_path / "sum1")
+
+
+def test_evaluating_the_training_samples_is_said(shards, tmp_path) -> None:
+    """--split all, or the dataset the run's shards were encoded from, scores samples the model was
+    trained on: a warning says so; a split named by the user (train) or a held-out one is not."""
+    from teller.models.report import evaluate_any
+
+    root, data, tdir, out = shards
+    run = train(
+        {"model": CFG["model"], "train": {**CFG["train"], "epochs": 1}}, out, tmp_path / "r", tpe_dir=tdir
+    )
+    with pytest.warns(TellerWarning, match="--split all includes samples the model was trained"):
+        evaluate_any(run, None, "all")
+    with pytest.warns(TellerWarning, match=r"\(the dataset the run was trained on\) includes samples"):
+        evaluate_any(run, None, str(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate_any(run, None, "train")

@@ -163,6 +163,7 @@ def evaluate_any(
                     "or all, or a dataset directory)",
                     path=str(dataset),
                 )
+    _warn_if_trained_on(cfg, cfgp, dataset, split)
     if dataset is not None:
         # encode it with the checkpoint's own tokenizers, then evaluate the split
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
@@ -209,6 +210,35 @@ def evaluate_any(
         if cfg.get("trained_on"):
             m["trained_on"] = cfg["trained_on"]
     return res
+
+
+def _warn_if_trained_on(cfg: dict[str, Any], cfgp: Path, dataset: Path | None, split: str) -> None:
+    """A TellerWarning where the samples evaluated include the run's training samples without their
+    being asked for by name: ``all`` of its shards, or all of the very dataset its shards were encoded
+    from (whose train samples the model has seen: its scores there say nothing about new data)."""
+    from teller.errors import TellerWarning
+
+    seen = split == "all"  # (--split train / val name those samples: the user knows)
+    what = "--split all"
+    if dataset is not None:
+        seen = False
+        try:
+            from teller.models.train import shards_run_dir
+
+            man = json.loads((shards_run_dir(cfg["data_dir"]) / "manifest.json").read_text())
+            src = (man.get("dataset") or {}).get("manifest_sha256")
+            mine = hashlib.sha256((dataset / "manifest.json").read_bytes()).hexdigest()
+            seen = bool(src) and src == mine and split in ("all", "train", "val")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, TellerError):
+            pass  # (the training shards are gone or unreadable: nothing to compare with)
+        what = f"{dataset} (the dataset the run was trained on)"
+    if seen and cfg.get("format") != "teller-ensemble":
+        warnings.warn(
+            f"{cfgp.parent}: {what} includes samples the model was trained or validated on: its "
+            "scores there are higher than on new data (test and test_ood are held out)",
+            TellerWarning,
+            stacklevel=3,
+        )
 
 
 def weights_id(run: Path) -> str | None:
