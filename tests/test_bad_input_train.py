@@ -239,7 +239,7 @@ def test_an_interrupted_run_leaves_the_files_of_its_last_epoch(data, tmp_path, m
 @pytest.mark.parametrize(
     ("text", "msg"),
     [
-        ("modle:\n  d_model: 8\n", r"unknown top-level key\(s\) modle \(allowed: model, train\)"),
+        ("modle:\n  d_model: 8\n", r"unknown top-level key\(s\) modle \(allowed: base, model, train\)"),
         ("", "the configuration is empty"),
         ("# only a comment\n", "the configuration is empty"),
         (b"\x80\x04\x95binary\xff", r"not UTF-8 text: byte 0x80 at offset 0"),
@@ -468,3 +468,26 @@ def test_sigterm_waits_for_the_commit_too():
         assert signal.getsignal(signal.SIGTERM) is not None and got == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_a_config_file_can_start_from_a_shipped_one(tmp_path) -> None:
+    """`base: demo` (or a file) is read first and the file's settings replace its one by one; a
+    chain that comes back to itself, or a base that does not exist, is refused naming the file."""
+    from teller.models.train import load_config
+
+    (tmp_path / "a.yaml").write_text("base: demo\ntrain:\n  epochs: 1\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nmodel:\n  d_model: 32\n")
+    demo = load_config("demo", "mot")
+    a = load_config(tmp_path / "a.yaml", "mot")
+    assert a["model"] == demo["model"] and a["train"] == {**demo["train"], "epochs": 1}
+    b = load_config(tmp_path / "b.yaml", "mot")
+    assert b["model"] == {**demo["model"], "d_model": 32} and b["train"]["epochs"] == 1 and "base" not in b
+    (tmp_path / "c.yaml").write_text("base: c.yaml\n")
+    with pytest.raises(ConfigError, match="c.yaml leads back to itself"):
+        load_config(tmp_path / "c.yaml", "mot")
+    (tmp_path / "d.yaml").write_text("base: nosuch\n")
+    with pytest.raises(ConfigError, match=r"d.yaml: base: no shipped configuration 'nosuch'"):
+        load_config(tmp_path / "d.yaml", "mot")
+    (tmp_path / "e.yaml").write_text("base: [demo]\n")
+    with pytest.raises(ConfigError, match="base: must be a shipped configuration's name"):
+        load_config(tmp_path / "e.yaml", "mot")

@@ -120,20 +120,27 @@ def _config_sections(d: Any, where: str) -> None:
     """``d`` is a training configuration: a mapping of ``model:`` / ``train:`` mappings (or null)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: the configuration must be a mapping of {' and '.join(CONFIG_SECTIONS)}")
-    bad = sorted(str(k) for k in d if k not in CONFIG_SECTIONS)
+    bad = sorted(str(k) for k in d if k not in (*CONFIG_SECTIONS, "base"))
     if bad:
         raise ConfigError(
-            f"{where}: unknown top-level key(s) {', '.join(bad)} (allowed: {', '.join(CONFIG_SECTIONS)})"
+            f"{where}: unknown top-level key(s) {', '.join(bad)} "
+            f"(allowed: base, {', '.join(CONFIG_SECTIONS)})"
+        )
+    if "base" in d and not isinstance(d["base"], str):
+        raise ConfigError(
+            f"{where}: base: must be a shipped configuration's name or a YAML file, got {d['base']!r}"
         )
     for k in CONFIG_SECTIONS:
         if d.get(k) is not None and not isinstance(d[k], dict):
             raise ConfigError(f"{where}: {k}: must be a mapping of settings, got {d[k]!r}")
 
 
-def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
+def load_config(path: str | Path | None, default: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A training configuration: a YAML file, a shipped configuration's name, or (``None``) the
     shipped ``default``. Its ``model:`` and ``train:`` sections are type-checked here, so that a
-    mistake names the file."""
+    mistake names the file. ``base: NAME`` (a shipped configuration, or a YAML file, relative to this
+    one) is read first, and this file's settings replace its, one by one; without ``base:`` a file
+    is the whole configuration (every setting it leaves out takes its built-in default)."""
     p = Path(path) if path else builtin_config(default)
     if not p.is_file():
         if path and not Path(path).suffix:
@@ -167,6 +174,20 @@ def load_config(path: str | Path | None, default: str) -> dict[str, Any]:
             path=str(p),
         )
     _config_sections(d, str(p))
+    if "base" in d:
+        if p.resolve() in _chain or len(_chain) > 8:
+            raise ConfigError(f"{p}: base: {d['base']} leads back to itself", path=str(p))
+        b = Path(d["base"]).expanduser()
+        ref: str | Path = (p.parent / b) if not b.is_absolute() and b.suffix else d["base"]
+        try:
+            base = load_config(ref, default, (*_chain, p.resolve()))
+        except TellerError as e:
+            raise type(e)(f"{p}: base: {e}", path=str(p)) from None
+        d = {
+            k: {**(base.get(k) or {}), **(d.get(k) or {})} if (base.get(k) or d.get(k)) else None
+            for k in CONFIG_SECTIONS
+        }
+        d = {k: v for k, v in d.items() if v is not None}
     from teller.models.checks import typed_config
 
     for k, cls in (("model", ModelConfig), ("train", TrainConfig)):
