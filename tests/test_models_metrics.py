@@ -35,6 +35,9 @@ def test_detection() -> None:
     d = detection([0, 1, 2, 0], [1, 1, 0, 0])
     assert d["detection_precision"] == 0.5  # predicted faulty: samples 0 (wrong) and 1 (right)
     assert d["detection_recall"] == 0.5  # faulty: samples 1 (found) and 2 (missed)
+    # nothing called faulty / nothing faulty: undefined, not 0.0 ("every call was wrong")
+    assert detection([1, 2], [0, 0]) == {"detection_precision": None, "detection_recall": 0.0}
+    assert detection([0, 0], [1, 0]) == {"detection_precision": 0.0, "detection_recall": None}
 
 
 def test_loc_top_k() -> None:

@@ -2421,3 +2421,9 @@ def test_evaluating_the_training_samples_is_said(shards, tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate_any(run, None, "train")
+
+
+def test_diagnose_without_culprit_events_says_so_instead_of_an_empty_table() -> None:
+    text = _rendered()
+    assert "culprit operators: no event scored 0.5 or more by the localization head" in text
+    assert "mean dur us" not in text  # (no table of headers alone)

@@ -662,7 +662,12 @@ def render(d: dict[str, Any], console: Any) -> None:
             "-" if r["dur_z"] is None else f"{r['dur_z']:+.1f}",
             ",".join(map(str, r["ranks_or_pids"])),
         )
-    console.print(o)
+    if d["operators"]:
+        console.print(o)
+    else:  # (a table of headers alone reads as a rendering fault)
+        console.print(
+            "culprit operators: no event scored 0.5 or more by the localization head", highlight=False
+        )
     if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
         # (the head is trained on faulty samples only: for a run called normal its ranking means little)
         y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")

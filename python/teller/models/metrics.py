@@ -132,14 +132,15 @@ def loc_top_k(loc_scores: np.ndarray | None, culprit: np.ndarray, k: int) -> boo
     return bool(c[top].any())
 
 
-def detection(y_true: Sequence[int], y_pred: Sequence[int], normal_index: int = 0) -> dict[str, float]:
-    """Precision/recall of "faulty" (positive) vs normal."""
+def detection(y_true: Sequence[int], y_pred: Sequence[int], normal_index: int = 0) -> dict[str, float | None]:
+    """Precision/recall of "faulty" (positive) vs normal; None where undefined (no sample called
+    faulty, no faulty sample), not 0.0, which reads as "every call was wrong"."""
     t = np.asarray(y_true) != normal_index
     p = np.asarray(y_pred) != normal_index
     tp = int((t & p).sum())
-    prec = tp / int(p.sum()) if p.sum() else 0.0
-    rec = tp / int(t.sum()) if t.sum() else 0.0
-    return {"detection_precision": float(prec), "detection_recall": float(rec)}
+    prec = tp / int(p.sum()) if p.sum() else None
+    rec = tp / int(t.sum()) if t.sum() else None
+    return {"detection_precision": prec, "detection_recall": rec}
 
 
 SEVERITY_BINS = ((0.0, 0.3), (0.3, 0.6), (0.6, 1.01))

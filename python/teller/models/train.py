@@ -412,6 +412,10 @@ def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
+        # (safetensors creates its file 0600: the run's files get the mode the user's umask gives)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         _fsync(tmp)
     except BaseException as e:
         with contextlib.suppress(OSError):
