@@ -1166,6 +1166,10 @@ def test_a_resume_keeps_the_run_s_training_settings(shards) -> None:
     root, _data, tdir, out = shards
     cfg = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 2}}
     run = train(cfg, out, root / "settings", tpe_dir=tdir)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for f in ("model.safetensors", "last.safetensors", "config.json"):  # (not 0600: safetensors' own)
+        assert (run / f).stat().st_mode & 0o777 == 0o666 & ~mask, f
     other = {"model": CFG["model"], "train": {**CFG["train"], "epochs": 4, "lr": 0.3, "batch_size": 3}}
     with pytest.raises(ConfigError, match=r"other settings \(train.batch_size .*train.lr") as e:
         train(other, out, run, tpe_dir=tdir, resume=True)
