@@ -113,6 +113,10 @@ def test_a_tokenizer_trained_on_traces_records_how_they_were_loaded(tmp_path):
         tpe.train([T.load(MI250, warn=False)], num_merges=5, normalize={"max_len": 8})
     with pytest.raises(ConfigError, match="loaded with different options"):
         tpe.train([short, T.load(MI250, warn=False)], num_merges=5)
+    # the defaults spelled out are the defaults: not refused
+    plain = T.load(MI250, warn=False)
+    tpe.train([plain], num_merges=5, step_names=list(T.DEFAULT_STEP_PATTERNS), normalize={})
+    tpe.train([plain, T.load(MI250, normalize={}, warn=False)], num_merges=5)
 
 
 def test_threads_writing_one_output_at_once_do_not_collide(tmp_path, tr):

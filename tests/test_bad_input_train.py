@@ -470,7 +470,7 @@ def test_sigterm_waits_for_the_commit_too():
         signal.signal(signal.SIGTERM, old)
 
 
-def test_a_config_file_can_start_from_a_shipped_one(tmp_path) -> None:
+def test_a_config_file_can_start_from_a_shipped_one(tmp_path, monkeypatch) -> None:
     """`base: demo` (or a file) is read first and the file's settings replace its one by one; a
     chain that comes back to itself, or a base that does not exist, is refused naming the file."""
     from teller.models.train import load_config
@@ -482,6 +482,11 @@ def test_a_config_file_can_start_from_a_shipped_one(tmp_path) -> None:
     assert a["model"] == demo["model"] and a["train"] == {**demo["train"], "epochs": 1}
     b = load_config(tmp_path / "b.yaml", "mot")
     assert b["model"] == {**demo["model"], "d_model": 32} and b["train"]["epochs"] == 1 and "base" not in b
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "mine.yaml").write_text("base: demo\ntrain:\n  epochs: 2\n")
+    (tmp_path / "f.yaml").write_text("base: ~/mine.yaml\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert load_config(tmp_path / "f.yaml", "mot")["train"]["epochs"] == 2
     (tmp_path / "c.yaml").write_text("base: c.yaml\n")
     with pytest.raises(ConfigError, match="c.yaml leads back to itself"):
         load_config(tmp_path / "c.yaml", "mot")

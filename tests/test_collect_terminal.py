@@ -179,10 +179,14 @@ def test_a_background_process_holding_a_pty_does_not_hold_teller(tmp_path):
     assert p.stdout == "done\n" and "still held its output" in p.stderr
 
 
-def test_without_pseudo_terminals_the_program_gets_pipes(tmp_path, monkeypatch):
-    """Where no pseudo-terminal can be opened (no /dev/pts), the run goes on with pipes and says so."""
+@pytest.mark.parametrize("fails", ["openpty", "termios"])
+def test_without_pseudo_terminals_the_program_gets_pipes(tmp_path, monkeypatch, fails):
+    """Where no pseudo-terminal can be opened (no /dev/pts), or set up (termios.error, not an
+    OSError), the run goes on with pipes and says so."""
 
     def no_pty(size_from):
+        if fails == "termios":
+            raise termios.error(5, "No such file or directory")
         raise OSError(2, "No such file or directory")
 
     monkeypatch.setattr(launcher, "_open_pty", no_pty)

@@ -2060,11 +2060,18 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (reset on purpose: no "not calibrated" note)
         assert load_checkpoint(run)[0].temperature == 1.0
-    # a run whose training stopped before its calibration: said when it is loaded
+    # no calibration record: a run of an earlier teller with all its epochs says nothing; one whose
+    # history is short (training stopped before its end) is said when it is loaded
     cj = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({k: v for k, v in cj.items() if k != "calibration"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checkpoint(run)
+    hist = (run / "history.json").read_text()
+    (run / "history.json").write_text(json.dumps(json.loads(hist)[:1]))
     with pytest.warns(TellerWarning, match="not calibrated: its training stopped before its end"):
         load_checkpoint(run)
+    (run / "history.json").write_text(hist)
     (run / "config.json").write_text(json.dumps(cj))
     assert evaluate(run, None, "train")["temperature"] == 1.0
     # a split where every sample is right: nothing to calibrate against, T stays 1 with a note
@@ -2425,6 +2432,13 @@ def test_evaluating_the_training_samples_is_said(shards, tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate_any(run, None, "train")
+    # a fresh dataset (and the cache it is encoded into, evaluated whole) holds no training sample
+    fresh = tmp_path / "fresh"
+    generate(fresh, num_samples=4, seed=11, preset="tiny")
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        evaluate_any(run, None, str(fresh))
+    assert not [w for w in got if "includes samples the model was trained" in str(w.message)], got
 
 
 def test_diagnose_without_culprit_events_says_so_instead_of_an_empty_table() -> None:

@@ -314,7 +314,33 @@ def test_inputs_of_different_processes_keep_their_processes_apart(tmp_path):
     assert len({p for p, _ in names}) == len(names)  # (one name per process)
     # Kineto's own tracks (string pids) of the second file are named after it
     labels = {e["pid"] for e in ev if isinstance(e.get("pid"), str)}
-    assert {"Traces", "Traces (rank1.json)", "Spans", "Spans (rank1.json)"} <= labels, labels
+    tag = f"{tmp_path.name}/rank1.json"  # (the file with its directory: every rank's may be trace.json)
+    assert {"Traces", f"Traces ({tag})", "Spans", f"Spans ({tag})"} <= labels, labels
+
+
+def test_a_process_whose_pid_another_had_keeps_one_pid_and_its_gpu(tmp_path):
+    """Raw files: process B reused process A's pid (another start) and wrote two files: B's events
+    share one new pid, and its GPU is still device 0 after a round trip (the moved pid is not read
+    back as the device)."""
+    from teller.rawfmt import RawWriter
+
+    def proc(name: str, start: int, t0: int) -> None:
+        with RawWriter(tmp_path / name, pid=7, host="h", clock_sync=(0, 0), start_ns=start) as w:
+            w.span("runtime", "cudaLaunchKernel", tid=7, start=t0, end=t0 + 50, corr=1)
+            w.gpu("kernel", "void k(float*)", device=0, stream=7, start=t0 + 100, end=t0 + 200, corr=1)
+
+    proc("teller-h-7-a.tmsgpack", 1, 1000)
+    proc("teller-h-7-b1.tmsgpack", 2, 5000)
+    proc("teller-h-7-b2.tmsgpack", 2, 9000)
+    tr = T.load(sorted(tmp_path.glob("*.tmsgpack")), warn=False)
+    by_source = {int(s): sorted(set(tr.pid[tr.source == s].tolist())) for s in set(tr.source.tolist())}
+    # (a raw file's GPU work is on pid = its device, 0: moved with the process's own pid)
+    assert by_source[0] == [0, 7] and by_source[1] == by_source[2] == [10_000_000, 10_000_007], by_source
+    assert set(tr.device[tr.layer_mask("kernel")].tolist()) == {0}
+    out = tmp_path / "both.json"
+    tr.to_chrome(out)
+    back = T.load(out, warn=False)
+    assert set(back.device[back.layer_mask("kernel")].tolist()) == {0}
 
 
 def test_highlighted_events_are_copied_onto_a_track_perfetto_shows(tmp_path):

@@ -123,7 +123,9 @@ def _stdout_gone() -> None:
 
 
 def _fail(e: Exception, code: int = 2) -> typer.Exit:
-    if getattr(e, "errno", None) == errno.EPIPE:  # (`trace convert -o /dev/stdout | head`)
+    stdout_names = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", f"/proc/{os.getpid()}/fd/1")
+    if getattr(e, "errno", None) == errno.EPIPE and getattr(e, "path", None) in (None, *stdout_names):
+        # (`trace convert -o /dev/stdout | head`: our own output's reader left; a FIFO is said)
         _stdout_gone()
         return typer.Exit(1)
     # (an error naming a file, a configuration file's key say, is about that file: left as it is)
@@ -1627,6 +1629,9 @@ def main() -> None:
         # the last net under every command: an OS error on a named path (permissions, a directory
         # where a file was expected, a full disk) is the user's to fix, so one line naming the path;
         # TELLER_DEBUG=1 keeps the traceback. Errors without a path stay tracebacks: they are bugs.
+        if isinstance(e, TellerError):  # (its message names the path already)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         if not e.filename or os.environ.get("TELLER_DEBUG"):
             raise
         other = f" -> {e.filename2}" if e.filename2 else ""

@@ -33,7 +33,7 @@ import numpy as np
 from teller import __version__, _native
 from teller._io import make_output_dir, write_atomic
 from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TellerWarning, TokenizerError
-from teller.trace import LAYER_NAMES, Trace, _int_arg, check_normalize, step_patterns
+from teller.trace import DEFAULT_STEP_PATTERNS, LAYER_NAMES, Trace, _int_arg, check_normalize, step_patterns
 from teller.trace import load as load_trace
 
 FORMAT = "teller-tpe"
@@ -686,16 +686,22 @@ def _trace_load_options(
     traces = [t for t in items if isinstance(t, Trace)]
     if not traces:
         return step_names, normalize
+
+    def canon(key: str, v: Any) -> Any:  # (the defaults spelled out mean the defaults)
+        if key == "normalize":
+            return v or None
+        return None if v is not None and list(v) == list(DEFAULT_STEP_PATTERNS) else v
+
     given = {"step_names": step_names, "normalize": normalize}
     opts = traces[0].load_options
     for k, t in enumerate(traces[1:], 1):
-        if t.load_options != opts:
+        if any(canon(k, t.load_options[k]) != canon(k, opts[k]) for k in given):
             raise ConfigError(
                 f"the Traces given were loaded with different options ({opts} and {t.load_options} for "
                 f"trace {k}): a tokenizer records one way to load a trace; load them alike"
             )
     for key in ("step_names", "normalize"):
-        if given[key] is not None and given[key] != opts[key]:
+        if given[key] is not None and canon(key, given[key]) != canon(key, opts[key]):
             raise ConfigError(
                 f"{key}={given[key]!r} differs from how the Trace given was loaded ({key}={opts[key]!r}): "
                 f"it applies to paths; load the Trace with it (teller.trace.load(..., {key}=...)), or "

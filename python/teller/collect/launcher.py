@@ -542,10 +542,16 @@ def collect(
             early = sorted(signal.sigpending() & sigs) if main else []
             slaves: dict[str, int] = {}
             try:
+                import termios
+
+                pty_errors: tuple[type[BaseException], ...] = (OSError, termios.error)
+            except ImportError:
+                pty_errors = (OSError,)
+            try:
                 for name in want_pty:
                     masters[name], slaves[name] = _open_pty(size_fd)
-            except OSError as e:  # (no pseudo-terminals here, e.g. no /dev/pts in a container: pipes)
-                pty_error = f"{e.strerror or e}"
+            except pty_errors as e:  # (no pseudo-terminals here, e.g. no /dev/pts in a container: pipes)
+                pty_error = f"{getattr(e, 'strerror', None) or (e.args[-1] if e.args else e)}"
                 if "stdout" in want_pty:  # (a pipe after all)
                     unbuffer_python(env, teller_env)
                 for fd in (*masters.values(), *slaves.values()):
@@ -575,6 +581,11 @@ def collect(
                         what = f"cannot execute: bad interpreter ({_interpreter(found)}: no such file)"
                     raise TellerFileNotFoundError(f"{cmd[0]}: {what}", path=cmd[0]) from None
                 raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}", path=cmd[0]) from None
+            except BaseException:  # (a NUL in an argument, a failing preexec_fn: nothing ran either)
+                for fd in masters.values():
+                    os.close(fd)
+                shutil.rmtree(run_dir, ignore_errors=True)
+                raise
             finally:
                 for fd in slaves.values():  # (the program holds them now: its exit ends the stream)
                     os.close(fd)
@@ -601,13 +612,17 @@ def collect(
                         return None
                     sig = info.si_signo
                     if sig == signal.SIGWINCH:
-                        # (the program may have asked for the size before the pseudo-terminals had it)
+                        if info.si_pid == os.getpid():  # (the one sent below, to the group)
+                            return "resized"
+                        # The terminal's signal reached the group before the pseudo-terminals had
+                        # the new size: sent again to the group (the program's children too, under
+                        # a wrapper), once they have it
                         for f in srcs.values():
-                            if not f.closed:
+                            with contextlib.suppress(ValueError, OSError):  # (closed meanwhile)
                                 _copy_winsize(size_fd, f.fileno())
                         if srcs and proc.poll() is None:
-                            with contextlib.suppress(ProcessLookupError):
-                                proc.send_signal(sig)
+                            with contextlib.suppress(OSError):
+                                os.killpg(os.getpgrp(), signal.SIGWINCH)
                         return "resized"
                     same_group = True
                     with contextlib.suppress(OSError):

@@ -163,7 +163,7 @@ def evaluate_any(
                     "or all, or a dataset directory)",
                     path=str(dataset),
                 )
-    _warn_if_trained_on(cfg, cfgp, dataset, split)
+    _warn_if_trained_on(cfg, cfgp, dataset, split, data_dir)
     if dataset is not None:
         # encode it with the checkpoint's own tokenizers, then evaluate the split
         if fmt == "teller-ensemble":  # (the MoT's tokenizers; the GBDT was trained on the same shards)
@@ -212,13 +212,17 @@ def evaluate_any(
     return res
 
 
-def _warn_if_trained_on(cfg: dict[str, Any], cfgp: Path, dataset: Path | None, split: str) -> None:
+def _warn_if_trained_on(
+    cfg: dict[str, Any], cfgp: Path, dataset: Path | None, split: str, data_dir: Any = None
+) -> None:
     """A TellerWarning where the samples evaluated include the run's training samples without their
     being asked for by name: ``all`` of its shards, or all of the very dataset its shards were encoded
     from (whose train samples the model has seen: its scores there say nothing about new data)."""
     from teller.errors import TellerWarning
 
-    seen = split == "all"  # (--split train / val name those samples: the user knows)
+    # (--split train / val name those samples: the user knows; other shards' all are not the run's,
+    # and neither is the cache a dataset directory was encoded into, evaluated by an inner call)
+    seen = split == "all" and data_dir is None
     what = "--split all"
     if dataset is not None:
         seen = False
@@ -245,11 +249,14 @@ def weights_id(run: Path) -> str | None:
     """A fingerprint of a run's weights (``model.safetensors``: the first 16 hex digits of its
     SHA-256), or None for a run without that file (baselines, ensembles)."""
     f = run / "model.safetensors"
+    h = hashlib.sha256()
     try:
-        with open(f, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+        with open(f, "rb") as fh:  # (in chunks: hashlib.file_digest is Python 3.11+)
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()[:16]
 
 
 # settings of `train:` added after runs were recorded, with their value when off: they count only
@@ -582,11 +589,14 @@ def _load_eval(f: Path) -> dict[str, Any]:
     return m
 
 
-def _stale(m: dict[str, Any], run: Path) -> bool:
+def _stale(m: dict[str, Any], run: Path, ids: dict[Path, str | None]) -> bool:
     """Whether an evaluation file no longer describes its run: made with other weights (the
-    fingerprint it records) or another temperature than the run's ``config.json`` now has."""
+    fingerprint it records) or another temperature than the run's ``config.json`` now has.
+    ``ids``: the runs' fingerprints, each computed once."""
     w = m.get("weights")
-    if isinstance(w, str) and (now := weights_id(run)) is not None and now != w:
+    if run not in ids:
+        ids[run] = weights_id(run)
+    if isinstance(w, str) and ids[run] is not None and ids[run] != w:
         return True
     try:
         cfg = json.loads((run / "config.json").read_text())
@@ -609,6 +619,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     seen: dict[Path, str] = {}
     empty: list[str] = []
     stale: list[str] = []  # (evaluation files of an earlier state of their run)
+    weight_ids: dict[Path, str | None] = {}
     for r in runs:
         p = Path(r)
         if not p.exists():
@@ -627,7 +638,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                 )
             seen[f.resolve()] = str(r)
             m = _load_eval(f)
-            if _stale(m, p if p.is_dir() else p.parent):
+            if _stale(m, p if p.is_dir() else p.parent, weight_ids):
                 stale.append(str(f))
             rows.append(
                 {

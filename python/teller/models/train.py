@@ -178,7 +178,7 @@ def load_config(path: str | Path | None, default: str, _chain: tuple[Path, ...] 
         if p.resolve() in _chain or len(_chain) > 8:
             raise ConfigError(f"{p}: base: {d['base']} leads back to itself", path=str(p))
         b = Path(d["base"]).expanduser()
-        ref: str | Path = (p.parent / b) if not b.is_absolute() and b.suffix else d["base"]
+        ref: str | Path = b if b.is_absolute() else (p.parent / b) if b.suffix else d["base"]
         try:
             base = load_config(ref, default, (*_chain, p.resolve()))
         except TellerError as e:
@@ -406,6 +406,20 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask: read from /proc (setting it to read it back races with other threads
+    creating files), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
     """``write(tmp)`` into a temporary file beside ``path``, flushed to disk; :func:`_commit` moves it
     in place. An error removes it and is a :class:`TellerIOError` naming ``path``."""
@@ -413,9 +427,7 @@ def _write_tmp(path: Path, write: Callable[[Path], Any]) -> Path:
     try:
         write(tmp)
         # (safetensors creates its file 0600: the run's files get the mode the user's umask gives)
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
+        os.chmod(tmp, 0o666 & ~_umask())
         _fsync(tmp)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -673,6 +685,21 @@ def _check_checkpoint_config(cfg: dict[str, Any], cfg_path: Path, calibration: b
             )
 
 
+def _stopped_short(run: Path, cfg: dict[str, Any]) -> bool:
+    """Whether a run without a calibration record stopped before its end: it has a saved state and
+    fewer epochs in its history than train.epochs. (A run of an earlier teller trained without a val
+    split, or reset by its calibrate --reset, has no record either, and its history is whole, unless
+    it stopped early by train.patience, which needs a val split, so it was calibrated.)"""
+    if not (run / "state.pt").is_file():
+        return False
+    try:
+        epochs = int((cfg.get("train") or {}).get("epochs"))
+        done = len(json.loads((run / "history.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return False
+    return done < epochs
+
+
 def load_checkpoint(
     checkpoint: str | Path, device: str = "cpu", *, calibrated: bool = True
 ) -> tuple[RCAModel, dict[str, Any]]:
@@ -738,7 +765,7 @@ def load_checkpoint(
             f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
         ) from None
     model.temperature = checkpoint_temperature(cfg) if calibrated else 1.0
-    if calibrated and "calibration" not in cfg and (run / "state.pt").is_file():
+    if calibrated and "calibration" not in cfg and _stopped_short(run, cfg):
         # (training calibrates on val as its last step: a run without it stopped before its end, or
         # had no val split; its confidences are the network's raw, over-confident probabilities)
         warnings.warn(

@@ -201,6 +201,10 @@ pub const PID_SHIFT: i64 = 10_000_000;
 struct PidOwners {
     numbers: HashMap<i64, u32>,
     labels: HashMap<String, u32>,
+    /// where a process's pid (or label) was moved: its other files (raw files of one process) go
+    /// to the same place
+    moved: HashMap<(u32, i64), i64>,
+    moved_labels: HashMap<(u32, String), String>,
 }
 
 /// Inputs of different processes that use the same pid (Kineto numbers a GPU's tracks by its device,
@@ -222,13 +226,19 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
         .collect();
     pids.sort_unstable();
     pids.dedup();
+    // (the file and its directory: every rank's file may be named trace.json)
     let file = t
         .sources
         .first()
         .map(|s| {
             let p = Path::new(&s.path);
-            p.file_name()
-                .map_or(s.path.clone(), |n| n.to_string_lossy().into_owned())
+            let name = p
+                .file_name()
+                .map_or(s.path.clone(), |n| n.to_string_lossy().into_owned());
+            match p.parent().and_then(|d| d.file_name()) {
+                Some(d) => format!("{}/{name}", d.to_string_lossy()),
+                None => name,
+            }
         })
         .unwrap_or_default();
     let mut map: HashMap<i64, i64> = HashMap::new();
@@ -237,6 +247,10 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
             .then(|| t.id_labels.get(&p).map(|&sym| t.strings.get(sym).to_string()))
             .flatten();
         if let Some(label) = label {
+            if let Some(new) = owners.moved_labels.get(&(proc, label.clone())).cloned() {
+                map.insert(p, t.label_id(&new));
+                continue;
+            }
             match owners.labels.get(&label) {
                 Some(&o) if o != proc => {
                     let new = (1..)
@@ -249,6 +263,7 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
                         })
                         .expect("a free label");
                     owners.labels.insert(new.clone(), proc);
+                    owners.moved_labels.insert((proc, label.clone()), new.clone());
                     map.insert(p, t.label_id(&new));
                 }
                 Some(_) => {}
@@ -258,6 +273,10 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
             }
             continue;
         }
+        if let Some(&q) = owners.moved.get(&(proc, p)) {
+            map.insert(p, q);
+            continue;
+        }
         match owners.numbers.get(&p) {
             Some(&o) if o != proc => {
                 let q = (1..)
@@ -265,6 +284,7 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
                     .find(|q| !owners.numbers.contains_key(q) && pids.binary_search(q).is_err())
                     .expect("a free pid");
                 owners.numbers.insert(q, proc);
+                owners.moved.insert((proc, p), q);
                 map.insert(p, q);
             }
             Some(_) => {}

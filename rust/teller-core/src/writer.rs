@@ -327,8 +327,10 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
             out.push_str(": ");
             push_arg_value(&mut out, t, v);
         }
-        if !has_device && t.device[i] >= 0 && !t.layer_of(i).on_gpu() {
-            // (a sync record's GPU: a column, read back from args.device)
+        if !has_device && t.device[i] >= 0 && (!t.layer_of(i).on_gpu() || t.pid[i] != t.device[i] as i64) {
+            // (a sync record's GPU, and a GPU activity whose pid is not its device (a pid moved
+            // apart from another process's, load::separate_pids): a column, read back from
+            // args.device, where the reader would take the pid)
             asep(&mut out);
             out.push_str("\"device\": ");
             push_i64(&mut out, t.device[i] as i64);
