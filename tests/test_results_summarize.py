@@ -107,6 +107,9 @@ def test_same_model_in_two_runs_is_named_by_run(tmp_path: Path) -> None:
     summarize([tmp_path / "a" / "mot", tmp_path / "b" / "mot"], tmp_path / "out2")
     rows = json.loads((tmp_path / "out2" / "results.json").read_text())
     assert [r["label"] for r in rows] == ["a/mot/mot", "b/mot/mot"]
+    # ... and so does the per-run table's run column (it said "mot" twice)
+    assert [r["run"] for r in rows] == ["a/mot", "b/mot"]
+    assert "| a/mot | mot |" in (tmp_path / "out2" / "results.md").read_text()
     # the pooled table lists the runs by those tails too, not by their (equal) directory names
     g = json.loads((tmp_path / "out2" / "results-paired.json").read_text())
     assert g[0]["models"][0]["run_names"] == ["a/mot", "b/mot"]
@@ -462,3 +465,15 @@ def test_a_dataset_split_never_takes_the_shards_file(tmp_path: Path) -> None:
     assert write_metrics({**base, "dataset": "/d/test"}, tmp_path).name == "eval-test-test-mot.json"
     # a whole dataset (--split DIR): its name is the split
     assert write_metrics({**base, "split": "cpu", "dataset": "/d/cpu"}, tmp_path).name == "eval-cpu-mot.json"
+
+
+def test_evaluate_text_view_shows_brier_and_temperature() -> None:
+    from rich.console import Console
+    from teller.models.report import print_metrics
+
+    c = Console(record=True, width=100)
+    print_metrics(
+        {"model": "mot", "split": "test", "n": 3, "brier": 0.12, "temperature": 1.7, "per_class": {}}, c
+    )
+    text = c.export_text()
+    assert "brier" in text and "0.120" in text and "temperature" in text and "1.700" in text

@@ -474,7 +474,8 @@ def print_metrics(m: dict[str, Any], console: Any) -> None:
     t = Table(title=f"{m['model']} on {m['split']} (n={m['n']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for k in MAIN_KEYS:
+    # (and what --help lists beside them: the Brier score, and the temperature the probabilities had)
+    for k in (*MAIN_KEYS, *(x for x in ("brier", "temperature") if x in m)):
         t.add_row(k, _fmt(m.get(k)))
     console.print(t)
     console.print(
@@ -678,6 +679,8 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     order = {"test": 0, "test_ood": 1}
     rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
     _label_rows(rows)
+    for x in rows:  # (the run column too: two seeds' `s0/mot` and `s1/mot` were both `mot`)
+        x["run"] = x["_run"]
     _set_labels(rows)
     groups = _model_groups(rows)
     for x in rows:
