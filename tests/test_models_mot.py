@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -915,6 +916,16 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     )
     d = json.loads(r.stdout)
     assert len(d["root_causes"]) == 3 and (tmp_path / "d.json.gz").is_file()
+    # --perfetto marks the events of the operators the report lists (not every event scored 0.5)
+    with gzip.open(tmp_path / "d.json.gz", "rt") as f:
+        written = json.load(f)["traceEvents"]
+    marked = [
+        e
+        for e in written
+        if (e.get("args") or {}).get("teller.highlight") and e.get("cat") != "teller.culprit"
+    ]
+    assert len(marked) == d["highlighted_events"] == sum(o["events"] for o in d["operators"])
+    assert d["highlighted_events"] <= d["culprit_events"]
     # several captures in one process: a JSON array in their order; one that cannot be read is named
     # (stderr, and an object with its error) and the others are still diagnosed, exit status 2
     other = next(p for p in sorted(data.glob("s0*")) if p != faulty)
