@@ -422,3 +422,42 @@ def test_what_teller_derived_is_not_read_back_as_args(tmp_path):
     assert cur.args(
         int(np.flatnonzero(np.array([cur.name_of(i) == "aten::mm" for i in range(len(cur))]))[0])
     ) == {"a": 1}
+
+
+def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
+    """Two processes' GPU 0 (per-rank files, or raw files of two processes whose pids clashed) stay
+    two GPUs in the summary of the merged file teller wrote, read back: the moved pid tells them
+    apart (`part`), each keeps its own sync wait, and they are not called one shared GPU."""
+    import json
+
+    from teller.findings import findings, gpu_names
+    from teller.rawfmt import RawWriter
+
+    def proc(name: str, start: int, t0: int, wait: int) -> None:
+        with RawWriter(tmp_path / name, pid=7, host="h", clock_sync=(0, 0), start_ns=start) as w:
+            w.span("runtime", "cudaLaunchKernel", tid=7, start=t0, end=t0 + 50, corr=1)
+            w.gpu("kernel", "void k(float*)", device=0, stream=7, start=t0 + 100, end=t0 + 2000, corr=1)
+            w.gpu("sync", "cudaStreamSynchronize", device=0, stream=7, start=t0 + 60, end=t0 + 60 + wait)
+
+    proc("teller-h-7-a.tmsgpack", 1, 1000, 1500)
+    proc("teller-h-7-b.tmsgpack", 2, 5000, 700)
+    tr = T.load(sorted(tmp_path.glob("*.tmsgpack")), warn=False)
+    out = tmp_path / "both.json"
+    tr.to_chrome(out)
+    back = T.load(out, warn=False)
+    for t in (tr, back):
+        devs = t.summary()["devices"]
+        assert [(d["device"], d["pid"], d["sync_ns"], d["busy_ns"]) for d in devs] == [
+            (0, 0, 1460, 1900),  # (the wait within the GPU's span: from t0 + 100)
+            (0, 10_000_000, 660, 1900),
+        ], devs
+    devs = back.summary()["devices"]
+    assert [d["part"] for d in devs] == [0, 1] and {d["source"] for d in devs} == {0}
+    assert gpu_names(devs, back.sources) == ["GPU 0 pid 0", "GPU 0 pid 10000000"]
+    assert not [f for f in findings(back) if f["kind"] == "shared_gpu"]
+    # (the original inputs: named by their files, as before)
+    assert gpu_names(tr.summary()["devices"], tr.sources) == [
+        "GPU 0 of teller-h-7-a.tmsgpack",
+        "GPU 0 of teller-h-7-b.tmsgpack",
+    ]
+    assert json.loads(out.read_text())["traceEvents"]

@@ -56,8 +56,8 @@ def gpu_names(devices: list[dict[str, Any]], sources: list[dict[str, Any]] | Non
     """A name per entry of ``Trace.summary()["devices"]``: ``GPU 3``, or where two inputs both name a
     GPU 3 (per-rank profiler files, each process seeing its own GPU as 0), ``GPU 3 of X``, X the
     shortest tail of the input's path that tells it from the others (``rank1.json``,
-    ``r1/trace.json``)."""
-    ids = [d["device"] for d in devices]
+    ``r1/trace.json``), and where one input holds several processes' GPU 3 (a merged trace read back:
+    ``part`` differs) also ``pid N``, the process Perfetto shows it under."""
 
     def path_of(d: dict[str, Any]) -> list[str]:
         src = d.get("source", 0)
@@ -68,12 +68,17 @@ def gpu_names(devices: list[dict[str, Any]], sources: list[dict[str, Any]] | Non
     for d in devices:
         name = f"GPU {d['device']}"
         same = [e for e in devices if e["device"] == d["device"]]
-        if ids.count(d["device"]) > 1:
-            mine, others = path_of(d), [path_of(e) for e in same if e is not d]
+        apart = [e for e in same if e.get("source", 0) != d.get("source", 0)]
+        if apart:
+            mine, others = path_of(d), [path_of(e) for e in apart]
             k = 1
             while k < len(mine) and any(o[-k:] == mine[-k:] for o in others):
                 k += 1
             name += f" of {'/'.join(mine[-k:])}"
+        if any(
+            e.get("source", 0) == d.get("source", 0) and e.get("part", 0) != d.get("part", 0) for e in same
+        ):
+            name += f" pid {d.get('pid', 0)}"
         out.append(name)
     return out
 
@@ -391,7 +396,12 @@ def shared_gpu_findings(
     for i in range(len(devices)):
         for j in range(i + 1, len(devices)):
             (ui, ni), (uj, nj) = ids[i], ids[j]
-            if not ((ui and ui == uj) or (ni is not None and ni == nj)):
+            # (two processes of one merged file read back: their hosts are unknown, so the same
+            # numbering says nothing; per-rank GPU 0s of a job are usually on different hosts)
+            merged = devices[i].get("source", 0) == devices[j].get("source", 0) and devices[i].get(
+                "part", 0
+            ) != devices[j].get("part", 0)
+            if not ((ui and ui == uj) or (ni is not None and ni == nj and not merged)):
                 continue
             a, b = root(i), root(j)
             if a != b and len(uuids[a] | uuids[b]) <= 1:
@@ -413,11 +423,14 @@ def shared_gpu_findings(
     dev = np.asarray(tr.device)
     proc_of_src = np.array([x.get("process", k) for k, x in enumerate(srcs)], dtype=np.int64)
     proc = proc_of_src[np.asarray(tr.source, dtype=np.int64)]
+    pid = np.asarray(tr.pid, dtype=np.int64)
+    # (the summary's `part`: which process of a merged file, by the k of a pid moved k * 10,000,000)
+    part = np.where((pid >= 0) & (pid < 2**52), pid // 10_000_000, 0)
 
     def busy(i: int) -> np.ndarray:
         d = devices[i]
         p = proc_of_src[d.get("source", 0)]
-        m = gpu & (dev == d["device"]) & (proc == p)
+        m = gpu & (dev == d["device"]) & (proc == p) & (part == d.get("part", 0))
         return _merged(np.stack([ts[m], end[m]], axis=1))
 
     out = []

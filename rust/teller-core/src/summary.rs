@@ -32,6 +32,11 @@ pub struct DeviceStat {
     /// The input file (`Trace::sources` index) of the device's activities, the first of its process
     /// where a process wrote several (raw files of one pid and host): a GPU is (process, device).
     pub source: u16,
+    /// The pid its activities are on (the smallest, where they are on several) and the part of the
+    /// input it is ([`Gpu`]: 0 except in a merged file read back, where two processes' GPUs that
+    /// share an input and a device number differ by it).
+    pub pid: i64,
+    pub part: i64,
     /// Where the device's time went (HTA's temporal breakdown): the union of its compute kernels,
     /// of its communication kernels (NCCL/RCCL, vLLM's custom all-reduce: [`is_collective`]), of
     /// its copies and memsets, and the time communication overlapped compute.
@@ -67,6 +72,21 @@ enum Work {
     Compute,
     Comm,
     Memory,
+}
+
+/// A GPU: (the loader's process of its input, device, part). The part tells apart the processes of
+/// one input file that name the same device: a trace teller merged from per-rank files, read back,
+/// holds every rank's GPU 0, the later ranks' on pids moved by `k * PID_SHIFT` (load.rs); the part
+/// is that `k`, 0 for the first and for a file of one process.
+type Gpu = (u16, i32, i64);
+
+/// The part of [`Gpu`] of a pid (numbers only: a label's hash is not a moved number).
+fn pid_part(pid: i64) -> i64 {
+    if (0..1 << 52).contains(&pid) {
+        pid / crate::load::PID_SHIFT
+    } else {
+        0
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -217,17 +237,23 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             .collect()
     };
     let group_of = |src: u16| group.get(src as usize).copied().unwrap_or(src);
-    let mut dev: HashMap<(u16, i32), Vec<Act>> = HashMap::new();
+    let mut dev: HashMap<Gpu, Vec<Act>> = HashMap::new();
     // per name id: is it a collective kernel (names repeat: each is classified once)
     let mut coll: HashMap<u32, bool> = HashMap::new();
     // the kernels of each GPU: (launching call, duration); a call's GPU activities (a graph launch has many)
-    let mut kernels: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
+    let mut kernels: HashMap<Gpu, Vec<(i64, i64)>> = HashMap::new();
     // (indexed by the call's event index: a hash map per linked activity cost ~25 % of the summary)
     let mut per_call: Vec<u32> = vec![0; if t.link.is_empty() { 0 } else { n }];
     // launching call -> (GPU, earliest start of the GPU work it launched)
-    let mut first_work: HashMap<i64, ((u16, i32), i64)> = HashMap::new();
-    let mut early: HashMap<(u16, i32), (u64, i64)> = HashMap::new();
-    let mut sync: HashMap<(u16, i32), Vec<(i64, i64)>> = HashMap::new();
+    let mut first_work: HashMap<i64, (Gpu, i64)> = HashMap::new();
+    let mut early: HashMap<Gpu, (u64, i64)> = HashMap::new();
+    let mut sync: HashMap<Gpu, Vec<(i64, i64)>> = HashMap::new();
+    // the host's waits (sync records) go to the GPU of their process: the part of the GPU work that
+    // process's calls launched (its host pid is not moved with its GPU's in a merged Kineto file), else
+    // its own pid's
+    let mut waits_of: Vec<usize> = Vec::new();
+    let mut host_part: HashMap<(u16, i64), i64> = HashMap::new();
+    let mut gpu_pid: HashMap<Gpu, i64> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
     for i in 0..n {
@@ -241,8 +267,12 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
         *cats.entry(cat).or_insert(0) += 1;
         if l.is_gpu_activity() {
             s.gpu_events += 1;
-            let gpu = (group_of(t.source[i]), t.device[i]);
+            let gpu = (group_of(t.source[i]), t.device[i], pid_part(t.pid[i]));
+            let p = gpu_pid.entry(gpu).or_insert(t.pid[i]);
+            *p = (*p).min(t.pid[i]);
             if !t.link.is_empty() && t.link[i] >= 0 {
+                let c = t.link[i] as usize;
+                host_part.entry((group_of(t.source[c]), t.pid[c])).or_insert(gpu.2);
                 s.linked_gpu_events += 1;
                 per_call[t.link[i] as usize] += 1;
                 let e = first_work.entry(t.link[i]).or_insert((gpu, t.ts[i]));
@@ -273,8 +303,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             });
         } else if !l.on_gpu() {
             if l == Layer::Sync && t.device[i] >= 0 {
-                let k = (group_of(t.source[i]), t.device[i]);
-                sync.entry(k).or_default().push((t.ts[i], t.end(i)));
+                waits_of.push(i);
             }
             threads.insert((t.source[i], t.pid[i], t.tid[i]), ());
             procs.insert((t.source[i], t.pid[i]), ());
@@ -296,6 +325,16 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             *variant_ns.entry((key, t.name[i])).or_insert(0) += t.dur[i];
             k.max_ns = k.max_ns.max(t.dur[i]);
         }
+    }
+    for &i in &waits_of {
+        let g = group_of(t.source[i]);
+        let part = host_part
+            .get(&(g, t.pid[i]))
+            .copied()
+            .unwrap_or_else(|| pid_part(t.pid[i]));
+        sync.entry((g, t.device[i], part))
+            .or_default()
+            .push((t.ts[i], t.end(i)));
     }
     let mut best: HashMap<u32, (i64, u32)> = HashMap::new();
     for (&(key, name), &ns) in &variant_ns {
@@ -326,7 +365,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     k.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
     k.truncate(top);
     s.top_kernels = k;
-    let mut delays: HashMap<(u16, i32), Vec<i64>> = HashMap::new();
+    let mut delays: HashMap<Gpu, Vec<i64>> = HashMap::new();
     for (&call, &(gpu, start)) in &first_work {
         // work that starts before its call does: host and GPU clocks disagree (per launch)
         let before = t.ts[call as usize].saturating_sub(start);
@@ -342,8 +381,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     }
     let mut d: Vec<DeviceStat> = dev
         .into_iter()
-        .map(|((source, device), mut acts)| {
-            let gpu = (source, device);
+        .map(|((source, device, part), mut acts)| {
+            let gpu = (source, device, part);
             let st = acts.iter().map(|x| x.start).min().unwrap_or(0);
             let en = acts.iter().map(|x| x.end).max().unwrap_or(0);
             let mut dl = delays.remove(&gpu).unwrap_or_default();
@@ -379,6 +418,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             let mut x = DeviceStat {
                 device,
                 source,
+                pid: gpu_pid.get(&gpu).copied().unwrap_or(0),
+                part,
                 busy_ns: 0,
                 span_ns: en.saturating_sub(st),
                 launch_delay_p50_ns: percentile(&dl, 0.50),
@@ -399,7 +440,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             x
         })
         .collect();
-    d.sort_by_key(|x| (x.device, x.source));
+    d.sort_by_key(|x| (x.device, x.source, x.part));
     s.devices = d;
     s.threads = threads.len() as u64;
     s.processes = procs.len() as u64;

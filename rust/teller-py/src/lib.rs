@@ -346,6 +346,8 @@ impl NativeTrace {
             let dd = PyDict::new(py);
             dd.set_item("device", x.device)?;
             dd.set_item("source", x.source)?;
+            dd.set_item("pid", x.pid)?;
+            dd.set_item("part", x.part)?;
             dd.set_item("busy_ns", x.busy_ns)?;
             dd.set_item("span_ns", x.span_ns)?;
             dd.set_item("idle_ns", x.span_ns - x.busy_ns)?;
