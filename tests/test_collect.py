@@ -211,6 +211,67 @@ def test_nvtx_json_leaves_alone_what_it_cannot_wrap(tmp_path):
     assert "cannot wrap pkg2.m.gen" in p.stderr and "cannot wrap pkg2.m.co" in p.stderr
 
 
+def test_nvtx_json_wraps_only_functions(tmp_path):
+    """A class, a property, a constant or a callable object named in --nvtx-json is said and left as it
+    is (a wrapper would make the class no type, the property a bound method, the constant a function);
+    {cls} of a classmethod is the class it is called on, of a staticmethod the class named; a colour is
+    checked before the program starts, and so are unknown keys."""
+    _package(
+        tmp_path / "pkg3",
+        "m.py",
+        "import functools\n"
+        "X = 5\n"
+        "class K:\n    pass\n"
+        "class Base:\n"
+        "    @property\n    def prop(self):\n        return 4\n"
+        "    @classmethod\n    def cm(cls):\n        return cls.__name__\n"
+        "    @staticmethod\n    def st():\n        return 3\n"
+        "class Sub(Base):\n    pass\n"
+        "@functools.lru_cache\ndef cached(n):\n    return n\n",
+    )
+    prog = write(
+        tmp_path,
+        "main3.py",
+        "from pkg3 import m\n"
+        "print('got', m.X, isinstance(m.K(), m.K), m.Base().prop, m.Sub.cm(), m.Base.st(), m.cached(2),"
+        " m.cached.cache_info().hits, flush=True)\n",
+    )
+    groups = tmp_path / "g3.json"
+    groups.write_text(
+        json.dumps(
+            [
+                {"module": "pkg3.m", "functions": ["X", "K", "Base.prop", "cached"]},
+                {"module": "pkg3.m", "functions": ["Base.cm", "Base.st"], "name": "{cls}:{function}"},
+            ]
+        )
+    )
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0, p.stderr
+    assert "got 5 True 4 Sub 3 2 0" in p.stdout, p.stdout
+    for said in (
+        "cannot wrap pkg3.m.X: an int, not a function",
+        "cannot wrap pkg3.m.K: a class, not a function",
+        "cannot wrap pkg3.m.Base.prop: a property, not a function",
+        "cannot wrap pkg3.m.cached: a callable _lru_cache_wrapper object",
+    ):
+        assert said in p.stderr, p.stderr
+    assert sorted(names(T.load(run, warn=False))) == ["Base:st", "Sub:cm"]
+    # a colour: NVTX's names or #RRGGBB, checked before the program starts; unknown keys are refused
+    for bad, said in (
+        ({"color": "notacolor"}, "'color': unknown colour 'notacolor'"),
+        ({"color": "#12345g"}, "'color': unknown colour '#12345g'"),
+        ({"category": 1}, "unknown keys ['category']"),
+        ({"subclasses": True}, "unknown keys ['subclasses']"),
+    ):
+        groups.write_text(json.dumps([{"module": "pkg3.m", "functions": ["Base.st"], **bad}]))
+        p, _ = _collect_groups(tmp_path, groups, prog)
+        assert p.returncode == 2 and said in p.stderr and "got" not in p.stdout, p.stderr
+    groups.write_text(json.dumps([{"module": "pkg3.m", "functions": ["Base.st"], "color": "#FF8800"}]))
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0 and "cannot wrap" not in p.stderr, p.stderr
+    assert names(T.load(run, warn=False)) == ["pkg3.m.Base.st"]
+
+
 def test_builtin_profile_tiny_gpt2(tmp_path):
     prog = write(
         tmp_path,
@@ -354,6 +415,10 @@ def test_errors(tmp_path):
     noexec.write_text("#!/bin/sh\necho hi\n")
     p, _ = collect(tmp_path, "--", str(noexec))
     assert p.returncode == 126 and "cannot execute" in p.stderr
+    p, _ = collect(tmp_path, "--", str(tmp_path))  # (exec says EACCES; a shell: a directory)
+    assert p.returncode == 126 and f"{tmp_path}: cannot execute: is a directory" in p.stderr, p.stderr
+    p, _ = collect(tmp_path, "--", "")
+    assert p.returncode == 127 and "'': command not found" in p.stderr, p.stderr
     noexec.write_text("#!/nonexistent/interp\necho hi\n")
     noexec.chmod(0o755)
     p, _ = collect(tmp_path, "--", str(noexec))

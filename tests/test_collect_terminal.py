@@ -7,6 +7,7 @@ import io
 import json
 import os
 import select
+import shlex
 import struct
 import subprocess
 import sys
@@ -204,3 +205,34 @@ def test_without_pseudo_terminals_the_program_gets_pipes(tmp_path, monkeypatch, 
     assert any("no pseudo-terminal could be opened (No such file or directory)" in w for w in res.warnings)
     info = json.loads((res.run_dir / "run.json").read_text())
     assert info["pty"] == [] and info["env"]["PYTHONUNBUFFERED"] == "1"
+
+
+def test_an_interrupted_conversion_says_how_to_finish_it(tmp_path, monkeypatch):
+    """A Ctrl-C during the conversion keeps the run; the command it prints writes trace.json into the
+    run directory, where a finished run has it (not into the current directory)."""
+
+    def interrupted(run_dir, result):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_convert", interrupted)
+    monkeypatch.chdir(tmp_path)
+    res = launcher.collect(
+        [sys.executable, "-c", "print('hi')"],
+        trace_dir=tmp_path / "traces dir",
+        so=shim.locate(),
+        pty=False,
+        stdout=io.BytesIO(),
+        stderr=io.BytesIO(),
+    )
+    assert res.interrupted
+    said = next(w for w in res.warnings if "interrupted while converting" in w)
+    cmd = said.split("`")[1]
+    assert shlex.split(cmd) == [
+        "teller",
+        "trace",
+        "convert",
+        str(res.run_dir),
+        "-o",
+        str(res.run_dir / "trace.json"),
+    ]
+    assert json.loads((res.run_dir / "run.json").read_text())["warnings"] == res.warnings

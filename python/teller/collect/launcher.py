@@ -193,9 +193,23 @@ def validate_groups(groups: Any, path: str) -> None:
                     path=path,
                     index=i,
                 )
-        unknown = set(g) - {"module", "functions", "domain", "name", "color", "category", "subclasses"}
+        if "color" in g:
+            from teller.collect._hook._teller_nvtx_colors import color_argb
+
+            try:
+                color_argb(g["color"])
+            except ValueError as e:
+                raise ConfigError(f"{path}: group #{i}: 'color': {e}", path=path, index=i) from None
+        unknown = set(g) - {"module", "functions", "domain", "name", "color"}
         if unknown:
             raise ConfigError(f"{path}: group #{i}: unknown keys {sorted(unknown)}", path=path, index=i)
+
+
+def _convert_hint(run_dir: Path) -> str:
+    """The command that converts a run left unconverted, into the run directory as a finished run has it."""
+    import shlex
+
+    return f"teller trace convert {shlex.quote(str(run_dir))} -o {shlex.quote(str(run_dir / 'trace.json'))}"
 
 
 def nvtx_json_imports(run_dir: Path, nvtx_path: Path) -> str | None:
@@ -574,12 +588,14 @@ def collect(
                     os.close(fd)
                 # nothing ran: leave no empty run directory behind
                 shutil.rmtree(run_dir, ignore_errors=True)
-                if isinstance(e, FileNotFoundError):
+                if isinstance(e, FileNotFoundError) or not cmd[0]:  # ("": not found, as a shell says)
                     what = "command not found"
                     found = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
                     if found and os.path.isfile(found):  # (it exists: its #! interpreter does not)
                         what = f"cannot execute: bad interpreter ({_interpreter(found)}: no such file)"
-                    raise TellerFileNotFoundError(f"{cmd[0]}: {what}", path=cmd[0]) from None
+                    raise TellerFileNotFoundError(f"{cmd[0] or repr('')}: {what}", path=cmd[0]) from None
+                if os.path.isdir(cmd[0]):  # (EACCES from exec, which a shell says as this)
+                    raise TellerError(f"{cmd[0]}: cannot execute: is a directory", path=cmd[0]) from None
                 raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}", path=cmd[0]) from None
             except BaseException:  # (a NUL in an argument, a failing preexec_fn: nothing ran either)
                 for fd in masters.values():
@@ -744,7 +760,7 @@ def collect(
             "stopped by a signal after the program exited: "
             + ("its output was still being copied; " if drain_end else "")
             + f"{run_dir} keeps the raw files, logs and run.json, unconverted "
-            f"(`teller trace convert {run_dir} -o trace.json` converts it)"
+            f"(`{_convert_hint(run_dir)}` converts it)"
         )
     run["warnings"] = result.warnings
     # written now, and again after the conversion: an interrupted conversion keeps the run's record
@@ -755,7 +771,7 @@ def collect(
         except KeyboardInterrupt:
             result.warnings.append(
                 f"interrupted while converting: {run_dir} keeps the raw files, logs and run.json "
-                f"(`teller trace convert {run_dir} -o trace.json` converts it)"
+                f"(`{_convert_hint(run_dir)}` converts it)"
             )
             result.interrupted = True
         run["trace_json"] = str(result.trace_json) if result.trace_json else None

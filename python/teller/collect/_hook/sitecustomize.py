@@ -10,7 +10,9 @@ in children and spawned workers, which inherit the environment). It
    ``sys.meta_path``), before ``from m import f`` can bind the original.
 
 Name formats may use ``{module}``, ``{qualname}``, ``{function}`` and ``{cls}`` (the class of the
-first argument at call time, e.g. ``"{cls}"`` names each ``torch.nn.Module`` call by its class).
+first argument at call time, e.g. ``"{cls}"`` names each ``torch.nn.Module`` call by its class; for a
+classmethod the class it is called on, for a staticmethod the class named). Only functions are
+wrapped: a class, property, constant or other callable object is reported and left as it is.
 Nothing here may break the host program: every failure is reported once on stderr and skipped.
 """
 
@@ -23,6 +25,7 @@ import importlib.util
 import json
 import os
 import sys
+import types
 
 _HOOK_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -95,7 +98,8 @@ def _emitter():
 
         def pusher(message: str, domain: str | None, color: str | None):
             d = domain_of(domain)
-            return functools.partial(d.push_range, d.get_event_attributes(message=message, color=color))
+            attrs = d.get_event_attributes(message=message, color=color_argb(color))
+            return functools.partial(d.push_range, attrs)
 
         def popper(domain: str | None):
             return domain_of(domain).pop_range
@@ -126,22 +130,75 @@ _EMIT = None
 _SUSPENDS = 0x20 | 0x80 | 0x100 | 0x200
 
 
+# what may be wrapped: Python functions and C functions or method descriptors. Anything else put in
+# its place would change what the program sees: a class would stop being a type (isinstance fails),
+# a property would read as a bound method, a constant would become a function, a callable object
+# (an lru_cache wrapper, a scripted function) would lose its own methods
+_FUNCTION_TYPES = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+class _Refused(Exception):
+    """What is not wrapped, and why (said as it is; other errors with their type)."""
+
+
+def _not_a_function(fn) -> str | None:
+    """Why ``fn`` is not wrapped, or None when it can be."""
+    if isinstance(fn, _FUNCTION_TYPES):
+        return None
+    if isinstance(fn, type):
+        return "a class, not a function: name its methods (Cls.__init__, Cls.__call__); not wrapped"
+    if isinstance(fn, property):
+        return "a property, not a function; not wrapped"
+    if callable(fn):
+        return (
+            f"a callable {type(fn).__name__} object, not a function (a wrapper would hide its own "
+            "attributes); not wrapped"
+        )
+    kind = type(fn).__name__
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}, not a function; not wrapped"
+
+
+from _teller_nvtx_colors import color_argb  # noqa: E402  (beside this file, first on the path)
+
+
 def _wrap(
-    fn, label_fmt: str, module: str, qualname: str, domain: str | None, color: str | None, dynamic: bool
+    fn,
+    label_fmt: str,
+    module: str,
+    qualname: str,
+    domain: str | None,
+    color: str | None,
+    dynamic: bool,
+    owner: str = "",
+    kind: str = "function",
 ):
+    """``fn`` in a push/pop range. ``kind``: "function" (``{cls}``: the class of the first argument),
+    "classmethod" (the class it is called on), or "staticmethod" (``owner``, the class named)."""
     if getattr(fn, "__teller_wrapped__", False):
         return fn
+    why = _not_a_function(fn)
+    if why:
+        raise _Refused(why)
+    if kind == "staticmethod":
+        dynamic = False
     flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
     if flags & _SUSPENDS:
         # a push/pop range would cover only making the generator or coroutine, and ranges of
         # interleaved coroutines on one thread would pop each other's
-        raise TypeError("a generator or async function: a push/pop range cannot follow it; not wrapped")
+        raise _Refused("a generator or async function: a push/pop range cannot follow it; not wrapped")
     pusher, popper = _EMIT
     function = qualname.rsplit(".", 1)[-1]
     # (a name with a field it does not know fails here, where the caller says so and leaves the
     # function as it is, not at every call of the user's program)
-    label = label_fmt.format(module=module, qualname=qualname, function=function, cls="")
+    label = label_fmt.format(module=module, qualname=qualname, function=function, cls=owner)
     pop = popper(domain)
+    by_class = kind == "classmethod"
     if not dynamic:
         push = pusher(label, domain, color)
 
@@ -158,14 +215,13 @@ def _wrap(
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            cls = type(args[0]) if args else None
+            cls = (args[0] if by_class else type(args[0])) if args else None
             p = pushes.get(cls)
             if p is None:
                 if len(pushes) >= 4096:  # (torch.fx makes a class per graph: the cache stays bounded)
                     pushes.clear()
-                label = label_fmt.format(
-                    module=module, qualname=qualname, function=function, cls=cls.__name__ if args else ""
-                )
+                name = getattr(cls, "__name__", owner) if args else owner
+                label = label_fmt.format(module=module, qualname=qualname, function=function, cls=name)
                 p = pushes[cls] = pusher(label, domain, color)
             p()
             try:
@@ -201,30 +257,13 @@ def _patch(module, groups) -> None:
                         if getattr(inner, "__teller_wrapped__", False) and hasattr(inner, "__wrapped__"):
                             inner = inner.__wrapped__
                             raw = type(raw)(inner) if isinstance(raw, (staticmethod, classmethod)) else inner
+                    args = (fmt, mname, spec, g.get("domain"), g.get("color"), dynamic, owner.__name__)
                     if isinstance(raw, staticmethod):
-                        setattr(
-                            owner,
-                            meth,
-                            staticmethod(
-                                _wrap(raw.__func__, fmt, mname, spec, g.get("domain"), g.get("color"), False)
-                            ),
-                        )
+                        setattr(owner, meth, staticmethod(_wrap(raw.__func__, *args, kind="staticmethod")))
                     elif isinstance(raw, classmethod):
-                        setattr(
-                            owner,
-                            meth,
-                            classmethod(
-                                _wrap(
-                                    raw.__func__, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic
-                                )
-                            ),
-                        )
+                        setattr(owner, meth, classmethod(_wrap(raw.__func__, *args, kind="classmethod")))
                     else:
-                        setattr(
-                            owner,
-                            meth,
-                            _wrap(raw, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic),
-                        )
+                        setattr(owner, meth, _wrap(raw, *args))
                 else:
                     fn = getattr(module, spec, None)
                     if fn is None:
@@ -233,6 +272,8 @@ def _patch(module, groups) -> None:
                     setattr(
                         module, spec, _wrap(fn, fmt, mname, spec, g.get("domain"), g.get("color"), dynamic)
                     )
+            except _Refused as e:
+                _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {e}")
             except Exception as e:  # noqa: BLE001
                 _warn(f"--nvtx-json: cannot wrap {mname}.{spec}: {e!r}")
 
