@@ -199,6 +199,38 @@ def test_tpe_train_encode_inspect(tmp_path):
         "tpe", "encode", "--tokenizer-dir", tokdir, str(data / "mi250_rocm62_tiny.kineto.json.gz")
     ).stdout
     assert "tokens for" in out and "step 0" in out and "▸" in out
+    # the count names what it counts: the steps' events and their range ends (<close>)
+    assert __import__("re").search(r"tokens for (\d+) base symbols \((\d+) events, (\d+) range ends;", out)
+    # the columns are named: the second number of a row is the token id, not a count of events
+    lines = out.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("step 0"))) + 1
+    assert lines[head].split() == [
+        "#",
+        "token",
+        "id",
+        "positions",
+        "max",
+        "log-dur",
+        "dur",
+        "z",
+        "call-chain",
+        "fragment",
+    ]
+    row = lines[head + 1].split()
+    assert row[0] == "0" and row[1].isdigit() and __import__("re").fullmatch(r"0\.\.\d+", row[2]), row
+    # a directory of several traces is not one trace (tpe train took each file apart): refused
+    p = run("tpe", "encode", "--tokenizer-dir", tokdir, str(data), check=False)
+    err = " ".join(p.stderr.split())
+    assert p.returncode == 2 and "a directory of 2 trace files, not a run directory" in err
+    assert "give one file" in err and not p.stdout
+    # fewer merges than asked: said, with the reason, in the options' own spelling
+    p = run(
+        "tpe", "train", "--data-dir", str(data), "--output-dir", str(tmp_path / "tok"), "--num-merges", "5",
+        "--min-frequency", "1000000",
+    )  # fmt: skip
+    err = " ".join(p.stderr.split())
+    assert "warning: training made 0 of the 5 merges asked (--num-merges 5)" in err, p.stderr
+    assert "frequency >= --min-frequency (1000000)" in err
     enc = json.loads(
         run(
             "tpe",

@@ -21,7 +21,7 @@ from teller import tpe  # noqa: E402
 from teller.data import generate  # noqa: E402
 from teller.data.summary import N_SUMMARY_FEATURES  # noqa: E402
 from teller.data.tokenize import tokenize_dataset  # noqa: E402
-from teller.errors import TellerWarning  # noqa: E402
+from teller.errors import TellerError, TellerWarning  # noqa: E402
 from teller.models.data import Sample, collate, compact_log  # noqa: E402
 from teller.models.mot import LOG, TRACE, ModelConfig, build_model  # noqa: E402
 from teller.models.train import load_checkpoint, loss_fn, predict, train  # noqa: E402
@@ -2023,6 +2023,15 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
             calibrate(run, split="test")
     with pytest.warns(TellerWarning):
         calibrate(run, split="train")
+    # evaluating the split the temperature was fitted on says so (another split does not)
+    from teller.models.report import evaluate_any
+
+    with pytest.warns(TellerWarning, match="its temperature was fitted on this split"):
+        evaluate_any(run, None, "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TellerError):  # (this fixture's val split is empty: refused, and not warned)
+            evaluate_any(run, None, "val")
     model, _ = load_checkpoint(run)
     assert model.temperature == cal["temperature"]
     z = predict_logits(model, samples)

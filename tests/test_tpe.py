@@ -334,3 +334,97 @@ def test_a_tokenizer_says_what_other_normalization_rules_mean(tmp_path) -> None:
     )
     with pytest.raises(TokenizerError, match="normalization_version"):
         teller.tpe.load(tmp_path / "bad.json")
+
+
+def test_a_list_of_strings_is_read_as_paths_and_says_so():
+    # (strings that name no file and do not look like paths were meant as one symbol sequence)
+    with pytest.raises(TellerFileNotFoundError, match=r"a list of lists, train\(\[\['a', 'b'\]\]\)") as e:
+        teller.tpe.train(["a", "b"], num_merges=2)
+    assert isinstance(e.value, FileNotFoundError) and e.value.path == "a"
+    # a missing path that reads as one is just missing
+    with pytest.raises(TellerFileNotFoundError) as e:
+        teller.tpe.train(["nope/run1", "x.json.gz"], num_merges=2)
+    assert "list of lists" not in str(e.value)
+    tok = teller.tpe.train([["a", "b"], ["a", "b"]], num_merges=1)  # (the form the message gives)
+    assert tok.decode([tok.base_size]) == ["a", "b"]
+
+
+def test_fast_path_input_is_checked():
+    names = ["a", "b"]
+    starts = np.asarray([0], np.int64)
+
+    def train(ids, offsets=starts, names=names):
+        return teller.tpe.train((np.asarray(ids), offsets), names=names, num_merges=1, min_frequency=1)
+
+    with pytest.raises(TokenizerError, match="must be an array of integers, got dtype float64"):
+        train(np.asarray([0.0, 1.7]))  # (was truncated to [0, 1] silently)
+    with pytest.raises(TokenizerError, match="symbol id -1 at index 1 is negative"):
+        train(np.asarray([0, -1]))  # (was "symbol id 4294967295 is out of range")
+    with pytest.raises(
+        TokenizerError, match=r"1-d array of integers, got a 2-d array of shape \(1, 2\)"
+    ) as e:
+        train(np.asarray([[0, 1]]))
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(TokenizerError, match="symbol id 5 at index 1 is out of range for 2 names"):
+        train(np.asarray([0, 5]))
+    with pytest.raises(TokenizerError, match="offsets .* must be an array of integers, got dtype float64"):
+        train(np.asarray([0, 1]), np.asarray([0.0]))
+    with pytest.raises(TokenizerError, match="must start at 0, got 2 ") as e:
+        train(np.asarray([0, 1, 0, 1]), np.asarray([2, 4]))
+    assert "Some" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"names has 'a' twice \(at 0 and 2\)"):
+        train(np.asarray([0, 1]), names=["a", "b", "a"])
+    tok = train(np.asarray([0, 1, 0, 1], np.int64))  # (any integer dtype)
+    assert tok.decode([tok.base_size]) == ["a", "b"]
+
+
+def test_fewer_merges_than_asked_is_a_warning():
+    from teller.errors import TellerWarning
+
+    seqs = [["a", "b", "a", "b"]]
+    with pytest.warns(
+        TellerWarning,
+        match=r"training made 0 of the 5 merges asked \(num_merges 5\), vocabulary \d+: no pair of "
+        r"adjacent tokens was left with frequency >= min_frequency \(3\)",
+    ):
+        assert teller.tpe.train(seqs, num_merges=5, min_frequency=3).merges == []
+    nb = teller.tpe.train(seqs, num_merges=0).base_size
+    with pytest.warns(TellerWarning, match=rf"made 1 of the 8 merges asked \(vocab_size {nb + 8} over {nb}"):
+        assert len(teller.tpe.train(seqs, vocab_size=nb + 8).merges) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TellerWarning)  # (all the merges asked: nothing to say)
+        teller.tpe.train(seqs, num_merges=1)
+        teller.tpe.train(seqs, vocab_size=0)
+
+
+def test_encode_takes_one_trace_not_a_directory_of_traces(tmp_path):
+    from teller.rawfmt import RawWriter
+
+    tok = teller.tpe.train([["runtime:cudaLaunchKernel", "kernel:gemm"]] * 2, num_merges=1)
+    both = tmp_path / "two"
+    both.mkdir()
+    for name in FIXTURES[:2]:
+        (both / name).write_bytes((TRACES / name).read_bytes())
+    # (the loader would merge them onto one timeline; train reads each as a trace of its own)
+    with pytest.raises(
+        ConfigError, match=r"a directory of 2 trace files, not a run directory: .*give one file"
+    ):
+        tok.encode(both)
+    one = tmp_path / "sample"  # a dataset sample: one trace beside its annotation
+    one.mkdir()
+    (one / "trace.json.gz").write_bytes((TRACES / FIXTURES[0]).read_bytes())
+    (one / "annotation.json").write_text("{}")
+    assert len(tok.encode(one)) == len(tok.encode(one / "trace.json.gz"))
+    # a run directory (teller collect): raw files of several processes, its own trace.json, run.json
+    run = tmp_path / "run"
+    (run / "raw").mkdir(parents=True)
+    for pid in (1, 2):
+        with RawWriter(run / "raw" / f"p{pid}.tmsgpack", pid=pid, clock_sync=(0, 0)) as w:
+            w.span("runtime", "cudaLaunchKernel", tid=pid, start=10 * pid, end=10 * pid + 5)
+    (run / "trace.json").write_bytes((TRACES / FIXTURES[1]).read_bytes())
+    (run / "summary.json").write_text("{}")
+    (run / "run.json").write_text("{}")
+    enc = tok.encode(run)
+    assert int(enc.offsets[-1]) == len(tok.encode(teller.trace.load(run / "raw", warn=False)).base_ids)

@@ -623,7 +623,7 @@ def _collect(
     nvtx_json: Annotated[
         str | None,
         typer.Option(
-            help="JSON list of {module, functions, domain, name} groups to wrap in NVTX ranges, or a "
+            help="JSON list of {module, functions, domain, name, color} groups to wrap in NVTX ranges, or a "
             "built-in profile: torch, transformers, vllm."
         ),
     ] = None,
@@ -794,7 +794,8 @@ def tpe_train(
     step_name: StepOpt = None,
 ) -> None:
     """Train a tokenizer on the traces under DATA_DIR (of a dataset directory, its train split only: no
-    test leakage); prints the tokenizer directory."""
+    test leakage); prints the tokenizer directory. Training stops early, with a warning, when no pair
+    of adjacent tokens occurs --min-frequency times any more."""
     from teller import tpe
 
     if vocab_size is None and num_merges is None:
@@ -807,8 +808,11 @@ def tpe_train(
     except TellerError as e:
         raise _fail(e) from None
     t0 = time.perf_counter()
+    from teller.errors import TellerWarning
+
     try:
-        with _progress("training TPE") as cb:
+        with _progress("training TPE") as cb, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TellerWarning)
             tok = tpe.train(
                 data_dir,
                 vocab_size=vocab_size,
@@ -821,6 +825,13 @@ def tpe_train(
             )
     except TellerError as e:
         raise _fail(e) from None
+    for w in caught:  # (said after the progress bar, naming options as typed: --vocab-size, not vocab_size)
+        if issubclass(w.category, TellerWarning):
+            err_console.print(
+                f"[yellow]warning:[/] {escape(_as_flags(str(w.message)))}", highlight=False, soft_wrap=True
+            )
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
     from teller._io import claim_run_dir
 
     try:
@@ -836,22 +847,36 @@ def tpe_train(
     dt = time.perf_counter() - t0
     n_ev = tok.settings.get("training_events", 0)
     err_console.print(
-        f"trained on {n_ev} events in {tok.settings.get('training_segments')} steps: "
+        f"trained on {n_ev} base symbols (events and range ends) in {tok.settings.get('training_segments')} "
+        "steps: "
         f"base {tok.base_size}, vocabulary {tok.vocab_size} ({dt:.2f} s)",
         highlight=False,
     )
     print(out)
 
 
-@tpe_app.command("encode")
+@tpe_app.command(
+    "encode",
+    short_help="Print a readable tokenization of a trace: each token with the span of events it covers.",
+)
 def tpe_encode(
-    input: Annotated[str, typer.Argument(help="A trace file or run directory.")],
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="One trace: a trace file or a teller run directory (not a directory of several trace files)."
+        ),
+    ],
     tokenizer_dir: Annotated[str, typer.Option("--tokenizer-dir", help="Directory of tokenizer.json.")],
     step: Annotated[int | None, typer.Option(help="Only this step (segment); with --json too.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Print at most this many tokens.")] = 60,
     as_json: Annotated[bool, typer.Option("--json", help="Print ids, offsets and features as JSON.")] = False,
 ) -> None:
-    """Print a readable tokenization of a trace: each token with the span of events it covers."""
+    """Print a readable tokenization of one trace, step by step, a token a row: # (the token's position
+    in the encoding), token id, positions (the base symbols it covers, first..last: events and <close>
+    range ends), max log-dur (ln(1 + duration in us) of its longest event), dur z (the largest z-score
+    of its events' durations against the training corpus's) and its call-chain fragment."""
+    import numpy as np
+
     from teller import tpe
 
     try:
@@ -878,17 +903,23 @@ def tpe_encode(
             )
         )
         return
-    n_events = int(enc.offsets[-1])
+    n_base = int(enc.offsets[-1])  # (base symbols: the steps' events and a <close> per range end)
+    n_closes = int((np.asarray(enc.events) < 0).sum()) if enc.events is not None else 0
     console.print(
-        f"{len(enc)} tokens for {n_events} events ({n_events / max(len(enc), 1):.2f} events/token), "
-        f"{len(segs)} step(s)",
+        f"{len(enc)} tokens for {n_base} base symbols ({n_base - n_closes} events, {n_closes} range ends; "
+        f"{n_base / max(len(enc), 1):.2f} per token), {len(segs)} step(s)",
         highlight=False,
     )
     shown = 0
+    header = (
+        f"  {'#':>6} {'token id':>8}  {'positions':<13} {'max log-dur':>11} {'dur z':>6}  call-chain fragment"
+    )
     for k, (a, b) in enumerate(segs):
         if step is not None and k != step:
             continue
         console.print(f"[bold]step {k}[/] ({b - a} tokens)")
+        if a < b and shown < max_tokens:
+            console.print(f"[dim]{header}[/]", highlight=False, soft_wrap=True)
         for t in range(a, b):
             if shown >= max_tokens:
                 console.print(f"... ({len(enc) - shown} more tokens; use --max-tokens)")
@@ -896,8 +927,8 @@ def tpe_encode(
             lo, hi = int(enc.offsets[t]), int(enc.offsets[t + 1])
             f = enc.features[t]
             console.print(
-                f"  {t:>6} [cyan]{int(enc.ids[t]):>6}[/] events {lo}..{hi - 1}  "
-                f"max log-dur {f[2]:.2f} z {f[3]:+.1f}  {tok.token_str(int(enc.ids[t]))}",
+                f"  {t:>6} [cyan]{int(enc.ids[t]):>8}[/]  {f'{lo}..{hi - 1}':<13} "
+                f"{f[2]:>11.2f} {f[3]:>+6.1f}  {escape(tok.token_str(int(enc.ids[t])))}",
                 highlight=False,
                 soft_wrap=True,
             )

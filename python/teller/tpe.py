@@ -235,6 +235,7 @@ class TPETokenizer:
         if isinstance(x, Trace):
             return corpus_from_trace(x, self.settings.get("close_layers", DEFAULT_CLOSE_LAYERS))
         if isinstance(x, (str, os.PathLike)):
+            _check_one_trace(x)
             return corpus_from_trace(
                 load_trace(
                     x,
@@ -257,7 +258,11 @@ class TPETokenizer:
         return corpus_from_symbols(_symbol_sequences(x))
 
     def encode(self, x: Any) -> Encoding:
-        """Encode a Trace, a trace path/run directory, one symbol sequence, or a list of sequences."""
+        """Encode a Trace, a trace path/run directory, one symbol sequence, or a list of sequences.
+
+        A directory must be one trace: a teller run directory (``raw/``, ``run.json``), raw files of
+        one run, or a directory with a single trace file; a directory of several trace files is
+        refused (:class:`teller.ConfigError`), as ``train`` takes each of them as a trace of its own."""
         c = self._corpus_of(x)
         base = np.asarray(self.symbol_ids(c.names), dtype=np.uint32)[c.ids] if len(c.names) else c.ids
         base = np.ascontiguousarray(base, dtype=np.uint32)
@@ -670,6 +675,48 @@ def discover_traces(path: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
+def _looks_like_path(s: str) -> bool:
+    """Whether a string reads as a file path (a directory part, a trace suffix, ``.``, ``~``) rather
+    than a symbol."""
+    seps = (os.sep, os.altsep) if os.altsep else (os.sep,)
+    return (
+        any(c in s for c in seps)
+        or s.endswith((*TRACE_SUFFIXES, ".gz"))
+        or s in (".", "..")
+        or s.startswith("~")
+    )
+
+
+# the JSON files teller writes beside traces, which the loader does not read as traces (load.rs)
+_NOT_TRACES = ("run.json", "summary.json", "annotation.json", "manifest.json")
+
+
+def _check_one_trace(path: str | os.PathLike[str]) -> None:
+    """Refuse a directory that the loader would read as several traces merged onto one timeline: one
+    with several trace files (``*.json``, ``*.json.gz``) and no raw files. A teller run directory
+    (``raw/`` or ``run.json``), raw files of one run's processes (``*.tmsgpack``) or a directory of
+    one trace file (a dataset sample) is one trace. (``train`` reads each such file as a trace of its
+    own.) Anything else (a file, a missing path, an unreadable directory) is the loader's to say."""
+    p = Path(path)
+    try:
+        if not p.is_dir() or (p / "raw").is_dir() or (p / "run.json").is_file():
+            return
+        names = sorted(os.listdir(p))
+    except OSError:
+        return
+    if any(n.endswith(".tmsgpack") for n in names):
+        return
+    files = [n for n in names if n.endswith((".json", ".json.gz")) and n not in _NOT_TRACES]
+    files = [n for n in files if (p / n).is_file()]
+    if len(files) > 1:
+        raise ConfigError(
+            f"{p}: a directory of {len(files)} trace files, not a run directory: encode takes one trace; "
+            f"give one file, e.g. {p / files[0]} (tpe train takes the whole directory, each file a trace "
+            "of its own)",
+            path=str(p),
+        )
+
+
 def _names_a_trace(s: str) -> bool:
     """Whether a string in a symbol sequence is rather the path of a trace or run directory."""
     return (s.endswith(TRACE_SUFFIXES) or os.sep in s) and os.path.exists(s)
@@ -722,16 +769,13 @@ def _source_corpus(
         ids, offsets = source
         if names is None:
             raise ConfigError("train((ids, offsets), names=...) needs the list of symbol names the ids index")
-        return Corpus(
-            names=list(names),
-            ids=np.ascontiguousarray(ids, dtype=np.uint32),
-            starts=np.ascontiguousarray(offsets, dtype=np.int64),
-        )
+        return _fast_path_corpus(ids, offsets, list(names))
     if isinstance(source, Corpus):
         return source
     if isinstance(source, Trace):
         return corpus_from_trace(source, close_layers)
-    if isinstance(source, (str, os.PathLike)):
+    given_one = isinstance(source, (str, os.PathLike))
+    if given_one:
         source = [source]
     if isinstance(source, (bytes, bytearray, dict)) or not isinstance(source, Iterable):
         raise ConfigError(
@@ -753,6 +797,17 @@ def _source_corpus(
                 f"train source item {k} must be a Trace or a path (str or os.PathLike), "
                 f"got {type(it).__name__}"
             )
+    if not given_one:
+        # (before any trace is loaded) a list of strings is read as paths: strings that name no file
+        # and do not look like paths were meant as a symbol sequence, which is a list of lists
+        for it in items:
+            if isinstance(it, str) and not os.path.exists(it) and not _looks_like_path(it):
+                shown = ", ".join(repr(x) for x in items[:3]) + (", ..." if len(items) > 3 else "")
+                raise TellerFileNotFoundError(
+                    f"{it}: no such file or directory: train reads a list of strings as trace paths; "
+                    f"a symbol sequence must be given as a list of lists, train([[{shown}]])",
+                    path=it,
+                )
     corpora: list[Corpus] = []
     for it in items:
         if isinstance(it, Trace):
@@ -764,6 +819,57 @@ def _source_corpus(
     if not corpora:
         raise ConfigError("nothing to train on")
     return concat(corpora)
+
+
+def _int_array(x: Any, what: str) -> np.ndarray:
+    """``x`` as a 1-d numpy array of integers (an empty list too), else a TokenizerError saying what
+    it is (not a silent truncation of floats, not numpy's bare ValueError)."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TokenizerError(f"{what} must be a 1-d array of integers: {e}") from None
+    if a.ndim != 1:
+        raise TokenizerError(
+            f"{what} must be a 1-d array of integers, got a {a.ndim}-d array of shape {a.shape}"
+        )
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TokenizerError(f"{what} must be an array of integers, got dtype {a.dtype}")
+    return a
+
+
+def _fast_path_corpus(ids: Any, offsets: Any, names: list[str]) -> Corpus:
+    """The corpus of ``train((ids, offsets), names=...)``, its arrays checked (values said as given:
+    a -1 is not reported as the 4294967295 it would wrap to)."""
+    a = _int_array(ids, "ids (the first array of (ids, offsets))")
+    o = _int_array(offsets, "offsets (the second array of (ids, offsets))")
+    if a.size:
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0:
+            k = int(np.argmax(a < 0))
+            raise TokenizerError(f"ids: symbol id {int(a[k])} at index {k} is negative (ids index names)")
+        if hi >= len(names):
+            k = int(np.argmax(a >= len(names)))
+            raise TokenizerError(
+                f"ids: symbol id {int(a[k])} at index {k} is out of range for {len(names)} names "
+                f"(0..{len(names) - 1})"
+                if names
+                else f"ids: symbol id {int(a[k])} at index {k}, but names is empty"
+            )
+    if o.size and int(o.min()) < 0:
+        k = int(np.argmax(o < 0))
+        raise TokenizerError(f"offsets: negative segment start {int(o[k])} at index {k}")
+    seen: dict[str, int] = {}
+    for k, n in enumerate(names):
+        if n in seen:
+            raise ConfigError(f"names has {n!r} twice (at {seen[n]} and {k}): each symbol must have one id")
+        seen[n] = k
+    return Corpus(
+        names=names,
+        ids=np.ascontiguousarray(a, dtype=np.uint32),
+        starts=np.ascontiguousarray(o, dtype=np.int64),
+    )
 
 
 def train(
@@ -783,10 +889,14 @@ def train(
     """Train a TPE tokenizer.
 
     ``source``: traces (Trace objects, trace files, run directories, a dataset directory), plain
-    sequences of symbol strings (each one segment), or the fast path ``(ids, offsets)`` numpy arrays
-    (uint32 symbol ids, int64 segment start offsets) with ``names`` (the symbols the ids index).
+    sequences of symbol strings (each one segment; a list of them, ``[["a", "b"], ...]``: a list of
+    strings is read as paths), or the fast path ``(ids, offsets)`` numpy arrays (integer symbol ids
+    indexing ``names``, integer segment start offsets) with ``names`` (the symbols the ids index,
+    each once).
     Give ``vocab_size`` (base + merges) or ``num_merges``. Deterministic: ties between equally
-    frequent pairs go to the smallest pair.
+    frequent pairs go to the smallest pair. Training stops early when no pair of adjacent tokens
+    occurs ``min_frequency`` times any more: a :class:`teller.TellerWarning` then says how many
+    merges were made of those asked.
     """
     if (vocab_size is None) == (num_merges is None):
         raise ConfigError("give exactly one of vocab_size and num_merges")
@@ -857,6 +967,22 @@ def train(
         max_token_events,
         progress,
     )
+    if len(merges) < merges_wanted:
+        import warnings
+
+        asked = (
+            f"vocab_size {vocab_size} over {nb} base symbols"
+            if num_merges is None
+            else f"num_merges {num_merges}"
+        )
+        cap = f" (within max_token_events {max_token_events})" if max_token_events is not None else ""
+        warnings.warn(
+            f"training made {len(merges)} of the {merges_wanted} merges asked ({asked}), vocabulary "
+            f"{nb + len(merges)}: no pair of adjacent tokens was left with frequency >= min_frequency "
+            f"({min_frequency}){cap}",
+            TellerWarning,
+            stacklevel=2,
+        )
     if c.dur_ns is not None:
         cnt, mean, std = _native.tpe_symbol_stats(
             base_ids, np.ascontiguousarray(c.dur_ns, dtype=np.int64), nb

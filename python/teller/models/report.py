@@ -19,7 +19,7 @@ import numpy as np
 
 from teller._io import write_atomic
 from teller.data.dataset import read_json
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerWarning
 
 MAIN_KEYS = (
     "ac@1",
@@ -199,6 +199,14 @@ def evaluate_any(
     if own is None and isinstance(cfg.get("data_dir"), str):
         with contextlib.suppress(TellerError, OSError):  # (moved: then the evaluated data is another)
             own = str(shards_run_dir(cfg["data_dir"]).resolve())
+    cal = cfg.get("calibration") if fmt == "teller-rca-checkpoint" else None
+    if isinstance(cal, dict) and cal.get("split") == split and (cal.get("data_dir") or own) == data:
+        warnings.warn(
+            f"{cfgp.parent}: its temperature was fitted on this split ({split} of {data}): its calibration "
+            "(nll, ece, brier) reads better here than on new data (`teller calibrate` on val refits it)",
+            TellerWarning,
+            stacklevel=2,
+        )
     weights = weights_id(cfgp.parent)
     for m in res:  # what summarize pools and pairs by: the recipe and the data evaluated
         m["recipe"] = recipe_id(cfg)
@@ -218,8 +226,6 @@ def _warn_if_trained_on(
     """A TellerWarning where the samples evaluated include the run's training samples without their
     being asked for by name: ``all`` of its shards, or all of the very dataset its shards were encoded
     from (whose train samples the model has seen: its scores there say nothing about new data)."""
-    from teller.errors import TellerWarning
-
     # (--split train / val name those samples: the user knows; other shards' all are not the run's,
     # and neither is the cache a dataset directory was encoded into, evaluated by an inner call)
     seen = split == "all" and data_dir is None

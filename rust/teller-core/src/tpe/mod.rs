@@ -95,13 +95,12 @@ pub(crate) fn unpair(k: u64) -> (u32, u32) {
 /// `(start, end)` of every segment.
 pub fn segment_bounds(n: usize, starts: &[usize]) -> Result<Vec<(usize, usize)>> {
     if n > 0 && starts.first() != Some(&0) {
-        return Err(TpeError::BadOffsets {
-            index: 0,
-            detail: format!(
-                "the first segment must start at 0 (got {:?}) for {n} events",
-                starts.first()
-            ),
-        });
+        // (the value itself, not Rust's `Some(2)`, in a message Python users read)
+        let detail = match starts.first() {
+            Some(s) => format!("the first segment must start at 0, got {s} (for {n} events)"),
+            None => format!("no segment starts for {n} events (the first segment starts at 0)"),
+        };
+        return Err(TpeError::BadOffsets { index: 0, detail });
     }
     let mut out = Vec::with_capacity(starts.len());
     for (i, &s) in starts.iter().enumerate() {

@@ -156,6 +156,14 @@ fn bad_input_is_an_error_not_a_panic() {
         train(&[0, 1], &[1], 3, &cfg(1, 1, None), None),
         Err(TpeError::BadOffsets { .. })
     ));
+    // the messages say the values (Python users read them), not Rust's `Some(2)` / `None`
+    let msg = segment_bounds(4, &[2, 4]).unwrap_err().to_string();
+    assert!(msg.contains("must start at 0, got 2") && !msg.contains("Some"), "{msg}");
+    let msg = segment_bounds(4, &[]).unwrap_err().to_string();
+    assert!(
+        msg.contains("no segment starts for 4 events") && !msg.contains("None"),
+        "{msg}"
+    );
     assert!(matches!(
         train(&[0, 1], &[0, 3], 3, &cfg(1, 1, None), None),
         Err(TpeError::BadOffsets { .. })
