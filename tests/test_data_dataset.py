@@ -487,3 +487,20 @@ def test_samples_say_which_gpus_they_ran_on(tiny):
         assert {(x["computeMajor"], x["computeMinor"]) for x in devs} == {divmod(spec.sm, 10)}, sd.name
         seen.add(spec.name)
     assert seen  # (the tiny preset's GPUs)
+
+
+def test_too_few_samples_for_the_splits_is_a_warning(tmp_path):
+    """Each class is split on its own, so a few samples per class leave val, test and test_ood empty:
+    said when the dataset is generated (training would have no validation, evaluation no test)."""
+    import warnings
+
+    from teller.data.dataset import generate
+    from teller.errors import TellerWarning
+
+    with pytest.warns(TellerWarning, match=r"the val, test, test_ood split\(s\) hold no samples: 13 samples"):
+        man = generate(tmp_path / "few", num_samples=13, preset="tiny")
+    assert not man["splits"]["val"] and not man["splits"]["test"]
+    with warnings.catch_warnings():  # (enough of each class: nothing to say; extra train data: none wanted)
+        warnings.simplefilter("error")
+        generate(tmp_path / "enough", num_samples=100, preset="tiny")
+        generate(tmp_path / "extra", num_samples=13, preset="tiny", train_only=True)

@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -32,7 +33,7 @@ from teller._io import check_output_dir, dir_lock, yaml_error_line
 from teller.data import kernels as K
 from teller.data.faults import FAULT_INFO, LABELS, NORMAL, Fault, draw_fault
 from teller.data.simulator import Workload, simulate
-from teller.errors import ConfigError, DatasetError, TellerFileNotFoundError, TellerIOError
+from teller.errors import ConfigError, DatasetError, TellerFileNotFoundError, TellerIOError, TellerWarning
 
 GENERATOR = "teller-sim"
 # 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
@@ -573,7 +574,32 @@ def generate(
         manifest = build_manifest(out, cfg, seed, plans)
         _json_dump(manifest, man_path)
         stamp.unlink()
-        return manifest
+    _warn_empty_splits(out, manifest, cfg, train_only)
+    return manifest
+
+
+def _warn_empty_splits(out: Path, man: dict[str, Any], cfg: dict[str, Any], train_only: bool) -> None:
+    """A TellerWarning naming the splits the configuration asks for that came out empty: each class
+    is split on its own, rounding down, so a few samples per class leave val and test (and, below
+    about ten per class, test_ood) with none; training then has no validation and evaluation no
+    test."""
+    if train_only:
+        return
+    fr = cfg.get("splits") or {}
+    wanted = [k for k in ("val", "test") if float(fr.get(k, 0) or 0) > 0]
+    if float(cfg.get("ood_fraction", 0) or 0) > 0:
+        wanted.append("test_ood")
+    empty = [k for k in wanted if not (man.get("splits") or {}).get(k)]
+    if empty:
+        n_cls = max(1, len(cfg.get("classes") or []))
+        warnings.warn(
+            f"{out}: the {', '.join(empty)} split(s) hold no samples: {man.get('num_samples')} samples over "
+            f"{n_cls} classes is too few for the configuration's fractions (each class is split on its "
+            "own); training will have no validation and evaluation no test there: ask for more samples "
+            f"(about {10 * n_cls} or more)",
+            TellerWarning,
+            stacklevel=3,
+        )
 
 
 def _holds_samples(out: Path) -> bool:
