@@ -237,7 +237,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             .collect()
     };
     let group_of = |src: u16| group.get(src as usize).copied().unwrap_or(src);
-    let mut dev: HashMap<Gpu, Vec<Act>> = HashMap::new();
+    // per GPU: its activities and the smallest pid they are on
+    let mut dev: HashMap<Gpu, (Vec<Act>, i64)> = HashMap::new();
     // per name id: is it a collective kernel (names repeat: each is classified once)
     let mut coll: HashMap<u32, bool> = HashMap::new();
     // the kernels of each GPU: (launching call, duration); a call's GPU activities (a graph launch has many)
@@ -252,8 +253,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     // process's calls launched (its host pid is not moved with its GPU's in a merged Kineto file), else
     // its own pid's
     let mut waits_of: Vec<usize> = Vec::new();
+    // (only where it differs from the host pid's own part: a lookup per linked activity cost ~10 %)
     let mut host_part: HashMap<(u16, i64), i64> = HashMap::new();
-    let mut gpu_pid: HashMap<Gpu, i64> = HashMap::new();
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
     for i in 0..n {
@@ -268,11 +269,11 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
         if l.is_gpu_activity() {
             s.gpu_events += 1;
             let gpu = (group_of(t.source[i]), t.device[i], pid_part(t.pid[i]));
-            let p = gpu_pid.entry(gpu).or_insert(t.pid[i]);
-            *p = (*p).min(t.pid[i]);
             if !t.link.is_empty() && t.link[i] >= 0 {
                 let c = t.link[i] as usize;
-                host_part.entry((group_of(t.source[c]), t.pid[c])).or_insert(gpu.2);
+                if gpu.2 != pid_part(t.pid[c]) {
+                    host_part.entry((group_of(t.source[c]), t.pid[c])).or_insert(gpu.2);
+                }
                 s.linked_gpu_events += 1;
                 per_call[t.link[i] as usize] += 1;
                 let e = first_work.entry(t.link[i]).or_insert((gpu, t.ts[i]));
@@ -295,7 +296,9 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                 }
                 _ => Work::Memory,
             };
-            dev.entry(gpu).or_default().push(Act {
+            let d = dev.entry(gpu).or_insert_with(|| (Vec::new(), t.pid[i]));
+            d.1 = d.1.min(t.pid[i]);
+            d.0.push(Act {
                 start: t.ts[i],
                 end: t.end(i),
                 work,
@@ -381,7 +384,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     }
     let mut d: Vec<DeviceStat> = dev
         .into_iter()
-        .map(|((source, device, part), mut acts)| {
+        .map(|((source, device, part), (mut acts, pid))| {
             let gpu = (source, device, part);
             let st = acts.iter().map(|x| x.start).min().unwrap_or(0);
             let en = acts.iter().map(|x| x.end).max().unwrap_or(0);
@@ -418,7 +421,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             let mut x = DeviceStat {
                 device,
                 source,
-                pid: gpu_pid.get(&gpu).copied().unwrap_or(0),
+                pid,
                 part,
                 busy_ns: 0,
                 span_ns: en.saturating_sub(st),
