@@ -461,3 +461,54 @@ def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
         "GPU 0 of teller-h-7-b.tmsgpack",
     ]
     assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_a_merged_kineto_pair_keeps_each_host_wait_with_its_gpu(tmp_path):
+    """Per-rank Kineto files: the GPU 0 tracks clash and move, the hosts' pids do not. Read back from
+    the merged file, each host's sync wait stays with the GPU its own calls launched work on."""
+    import json
+
+    def rank(host: int, t0: int, wait: int) -> dict:
+        return {
+            "traceEvents": [
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t0,
+                    "dur": 5,
+                    "args": {"correlation": 1},
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "k",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": t0 + 10,
+                    "dur": 100,
+                    "args": {"correlation": 1, "device": 0, "stream": 7},
+                },
+                {
+                    "ph": "X",
+                    "cat": "cuda_sync",
+                    "name": "Stream Sync",
+                    "pid": host,
+                    "tid": host,
+                    "ts": t0 + 20,
+                    "dur": wait,
+                    "args": {"device": 0},
+                },
+            ]
+        }
+
+    for k, (host, wait) in enumerate(((100, 50), (200, 30))):
+        (tmp_path / f"rank{k}.json").write_text(json.dumps(rank(host, 1000, wait)))
+    tr = T.load([tmp_path / "rank0.json", tmp_path / "rank1.json"], warn=False)
+    tr.to_chrome(tmp_path / "both.json")
+    back = T.load(tmp_path / "both.json", warn=False)
+    for t in (tr, back):
+        devs = t.summary()["devices"]
+        assert [(d["pid"], d["sync_ns"]) for d in devs] == [(0, 50_000), (10_000_000, 30_000)], devs
