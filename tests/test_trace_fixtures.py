@@ -512,3 +512,24 @@ def test_a_merged_kineto_pair_keeps_each_host_wait_with_its_gpu(tmp_path):
     for t in (tr, back):
         devs = t.summary()["devices"]
         assert [(d["pid"], d["sync_ns"]) for d in devs] == [(0, 50_000), (10_000_000, 30_000)], devs
+
+
+def test_an_instant_keeps_its_scope_through_a_round_trip(tmp_path):
+    """A global ("s": "g") or process ("p") instant, e.g. a profiler's iteration marker, is written
+    with its scope (Perfetto draws it across the trace or the process); a thread's stays a thread's."""
+    import json
+
+    evs = [
+        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "i", "s": "g", "cat": "marker", "name": "iteration", "pid": 1, "tid": 1, "ts": 2},
+        {"ph": "i", "s": "p", "cat": "marker", "name": "proc mark", "pid": 1, "tid": 1, "ts": 3},
+        {"ph": "i", "cat": "marker", "name": "thread mark", "pid": 1, "tid": 1, "ts": 4},
+    ]
+    (tmp_path / "in.json").write_text(json.dumps({"traceEvents": evs}))
+    tr = T.load(tmp_path / "in.json", warn=False)
+    for k in range(2):
+        tr.to_chrome(tmp_path / f"out{k}.json")
+        out = json.loads((tmp_path / f"out{k}.json").read_text())["traceEvents"]
+        scope = {e["name"]: e.get("s") for e in out if e.get("ph") == "i"}
+        assert scope == {"iteration": "g", "proc mark": "p", "thread mark": "t"}, scope
+        tr = T.load(tmp_path / f"out{k}.json", warn=False)

@@ -33,6 +33,8 @@ struct Ev {
     meta_name: Option<u32>,
     /// `args["teller.unfinished"]` (teller's own output: a range still open when the capture ended)
     unfinished: bool,
+    /// an instant's scope (`"s"`) as flags: 0 for a thread's (the default), SCOPE_PROCESS, SCOPE_GLOBAL
+    scope: u8,
 }
 
 struct Pending {
@@ -478,6 +480,15 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                             _ => 0,
                         });
                     }
+                    b"s" => {
+                        // (an instant's scope; kept so that a global marker stays global when written)
+                        let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
+                        ev.scope = match v {
+                            Raw::Str(b"g", _) => flags::SCOPE_GLOBAL,
+                            Raw::Str(b"p", _) => flags::SCOPE_PROCESS,
+                            _ => 0,
+                        };
+                    }
                     b"bp" => {
                         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
                         ev.bp_e = matches!(v, Raw::Str(b"e", _));
@@ -692,7 +703,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
             b'i' | b'I' | b'R' => {
                 let ts = self.need_ts(&ev, off)?;
                 let layer = self.layer_for(ev.cat, Layer::Marker);
-                self.push(layer, &ev, ts, 0, flags::INSTANT);
+                self.push(layer, &ev, ts, 0, flags::INSTANT | ev.scope);
             }
             b'B' => {
                 let ts = self.need_ts(&ev, off)?;

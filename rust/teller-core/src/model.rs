@@ -131,6 +131,10 @@ pub mod flags {
     pub const INSTANT: u8 = 1;
     /// A range that was never closed (B without E, raw BEGIN without END); closed at the trace end.
     pub const UNFINISHED: u8 = 2;
+    /// An instant of process scope (Chrome `"s": "p"`): drawn across its process, not one thread.
+    pub const SCOPE_PROCESS: u8 = 4;
+    /// An instant of global scope (Chrome `"s": "g"`): drawn across the whole trace.
+    pub const SCOPE_GLOBAL: u8 = 8;
 }
 
 /// A string interner: every distinct name, category and string argument is stored once.

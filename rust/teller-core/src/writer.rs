@@ -270,10 +270,14 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     for i in 0..n {
         sep(&mut out);
         let instant = t.flags[i] & flags::INSTANT != 0;
-        out.push_str(if instant {
-            "{\"ph\": \"i\", \"s\": \"t\", \"cat\": "
-        } else {
+        out.push_str(if !instant {
             "{\"ph\": \"X\", \"cat\": "
+        } else if t.flags[i] & flags::SCOPE_GLOBAL != 0 {
+            "{\"ph\": \"i\", \"s\": \"g\", \"cat\": "
+        } else if t.flags[i] & flags::SCOPE_PROCESS != 0 {
+            "{\"ph\": \"i\", \"s\": \"p\", \"cat\": "
+        } else {
+            "{\"ph\": \"i\", \"s\": \"t\", \"cat\": "
         });
         let cat = if t.cat[i] != 0 {
             t.strings.get(t.cat[i])
