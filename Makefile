@@ -131,7 +131,7 @@ test-shim: $(VENV)/.deps
 	bash cupti_shim/tests/run_tests.sh build/cupti_shim $(PY)
 
 test-py: build
-	$(PY) -m pytest -q tests
+	TELLER_REQUIRE_SHIM=1 $(PY) -m pytest -q tests
 
 # --- benchmarks ----------------------------------------------------------------------------------
 $(VENV)/.bench-deps: $(VENV)/.deps requirements/bench.txt

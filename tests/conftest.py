@@ -3,6 +3,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,40 @@ def fixture_json():
         return cache[name]
 
     return get
+
+
+def _no_dac_override() -> None:
+    """(preexec) Drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set: the program
+    exec'd next, even as root, gets file permissions checked like anyone's."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def run_permission_checked(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c code args...`` in a process whose file accesses obey permission bits: as root (CI
+    runs as root) without the capabilities that override them, so a read-only directory refuses
+    writes there too; an ordinary user runs it as it is."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_no_dac_override if os.geteuid() == 0 else None,
+    )
+
+
+def needs_shim() -> pytest.MarkDecorator:
+    """A skip mark for tests that inject the collector shim, where none is built; under
+    ``TELLER_REQUIRE_SHIM=1`` (``make test``, which builds it first) a missing shim is an error
+    instead: a broken build or CUDA header search must not pass as skipped tests."""
+    from teller.collect import shim
+
+    if shim.locate() is not None:
+        return pytest.mark.skipif(False, reason="the shim is built")
+    if os.environ.get("TELLER_REQUIRE_SHIM") == "1":
+        raise RuntimeError("TELLER_REQUIRE_SHIM=1 but no collector shim was found (make build builds it)")
+    return pytest.mark.skipif(True, reason="the shim is not built (make build builds it)")

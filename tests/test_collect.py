@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import teller.trace as T
+from conftest import needs_shim
 from teller.collect import shim
 
-pytestmark = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
+pytestmark = needs_shim()
 
 
 def collect(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 300):
@@ -443,7 +444,6 @@ def test_program_without_events(tmp_path):
 def test_a_cuda_home_that_is_not_a_toolkit_is_named(tmp_path):
     """--cuda-home searches only that root: a missing directory, or one without NVTX headers, is
     said as such (not as "install the nvidia-nvtx wheel")."""
-    from teller.collect import shim
     from teller.errors import CudaNotFoundError
 
     with pytest.raises(CudaNotFoundError, match=r"--cuda-home .*nowhere: no such directory"):

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import needs_shim
 from teller.collect import launcher, shim
 
-pytestmark = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
+pytestmark = needs_shim()
 termios = pytest.importorskip("termios")
 fcntl = pytest.importorskip("fcntl")
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 import teller.trace as T
-from teller.collect import shim
+from conftest import needs_shim as _needs_shim
 from teller.data import validate
 from teller.data.cpu_runs import collect_cpu
 
-needs_shim = pytest.mark.skipif(shim.locate() is None, reason="the shim is not built (make build builds it)")
+needs_shim = _needs_shim()
 
 
 @needs_shim

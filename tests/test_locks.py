@@ -21,7 +21,7 @@ from teller import tpe
 from teller._io import LOCK_FILE, dir_lock
 from teller.data import generate, validate
 from teller.data.tokenize import tokenize_dataset
-from teller.errors import DirectoryLockedError, TellerError, TellerIOError
+from teller.errors import DirectoryLockedError, TellerError, TellerFileNotFoundError, TellerIOError
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no flock: dir_lock is a no-op there")
 
@@ -291,7 +291,7 @@ def test_baselines_and_ensemble_refuse_a_run_directory_being_written(tmp_path) -
         lambda o: train_baselines(tmp_path / "no-shards", o, log=lambda m: None),
         lambda o: fit_ensemble(tmp_path / "no-mot", tmp_path / "no-base", o, log=lambda m: None),
     ):
-        with pytest.raises(TellerError):
+        with pytest.raises(TellerFileNotFoundError, match="no-shards|no-mot"):  # (its inputs, not a lock)
             fit(tmp_path / "new")
         assert not (tmp_path / "new").exists()
 
@@ -307,11 +307,11 @@ def test_calibrate_refuses_a_run_being_trained(tmp_path) -> None:
             calibrate(run)
         _refused(e, run, p.pid, "teller train mot")
     # unlocked: on to the run's files; the lock file is gone again
-    with pytest.raises(TellerError):
+    with pytest.raises(TellerFileNotFoundError, match="run: not a checkpoint"):
         calibrate(run)
     assert list(run.iterdir()) == []
     # a run directory that does not exist is named, and not created for a lock
-    with pytest.raises(TellerError):
+    with pytest.raises(TellerFileNotFoundError, match="missing: no such checkpoint"):
         calibrate(tmp_path / "missing")
     assert not (tmp_path / "missing").exists()
 

@@ -212,7 +212,7 @@ def test_sample_records_and_paired_difference() -> None:
     assert paired_difference(a, b) == d  # seeded
     same = paired_difference(a, a)
     assert same["diff"] == same["lo"] == same["hi"] == 0.0 and same["p_sign"] == 1.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="two score vectors of the same length"):
         paired_difference(a, b[:3])
 
 

@@ -21,7 +21,7 @@ from teller import tpe  # noqa: E402
 from teller.data import generate  # noqa: E402
 from teller.data.summary import N_SUMMARY_FEATURES  # noqa: E402
 from teller.data.tokenize import tokenize_dataset  # noqa: E402
-from teller.errors import TellerError, TellerWarning  # noqa: E402
+from teller.errors import ConfigError, TellerError, TellerWarning  # noqa: E402
 from teller.models.data import Sample, collate, compact_log  # noqa: E402
 from teller.models.mot import LOG, TRACE, ModelConfig, build_model  # noqa: E402
 from teller.models.train import load_checkpoint, loss_fn, predict, train  # noqa: E402
@@ -1120,7 +1120,7 @@ def test_minilm_init_fills_only_the_log_side() -> None:
     for k, v in m.layers[0].state_dict().items():
         if k in trace_before:
             assert torch.equal(v, trace_before[k]), k
-    with pytest.raises(Exception, match="norm_first"):
+    with pytest.raises(ConfigError, match="needs model.norm_first: false"):
         init_log_side_from_bert(build_model({**cfg, "norm_first": True}), "minilm")
 
 
@@ -2030,7 +2030,8 @@ def test_calibration_is_recorded_applied_refitted_and_reset(shards, tmp_path, mo
         evaluate_any(run, None, "train")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(TellerError):  # (this fixture's val split is empty: refused, and not warned)
+        # (this fixture's val split is empty: refused, and not warned)
+        with pytest.raises(TellerError, match="split holds no samples: nothing to evaluate"):
             evaluate_any(run, None, "val")
     model, _ = load_checkpoint(run)
     assert model.temperature == cal["temperature"]
