@@ -469,9 +469,9 @@ def test_cli_compare_perfetto(tmp_path) -> None:
     assert len(teller.trace.load(o, warn=False)) > 0
     # an input is never overwritten; a directory is no output file
     r = subprocess.run([*cli, "--perfetto", a], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "is one of the inputs" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "is one of the inputs" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([*cli, "--perfetto", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "a directory" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "a directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_same_capture_changes_nothing(tmp_path) -> None:

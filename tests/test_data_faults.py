@@ -271,8 +271,8 @@ def test_network_delay_shows_in_requests_and_responses_only(tmp_path):
         acc = [int(x.split()[0]) for x in lines if "200 OK" in x]
         return float(np.max(np.array(acc) - np.array(fin))) if fin else 0.0
 
-    if "Finished request" in res.log:
-        assert lag(res.log) > 100e6
+    assert "Finished request" in res.log  # (a request finished while the fault lasted: its response lags)
+    assert lag(res.log) > 100e6
 
 
 def test_launch_storm_adds_tiny_elementwise_kernels(tmp_path):

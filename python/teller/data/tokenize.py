@@ -173,6 +173,10 @@ class LogTokenizer:
 
     def __post_init__(self) -> None:
         self.index = {w: i for i, w in enumerate(self.vocab)}
+        # (every line is encoded with these: a vocabulary without them would fail at the first line)
+        missing = [w for w in LOG_SPECIALS if w not in self.index]
+        if missing:
+            raise TokenizerError(f"a log tokenizer's vocabulary lacks the specials {missing}")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_native": False}  # (the native vocabulary is rebuilt, not pickled)
