@@ -191,3 +191,53 @@ def test_a_saved_tokenizer_loads_back_exactly(tmp_path, tr):
     for k in ("count", "mean", "std"):
         assert np.array_equal(back.stats[k], tok.stats[k]), k  # (no rounding: the same features)
     assert np.array_equal(back.encode(tr).features, tok.encode(tr).features)
+
+
+def _ticks_during(call) -> tuple[int, float]:
+    """How often a Python thread ran (1 ms sleeps) while ``call`` ran in this one, and its duration."""
+    import threading
+    import time
+
+    ticks, stop = [0], threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            time.sleep(0.001)
+            ticks[0] += 1
+
+    th = threading.Thread(target=tick)
+    th.start()
+    time.sleep(0.02)
+    t0, k0 = time.perf_counter(), ticks[0]
+    try:
+        call()
+    finally:
+        k, dt = ticks[0] - k0, time.perf_counter() - t0
+        stop.set()
+        th.join()
+    return k, dt
+
+
+def test_the_rust_core_releases_the_gil():
+    """Loading a trace and training TPE run without the GIL: another Python thread keeps running
+    meanwhile (holding it, the thread would not tick once until the call returned)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 40, 2_000_000).astype(np.uint32)
+    starts = np.arange(0, len(ids), 2000, dtype=np.int64)
+    names = [f"s{i}" for i in range(40)]
+    for what, call in (
+        ("tpe.train", lambda: teller.tpe.train((ids, starts), names=names, num_merges=200)),
+        ("trace.load", lambda: teller.trace.load(TRACES / "a100_nccl_2rank.kineto.json.gz", warn=False)),
+    ):
+        k, dt = _ticks_during(call)
+        assert k >= 5, f"{what}: another thread ran {k} times in {dt * 1000:.0f} ms"
+
+
+def test_columns_are_zero_copy_read_only_views():
+    """A column is a numpy view of the trace's own memory (no copy per access), and read-only."""
+    tr = teller.trace.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", warn=False)
+    ts = tr.ts
+    assert not ts.flags.owndata and ts.base is not None and not ts.flags.writeable
+    assert tr._col("ts").ctypes.data == ts.ctypes.data  # (a second view: the same memory)
