@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import numpy as np
-    import torch
-
-    torch.set_num_threads(1)  # (as a diagnosis service would run a worker per core)
     from teller.models.diagnose import diagnose
 
     man = json.loads((a.dataset / "manifest.json").read_text())

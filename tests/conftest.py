@@ -36,13 +36,27 @@ def fixture_json():
     return get
 
 
+def _caps(field: str) -> int:
+    """A capability set of this process (``CapEff``, ``CapBnd``, ...) from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+_DAC = (1 << 1) | (1 << 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+_SETPCAP = 1 << 8
+
+
 def _no_dac_override() -> None:
-    """(preexec) Drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set: the program
-    exec'd next, even as root, gets file permissions checked like anyone's."""
+    """(preexec) Drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set and clear the
+    ambient set: the program exec'd next, even as root, gets file permissions checked like anyone's."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL (fails harmlessly where absent)
+    for cap in (1, 2):
         if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
@@ -50,13 +64,17 @@ def _no_dac_override() -> None:
 def run_permission_checked(code: str, *args: str) -> subprocess.CompletedProcess:
     """``python -c code args...`` in a process whose file accesses obey permission bits: as root (CI
     runs as root) without the capabilities that override them, so a read-only directory refuses
-    writes there too; an ordinary user runs it as it is."""
+    writes there too; a process without them runs it as it is. Skips where they are held but
+    cannot be dropped (no CAP_SETPCAP, or held in the inheritable set: a locked-down container)."""
+    drop = bool(_caps("CapEff") & _DAC)
+    if drop and (not _caps("CapEff") & _SETPCAP or _caps("CapInh") & _DAC):
+        pytest.skip("this process overrides file permissions and cannot drop that (no CAP_SETPCAP)")
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=_no_dac_override if os.geteuid() == 0 else None,
+        preexec_fn=_no_dac_override if drop else None,
     )
 
 

@@ -273,6 +273,37 @@ def test_nvtx_json_wraps_only_functions(tmp_path):
     assert names(T.load(run, warn=False)) == ["pkg3.m.Base.st"]
 
 
+def test_nvtx_json_wraps_compiled_functions_and_methods(tmp_path):
+    """A Cython function and a pybind11 method (an `instancemethod` in its class) are functions: they
+    are wrapped, and the program sees the same results."""
+    prog = write(
+        tmp_path,
+        "compiled.py",
+        """
+        import torch
+        from sklearn.utils.murmurhash import murmurhash3_32
+        g = torch._C.Graph()
+        print("got", murmurhash3_32("a"), len(list(g.nodes())), flush=True)
+    """,
+    )
+    groups = tmp_path / "gc.json"
+    groups.write_text(
+        json.dumps(
+            [
+                {"module": "sklearn.utils.murmurhash", "functions": ["murmurhash3_32"]},
+                {"module": "torch._C", "functions": ["Graph.nodes"]},
+            ]
+        )
+    )
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0 and "got 1009084850 0" in p.stdout, p.stdout + p.stderr
+    assert "cannot wrap" not in p.stderr, p.stderr
+    assert sorted(names(T.load(run, warn=False))) == [
+        "sklearn.utils.murmurhash.murmurhash3_32",
+        "torch._C.Graph.nodes",
+    ]
+
+
 def test_builtin_profile_tiny_gpt2(tmp_path):
     prog = write(
         tmp_path,

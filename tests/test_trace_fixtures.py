@@ -513,6 +513,15 @@ def test_a_merged_kineto_pair_keeps_each_host_wait_with_its_gpu(tmp_path):
     for t in (tr, back):
         devs = t.summary()["devices"]
         assert [(d["pid"], d["sync_ns"]) for d in devs] == [(0, 50_000), (10_000_000, 30_000)], devs
+    # a rank whose kernels are not linked to its calls (no correlation ids): its wait goes to the one
+    # GPU 0 its file has
+    r1 = rank(200, 1000, 30)
+    for e in r1["traceEvents"]:
+        e["args"].pop("correlation", None)
+    (tmp_path / "rank1.json").write_text(json.dumps(r1))
+    tr = T.load([tmp_path / "rank0.json", tmp_path / "rank1.json"], warn=False)
+    devs = tr.summary()["devices"]
+    assert [(d["pid"], d["sync_ns"]) for d in devs] == [(0, 50_000), (10_000_000, 30_000)], devs
 
 
 def test_an_instant_keeps_its_scope_through_a_round_trip(tmp_path):

@@ -1554,7 +1554,10 @@ def diagnose_cmd(
     ] = 3,
     perfetto: Annotated[
         str | None,
-        typer.Option("--perfetto", help="Output trace with the culprits highlighted (one PATH only)."),
+        typer.Option(
+            "--perfetto",
+            help="Output trace with the listed culprit operators' events highlighted (one PATH only).",
+        ),
     ] = None,
     as_json: Annotated[
         bool,
@@ -1578,8 +1581,8 @@ def diagnose_cmd(
 ) -> None:
     """Ranked root causes with calibrated confidence and layer (flagged uncertain below 0.7), culprit
     operators with their evidence, the culprit symbols of the summary-row head (where the model has
-    one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the culprit events
-    highlighted, and what the capture itself shows without the model (teller.findings; with
+    one) with their load-normalized shift, and (--perfetto) a Perfetto trace with the listed culprit
+    operators' events highlighted, and what the capture itself shows without the model (teller.findings; with
     --baseline, what changed from a healthy capture of the same workload: teller.compare). A capture
     mostly unknown to the model's tokenizers (at least half its trace events
     or log words, on a side the model reads: another engine, workload or machine than the training

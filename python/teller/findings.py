@@ -396,12 +396,7 @@ def shared_gpu_findings(
     for i in range(len(devices)):
         for j in range(i + 1, len(devices)):
             (ui, ni), (uj, nj) = ids[i], ids[j]
-            # (two processes of one merged file read back: their hosts are unknown, so the same
-            # numbering says nothing; per-rank GPU 0s of a job are usually on different hosts)
-            merged = devices[i].get("source", 0) == devices[j].get("source", 0) and devices[i].get(
-                "part", 0
-            ) != devices[j].get("part", 0)
-            if not ((ui and ui == uj) or (ni is not None and ni == nj and not merged)):
+            if not ((ui and ui == uj) or (ni is not None and ni == nj)):
                 continue
             a, b = root(i), root(j)
             if a != b and len(uuids[a] | uuids[b]) <= 1:

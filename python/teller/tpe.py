@@ -711,8 +711,9 @@ def _check_one_trace(path: str | os.PathLike[str]) -> None:
     if len(files) > 1:
         raise ConfigError(
             f"{p}: a directory of {len(files)} trace files, not a run directory: encode takes one trace; "
-            f"give one file, e.g. {p / files[0]} (tpe train takes the whole directory, each file a trace "
-            "of its own)",
+            f"give one file, e.g. {p / files[0]}, or, for one job's per-rank files, the trace they make "
+            f"together: encode(teller.trace.load({str(p)!r})) (tpe train takes the whole directory, each "
+            "file a trace of its own)",
             path=str(p),
         )
 

@@ -594,7 +594,7 @@ def collect(
                     if found and os.path.isfile(found):  # (it exists: its #! interpreter does not)
                         what = f"cannot execute: bad interpreter ({_interpreter(found)}: no such file)"
                     raise TellerFileNotFoundError(f"{cmd[0] or repr('')}: {what}", path=cmd[0]) from None
-                if os.path.isdir(cmd[0]):  # (EACCES from exec, which a shell says as this)
+                if os.sep in cmd[0] and os.path.isdir(cmd[0]):  # (EACCES from exec; a shell says this)
                     raise TellerError(f"{cmd[0]}: cannot execute: is a directory", path=cmd[0]) from None
                 raise TellerError(f"{cmd[0]}: cannot execute: {e.strerror or e}", path=cmd[0]) from None
             except BaseException:  # (a NUL in an argument, a failing preexec_fn: nothing ran either)

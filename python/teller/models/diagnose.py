@@ -403,12 +403,6 @@ def diagnose(
     evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
     symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
     culprit_events = [int(e) for e in culprit]
-    # where the localization head puts them: the GPUs of their device events, the processes of the rest
-    ce = culprit
-    where = {
-        "devices": [int(v) for v in np.unique(dev[ce][dev[ce] >= 0])[:16]],
-        "pids": [int(v) for v in np.unique(pid[ce][dev[ce] < 0])[:16]],
-    }
     # what --perfetto highlights: the events of the culprit operators the report lists, not every
     # event scored 0.5 or more. A trace token spans many events (a demo tokenizer's ten tokens cover
     # a whole capture), so the threshold alone marked 70-80 % of a capture and pointed at nothing;
@@ -417,6 +411,13 @@ def diagnose(
     highlighted = sorted(e for o in shown for e in o.pop("_events"))
     for o in operators[len(shown) :]:
         o.pop("_events")
+    # where the listed operators' events are (what --perfetto marks): the GPUs of their device events,
+    # the processes of the rest
+    ce = np.asarray(highlighted, np.int64)
+    where = {
+        "devices": [int(v) for v in np.unique(dev[ce][dev[ce] >= 0])[:16]],
+        "pids": [int(v) for v in np.unique(pid[ce][dev[ce] < 0])[:16]],
+    }
     if perfetto:
         tr.to_chrome(perfetto, highlight=highlighted)
     from teller.findings import findings
@@ -451,7 +452,7 @@ def diagnose(
         "culprit_events": len(culprit_events),
         # the events --perfetto marks: those of the listed operators (a subset of the culprit events)
         "highlighted_events": len(highlighted),
-        # the GPUs (device indices) and host processes (pids) of the culprit events
+        # the GPUs (device indices) and host processes (pids) of the highlighted events
         "culprit_where": where,
         "trace_tokens": int(len(ids)),
         "log_tokens": int(len(s.log_ids)),
@@ -732,7 +733,7 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     confidence, the second one, the top culprit (the summary-row head's first symbol where the model
     has that head, else the first culprit operator of the localization head, whose token-level
     scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
-    culprit events, and the flags; a capture that could not be read shows its error."""
+    listed culprit operators' events, and the flags; a capture that could not be read shows its error."""
     from rich.markup import escape
     from rich.table import Table
 

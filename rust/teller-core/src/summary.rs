@@ -254,7 +254,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     // its own pid's
     let mut waits_of: Vec<usize> = Vec::new();
     // (only where it differs from the host pid's own part: a lookup per linked activity cost ~10 %)
-    let mut host_part: HashMap<(u16, i64), i64> = HashMap::new();
+    let mut host_part: HashMap<(u16, i64, i32), i64> = HashMap::new();
+    let mut last_host: Option<(u16, i64, i32)> = None;
     let mut threads: HashMap<(u16, i64, i64), ()> = HashMap::new();
     let mut procs: HashMap<(u16, i64), ()> = HashMap::new();
     for i in 0..n {
@@ -271,8 +272,12 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             let gpu = (group_of(t.source[i]), t.device[i], pid_part(t.pid[i]));
             if !t.link.is_empty() && t.link[i] >= 0 {
                 let c = t.link[i] as usize;
-                if gpu.2 != pid_part(t.pid[c]) {
-                    host_part.entry((group_of(t.source[c]), t.pid[c])).or_insert(gpu.2);
+                let hk = (group_of(t.source[c]), t.pid[c], gpu.1);
+                if gpu.2 != pid_part(t.pid[c]) && last_host != Some(hk) {
+                    // (a merged per-rank file: every linked activity of a later rank lands here; the
+                    // last key is remembered, as one host's launches come in runs)
+                    host_part.entry(hk).or_insert(gpu.2);
+                    last_host = Some(hk);
                 }
                 s.linked_gpu_events += 1;
                 per_call[t.link[i] as usize] += 1;
@@ -329,11 +334,23 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             k.max_ns = k.max_ns.max(t.dur[i]);
         }
     }
+    // a wait whose host launched nothing linked on that GPU: the GPU's part where (process, device)
+    // has one, else its own pid's (-1 in the map: several)
+    let mut only_part: HashMap<(u16, i32), i64> = HashMap::new();
+    if !waits_of.is_empty() {
+        for &(g, d, p) in dev.keys() {
+            let e = only_part.entry((g, d)).or_insert(p);
+            if *e != p {
+                *e = -1;
+            }
+        }
+    }
     for &i in &waits_of {
         let g = group_of(t.source[i]);
         let part = host_part
-            .get(&(g, t.pid[i]))
+            .get(&(g, t.pid[i], t.device[i]))
             .copied()
+            .or_else(|| only_part.get(&(g, t.device[i])).copied().filter(|&p| p >= 0))
             .unwrap_or_else(|| pid_part(t.pid[i]));
         sync.entry((g, t.device[i], part))
             .or_default()

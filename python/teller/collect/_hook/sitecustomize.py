@@ -141,6 +141,9 @@ _FUNCTION_TYPES = (
     types.WrapperDescriptorType,
     types.ClassMethodDescriptorType,
 )
+# compiled functions of other makers, by their type's name (their modules are not imported here):
+# Cython's, plain and fused; they behave as functions do, so a wrapper changes nothing they show
+_FUNCTION_TYPE_NAMES = {"cython_function_or_method", "fused_cython_function"}
 
 
 class _Refused(Exception):
@@ -149,7 +152,7 @@ class _Refused(Exception):
 
 def _not_a_function(fn) -> str | None:
     """Why ``fn`` is not wrapped, or None when it can be."""
-    if isinstance(fn, _FUNCTION_TYPES):
+    if isinstance(fn, _FUNCTION_TYPES) or type(fn).__name__ in _FUNCTION_TYPE_NAMES:
         return None
     if isinstance(fn, type):
         return "a class, not a function: name its methods (Cls.__init__, Cls.__call__); not wrapped"
@@ -257,6 +260,8 @@ def _patch(module, groups) -> None:
                         if getattr(inner, "__teller_wrapped__", False) and hasattr(inner, "__wrapped__"):
                             inner = inner.__wrapped__
                             raw = type(raw)(inner) if isinstance(raw, (staticmethod, classmethod)) else inner
+                    if type(raw).__name__ == "instancemethod":  # (pybind11's methods: the function inside)
+                        raw = raw.__func__
                     args = (fmt, mname, spec, g.get("domain"), g.get("color"), dynamic, owner.__name__)
                     if isinstance(raw, staticmethod):
                         setattr(owner, meth, staticmethod(_wrap(raw.__func__, *args, kind="staticmethod")))
