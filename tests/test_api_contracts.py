@@ -83,6 +83,10 @@ def _saved(tmp_path, tr, edit) -> str:
         ),
         (lambda j: j["stats"]["count"].__setitem__(1, 1.5), r"stats\['count'\]\[1\] must be a non-negative"),
         (
+            lambda j: j["stats"]["count"].__setitem__(0, 2**64),
+            r"stats\['count'\]\[0\] .* below 2\^63, got 1844",
+        ),
+        (
             lambda j: j["stats"]["std"].__setitem__(0, -1.0),
             r"stats\['std'\]\[0\] must be a finite number >= 0",
         ),
@@ -241,3 +245,29 @@ def test_columns_are_zero_copy_read_only_views():
     ts = tr.ts
     assert not ts.flags.owndata and ts.base is not None and not ts.flags.writeable
     assert tr._col("ts").ctypes.data == ts.ctypes.data  # (a second view: the same memory)
+
+
+def test_a_saved_tokenizer_with_null_close_layers_encodes_with_the_default(tmp_path, tr):
+    """``close_layers: null`` reads as the default (it was accepted at load, then a TypeError at
+    encode); an empty list means no layer closes."""
+    d = _saved(tmp_path, tr, lambda j: j["settings"].__setitem__("close_layers", None))
+    ref = _saved(tmp_path / "ref", tr, lambda j: None)
+    assert (tpe.load(d).encode(tr).ids == tpe.load(ref).encode(tr).ids).all()
+
+
+def test_odd_values_survive_a_round_trip(tmp_path):
+    """A raw counter of NaN or infinity is written as null (JSON has neither: the file stayed
+    unreadable), and a pid or tid of -2^63 is read back (it was refused as not an integer)."""
+    from teller.rawfmt import RawWriter
+
+    with RawWriter(tmp_path / "c.tmsgpack", pid=1, host="h", clock_sync=(1000, 10**18), env={}) as w:
+        w.span("runtime", "cudaLaunchKernel", tid=-(2**63), start=2000, end=2100, corr=1)
+        w.counter("mem", ts=2050, value=float("nan"))
+        w.counter("mem", ts=2060, value=float("inf"))
+        w.counter("mem", ts=2070, value=3.5)
+    tr = T.load(tmp_path / "c.tmsgpack", warn=False)
+    tr.to_chrome(tmp_path / "c.json")
+    ev = json.loads((tmp_path / "c.json").read_text())["traceEvents"]
+    assert [e["args"]["value"] for e in ev if e.get("ph") == "C"] == [None, None, 3.5]
+    back = T.load(tmp_path / "c.json", warn=False)
+    assert back.tid.tolist() == [-(2**63)]

@@ -543,3 +543,20 @@ def test_an_instant_keeps_its_scope_through_a_round_trip(tmp_path):
         scope = {e["name"]: e.get("s") for e in out if e.get("ph") == "i"}
         assert scope == {"iteration": "g", "proc mark": "p", "thread mark": "t"}, scope
         tr = T.load(tmp_path / f"out{k}.json", warn=False)
+
+
+def test_a_step_range_nested_in_another_is_not_a_step_of_its_own(tmp_path):
+    """Matches of the step pattern inside another match (a deep chain of them too: linear, where a
+    walk up each match's chain was quadratic) are part of the outer step."""
+    import json
+
+    def x(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+    deep = 2000
+    evs = [x(f"ProfilerStep#{i}", i, 10 * deep - 2 * i) for i in range(deep)]
+    evs += [x("ProfilerStep#a", 30 * deep, 10), x("ProfilerStep#b", 30 * deep + 20, 10)]
+    evs += [x("ProfilerStep#c", 30 * deep + 21, 5)]  # (inside #b)
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
+    tr = T.load(tmp_path / "t.json", warn=False)
+    assert [s.name for s in tr.steps()] == ["ProfilerStep#0", "ProfilerStep#a", "ProfilerStep#b"]

@@ -233,7 +233,7 @@ class TPETokenizer:
     # -- encoding ----------------------------------------------------------------------------------
     def _corpus_of(self, x: Any) -> Corpus:
         if isinstance(x, Trace):
-            return corpus_from_trace(x, self.settings.get("close_layers", DEFAULT_CLOSE_LAYERS))
+            return corpus_from_trace(x, self._close_layers())
         if isinstance(x, (str, os.PathLike)):
             _check_one_trace(x)
             return corpus_from_trace(
@@ -243,7 +243,7 @@ class TPETokenizer:
                     normalize=self.settings.get("normalize"),
                     warn=False,
                 ),
-                self.settings.get("close_layers", DEFAULT_CLOSE_LAYERS),
+                self._close_layers(),
             )
         if isinstance(x, Corpus):
             return x
@@ -256,6 +256,12 @@ class TPETokenizer:
                 "encode_batch([...])"
             )
         return corpus_from_symbols(_symbol_sequences(x))
+
+    def _close_layers(self) -> Sequence[str]:
+        """The layers whose ranges end with ``<close>``: the settings' (``[]``: none), the default
+        where the settings have none (``null`` too)."""
+        v = self.settings.get("close_layers")
+        return DEFAULT_CLOSE_LAYERS if v is None else v
 
     def encode(self, x: Any) -> Encoding:
         """Encode a Trace, a trace path/run directory, one symbol sequence, or a list of sequences.
@@ -451,9 +457,16 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
         if not len(st["count"]) == len(st["mean"]) == len(st["std"]):
             return "stats['count'], ['mean'] and ['std'] must be as long as each other (one entry per symbol)"
         # (a count is read as an unsigned integer, a std divides: said here, naming the file)
-        bad = next((i for i, x in enumerate(st["count"]) if not isinstance(x, int) or x < 0), None)
+        bad = next(
+            (
+                i
+                for i, x in enumerate(st["count"])
+                if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < 2**63
+            ),
+            None,
+        )
         if bad is not None:
-            return f"stats['count'][{bad}] must be a non-negative integer, got {json.dumps(st['count'][bad])}"
+            return f"stats['count'][{bad}] must be a non-negative integer below 2^63, got {json.dumps(st['count'][bad])}"
         for k, least in (("mean", None), ("std", 0.0)):
             bad = next(
                 (i for i, x in enumerate(st[k]) if not math.isfinite(x) or (least is not None and x < least)),

@@ -483,19 +483,35 @@ pub fn parse_int(raw: &[u8]) -> Option<i64> {
     if d.is_empty() || d.len() > 19 {
         return None;
     }
+    // accumulated negative: i64::MIN (-9223372036854775808) has no positive counterpart
     let mut v: i64 = 0;
     for &c in d {
         if !c.is_ascii_digit() {
             return None;
         }
-        v = v.checked_mul(10)?.checked_add((c - b'0') as i64)?;
+        v = v.checked_mul(10)?.checked_sub((c - b'0') as i64)?;
     }
-    Some(if neg { -v } else { v })
+    if neg {
+        Some(v)
+    } else {
+        v.checked_neg()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_span_all_of_i64() {
+        assert_eq!(parse_int(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"9223372036854775808"), None);
+        assert_eq!(parse_int(b"-9223372036854775809"), None);
+        assert_eq!(parse_int(b"-0"), Some(0));
+        assert_eq!(parse_int(b"-"), None);
+        assert_eq!(parse_int(b"12a"), None);
+    }
 
     #[test]
     fn scaled_parsing_is_exact() {

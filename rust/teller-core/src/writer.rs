@@ -431,7 +431,8 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         out.push_str(", \"args\": {");
         push_json_str(&mut out, t.strings.get(c.series));
         out.push_str(": ");
-        out.push_str(ryu::Buffer::new().format(c.value));
+        // (JSON has no NaN or infinity: a raw COUNTER's may be one; written null, read back as no sample)
+        push_arg_value(&mut out, t, &ArgValue::Float(c.value));
         out.push_str("}}");
     }
     write_culprit_tracks(&mut out, t, &highlight, base, &mut sep);
