@@ -466,7 +466,8 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
             None,
         )
         if bad is not None:
-            return f"stats['count'][{bad}] must be a non-negative integer below 2^63, got {json.dumps(st['count'][bad])}"
+            got = json.dumps(st["count"][bad])
+            return f"stats['count'][{bad}] must be a non-negative integer below 2^63, got {got}"
         for k, least in (("mean", None), ("std", 0.0)):
             bad = next(
                 (i for i, x in enumerate(st[k]) if not math.isfinite(x) or (least is not None and x < least)),
