@@ -315,6 +315,13 @@ impl std::io::Read for Members<'_> {
 pub fn gzip_error(path: &str, msg: &str, inflated: usize) -> Error {
     let msg = if msg.ends_with(TRAILING) {
         format!("{msg} (the {inflated} bytes before them decompressed)")
+    } else if msg == "out of memory" {
+        // (an allocation the decompressed text needed failed: the file may be fine, only too large
+        // here; a gzip bomb reads the same)
+        format!(
+            "out of memory after {inflated} decompressed bytes: the decompressed trace does not fit in \
+             the memory this process may use"
+        )
     } else {
         format!("corrupt or truncated gzip stream after {inflated} decompressed bytes: {msg}")
     };
@@ -427,5 +434,22 @@ impl Drop for ZeroedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout, freed once
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_allocation_failure_is_not_called_corruption() {
+        let e = super::gzip_error("t.json.gz", "out of memory", 2048).to_string();
+        assert!(
+            e.contains("out of memory after 2048 decompressed bytes") && !e.contains("corrupt"),
+            "{e}"
+        );
+        let e = super::gzip_error("t.json.gz", "invalid block type", 10).to_string();
+        assert!(
+            e.contains("corrupt or truncated gzip stream after 10 decompressed bytes"),
+            "{e}"
+        );
     }
 }
