@@ -637,7 +637,10 @@ def test_a_resumed_run_restores_or_refuses_a_copied_in_file(setup, tmp_path):
     with pytest.warns(TellerWarning, match="copied again from"):
         tokenize_dataset(data, tdir, tmp_path, **kw)
     assert {k: v[0] for k, v in _files(c).items()} == {k: v[0] for k, v in before.items()}
-    (c / "log_tokenizer.json").write_text(json.dumps({"format": "teller-log-tokenizer", "vocab": ["a"]}))
+    from teller.data.tokenize import LOG_PLACEHOLDERS, LOG_SPECIALS
+
+    other = [*LOG_SPECIALS, *LOG_PLACEHOLDERS, "a"]  # (a readable log tokenizer, not the run's)
+    (c / "log_tokenizer.json").write_text(json.dumps({"format": "teller-log-tokenizer", "vocab": other}))
     with pytest.raises(
         ConfigError, match=f"{c / 'log_tokenizer.json'}: run id 'c' already holds another log"
     ):

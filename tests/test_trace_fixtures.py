@@ -560,3 +560,10 @@ def test_a_step_range_nested_in_another_is_not_a_step_of_its_own(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
     tr = T.load(tmp_path / "t.json", warn=False)
     assert [s.name for s in tr.steps()] == ["ProfilerStep#0", "ProfilerStep#a", "ProfilerStep#b"]
+    # an op that overruns its step (improper nesting) makes the next step its child: that step is
+    # not inside the one before, and stays a step
+    evs = [x(f"ProfilerStep#{k}", 100 * k, 99) for k in range(3)]
+    evs += [{**x("gemm", 100 * k + 50, 70), "cat": "cpu_op"} for k in range(3)]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
+    tr = T.load(tmp_path / "t.json", warn=False)
+    assert [s.name for s in tr.steps()] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]

@@ -301,41 +301,54 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
             break;
         }
     }
-    // Drop matches nested inside another match (of the same pattern: the first that matched).
-    // Whether a node has a chosen ancestor is memoized along the parent chains, so this is linear;
-    // walking each match's whole chain was quadratic in how deeply matches nest (100k nested
-    // `ProfilerStep#i` ranges took 15 s to load).
+    // Drop matches nested inside another match (of the same pattern: the first that matched): those
+    // whose nearest match up the parent chain encloses them in time. (Not any match up the chain:
+    // a range that overruns its step, improper nesting, would make the next step its child and
+    // fold it into the step before.) The nearest match of every range is memoized along the
+    // chains, so this is linear; walking each match's whole chain was quadratic in how deeply
+    // matches nest (100k nested `ProfilerStep#i` ranges took 15 s to load).
     if !chosen.is_empty() {
         let mut is_chosen = vec![false; n];
         for &i in &chosen {
             is_chosen[i as usize] = true;
         }
-        // 0: not known yet, 1: a chosen strict ancestor, 2: none
-        let mut below: Vec<u8> = vec![0; n];
+        // per range: -2 not known yet, -1 no match above it, else the nearest match above it
+        let mut above: Vec<i64> = vec![-2; n];
         let mut path: Vec<usize> = Vec::new();
-        chosen.retain(|&i| {
-            // up from the match through ranges that are not matches, to a match (1), the root (2),
-            // or a range whose answer is known (its ancestors are the path's too)
-            let mut x = i as usize;
+        let mut nearest = |i: usize| -> i64 {
             path.clear();
+            let mut x = i;
             let ans = loop {
-                if below[x] != 0 {
-                    break below[x];
+                if above[x] != -2 {
+                    break above[x];
                 }
                 path.push(x);
                 let p = t.parent[x];
                 if p < 0 {
-                    break 2;
+                    break -1;
                 }
                 if is_chosen[p as usize] {
-                    break 1;
+                    break p;
                 }
                 x = p as usize;
             };
             for &y in &path {
-                below[y] = ans;
+                above[y] = ans;
             }
-            ans == 2
+            ans
+        };
+        let keep: Vec<bool> = chosen
+            .iter()
+            .map(|&i| {
+                let i = i as usize;
+                let a = nearest(i);
+                !(a >= 0 && t.ts[a as usize] <= t.ts[i] && t.end(i) <= t.end(a as usize))
+            })
+            .collect();
+        let mut k = 0;
+        chosen.retain(|_| {
+            k += 1;
+            keep[k - 1]
         });
     }
     if chosen.is_empty() && !patterns.is_empty() && !patterns.iter().eq(DEFAULT_STEP_PATTERNS.iter()) {
