@@ -108,7 +108,7 @@ demo: build
 		for s in test test_ood; do $(VENV)/bin/teller evaluate --checkpoint $(DEMO)/checkpoints/$$m --split $$s > /dev/null; done; done
 	$(VENV)/bin/teller results summarize $(DEMO)/checkpoints/* -o output
 	@echo "== 6. diagnose a fresh faulty sample and the real collected CPU run"
-	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/fresh --num-samples 13 --seed 101 --preset tiny > /dev/null
+	$(VENV)/bin/teller dataset generate --output-dir $(DEMO)/fresh --num-samples 13 --seed 101 --preset tiny --train-only > /dev/null
 	$(VENV)/bin/teller diagnose "$$(grep -l '"label": "gpu_throttle"' $(DEMO)/fresh/s*/annotation.json | head -1 | xargs dirname)" \
 		--checkpoint $(DEMO)/checkpoints/mot --perfetto $(DEMO)/diagnosis-fresh.json.gz
 	$(VENV)/bin/teller diagnose "$$(ls -d $(DEMO)/collect/run-* | head -1)" --checkpoint $(DEMO)/checkpoints/mot \
