@@ -567,3 +567,10 @@ def test_a_step_range_nested_in_another_is_not_a_step_of_its_own(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
     tr = T.load(tmp_path / "t.json", warn=False)
     assert [s.name for s in tr.steps()] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    # a match that overruns the match it is nested in, inside an outer one: part of the outer step,
+    # and so is what follows it there (steps of one thread never overlap)
+    evs = [x("ProfilerStep#1", 0, 100), x("ProfilerStep#1", 10, 20), x("ProfilerStep#1", 20, 30)]
+    evs.append({**x("work", 60, 5), "cat": "cpu_op"})
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
+    tr = T.load(tmp_path / "t.json", warn=False)
+    assert len(tr.steps()) == 1 and tr.step.tolist() == [0, 0, 0, 0]

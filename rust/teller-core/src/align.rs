@@ -302,54 +302,30 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
         }
     }
     // Drop matches nested inside another match (of the same pattern: the first that matched): those
-    // whose nearest match up the parent chain encloses them in time. (Not any match up the chain:
-    // a range that overruns its step, improper nesting, would make the next step its child and
-    // fold it into the step before.) The nearest match of every range is memoized along the
-    // chains, so this is linear; walking each match's whole chain was quadratic in how deeply
-    // matches nest (100k nested `ProfilerStep#i` ranges took 15 s to load).
+    // that a match up their parent chain encloses in time. (Not merely any match up the chain: a
+    // range that overruns its step, improper nesting, makes the next step its child.) A host range's
+    // parent comes before it in index order (events are sorted by start, the parent from a stack),
+    // so one pass carries the latest end of the matches above each range: linear, where walking
+    // each match's whole chain was quadratic in how deeply matches nest (100k nested
+    // `ProfilerStep#i` ranges took 15 s to load). GPU activities are never matches nor parents of
+    // host ranges.
     if !chosen.is_empty() {
         let mut is_chosen = vec![false; n];
         for &i in &chosen {
             is_chosen[i as usize] = true;
         }
-        // per range: -2 not known yet, -1 no match above it, else the nearest match above it
-        let mut above: Vec<i64> = vec![-2; n];
-        let mut path: Vec<usize> = Vec::new();
-        let mut nearest = |i: usize| -> i64 {
-            path.clear();
-            let mut x = i;
-            let ans = loop {
-                if above[x] != -2 {
-                    break above[x];
-                }
-                path.push(x);
-                let p = t.parent[x];
-                if p < 0 {
-                    break -1;
-                }
-                if is_chosen[p as usize] {
-                    break p;
-                }
-                x = p as usize;
-            };
-            for &y in &path {
-                above[y] = ans;
+        let mut up = vec![i64::MIN; n]; // the latest end of a match above the range
+        for x in 0..n {
+            let p = t.parent[x];
+            if p < 0 || t.layer_of(x).on_gpu() {
+                continue;
             }
-            ans
-        };
-        let keep: Vec<bool> = chosen
-            .iter()
-            .map(|&i| {
-                let i = i as usize;
-                let a = nearest(i);
-                !(a >= 0 && t.ts[a as usize] <= t.ts[i] && t.end(i) <= t.end(a as usize))
-            })
-            .collect();
-        let mut k = 0;
-        chosen.retain(|_| {
-            k += 1;
-            keep[k - 1]
-        });
+            let p = p as usize;
+            debug_assert!(p < x, "a host range's parent comes first");
+            up[x] = up[p].max(if is_chosen[p] { t.end(p) } else { i64::MIN });
+        }
+        // (an enclosing match started no later: the sort; so ending no earlier is enclosing)
+        chosen.retain(|&i| up[i as usize] < t.end(i as usize));
     }
     if chosen.is_empty() && !patterns.is_empty() && !patterns.iter().eq(DEFAULT_STEP_PATTERNS.iter()) {
         // patterns someone chose that match nothing: said, not silently replaced by the fallback
