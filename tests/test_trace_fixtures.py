@@ -429,7 +429,6 @@ def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
     """Two processes' GPU 0 (per-rank files, or raw files of two processes whose pids clashed) stay
     two GPUs in the summary of the merged file teller wrote, read back: the moved pid tells them
     apart (`part`), each keeps its own sync wait, and they are not called one shared GPU."""
-    import json
 
     from teller.findings import findings, gpu_names
     from teller.rawfmt import RawWriter
@@ -461,7 +460,6 @@ def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
         "GPU 0 of teller-h-7-a.tmsgpack",
         "GPU 0 of teller-h-7-b.tmsgpack",
     ]
-    assert json.loads(out.read_text())["traceEvents"]
 
 
 def test_a_merged_kineto_pair_keeps_each_host_wait_with_its_gpu(tmp_path):

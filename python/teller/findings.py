@@ -418,14 +418,11 @@ def shared_gpu_findings(
     dev = np.asarray(tr.device)
     proc_of_src = np.array([x.get("process", k) for k, x in enumerate(srcs)], dtype=np.int64)
     proc = proc_of_src[np.asarray(tr.source, dtype=np.int64)]
-    pid = np.asarray(tr.pid, dtype=np.int64)
-    # (the summary's `part`: which process of a merged file, by the k of a pid moved k * 10,000,000)
-    part = np.where((pid >= 0) & (pid < 2**52), pid // 10_000_000, 0)
 
     def busy(i: int) -> np.ndarray:
         d = devices[i]
         p = proc_of_src[d.get("source", 0)]
-        m = gpu & (dev == d["device"]) & (proc == p) & (part == d.get("part", 0))
+        m = gpu & (dev == d["device"]) & (proc == p)
         return _merged(np.stack([ts[m], end[m]], axis=1))
 
     out = []
