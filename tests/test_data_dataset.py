@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -379,7 +380,8 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 # generated before that), updated when the traces gained deviceProperties (generator version 2: the
 # same bytes without that line), and for hbm_contention when half its neighbours became time-sliced
 # processes (generator version 3; the other classes' bytes unchanged); generator version 4 (the
-# start-up log lines before serving) changes none of them. A change here changes the
+# start-up log lines before serving) changes none of them; version 5 (a visible neighbour's kernels
+# one after another on their stream) changes hbm_contention's only. A change here changes the
 # standard benchmark: make it on purpose, bump GENERATOR_VERSION and say so in docs/dataset.md, then
 # update the digests.
 BENCHMARK_DIGESTS = {
@@ -389,7 +391,7 @@ BENCHMARK_DIGESTS = {
     23: ("eager_mode_misconfig", "af98833483413a0a"),  # tp 1
     29: ("pcie_degradation", "f6a49101df72b299"),  # tp 2
     50: ("oom_error", "cf0df940490c821d"),  # tp 4
-    80: ("hbm_contention", "989f8eddffad4bc6"),  # tp 1
+    80: ("hbm_contention", "bad50172da273e62"),  # tp 1
     96: ("cpu_contention", "aa7341bff43b8967"),  # tp 2
     103: ("launch_storm", "8faa0fc95be182c3"),  # tp 1
     121: ("nvlink_degradation", "98cfb789203a6073"),  # tp 4
@@ -413,6 +415,39 @@ def test_the_default_benchmark_samples_are_pinned(tmp_path):
         assert (ann["label"], got[:16]) == (label, digest), plans[idx].sample_id
         if label != "normal":
             assert ann["faults"][0]["effect"]["events"] > 0, label
+
+
+def test_a_visible_neighbours_kernels_run_one_after_another_on_their_stream(tmp_path):
+    """hbm_contention's visible neighbour puts its kernels on one stream of the rank's GPU; a stream
+    runs one kernel at a time. Before generator version 5 they were drawn at independent start times
+    and overlapped: the loader warned of improper nesting (s000002, s000054 of `default`) and nested
+    one foreign kernel inside another. s000080 is the pinned sample of the class."""
+    from teller.data.dataset import generate_sample
+    from teller.data.simulator import FOREIGN_STREAM
+
+    cfg = load_config("default")
+    plans = plan(cfg, 2600, 0)
+    for idx in (2, 54, 80):
+        ann = generate_sample(cfg, 0, plans[idx], tmp_path)
+        f = ann["faults"][0]
+        assert f["type"] == "hbm_contention" and f["params"]["foreign_visible"], idx
+        path = tmp_path / plans[idx].sample_id / "trace.json"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tr = teller.trace.load(path)
+        assert tr.warnings == [], idx
+        evs = json.loads(path.read_text())["traceEvents"]
+        foreign: dict[int, list[tuple[float, float]]] = {}
+        for e in evs:
+            if e.get("ph") == "X" and e.get("tid") == FOREIGN_STREAM:
+                foreign.setdefault(e["pid"], []).append((e["ts"], e["ts"] + e["dur"]))
+        n = sum(len(v) for v in foreign.values())
+        assert n == f["effect"]["foreign_kernels"] > 0, idx
+        for spans in foreign.values():
+            spans.sort()
+            # the trace's microseconds carry 3 decimals: a kernel may start at its predecessor's
+            # rounded end
+            assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:], strict=False)), idx
 
 
 def test_start_up_log_lines_come_before_serving(tmp_path):

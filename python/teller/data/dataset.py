@@ -39,7 +39,8 @@ GENERATOR = "teller-sim"
 # 2: traces carry the workload's GPUs (Kineto's deviceProperties); events and logs as in 1
 # 3: hbm_contention may be a time-sliced neighbour process
 # 4: the start-up log lines end at least a second before serving
-GENERATOR_VERSION = 4
+# 5: an hbm_contention neighbour's visible kernels run one after another on their stream
+GENERATOR_VERSION = 5
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"

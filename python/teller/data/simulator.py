@@ -107,6 +107,7 @@ class _Rank:
         self.mono = mono_base
         self.host = 0.0  # simulation ns
         self.gpu = 0.0
+        self.foreign = 0.0  # when the foreign stream is free (hbm_contention's visible neighbour)
         self.corr = 0
         self.events = 0
         self.open: list[int] = []
@@ -828,13 +829,23 @@ class EngineSim:
             if rate <= 0:
                 continue
             n = int(self.rng.poisson(rate * (t1 - t0) / 1e6))
-            self.fx.count("hbm_contention", "foreign_kernels", n)
+            drawn = []
             for _ in range(n):
                 s = float(self.rng.uniform(t0, t1))
                 name = K.KERNEL_NAMES["foreign_copy" if self.rng.random() < 0.5 else "foreign_elementwise"]
-                rk.gpu_rec(
-                    "kernel", name, s, s + float(self.rng.uniform(30e3, 400e3)), 0, stream=FOREIGN_STREAM
-                )
+                drawn.append((s, float(self.rng.uniform(30e3, 400e3)), name))
+            # One stream runs its kernels one after another: a kernel drawn to start while the one before
+            # it runs starts when that one ends (generator version 5; before, they overlapped on the
+            # stream, which a loader reads as improper nesting). The draws are those of version 4, in
+            # the same order, so no other sample changes. One pushed past the window's end is not run.
+            kept = 0
+            for s, d, name in sorted(drawn, key=lambda x: x[0]):
+                s = max(s, rk.foreign)
+                if s >= t1:
+                    break
+                rk.gpu_rec("kernel", name, s, s + d, 0, stream=FOREIGN_STREAM)
+                rk.foreign, kept = s + d, kept + 1
+            self.fx.count("hbm_contention", "foreign_kernels", kept)
 
     # -- logs ------------------------------------------------------------------------------------
     def _startup_logs(self) -> None:
