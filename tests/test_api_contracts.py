@@ -271,3 +271,74 @@ def test_odd_values_survive_a_round_trip(tmp_path):
     assert [e["args"]["value"] for e in ev if e.get("ph") == "C"] == [None, None, 3.5]
     back = T.load(tmp_path / "c.json", warn=False)
     assert back.tid.tolist() == [-(2**63)]
+
+
+def _same_trace(a: T.Trace, b: T.Trace, tmp_path) -> None:
+    for c in ("layer", "name", "cat", "ts", "dur", "pid", "tid", "device", "corr", "ext", "flags"):
+        assert np.array_equal(getattr(a, c), getattr(b, c)), c
+    for c in ("link", "parent", "step", "symbol", "source"):
+        assert np.array_equal(a._col(c), b._col(c)), c
+    assert a.strings == b.strings and a.symbols == b.symbols and a.warnings == b.warnings
+    assert a.steps() == b.steps() and a.sources == b.sources and a.load_options == b.load_options
+    assert [a.args(i) for i in range(len(a))] == [b.args(i) for i in range(len(b))]
+    assert a.summary() == b.summary()
+    a.to_chrome(tmp_path / "a.json")
+    b.to_chrome(tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "name", ["mi300x_sglang_decode_hipgraph.kineto.json.gz", "b300_cuda13_moe.kineto.json.gz", "raw"]
+)
+def test_a_trace_pickles_and_copies_with_everything_it_holds(tmp_path, name):
+    """pickle, copy.deepcopy and multiprocessing carry a loaded trace whole: columns, derived links,
+    steps, args, sources, warnings, how it was loaded. (It used to raise "cannot pickle
+    'teller._native.NativeTrace' object".)"""
+    import copy
+
+    if name == "raw":
+        from teller.rawfmt import RawWriter
+
+        with RawWriter(tmp_path / "c.tmsgpack", pid=7, host="h", clock_sync=(1000, 10**18), env={}) as w:
+            w.span("runtime", "cudaLaunchKernel", tid=7, start=2000, end=2100, corr=1, args={"k": [1, 2]})
+            w.gpu("kernel", "gemm", device=0, stream=7, start=2200, end=2600, corr=1)
+            w.counter("mem", ts=2050, value=float("nan"))
+            w.counter("mem", ts=2070, value=3.5)
+        a = T.load(tmp_path / "c.tmsgpack", warn=False, step_names=["nothing*"])
+    else:
+        a = T.load(TRACES / name, warn=False, normalize={"max_len": 40})
+    assert len(a) > 0
+    _ = a.ts  # a cached column view is not what is pickled
+    b = pickle.loads(pickle.dumps(a))
+    assert b is not a and b._n is not a._n
+    _same_trace(a, b, tmp_path)
+    _same_trace(a, copy.deepcopy(a), tmp_path)
+    # the same trace pickles to the same bytes
+    assert pickle.dumps(a) == pickle.dumps(b)
+
+
+def test_traces_come_back_from_worker_processes():
+    """`Pool.map(teller.trace.load, paths)` in fresh (spawned) worker processes."""
+    import multiprocessing as mp
+
+    paths = [str(TRACES / n) for n in ("mi250_rocm62_tiny.kineto.json.gz", "b300_cuda13_moe.kineto.json.gz")]
+    with mp.get_context("spawn").Pool(2) as pool:
+        got = pool.map(T.load, paths)
+    for p, t in zip(paths, got, strict=True):
+        here = T.load(p, warn=False)
+        assert np.array_equal(t.ts, here.ts) and t.summary() == here.summary()
+
+
+def test_a_damaged_pickled_trace_is_a_format_error_not_a_crash(tr):
+    from teller.errors import TraceFormatError
+
+    data = tr._n.snapshot()
+    for bad, said in (
+        (data[: len(data) // 2], "truncated"),
+        (data + b"\0", "after the end"),
+        (b"{}" + data[2:], "not a teller trace snapshot"),
+        (data[:8] + (99).to_bytes(4, "little") + data[12:], "snapshot version 99"),
+    ):
+        with pytest.raises(TraceFormatError, match=said) as e:
+            T._from_snapshot(bad, tr.load_options)
+        assert isinstance(e.value, ValueError) and "<trace snapshot>" in str(e.value)

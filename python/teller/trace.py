@@ -110,6 +110,13 @@ class Trace:
         # the step names and normalization it was loaded with (None: the defaults); `load` sets them
         self.load_options: dict[str, Any] = {"step_names": None, "normalize": None}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle, copy and multiprocessing (`Pool.map(teller.trace.load, paths)`) carry the loaded
+        # trace as teller_core::snapshot bytes: columns and string tables copied, nothing re-parsed
+        # or re-aligned on the other side. The cached column views are not pickled; they are views
+        # of the new native trace when first read.
+        return (_from_snapshot, (self._n.snapshot(), self.load_options))
+
     # -- columns (zero-copy views) ------------------------------------------------------------
     def _col(self, name: str) -> np.ndarray:
         return self._n.column(name)
@@ -407,6 +414,13 @@ def load(
     if warn:
         for w in split_collector_notes(tr.warnings)[1]:
             warnings.warn(w, TellerWarning, stacklevel=2)
+    return tr
+
+
+def _from_snapshot(data: bytes, load_options: dict[str, Any]) -> Trace:
+    """A trace from ``Trace.__reduce__``'s bytes (made by the same snapshot version of teller)."""
+    tr = Trace(_native.from_snapshot(data))
+    tr.load_options = dict(load_options)
     return tr
 
 

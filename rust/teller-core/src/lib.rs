@@ -7,6 +7,7 @@
 //! * [`normalize`]: canonical symbols for tokenization.
 //! * [`writer`]: Chrome trace output that opens in Perfetto.
 //! * [`summary`]: what `teller trace summary` reports.
+//! * [`snapshot`]: a loaded trace as bytes and back (pickling in the binding).
 
 pub mod align;
 pub mod chrome;
@@ -20,6 +21,7 @@ pub mod names;
 pub mod normalize;
 pub mod raw;
 pub mod sequence;
+pub mod snapshot;
 pub mod summary;
 pub mod symrows;
 pub mod writer;

@@ -5,7 +5,7 @@ use numpy::ndarray::ArrayView1;
 use numpy::{Element, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use teller_core::align::AlignOptions;
 use teller_core::model::{ArgValue, Layer, LAYER_NAMES};
 use teller_core::normalize::NormalizeOptions;
@@ -252,6 +252,13 @@ impl NativeTrace {
         self.inner.counters.len()
     }
 
+    /// The trace as bytes (`teller_core::snapshot`): what `Trace.__reduce__` pickles.
+    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let t = &self.inner;
+        let b = py.detach(|| teller_core::snapshot::to_bytes(t));
+        PyBytes::new(py, &b)
+    }
+
     #[pyo3(signature = (path, highlight=None))]
     fn to_chrome(&self, py: Python<'_>, path: String, highlight: Option<Vec<u32>>) -> PyResult<()> {
         let opts = teller_core::writer::WriteOptions {
@@ -391,6 +398,15 @@ fn load(
     Ok(NativeTrace { inner: t })
 }
 
+/// A trace from the bytes of `NativeTrace.snapshot` (every length and index checked).
+#[pyfunction]
+fn from_snapshot(py: Python<'_>, data: &[u8]) -> PyResult<NativeTrace> {
+    let t = py
+        .detach(|| teller_core::snapshot::from_bytes(data))
+        .map_err(to_py_err)?;
+    Ok(NativeTrace { inner: t })
+}
+
 /// The canonical symbol of an event name (`layer:canonical`).
 #[pyfunction]
 #[pyo3(signature = (layer, name, normalize=None))]
@@ -420,6 +436,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_class::<NativeTrace>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(from_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(symbol, m)?)?;
     m.add_class::<tpe::NativeTpe>()?;
     m.add_function(wrap_pyfunction!(tpe::tpe_train, m)?)?;
