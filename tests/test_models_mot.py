@@ -1881,6 +1881,53 @@ def test_render_keeps_whole_names_and_one_line_per_log_line() -> None:
     assert len(log_lines) == 1 and len(log_lines[0]) <= 80 and "TAIL" not in out
 
 
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 160])
+def test_render_never_cuts_or_folds_a_number(width) -> None:
+    """The culprit tables keep every number and pid list whole at any console width: a table where
+    the name can fold to 20 columns and everything else fits, else one entry per operator. (At 70
+    columns the table cut a pid list to "10388,1…" and folded the name to 8 columns.)"""
+    import io
+
+    from rich.console import Console
+    from teller.models.diagnose import render
+
+    ops = [
+        {
+            "symbol": f"kernel:cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_{i}_tn_align8",
+            "kernel_family": "gemm",
+            "score": 0.74,
+            "events": 493 + i,
+            "mean_dur_us": 1234.5,
+            "dur_z": -0.1,
+            "ranks_or_pids": [10388, 10448 + i],
+        }
+        for i in range(3)
+    ]
+    d = {
+        "path": "s0",
+        "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9, "layer": "device"}],
+        "operators": ops,
+        "culprit_symbols": [],
+        "log_evidence": [],
+        "inference_ms": 1.0,
+        "total_ms": 2.0,
+        "perfetto": None,
+    }
+    buf = io.StringIO()
+    render(d, Console(file=buf, width=width, color_system=None))
+    out = buf.getvalue()
+    assert "…" not in out
+    for i in range(len(ops)):
+        # each value whole on one line
+        assert sum(f"10388,{10448 + i}" in ln for ln in out.splitlines()) == 1, out
+        assert sum(str(493 + i) in ln for ln in out.splitlines()) == 1, out
+    assert out.count("1234.5") == 3
+    table = "┃ symbol" in out
+    assert table == (width >= 80), out
+    if not table:  # the list: each name whole on its own line
+        assert all(any(ln.strip().endswith(op["symbol"]) for ln in out.splitlines()) for op in ops)
+
+
 def test_train_checks_the_tpe_dir_before_anything_is_written(shards, tmp_path) -> None:
     """--tpe-dir is recorded for diagnose, which encodes new traces with it: a missing tokenizer or
     one the shards were not encoded with fails before training, and no run directory is made."""

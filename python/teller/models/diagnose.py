@@ -18,6 +18,7 @@ import shlex
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -624,18 +625,71 @@ def is_uncertain(confidence: float) -> bool:
     return not (float(confidence) >= UNSURE_BELOW)
 
 
-def render(d: dict[str, Any], console: Any) -> None:
+# the narrowest the first column (a symbol) is folded to before a table gives way to a list
+_MIN_NAME = 20
+
+
+def _table_or_list(
+    console: Any,
+    title: str,
+    cols: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    min_name: int = _MIN_NAME,
+    numbered: bool = False,
+) -> None:
+    """``rows`` as a table whose first column (a name) folds, where the console is wide enough for
+    every other cell and header word whole and ``min_name`` columns for the name; else one entry
+    per row, numbered, the name first and the values after it. A table squeezed further cuts or
+    folds numbers ("10388,1…" reads as another pid; a header cut to "ranks/pi"), so it never is.
+    ``numbered``: the table has a "#" column first."""
+    import textwrap
+
     from rich.table import Table
+
+    def need(j: int) -> int:
+        words = [w for w in cols[j].split()] + [r[j] for r in rows]
+        return max(len(w) for w in words)
+
+    # rich draws a table as: a border, then per column 1 + width + 1 and a border
+    width = 1 + sum(need(j) + 3 for j in range(1, len(cols))) + min_name + 3
+    width += (len(str(len(rows))) + 3) * numbered
+    if console.width >= width:
+        t = Table(title=title)
+        if numbered:
+            t.add_column("#", no_wrap=True)
+        for j, c in enumerate(cols):
+            t.add_column(c, overflow="fold", no_wrap=j > 0)
+        for i, r in enumerate(rows, 1):
+            t.add_row(*((str(i),) if numbered else ()), *r)
+        console.print(t)
+        return
+    console.print(f"{title}:", highlight=False, markup=False)
+    for i, r in enumerate(rows, 1):
+        # (name=value without spaces: a line breaks between two values, never inside one; a wrapped
+        # line keeps its indent; a name longer than the line is left to the terminal to wrap)
+        console.print(f"  {i}. {r[0]}", highlight=False, markup=False, soft_wrap=True)
+        vals = ", ".join(f"{c.replace(' ', '_')}={v}" for c, v in zip(cols[1:], r[1:], strict=True))
+        for line in textwrap.wrap(
+            vals, max(20, console.width - 5), break_on_hyphens=False, break_long_words=False
+        ):
+            console.print("     " + line, highlight=False, markup=False, soft_wrap=True)
+
+
+def render(d: dict[str, Any], console: Any) -> None:
     from rich.text import Text
 
     # the path on its own line: as the table's title it would wrap at the narrow table's width
     console.print(Text(str(d["path"]), style="bold"))
-    t = Table(title="root causes")
-    for c in ("#", "cause", "confidence", "layer"):
-        t.add_column(c)
-    for i, c in enumerate(d["root_causes"], 1):
-        t.add_row(str(i), c["cause"], f"{c['confidence']:.3f}", str(c["layer"] or "-"))
-    console.print(t)
+    causes = [(c["cause"], f"{c['confidence']:.3f}", str(c["layer"] or "-")) for c in d["root_causes"]]
+    _table_or_list(
+        console,
+        "root causes",
+        ("cause", "confidence", "layer"),
+        causes,
+        min_name=max((len(c[0]) for c in causes), default=5),
+        numbered=True,
+    )
     if d.get("uncertain") and d["root_causes"]:
         # the two likeliest causes (one with --top 1)
         alts = " or ".join(f"{c['cause']} ({c['confidence']:.2f})" for c in d["root_causes"][:2])
@@ -660,12 +714,9 @@ def render(d: dict[str, Any], console: Any) -> None:
             highlight=False,
             markup=False,
         )
-    o = Table(title="culprit operators (localization head)")
-    # a console too narrow for a name (a terminal's width; piped output is 160) folds it, never cuts it
-    for c in ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids"):
-        o.add_column(c, overflow="fold" if c == "symbol" else "ellipsis")
-    for r in d["operators"]:
-        o.add_row(
+    cols = ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids")
+    rows = [
+        (
             r["symbol"],
             str(r["kernel_family"] or "-"),
             f"{r['score']:.2f}",
@@ -674,18 +725,17 @@ def render(d: dict[str, Any], console: Any) -> None:
             "-" if r["dur_z"] is None else f"{r['dur_z']:+.1f}",
             ",".join(map(str, r["ranks_or_pids"])),
         )
+        for r in d["operators"]
+    ]
     if d["operators"]:
-        console.print(o)
+        _table_or_list(console, "culprit operators (localization head)", cols, rows)
     else:  # (a table of headers alone reads as a rendering fault)
         console.print(
             "culprit operators: no event scored 0.5 or more by the localization head", highlight=False
         )
     if d.get("culprit_symbols") and d["root_causes"] and d["root_causes"][0]["cause"] != "normal":
         # (the head is trained on faulty samples only: for a run called normal its ranking means little)
-        y = Table(title="culprit symbols (summary-row head; shift: load-normalized change in the capture)")
         cols = ("symbol", "score", "events", "shift", "shift z", "rank spread", "transfer shift")
-        for c in (*cols, "vs ref", "family vs ref"):
-            y.add_column(c, overflow="fold" if c == "symbol" else "ellipsis")
 
         def _f(v: float | None) -> str:
             return "-" if v is None else f"{v:+.2f}"
@@ -693,8 +743,8 @@ def render(d: dict[str, Any], console: Any) -> None:
         def _pct(v: float | None) -> str:
             return "-" if v is None else f"{100 * v:+.1f}%"
 
-        for r in d["culprit_symbols"]:
-            y.add_row(
+        rows = [
+            (
                 r["symbol"],
                 f"{r['score']:.2f}",
                 str(r["events"]),
@@ -705,7 +755,14 @@ def render(d: dict[str, Any], console: Any) -> None:
                 _pct(r.get("vs_reference")),
                 _pct(r.get("family_vs_reference")),
             )
-        console.print(y)
+            for r in d["culprit_symbols"]
+        ]
+        _table_or_list(
+            console,
+            "culprit symbols (summary-row head; shift: load-normalized change in the capture)",
+            (*cols, "vs ref", "family vs ref"),
+            rows,
+        )
     if d["log_evidence"]:
         console.print("log evidence:")
         for line in d["log_evidence"]:
@@ -744,7 +801,7 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     t = Table(title=escape(title))
     shown = [os.path.relpath(str(d["path"]), under) if under else str(d["path"]) for d in ds]
     for c in ("path", "cause", "conf", "next", "top culprit", "where", "flags"):
-        t.add_column(c, overflow="fold" if c in ("path", "top culprit") else "ellipsis")
+        t.add_column(c, overflow="ellipsis" if c in ("cause", "next", "flags") else "fold")
     for d, path in zip(ds, shown, strict=True):
         if "error" in d:
             t.add_row(path, "-", "-", "-", "-", "-", f"error: {d['error']}")
