@@ -391,7 +391,7 @@ BENCHMARK_DIGESTS = {
     23: ("eager_mode_misconfig", "af98833483413a0a"),  # tp 1
     29: ("pcie_degradation", "f6a49101df72b299"),  # tp 2
     50: ("oom_error", "cf0df940490c821d"),  # tp 4
-    80: ("hbm_contention", "bad50172da273e62"),  # tp 1
+    80: ("hbm_contention", "a1253bc89522f343"),  # tp 1
     96: ("cpu_contention", "aa7341bff43b8967"),  # tp 2
     103: ("launch_storm", "8faa0fc95be182c3"),  # tp 1
     121: ("nvlink_degradation", "98cfb789203a6073"),  # tp 4

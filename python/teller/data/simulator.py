@@ -108,6 +108,7 @@ class _Rank:
         self.host = 0.0  # simulation ns
         self.gpu = 0.0
         self.foreign = 0.0  # when the foreign stream is free (hbm_contention's visible neighbour)
+        self.foreign_waiting: list[tuple[float, float, str]] = []  # its kernels not yet run
         self.corr = 0
         self.events = 0
         self.open: list[int] = []
@@ -825,27 +826,34 @@ class EngineSim:
 
     def _foreign(self, ranks: list[_Rank], t0: float, t1: float) -> None:
         for rk in ranks:
+            # kernels whose turn came after the previous step's end run first (the neighbour's queue
+            # runs on, whether or not it still adds to it)
+            drawn, rk.foreign_waiting = rk.foreign_waiting, []
             rate = self.fx.foreign_rate(rk.r)
-            if rate <= 0:
-                continue
-            n = int(self.rng.poisson(rate * (t1 - t0) / 1e6))
-            drawn = []
-            for _ in range(n):
-                s = float(self.rng.uniform(t0, t1))
-                name = K.KERNEL_NAMES["foreign_copy" if self.rng.random() < 0.5 else "foreign_elementwise"]
-                drawn.append((s, float(self.rng.uniform(30e3, 400e3)), name))
-            # One stream runs its kernels one after another: a kernel drawn to start while the one before
-            # it runs starts when that one ends (generator version 5; before, they overlapped on the
-            # stream, which a loader reads as improper nesting). The draws are those of version 4, in
-            # the same order, so no other sample changes. One pushed past the window's end is not run.
+            if rate > 0:
+                n = int(self.rng.poisson(rate * (t1 - t0) / 1e6))
+                for _ in range(n):
+                    s = float(self.rng.uniform(t0, t1))
+                    name = K.KERNEL_NAMES[
+                        "foreign_copy" if self.rng.random() < 0.5 else "foreign_elementwise"
+                    ]
+                    drawn.append((s, float(self.rng.uniform(30e3, 400e3)), name))
+            # One stream runs its kernels one after another: a kernel drawn to start while the one
+            # before it runs starts when that one ends (generator version 5; before, they overlapped on
+            # the stream, which a loader reads as improper nesting). The draws are those of version 4,
+            # in the same order, so no other sample changes. A kernel whose turn comes after the
+            # step's end waits for the next step; those still waiting when the capture ends are not
+            # recorded.
             kept = 0
             for s, d, name in sorted(drawn, key=lambda x: x[0]):
                 s = max(s, rk.foreign)
                 if s >= t1:
-                    break
+                    rk.foreign_waiting.append((s, d, name))
+                    continue
                 rk.gpu_rec("kernel", name, s, s + d, 0, stream=FOREIGN_STREAM)
                 rk.foreign, kept = s + d, kept + 1
-            self.fx.count("hbm_contention", "foreign_kernels", kept)
+            # (window=False: a waiting kernel may run in a step after the fault's last)
+            self.fx.count("hbm_contention", "foreign_kernels", kept, window=False)
 
     # -- logs ------------------------------------------------------------------------------------
     def _startup_logs(self) -> None:

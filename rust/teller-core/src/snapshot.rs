@@ -9,7 +9,7 @@
 
 use hashbrown::HashMap;
 
-use crate::model::{ArgValue, CounterSample, Flow, Interner, Layer, SourceInfo, Step, Trace};
+use crate::model::{ArgValue, CounterSample, Flow, Interner, Layer, SourceInfo, Step, Trace, MAX_TIME_NS};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"TELLERTR";
@@ -484,16 +484,31 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
             return Err(bad(format!("column {what} has {len} values for {n} events")));
         }
     }
-    // the derived columns: all there (an aligned trace) or none
+    // the derived columns: `load` always aligns, so a trace has them all
     for (what, len) in [
         ("link", link.len()),
         ("parent", parent.len()),
         ("step", step.len()),
         ("symbol", symbol.len()),
     ] {
-        if len != n && !(len == 0 && link.is_empty() && parent.is_empty() && step.is_empty() && symbol.is_empty()) {
+        if len != n {
             return Err(bad(format!("column {what} has {len} values for {n} events")));
         }
+    }
+    // times as the readers bound them (each within MAX_TIME_NS, plus a source's base offset, itself
+    // within it), so that what later code adds or subtracts stays as far from overflow as for a
+    // trace just loaded
+    let tmax = 2 * MAX_TIME_NS;
+    let times = ts
+        .iter()
+        .chain(&dur)
+        .chain(steps.iter().flat_map(|s| [&s.start, &s.end]))
+        .chain(flows.iter().map(|f| &f.ts))
+        .chain(counters.iter().map(|c| &c.ts));
+    if let Some(v) = times.into_iter().find(|v| v.unsigned_abs() > tmax as u64) {
+        return Err(bad(format!(
+            "a time or duration of {v} ns, beyond the {tmax} ns a loaded trace can hold"
+        )));
     }
     if let Some(i) = layer.iter().position(|&l| Layer::from_u8(l).is_none()) {
         return Err(bad(format!("layer [{i}] is {}, not a layer code", layer[i])));
@@ -535,8 +550,18 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
     }
     check_ids("symbol", symbol.iter().copied(), symbols.len())?;
     for (i, s) in steps.iter().enumerate() {
-        if s.event < -1 || s.event >= n as i64 || s.name as usize >= ns_ || s.source as usize >= sources.len().max(1) {
+        if s.event < -1 || s.event >= n as i64 || s.name as usize >= ns_ || s.source as usize >= sources.len() {
             return Err(bad(format!("step {i} refers past the events, strings or sources")));
+        }
+    }
+    for (i, f) in flows.iter().enumerate() {
+        if f.source as usize >= sources.len() || !matches!(f.phase, b's' | b't' | b'f') {
+            return Err(bad(format!(
+                "flow {i}: source {} of {} sources, phase {:?} (s, t or f)",
+                f.source,
+                sources.len(),
+                f.phase as char
+            )));
         }
     }
     check_ids("flow name", flows.iter().flat_map(|f| [f.name, f.cat]), ns_)?;
@@ -658,6 +683,26 @@ mod tests {
             if let Ok(t) = from_bytes(&c) {
                 assert_eq!(t.name.len(), t.len());
             }
+        }
+    }
+
+    #[test]
+    fn refuses_what_a_loaded_trace_never_holds() {
+        type Edit = fn(&mut Trace);
+        let cases: [(Edit, &str); 7] = [
+            (|t| t.link.clear(), "column link has 0 values"),
+            (|t| t.symbol.pop().map(|_| ()).unwrap(), "column symbol has"),
+            (|t| t.flows[0].phase = b'x', "phase 'x'"),
+            (|t| t.flows[0].source = 9, "flow 0: source 9 of 1 sources"),
+            (|t| t.steps[0].source = 1, "step 0 refers past"),
+            (|t| t.ts[0] = i64::MAX, "a time or duration of 9223372036854775807"),
+            (|t| t.dur[3] = -2 * MAX_TIME_NS - 1, "beyond the"),
+        ];
+        for (edit, said) in cases {
+            let mut t = sample();
+            edit(&mut t);
+            let e = from_bytes(&to_bytes(&t)).unwrap_err().to_string();
+            assert!(e.contains(said), "{said}: {e}");
         }
     }
 
