@@ -109,6 +109,40 @@ def test_summary_human():
     assert "events per layer" in out and "GPU busy/idle" in out
 
 
+def test_summary_breakdown_headers_fit_80_columns():
+    """At 80 columns the breakdown table's headers are whole ("comm overlapped" and "device" were cut
+    to "overl…" and "devi…"), its numbers too, and the table is no wider than the terminal."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    out = subprocess.run(
+        [sys.executable, "-m", "teller", "trace", "summary", str(TRACES / "a100_nccl_2rank.kineto.json.gz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("where each GPU's time went"))
+    table = lines[at + 1 : at + 8]
+    assert all(len(ln.rstrip()) <= 80 for ln in table)
+    assert not any("…" in ln for ln in table), "\n".join(table)
+    head = " ".join(table[1:4])
+    for word in (
+        "GPU",
+        "compute",
+        "comm",
+        "overlap",
+        "memory",
+        "idle:",
+        "host",
+        "launch",
+        "queued",
+        "unlinked",
+    ):
+        assert f" {word} " in head, word
+
+
 def test_convert_then_summary(tmp_path):
     out = tmp_path / "o.json.gz"
     p = run("trace", "convert", FIX, "-o", str(out))

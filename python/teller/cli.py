@@ -391,13 +391,15 @@ def trace_summary(
             title="where each GPU's time went (% of its span; idle by what it waited for)",
             title_justify="left",
         )
+        # (short headers broken where they should be: at 80 columns every header is whole; "comm
+        # overlapped" and "device" cut to "overl…" and "devi…" there)
         for c in (
-            "device",
+            "GPU",
             "compute",
             "comm",
-            "comm overlapped",
+            "comm\noverlap",
             "memory",
-            "idle: host",
+            "idle:\nhost",
             "launch",
             "queued",
             "unlinked",
