@@ -1928,6 +1928,39 @@ def test_render_never_cuts_or_folds_a_number(width) -> None:
         assert all(any(ln.strip().endswith(op["symbol"]) for ln in out.splitlines()) for op in ops)
 
 
+@pytest.mark.parametrize("width", [60, 100, 200])
+def test_the_batch_summary_keeps_causes_and_numbers_whole(width) -> None:
+    """`teller diagnose PATH...`'s one row per capture: the cause, its confidence and the pid list
+    are whole at any width (at 80 columns "pcie_degr…" and "10388,104 / 48" were), and a name with
+    brackets is shown as written, not read as rich markup."""
+    import io
+
+    from rich.console import Console
+    from teller.models.diagnose import render_summary
+
+    ds = [
+        {
+            "path": f"/runs/s00000{i}",
+            "root_causes": [
+                {"cause": "nvlink_degradation", "confidence": 0.78},
+                {"cause": "host_memory_pressure", "confidence": 0.05},
+            ],
+            "culprit_symbols": [],
+            "operators": [{"symbol": "kernel:f[abc]_" + "x" * 60}],
+            "culprit_where": {"devices": [0, 1], "pids": [10388, 10448]},
+        }
+        for i in range(2)
+    ]
+    buf = io.StringIO()
+    render_summary(ds, Console(file=buf, width=width, color_system=None))
+    out = buf.getvalue()
+    assert "…" not in out
+    lines = out.splitlines()
+    for word in ("nvlink_degradation", "0.78", "host_memory_pressure", "(0.05)", "10388,10448"):
+        assert sum(word in ln for ln in lines) == 2, (word, out)
+    assert "[abc]" in out.replace("\n", "")
+
+
 def test_train_checks_the_tpe_dir_before_anything_is_written(shards, tmp_path) -> None:
     """--tpe-dir is recorded for diagnose, which encodes new traces with it: a missing tokenizer or
     one the shards were not encoded with fails before training, and no run directory is made."""

@@ -637,14 +637,16 @@ def _table_or_list(
     *,
     min_name: int = _MIN_NAME,
     numbered: bool = False,
+    fold: int = 0,
 ) -> None:
-    """``rows`` as a table whose first column (a name) folds, where the console is wide enough for
-    every other cell and header word whole and ``min_name`` columns for the name; else one entry
-    per row, numbered, the name first and the values after it. A table squeezed further cuts or
-    folds numbers ("10388,1…" reads as another pid; a header cut to "ranks/pi"), so it never is.
-    ``numbered``: the table has a "#" column first."""
+    """``rows`` as a table whose column ``fold`` (a name) folds, where the console is wide enough
+    for every other cell and header word whole and ``min_name`` columns for the name; else one entry
+    per row, numbered, the first column first and the others after it as name=value. A table
+    squeezed further cuts or folds numbers ("10388,1…" reads as another pid; a header cut to
+    "ranks/pi"), so it never is. ``numbered``: the table has a "#" column first."""
     import textwrap
 
+    from rich.markup import escape
     from rich.table import Table
 
     def need(j: int) -> int:
@@ -652,16 +654,17 @@ def _table_or_list(
         return max(len(w) for w in words)
 
     # rich draws a table as: a border, then per column 1 + width + 1 and a border
-    width = 1 + sum(need(j) + 3 for j in range(1, len(cols))) + min_name + 3
+    width = 1 + sum(need(j) + 3 for j in range(len(cols)) if j != fold) + min_name + 3
     width += (len(str(len(rows))) + 3) * numbered
     if console.width >= width:
-        t = Table(title=title)
+        # (names and paths are text, not rich markup: a kernel "f[abc]" or a path "[b]" as written)
+        t = Table(title=escape(title))
         if numbered:
             t.add_column("#", no_wrap=True)
         for j, c in enumerate(cols):
-            t.add_column(c, overflow="fold", no_wrap=j > 0)
+            t.add_column(c, overflow="fold", no_wrap=j != fold)
         for i, r in enumerate(rows, 1):
-            t.add_row(*((str(i),) if numbered else ()), *r)
+            t.add_row(*((str(i),) if numbered else ()), *map(escape, r))
         console.print(t)
         return
     console.print(f"{title}:", highlight=False, markup=False)
@@ -791,20 +794,16 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     has that head, else the first culprit operator of the localization head, whose token-level
     scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
     listed culprit operators' events, and the flags; a capture that could not be read shows its error."""
-    from rich.markup import escape
-    from rich.table import Table
 
     # paths under one directory are shown relative to it (named in the title), so that a batch of
     # sample directories reads s000010, s000011, ... rather than one long path folded over lines
     under = _common_dir([str(d["path"]) for d in ds])
     title = f"{len(ds)} capture{'s' * (len(ds) != 1)}" + (f" under {under}" if under else "")
-    t = Table(title=escape(title))
     shown = [os.path.relpath(str(d["path"]), under) if under else str(d["path"]) for d in ds]
-    for c in ("path", "cause", "conf", "next", "top culprit", "where", "flags"):
-        t.add_column(c, overflow="ellipsis" if c in ("cause", "next", "flags") else "fold")
+    rows = []
     for d, path in zip(ds, shown, strict=True):
         if "error" in d:
-            t.add_row(path, "-", "-", "-", "-", "-", f"error: {d['error']}")
+            rows.append((path, "-", "-", "-", "-", "-", f"error: {d['error']}"))
             continue
         rc = d["root_causes"]
         top = rc[0] if rc else {"cause": "-", "confidence": float("nan")}
@@ -820,16 +819,25 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
         flags = ["uncertain"] * bool(d.get("uncertain")) + ["unfamiliar"] * bool(
             (d.get("unfamiliar") or {}).get("flagged")
         )
-        t.add_row(
-            path,
-            top["cause"],
-            f"{top['confidence']:.2f}",
-            nxt,
-            sym or "-",
-            (where or "-") if sym else "-",
-            ", ".join(flags) or "-",
+        rows.append(
+            (
+                path,
+                top["cause"],
+                f"{top['confidence']:.2f}",
+                nxt,
+                sym or "-",
+                (where or "-") if sym else "-",
+                ", ".join(flags) or "-",
+            )
         )
-    console.print(t)
+    # the top culprit folds; everything else is whole, in the table or, too narrow for it, a list
+    _table_or_list(
+        console,
+        title,
+        ("path", "cause", "conf", "next", "top culprit", "where", "flags"),
+        rows,
+        fold=4,
+    )
 
 
 def _common_dir(paths: list[str]) -> str | None:
