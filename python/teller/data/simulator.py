@@ -828,7 +828,8 @@ class EngineSim:
         for rk in ranks:
             # kernels whose turn came after the previous step's end run first (the neighbour's queue
             # runs on, whether or not it still adds to it)
-            drawn, rk.foreign_waiting = rk.foreign_waiting, []
+            waiting, rk.foreign_waiting = rk.foreign_waiting, []
+            drawn: list[tuple[float, float, str]] = []
             rate = self.fx.foreign_rate(rk.r)
             if rate > 0:
                 n = int(self.rng.poisson(rate * (t1 - t0) / 1e6))
@@ -845,7 +846,7 @@ class EngineSim:
             # step's end waits for the next step; those still waiting when the capture ends are not
             # recorded.
             kept = 0
-            for s, d, name in sorted(drawn, key=lambda x: x[0]):
+            for s, d, name in waiting + sorted(drawn, key=lambda x: x[0]):
                 s = max(s, rk.foreign)
                 if s >= t1:
                     rk.foreign_waiting.append((s, d, name))

@@ -640,43 +640,51 @@ def _table_or_list(
     fold: int = 0,
 ) -> None:
     """``rows`` as a table whose column ``fold`` (a name) folds, where the console is wide enough
-    for every other cell and header word whole and ``min_name`` columns for the name; else one entry
-    per row, numbered, the first column first and the others after it as name=value. A table
+    for every other cell and header whole and ``min_name`` columns for the name; else one entry per
+    row, numbered, the first column first and the others after it as ``name=value`` fields. A table
     squeezed further cuts or folds numbers ("10388,1…" reads as another pid; a header cut to
-    "ranks/pi"), so it never is. ``numbered``: the table has a "#" column first."""
-    import textwrap
-
-    from rich.markup import escape
+    "ranks/pi"), so it never is. ``numbered``: the table has a "#" column first. Cells are text, not
+    rich markup or emoji codes (a kernel "f[abc]", an op "x:fire:y" as written)."""
     from rich.table import Table
+    from rich.text import Text
 
     def need(j: int) -> int:
-        words = [w for w in cols[j].split()] + [r[j] for r in rows]
-        return max(len(w) for w in words)
+        # (a column that does not fold does not wrap its header either: the whole header counts)
+        return max(len(x) for x in [cols[j], *(r[j] for r in rows)])
 
     # rich draws a table as: a border, then per column 1 + width + 1 and a border
     width = 1 + sum(need(j) + 3 for j in range(len(cols)) if j != fold) + min_name + 3
     width += (len(str(len(rows))) + 3) * numbered
     if console.width >= width:
-        # (names and paths are text, not rich markup: a kernel "f[abc]" or a path "[b]" as written)
-        t = Table(title=escape(title))
+        t = Table(title=Text(title))
         if numbered:
             t.add_column("#", no_wrap=True)
         for j, c in enumerate(cols):
-            t.add_column(c, overflow="fold", no_wrap=j != fold)
+            t.add_column(Text(c), overflow="fold", no_wrap=j != fold)
         for i, r in enumerate(rows, 1):
-            t.add_row(*((str(i),) if numbered else ()), *map(escape, r))
+            t.add_row(*((str(i),) if numbered else ()), *map(Text, r))
         console.print(t)
         return
-    console.print(f"{title}:", highlight=False, markup=False)
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+    say(f"{title}:")
+    room = max(20, console.width - 5)
     for i, r in enumerate(rows, 1):
-        # (name=value without spaces: a line breaks between two values, never inside one; a wrapped
-        # line keeps its indent; a name longer than the line is left to the terminal to wrap)
-        console.print(f"  {i}. {r[0]}", highlight=False, markup=False, soft_wrap=True)
-        vals = ", ".join(f"{c.replace(' ', '_')}={v}" for c, v in zip(cols[1:], r[1:], strict=True))
-        for line in textwrap.wrap(
-            vals, max(20, console.width - 5), break_on_hyphens=False, break_long_words=False
-        ):
-            console.print("     " + line, highlight=False, markup=False, soft_wrap=True)
+        # the name on its own line (one longer than the line is left to the terminal to wrap), then
+        # whole name=value fields, as many to a line as fit: a line breaks between two fields, never
+        # inside one
+        say(f"  {i}. {r[0]}")
+        line = ""
+        for c, v in zip(cols[1:], r[1:], strict=True):
+            field = f"{c.replace(' ', '_')}={v}"
+            if line and len(line) + 2 + len(field) > room:
+                say("     " + line)
+                line = ""
+            line = f"{line}  {field}" if line else field
+        if line:
+            say("     " + line)
 
 
 def render(d: dict[str, Any], console: Any) -> None:
@@ -800,10 +808,12 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     under = _common_dir([str(d["path"]) for d in ds])
     title = f"{len(ds)} capture{'s' * (len(ds) != 1)}" + (f" under {under}" if under else "")
     shown = [os.path.relpath(str(d["path"]), under) if under else str(d["path"]) for d in ds]
-    rows = []
+    rows: list[tuple[str, ...]] = []
+    errors: list[tuple[str, str]] = []
     for d, path in zip(ds, shown, strict=True):
         if "error" in d:
-            rows.append((path, "-", "-", "-", "-", "-", f"error: {d['error']}"))
+            # (after the table, whole: a message in a cell would need a table as wide as it)
+            errors.append((path, str(d["error"])))
             continue
         rc = d["root_causes"]
         top = rc[0] if rc else {"cause": "-", "confidence": float("nan")}
@@ -831,13 +841,18 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
             )
         )
     # the top culprit folds; everything else is whole, in the table or, too narrow for it, a list
-    _table_or_list(
-        console,
-        title,
-        ("path", "cause", "conf", "next", "top culprit", "where", "flags"),
-        rows,
-        fold=4,
-    )
+    if rows:
+        _table_or_list(
+            console,
+            title,
+            ("path", "cause", "conf", "next", "top culprit", "where", "flags"),
+            rows,
+            fold=4,
+        )
+    elif errors:
+        console.print(f"{title}:", highlight=False, markup=False, emoji=False)
+    for path, err in errors:
+        console.print(f"  {path}: error: {err}", highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def _common_dir(paths: list[str]) -> str | None:

@@ -502,7 +502,8 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
     let times = ts
         .iter()
         .chain(&dur)
-        .chain(steps.iter().flat_map(|s| [&s.start, &s.end]))
+        // (a step's end is its event's saturating end: a start within the bound is what counts)
+        .chain(steps.iter().map(|s| &s.start))
         .chain(flows.iter().map(|f| &f.ts))
         .chain(counters.iter().map(|c| &c.ts));
     if let Some(v) = times.into_iter().find(|v| v.unsigned_abs() > tmax as u64) {
