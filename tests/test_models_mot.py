@@ -1964,6 +1964,35 @@ def test_the_batch_summary_keeps_causes_and_numbers_whole(width) -> None:
     assert "[abc]" in flat and ":fire:" in flat  # text, not markup or an emoji code
 
 
+@pytest.mark.parametrize("width", [30, 40, 60, 82])
+def test_a_long_pid_list_breaks_between_pids(width) -> None:
+    """In the list form a field longer than the line (eight GPUs and pids) breaks after a comma:
+    no line is wider than the console (the terminal would wrap it inside a pid) and every pid is
+    whole on one line."""
+    import io
+
+    from rich.console import Console
+    from teller.models.diagnose import render_summary
+
+    pids = [10388 + 60 * k for k in range(8)]
+    ds = [
+        {
+            "path": f"/r/s{i}",
+            "root_causes": [{"cause": "nccl_straggler", "confidence": 0.9}],
+            "culprit_symbols": [],
+            "operators": [{"symbol": "kernel:x"}],
+            "culprit_where": {"devices": list(range(8)), "pids": pids},
+        }
+        for i in range(2)
+    ]
+    buf = io.StringIO()
+    render_summary(ds, Console(file=buf, width=width, color_system=None))
+    lines = buf.getvalue().splitlines()
+    assert all(len(ln) <= width for ln in lines), [ln for ln in lines if len(ln) > width]
+    for p in pids:
+        assert sum(str(p) in ln for ln in lines) == 2, p
+
+
 def test_train_checks_the_tpe_dir_before_anything_is_written(shards, tmp_path) -> None:
     """--tpe-dir is recorded for diagnose, which encodes new traces with it: a missing tokenizer or
     one the shards were not encoded with fails before training, and no run directory is made."""

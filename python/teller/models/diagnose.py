@@ -682,9 +682,31 @@ def _table_or_list(
             if line and len(line) + 2 + len(field) > room:
                 say("     " + line)
                 line = ""
+            if not line and len(field) > room:
+                # a list longer than the line (eight pids) breaks after a comma, never in a number
+                *full, line = _break_after_commas(field, room)
+                for part in full:
+                    say("     " + part)
+                continue
             line = f"{line}  {field}" if line else field
         if line:
             say("     " + line)
+
+
+def _break_after_commas(text: str, room: int) -> list[str]:
+    """``text`` in lines of at most ``room`` characters, broken only after a "," or ";" (a piece
+    longer than that stays whole); continuation lines are indented by two spaces."""
+    import re
+
+    lines: list[str] = []
+    line = ""
+    for piece in re.split(r"(?<=[,;])", text):
+        if line and len(line) + len(piece) > room:
+            lines.append(line.rstrip())
+            line = "  " + piece.lstrip()
+        else:
+            line += piece
+    return [*lines, line]
 
 
 def render(d: dict[str, Any], console: Any) -> None:
