@@ -143,6 +143,50 @@ def test_summary_breakdown_headers_fit_80_columns():
         assert f" {word} " in head, word
 
 
+def test_summary_gpu_tables_with_long_per_rank_names_never_cut_a_number(tmp_path):
+    """Two ranks' files with long names: the GPU tables were squeezed until "157.500 ms" folded over
+    two lines and both names were cut to one prefix ("0 of rank0_wo…"). Where the table does not fit
+    whole it is listed per GPU, each name whole and every value whole on one line."""
+    import os
+    import shutil
+
+    files = []
+    for r in (0, 1):
+        f = tmp_path / f"rank{r}_worker_with_a_long_hostname.kineto.json.gz"
+        shutil.copy(TRACES / "a100_nccl_2rank.kineto.json.gz", f)
+        files.append(str(f))
+    s = json.loads(run("trace", "summary", *files, "--json").stdout)
+    busy = {_fmt(d["busy_ns"]) for d in s["devices"]}
+    for cols in ("60", "80", "200"):
+        out = subprocess.run(
+            [sys.executable, "-m", "teller", "trace", "summary", *files],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": cols},
+            check=True,
+        ).stdout
+        block = out[out.index("GPU busy/idle") : out.index("top 10 kernels")]
+        assert "…" not in block, block
+        # (a name longer than the line has a line of its own, left to the terminal to wrap)
+        named = {f"  {i}. GPU 0 of rank{r}_" for i, r in ((1, 0), (2, 1))}
+        rest = [ln for ln in block.splitlines() if not any(ln.startswith(n) for n in named)]
+        assert all(len(ln.rstrip()) <= int(cols) for ln in rest), block
+        for r in (0, 1):
+            assert f"rank{r}_worker_with_a_long_hostname.kineto.json.gz" in block, block
+        # every value on one line, whole (in a table row or as a busy=... field)
+        assert all(b in block for b in busy), (busy, block)
+        if cols != "200":
+            assert "busy=" in block and "idle_host=" in block and "GPU 0 of rank1_" in block, block
+        else:
+            assert "busy=" not in block and "┃" in block, block
+
+
+def _fmt(ns: int) -> str:
+    from teller.cli import _fmt_ns
+
+    return _fmt_ns(ns)
+
+
 def test_convert_then_summary(tmp_path):
     out = tmp_path / "o.json.gz"
     p = run("trace", "convert", FIX, "-o", str(out))

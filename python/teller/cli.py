@@ -371,58 +371,85 @@ def trace_summary(
         from teller.findings import gpu_names
 
         names = [n.removeprefix("GPU ") for n in gpu_names(s["devices"], tr.sources)]
-        dt = Table(title="GPU busy/idle, launch delay, sync wait", title_justify="left")
-        for c in ("device", "busy", "idle", "busy %", "launch delay p50", "p99", "sync wait"):
-            dt.add_column(c, justify="right")
+        from teller._term import table_or_list
+
+        # (drawn where every number and header fits whole, else listed per GPU: a table squeezed by
+        # long per-rank names folded "157.500 ms" over two lines and cut the names to one prefix)
+        rows = []
         for d, name in zip(s["devices"], names, strict=True):
             busy_pct = 100 * d["busy_ns"] / d["span_ns"] if d["span_ns"] else 0.0
             has = d["launches"] > 0
-            dt.add_row(
-                name,
-                _fmt_ns(d["busy_ns"]),
-                _fmt_ns(d["idle_ns"]),
-                f"{busy_pct:.1f}",
-                _fmt_ns(d["launch_delay_p50_ns"]) if has else "-",
-                _fmt_ns(d["launch_delay_p99_ns"]) if has else "-",
-                _fmt_ns(d["sync_ns"]),
+            rows.append(
+                (
+                    name,
+                    _fmt_ns(d["busy_ns"]),
+                    _fmt_ns(d["idle_ns"]),
+                    f"{busy_pct:.1f}",
+                    _fmt_ns(d["launch_delay_p50_ns"]) if has else "-",
+                    _fmt_ns(d["launch_delay_p99_ns"]) if has else "-",
+                    _fmt_ns(d["sync_ns"]),
+                )
             )
-        console.print(dt)
-        bt = Table(
-            title="where each GPU's time went (% of its span; idle by what it waited for)",
+        table_or_list(
+            console,
+            "GPU busy/idle, launch delay, sync wait",
+            ("device", "busy", "idle", "busy %", "launch\ndelay p50", "p99", "sync\nwait"),
+            rows,
+            right=True,
+            fields=("busy", "idle", "busy_%", "launch_delay_p50", "launch_delay_p99", "sync_wait"),
             title_justify="left",
+            name_prefix="GPU ",
         )
-        # (short headers broken where they should be: at 80 columns every header is whole; "comm
-        # overlapped" and "device" cut to "overl…" and "devi…" there)
-        for c in (
-            "GPU",
-            "compute",
-            "comm",
-            "comm\noverlap",
-            "memory",
-            "idle:\nhost",
-            "launch",
-            "queued",
-            "unlinked",
-        ):
-            bt.add_column(c, justify="right")
+        rows = []
         for d, name in zip(s["devices"], names, strict=True):
             sp = d["span_ns"] or 1
 
             def pc(ns: int, sp: int = sp) -> str:
                 return f"{100 * ns / sp:.1f}"
 
-            bt.add_row(
-                name,
-                pc(d["compute_ns"]),
-                pc(d["comm_ns"]),
-                f"{100 * d['comm_compute_overlap_ns'] / d['comm_ns']:.0f} %" if d["comm_ns"] else "-",
-                pc(d["memory_ns"]),
-                pc(d["idle_host_ns"]),
-                pc(d["idle_launch_ns"]),
-                pc(d["idle_queued_ns"]),
-                pc(d["idle_unlinked_ns"]),
+            rows.append(
+                (
+                    name,
+                    pc(d["compute_ns"]),
+                    pc(d["comm_ns"]),
+                    f"{100 * d['comm_compute_overlap_ns'] / d['comm_ns']:.0f} %" if d["comm_ns"] else "-",
+                    pc(d["memory_ns"]),
+                    pc(d["idle_host_ns"]),
+                    pc(d["idle_launch_ns"]),
+                    pc(d["idle_queued_ns"]),
+                    pc(d["idle_unlinked_ns"]),
+                )
             )
-        console.print(bt)
+        # (short headers broken where they should be: at 80 columns every header is whole)
+        table_or_list(
+            console,
+            "where each GPU's time went (% of its span; idle by what it waited for)",
+            (
+                "GPU",
+                "compute",
+                "comm",
+                "comm\noverlap",
+                "memory",
+                "idle:\nhost",
+                "launch",
+                "queued",
+                "unlinked",
+            ),
+            rows,
+            right=True,
+            fields=(
+                "compute",
+                "comm",
+                "comm_overlap",
+                "memory",
+                "idle_host",
+                "idle_launch",
+                "idle_queued",
+                "idle_unlinked",
+            ),
+            title_justify="left",
+            name_prefix="GPU ",
+        )
     if s["top_kernels"]:
         kt = Table(title=f"top {len(s['top_kernels'])} kernels by GPU time", title_justify="left")
         kt.add_column("kernel (normalized)")

@@ -18,7 +18,6 @@ import shlex
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from teller._io import check_output_file
+from teller._term import table_or_list
 from teller.data.summary import process_log_levels, token_gpu_time, token_process_log, token_work
 from teller.errors import TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log, word_mask
@@ -625,97 +625,13 @@ def is_uncertain(confidence: float) -> bool:
     return not (float(confidence) >= UNSURE_BELOW)
 
 
-# the narrowest the first column (a symbol) is folded to before a table gives way to a list
-_MIN_NAME = 20
-
-
-def _table_or_list(
-    console: Any,
-    title: str,
-    cols: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    *,
-    min_name: int = _MIN_NAME,
-    numbered: bool = False,
-    fold: int = 0,
-) -> None:
-    """``rows`` as a table whose column ``fold`` (a name) folds, where the console is wide enough
-    for every other cell and header whole and ``min_name`` columns for the name; else one entry per
-    row, numbered, the first column first and the others after it as ``name=value`` fields. A table
-    squeezed further cuts or folds numbers ("10388,1…" reads as another pid; a header cut to
-    "ranks/pi"), so it never is. ``numbered``: the table has a "#" column first. Cells are text, not
-    rich markup or emoji codes (a kernel "f[abc]", an op "x:fire:y" as written)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    def need(j: int) -> int:
-        # (a column that does not fold does not wrap its header either: the whole header counts)
-        return max(len(x) for x in [cols[j], *(r[j] for r in rows)])
-
-    # rich draws a table as: a border, then per column 1 + width + 1 and a border
-    width = 1 + sum(need(j) + 3 for j in range(len(cols)) if j != fold) + min_name + 3
-    width += (len(str(len(rows))) + 3) * numbered
-    if console.width >= width:
-        t = Table(title=Text(title))
-        if numbered:
-            t.add_column("#", no_wrap=True)
-        for j, c in enumerate(cols):
-            t.add_column(Text(c), overflow="fold", no_wrap=j != fold)
-        for i, r in enumerate(rows, 1):
-            t.add_row(*((str(i),) if numbered else ()), *map(Text, r))
-        console.print(t)
-        return
-
-    def say(line: str) -> None:
-        console.print(line, highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-    say(f"{title}:")
-    room = max(20, console.width - 5)
-    for i, r in enumerate(rows, 1):
-        # the name on its own line (one longer than the line is left to the terminal to wrap), then
-        # whole name=value fields, as many to a line as fit: a line breaks between two fields, never
-        # inside one
-        say(f"  {i}. {r[0]}")
-        line = ""
-        for c, v in zip(cols[1:], r[1:], strict=True):
-            field = f"{c.replace(' ', '_')}={v}"
-            if line and len(line) + 2 + len(field) > room:
-                say("     " + line)
-                line = ""
-            if not line and len(field) > room:
-                # a list longer than the line (eight pids) breaks after a comma, never in a number
-                *full, line = _break_after_commas(field, room)
-                for part in full:
-                    say("     " + part)
-                continue
-            line = f"{line}  {field}" if line else field
-        if line:
-            say("     " + line)
-
-
-def _break_after_commas(text: str, room: int) -> list[str]:
-    """``text`` in lines of at most ``room`` characters, broken only after a "," or ";" (a piece
-    longer than that stays whole); continuation lines are indented by two spaces."""
-    import re
-
-    lines: list[str] = []
-    line = ""
-    for piece in re.split(r"(?<=[,;])", text):
-        if line and len(line) + len(piece) > room:
-            lines.append(line.rstrip())
-            line = "  " + piece.lstrip()
-        else:
-            line += piece
-    return [*lines, line]
-
-
 def render(d: dict[str, Any], console: Any) -> None:
     from rich.text import Text
 
     # the path on its own line: as the table's title it would wrap at the narrow table's width
     console.print(Text(str(d["path"]), style="bold"))
     causes = [(c["cause"], f"{c['confidence']:.3f}", str(c["layer"] or "-")) for c in d["root_causes"]]
-    _table_or_list(
+    table_or_list(
         console,
         "root causes",
         ("cause", "confidence", "layer"),
@@ -761,7 +677,7 @@ def render(d: dict[str, Any], console: Any) -> None:
         for r in d["operators"]
     ]
     if d["operators"]:
-        _table_or_list(console, "culprit operators (localization head)", cols, rows)
+        table_or_list(console, "culprit operators (localization head)", cols, rows)
     else:  # (a table of headers alone reads as a rendering fault)
         console.print(
             "culprit operators: no event scored 0.5 or more by the localization head", highlight=False
@@ -790,7 +706,7 @@ def render(d: dict[str, Any], console: Any) -> None:
             )
             for r in d["culprit_symbols"]
         ]
-        _table_or_list(
+        table_or_list(
             console,
             "culprit symbols (summary-row head; shift: load-normalized change in the capture)",
             (*cols, "vs ref", "family vs ref"),
@@ -864,7 +780,7 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
         )
     # the top culprit folds; everything else is whole, in the table or, too narrow for it, a list
     if rows:
-        _table_or_list(
+        table_or_list(
             console,
             title,
             ("path", "cause", "conf", "next", "top culprit", "where", "flags"),
