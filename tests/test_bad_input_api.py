@@ -199,6 +199,38 @@ def test_trace_load_bad_paths(paths):
         trace.load(paths)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_trace_load_of_an_endless_device_fails_at_its_first_bytes():
+    """/dev/zero has no size: it was read until memory ran out (and said "out of memory"). Its first
+    bytes open no trace, so it is refused there, as a file of zeros is."""
+    import time
+
+    from teller.errors import TraceFormatError
+
+    t0 = time.monotonic()
+    with pytest.raises(TraceFormatError, match=r"^/dev/zero: at byte 0: not a Chrome trace") as e:
+        trace.load("/dev/zero")
+    assert isinstance(e.value, ValueError) and time.monotonic() - t0 < 10
+
+
+def test_trace_load_reads_a_trace_through_a_pipe(tmp_path):
+    """A pipe (`teller trace summary <(zcat t.json.gz)`) has no size either: its first bytes open a
+    trace, so it is read to its end."""
+    src = Path(__file__).parent / "data" / "traces" / "mi250_rocm62_tiny.kineto.json.gz"
+    fifo = tmp_path / "t.json.gz"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(src.read_bytes())
+
+    w = threading.Thread(target=feed)
+    w.start()
+    tr = trace.load(str(fifo))
+    w.join()
+    assert len(tr) == len(trace.load(str(src)))
+
+
 def test_trace_load_step_names_and_normalize(sample):
     for bad in (5, [1], "", [""], b"x"):
         with pytest.raises(ConfigError, match="step_names"):

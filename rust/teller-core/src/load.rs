@@ -98,8 +98,50 @@ pub fn expand_input(input: &str) -> Result<Vec<PathBuf>> {
 
 /// Reads a file, transparently gunzipping it.
 pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
-    let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let data = read_input(path)?;
     inflate_all(path, data)
+}
+
+/// How many first bytes of a stream decide whether the rest is read (`looks_like_raw` reads 64).
+const HEAD_BYTES: u64 = 64;
+
+/// Reads a whole input. A regular file is read at once. Anything else (a pipe, `/dev/stdin`, a
+/// character device) has no size to stop at, so its first bytes must open something teller reads
+/// (JSON, gzip, a raw stream, or another compression, refused by name) before the rest is read:
+/// `/dev/zero` or `/dev/urandom` fail at their first bytes with the message a file holding them
+/// gets, where reading on ran until memory was gone.
+pub fn read_input(path: &str) -> Result<Vec<u8>> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
+    let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
+    let mut data = Vec::new();
+    if regular {
+        // (the size is a capacity hint only: a file that grows meanwhile is still read whole)
+        let n = f.metadata().map(|m| m.len() as usize).unwrap_or(0);
+        let _ = data.try_reserve_exact(n);
+        f.read_to_end(&mut data).map_err(|e| Error::io(path, &e))?;
+        return Ok(data);
+    }
+    (&mut f)
+        .take(HEAD_BYTES)
+        .read_to_end(&mut data)
+        .map_err(|e| Error::io(path, &e))?;
+    if opens_an_input(&data) {
+        f.read_to_end(&mut data).map_err(|e| Error::io(path, &e))?;
+    }
+    // (otherwise the head alone goes on: parsing it says what is wrong, at which byte)
+    Ok(data)
+}
+
+/// Whether a stream's first bytes can begin something teller reads or names: JSON (after a BOM and
+/// whitespace, `{` or `[`; only whitespace so far also counts), gzip, a raw stream, or another
+/// compression (refused by name once read).
+fn opens_an_input(head: &[u8]) -> bool {
+    let text = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    let first = text.iter().find(|b| !b.is_ascii_whitespace());
+    matches!(first, None | Some(b'{') | Some(b'['))
+        || head.starts_with(&[0x1f, 0x8b])
+        || looks_like_raw(head)
+        || inflate::other_compression(head).is_some()
 }
 
 fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {
@@ -154,7 +196,7 @@ pub fn read_file(path: &str, source: u16) -> Result<(Trace, Kind, Option<Process
 
 /// `read_file`, pipelined or not (both ways give the same trace, warnings and errors).
 pub fn read_file_with(path: &str, source: u16, pipeline: Pipeline) -> Result<(Trace, Kind, Option<ProcessKey>)> {
-    let data = std::fs::read(path).map_err(|e| Error::io(path, &e))?;
+    let data = read_input(path)?;
     let (chunk, min) = match pipeline {
         Pipeline::Off => (0, usize::MAX),
         Pipeline::Auto => (inflate::CHUNK, PIPELINE_MIN_BYTES),

@@ -1,0 +1,91 @@
+//! Inputs with no size: pipes, FIFOs, character devices. Their first bytes decide whether the rest
+//! is read (`load::read_input`), so an endless stream of something that is not a trace fails at
+//! once instead of being read until memory runs out.
+#![cfg(unix)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use teller_core::load::{read_file, read_input};
+
+const TRACE: &str = r#"{"traceEvents":[{"ph":"X","name":"k","pid":1,"tid":1,"ts":1.0,"dur":2.0,"cat":"kernel"}]}"#;
+
+/// A FIFO in a fresh directory (None where `mkfifo` is missing: the test then says so and passes).
+fn fifo(name: &str) -> Option<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("teller-streams-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    match Command::new("mkfifo").arg(&p).status() {
+        Ok(s) if s.success() => Some(p),
+        _ => {
+            eprintln!("mkfifo not available: skipped");
+            None
+        }
+    }
+}
+
+/// Writes `bytes` into the FIFO, then holds it open for `hold` before closing it.
+fn writer(p: PathBuf, bytes: Vec<u8>, hold: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        // (the reader may stop early: a broken pipe here is the point, not a failure)
+        let _ = f.write_all(&bytes);
+        let _ = f.flush();
+        std::thread::sleep(hold);
+    })
+}
+
+#[test]
+fn dev_zero_fails_at_its_first_byte() {
+    if !std::path::Path::new("/dev/zero").exists() {
+        eprintln!("/dev/zero not available: skipped");
+        return;
+    }
+    let t0 = Instant::now();
+    let e = read_file("/dev/zero", 0).expect_err("an error").to_string();
+    assert!(e.contains("/dev/zero") && e.contains("not a Chrome trace"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "read on for {:?}", t0.elapsed());
+}
+
+#[test]
+fn a_trace_through_a_fifo_is_read_whole() {
+    let Some(p) = fifo("trace.json") else { return };
+    let w = writer(p.clone(), TRACE.as_bytes().to_vec(), Duration::ZERO);
+    let (t, _, _) = read_file(p.to_str().unwrap(), 0).unwrap();
+    w.join().unwrap();
+    assert_eq!(t.len(), 1);
+    // and gzipped, past the first bytes
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+    gz.write_all(TRACE.as_bytes()).unwrap();
+    let w = writer(p.clone(), gz.finish().unwrap(), Duration::ZERO);
+    let (t, _, _) = read_file(p.to_str().unwrap(), 0).unwrap();
+    w.join().unwrap();
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn a_stream_that_opens_with_no_trace_is_not_read_to_its_end() {
+    let Some(p) = fifo("junk") else { return };
+    // 64 bytes that open nothing teller reads, and a writer that keeps the pipe open for 20 s: a
+    // reader waiting for the end would wait that long
+    let w = writer(p.clone(), vec![0u8; 64], Duration::from_secs(20));
+    let t0 = Instant::now();
+    let e = read_file(p.to_str().unwrap(), 0).expect_err("an error").to_string();
+    assert!(t0.elapsed() < Duration::from_secs(10), "read on for {:?}", t0.elapsed());
+    assert!(e.contains("at byte 0") && e.contains("not a Chrome trace"), "{e}");
+    drop(w); // (detached: it closes its end when its sleep is over)
+}
+
+#[test]
+fn a_regular_file_reads_as_before() {
+    let dir = std::env::temp_dir().join(format!("teller-streams-{}-file", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("zeros.json");
+    std::fs::write(&p, vec![0u8; 1000]).unwrap();
+    // a file is read whole (its size is known), and says the same as the stream did
+    assert_eq!(read_input(p.to_str().unwrap()).unwrap().len(), 1000);
+    let e = read_file(p.to_str().unwrap(), 0).err().unwrap().to_string();
+    assert!(e.contains("at byte 0") && e.contains("not a Chrome trace"), "{e}");
+}
