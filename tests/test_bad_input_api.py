@@ -224,7 +224,9 @@ def test_trace_load_reads_a_trace_through_a_pipe(tmp_path):
         with open(fifo, "wb") as f:
             f.write(src.read_bytes())
 
-    w = threading.Thread(target=feed)
+    # (a daemon: were the load to fail before opening the FIFO, the writer blocked in open() must not
+    # hold pytest at exit)
+    w = threading.Thread(target=feed, daemon=True)
     w.start()
     tr = trace.load(str(fifo))
     w.join()

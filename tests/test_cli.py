@@ -145,8 +145,9 @@ def test_summary_breakdown_headers_fit_80_columns():
 
 def test_summary_gpu_tables_with_long_per_rank_names_never_cut_a_number(tmp_path):
     """Two ranks' files with long names: the GPU tables were squeezed until "157.500 ms" folded over
-    two lines and both names were cut to one prefix ("0 of rank0_wo…"). Where the table does not fit
-    whole it is listed per GPU, each name whole and every value whole on one line."""
+    two lines and both names were cut to one prefix ("0 of rank0_wo…"), or at 100 columns folded
+    inside the table. Where the table does not fit whole, names included, it is listed per GPU, each
+    name whole and every value whole on one line."""
     import os
     import shutil
 
@@ -157,7 +158,7 @@ def test_summary_gpu_tables_with_long_per_rank_names_never_cut_a_number(tmp_path
         files.append(str(f))
     s = json.loads(run("trace", "summary", *files, "--json").stdout)
     busy = {_fmt(d["busy_ns"]) for d in s["devices"]}
-    for cols in ("60", "80", "200"):
+    for cols in ("60", "80", "100", "200"):
         out = subprocess.run(
             [sys.executable, "-m", "teller", "trace", "summary", *files],
             capture_output=True,
@@ -171,7 +172,7 @@ def test_summary_gpu_tables_with_long_per_rank_names_never_cut_a_number(tmp_path
         named = {f"  {i}. GPU 0 of rank{r}_" for i, r in ((1, 0), (2, 1))}
         rest = [ln for ln in block.splitlines() if not any(ln.startswith(n) for n in named)]
         assert all(len(ln.rstrip()) <= int(cols) for ln in rest), block
-        for r in (0, 1):
+        for r in (0, 1):  # (whole: on one line)
             assert f"rank{r}_worker_with_a_long_hostname.kineto.json.gz" in block, block
         # every value on one line, whole (in a table row or as a busy=... field)
         assert all(b in block for b in busy), (busy, block)

@@ -4,6 +4,7 @@ torch so the trace commands stay light."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,12 +36,14 @@ def table_or_list(
     right-justified (numbers). ``fields``: the list form's field names, one per column after the
     first (default: the headers, spaces as "_"); ``name_prefix``: put before each name there (where
     the header no longer says what the name is: "GPU ")."""
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
     def need(j: int) -> int:
         # (a column that does not fold does not wrap its header either: the whole header counts)
-        return max(len(x) for x in [*cols[j].split("\n"), *(r[j] for r in rows)])
+        # (display cells, not characters: a wide character takes two)
+        return max(cell_len(x) for x in [*cols[j].split("\n"), *(r[j] for r in rows)])
 
     # rich draws a table as: a border, then per column 1 + width + 1 and a border (a name shorter
     # than min_name needs only its own width)
@@ -62,7 +65,9 @@ def table_or_list(
     def say(line: str) -> None:
         console.print(line, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
-    console.print(Text(f"{title}:"))  # (prose: wrapped at words where longer than the line)
+    # (prose: wrapped between words where longer than the line, never inside one: a path stays whole)
+    for part in textwrap.wrap(f"{title}:", console.width, break_long_words=False, break_on_hyphens=False):
+        say(part)
     room = max(20, console.width - 5)
     for i, r in enumerate(rows, 1):
         # the name on its own line (one longer than the line is left to the terminal to wrap), then

@@ -399,6 +399,7 @@ def trace_summary(
             fields=("busy", "idle", "busy_%", "launch_delay_p50", "launch_delay_p99", "sync_wait"),
             title_justify="left",
             name_prefix="GPU ",
+            min_name=max(map(len, names)),  # (a name folded inside the table is no better than cut)
         )
         rows = []
         for d, name in zip(s["devices"], names, strict=True):
@@ -449,6 +450,7 @@ def trace_summary(
             ),
             title_justify="left",
             name_prefix="GPU ",
+            min_name=max(map(len, names)),  # (a name folded inside the table is no better than cut)
         )
     if s["top_kernels"]:
         kt = Table(title=f"top {len(s['top_kernels'])} kernels by GPU time", title_justify="left")

@@ -102,14 +102,16 @@ pub fn read_bytes(path: &str) -> Result<Vec<u8>> {
     inflate_all(path, data)
 }
 
-/// How many first bytes of a stream decide whether the rest is read (`looks_like_raw` reads 64).
-const HEAD_BYTES: u64 = 64;
+/// At most this many first bytes decide whether a stream is read on (`looks_like_raw` reads 64).
+const HEAD_BYTES: usize = 64;
+/// A stream of nothing but whitespace is given up on after this many bytes.
+const BLANK_BYTES: usize = 1 << 20;
 
 /// Reads a whole input. A regular file is read at once. Anything else (a pipe, `/dev/stdin`, a
-/// character device) has no size to stop at, so its first bytes must open something teller reads
-/// (JSON, gzip, a raw stream, or another compression, refused by name) before the rest is read:
-/// `/dev/zero` or `/dev/urandom` fail at their first bytes with the message a file holding them
-/// gets, where reading on ran until memory was gone.
+/// character device) has no size to stop at, so it is read on only once its first bytes open
+/// something teller reads: JSON, gzip or a raw stream, decided as soon as enough has arrived (the
+/// first byte past any whitespace for JSON). `/dev/zero` or `/dev/urandom` fail at their first bytes
+/// with the message a file holding them gets, where reading on ran until memory was gone.
 pub fn read_input(path: &str) -> Result<Vec<u8>> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, &e))?;
     let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
@@ -121,27 +123,55 @@ pub fn read_input(path: &str) -> Result<Vec<u8>> {
         f.read_to_end(&mut data).map_err(|e| Error::io(path, &e))?;
         return Ok(data);
     }
-    (&mut f)
-        .take(HEAD_BYTES)
-        .read_to_end(&mut data)
-        .map_err(|e| Error::io(path, &e))?;
-    if opens_an_input(&data) {
-        f.read_to_end(&mut data).map_err(|e| Error::io(path, &e))?;
+    let mut buf = [0u8; 4096];
+    loop {
+        // (what has arrived decides: a short head that stays open is not waited on for more)
+        let n = match f.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(path, &e)),
+        };
+        if n == 0 {
+            return Ok(data);
+        }
+        data.extend_from_slice(&buf[..n]);
+        match opens_an_input(&data) {
+            Some(true) => break,
+            // (the head alone goes on: parsing it says what is wrong, at which byte, as for a file;
+            // another compression is refused by name from its magic)
+            Some(false) => return Ok(data),
+            None if data.len() >= BLANK_BYTES => return Ok(data),
+            None => {}
+        }
     }
-    // (otherwise the head alone goes on: parsing it says what is wrong, at which byte)
+    f.read_to_end(&mut data).map_err(|e| Error::io(path, &e))?;
     Ok(data)
 }
 
-/// Whether a stream's first bytes can begin something teller reads or names: JSON (after a BOM and
-/// whitespace, `{` or `[`; only whitespace so far also counts), gzip, a raw stream, or another
-/// compression (refused by name once read).
-fn opens_an_input(head: &[u8]) -> bool {
-    let text = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    let first = text.iter().find(|b| !b.is_ascii_whitespace());
-    matches!(first, None | Some(b'{') | Some(b'['))
-        || head.starts_with(&[0x1f, 0x8b])
-        || looks_like_raw(head)
-        || inflate::other_compression(head).is_some()
+/// Whether a stream's first bytes open something teller reads: JSON (after a BOM and whitespace,
+/// `{` or `[`), gzip, or a raw stream; None while too few have arrived to tell.
+fn opens_an_input(head: &[u8]) -> Option<bool> {
+    const BOM: &[u8] = b"\xef\xbb\xbf";
+    match head.first()? {
+        0x1f => return head.get(1).map(|&b| b == 0x8b),
+        0x90..=0x9f | 0xdc => {
+            return if looks_like_raw(head) {
+                Some(true)
+            } else if head.len() < HEAD_BYTES {
+                None
+            } else {
+                Some(false)
+            }
+        }
+        _ => {}
+    }
+    if head.len() < BOM.len() && BOM.starts_with(head) {
+        return None;
+    }
+    let text = head.strip_prefix(BOM).unwrap_or(head);
+    text.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .map(|&b| b == b'{' || b == b'[')
 }
 
 fn inflate_all(path: &str, data: Vec<u8>) -> Result<Vec<u8>> {

@@ -11,6 +11,10 @@ use teller_core::load::{read_file, read_input};
 
 const TRACE: &str = r#"{"traceEvents":[{"ph":"X","name":"k","pid":1,"tid":1,"ts":1.0,"dur":2.0,"cat":"kernel"}]}"#;
 
+fn fixture(name: &str) -> String {
+    format!("{}/../../tests/data/{}", env!("CARGO_MANIFEST_DIR"), name)
+}
+
 /// A FIFO in a fresh directory (None where `mkfifo` is missing: the test then says so and passes).
 fn fifo(name: &str) -> Option<PathBuf> {
     let dir = std::env::temp_dir().join(format!("teller-streams-{}-{name}", std::process::id()));
@@ -76,6 +80,43 @@ fn a_stream_that_opens_with_no_trace_is_not_read_to_its_end() {
     assert!(t0.elapsed() < Duration::from_secs(10), "read on for {:?}", t0.elapsed());
     assert!(e.contains("at byte 0") && e.contains("not a Chrome trace"), "{e}");
     drop(w); // (detached: it closes its end when its sleep is over)
+}
+
+#[test]
+fn a_short_head_that_stays_open_is_decided_on_what_arrived() {
+    // five bytes of no trace, and another compression's magic, each with the pipe held open: the
+    // first bytes decide, no wait for 64 of them or for the end
+    for (name, bytes, says) in [
+        ("hello", b"hello".to_vec(), "not a Chrome trace"),
+        ("zstd", vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0], "zstd-compressed"),
+    ] {
+        let Some(p) = fifo(name) else { return };
+        let _w = writer(p.clone(), bytes, Duration::from_secs(20));
+        let t0 = Instant::now();
+        let e = read_file(p.to_str().unwrap(), 0).expect_err("an error").to_string();
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{name}: waited {:?}",
+            t0.elapsed()
+        );
+        assert!(e.contains(says), "{name}: {e}");
+    }
+}
+
+#[test]
+fn leading_whitespace_and_raw_streams_through_a_fifo() {
+    let Some(p) = fifo("ws.json") else { return };
+    let mut spaced = vec![b' '; 5000];
+    spaced.extend_from_slice(TRACE.as_bytes());
+    let w = writer(p.clone(), spaced, Duration::ZERO);
+    assert_eq!(read_file(p.to_str().unwrap(), 0).unwrap().0.len(), 1);
+    w.join().unwrap();
+    let raw = fixture("gpu/h200_llama_tiny/raw/teller-vm-742-0.tmsgpack");
+    let want = read_file(&raw, 0).unwrap().0.len();
+    let Some(p) = fifo("raw.tmsgpack") else { return };
+    let w = writer(p.clone(), std::fs::read(&raw).unwrap(), Duration::ZERO);
+    assert_eq!(read_file(p.to_str().unwrap(), 0).unwrap().0.len(), want);
+    w.join().unwrap();
 }
 
 #[test]
