@@ -59,12 +59,23 @@ fn gz(bytes: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
-fn temp(name: &str, bytes: &[u8]) -> String {
-    let dir = std::env::temp_dir().join(format!("teller-inflate-{}", std::process::id()));
+/// A file's directory under the temp directory, removed when dropped (failed assertions included).
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `bytes` written to `name` in a fresh directory, with the guard that removes it.
+fn temp(name: &str, bytes: &[u8]) -> (Scratch, String) {
+    let dir = std::env::temp_dir().join(format!("teller-inflate-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
-    p.display().to_string()
+    (Scratch(dir), p.display().to_string())
 }
 
 #[test]
@@ -98,7 +109,7 @@ fn every_fixture_reads_alike_for_any_chunk() {
 fn numbers_cut_by_a_chunk_end_are_not_read_short() {
     // a top-level number followed by the end of what has arrived must wait for its last digits
     let json = br#"{"schemaVersion": 1234567, "traceEvents": [{"ph": "X", "name": "k", "ts": 12345.678, "dur": 100, "pid": 1, "tid": 2}], "baseTimeNanoseconds": 1700000000000000000, "displayTimeUnit": "ms"}"#;
-    let path = temp("numbers.json.gz", &gz(json));
+    let (_dir, path) = temp("numbers.json.gz", &gz(json));
     let (want, _) = serial(&path).unwrap();
     assert_eq!(want.sources[0].base_ns, 1_700_000_000_000_000_000);
     for c in 1..40 {
@@ -112,7 +123,7 @@ fn a_long_number_cut_by_a_chunk_end_leaves_no_string_behind() {
     // an integer too long for i64 is kept as its text (interned); cut short, it must not stay in
     // the string table and move every later id
     let json = br#"{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": "t1", "args": {"big": 123456789012345678901234567890, "s": "x"}}, {"ph": "X", "name": "b", "ts": 5, "dur": 1, "pid": 1, "tid": "t2"}]}"#;
-    let path = temp("bignum.json.gz", &gz(json));
+    let (_dir, path) = temp("bignum.json.gz", &gz(json));
     let (want, _) = serial(&path).unwrap();
     for c in 1..200 {
         let (got, _) = piped(&path, c).unwrap();
@@ -134,7 +145,7 @@ fn invalid_utf8_anywhere_wins_over_an_error_found_before_it() {
     for (name, mut doc) in [("no_ts", no_ts), ("no_events", no_events), ("trailing", trailing)] {
         let n = doc.len();
         doc[n - 300] = 0xff;
-        let path = temp(&format!("{name}_utf8.json.gz"), &gz(&doc));
+        let (_dir, path) = temp(&format!("{name}_utf8.json.gz"), &gz(&doc));
         let want = serial(&path).map(|(t, _)| digest(&t));
         assert!(
             want.as_ref().is_err_and(|e| e.contains("invalid UTF-8")),
@@ -181,7 +192,7 @@ fn errors_are_the_serial_ones() {
     let whole = gz(&good);
     cases.push(("truncated.json.gz", whole[..whole.len() - 100].to_vec()));
     for (name, bytes) in cases {
-        let path = temp(name, &bytes);
+        let (_dir, path) = temp(name, &bytes);
         let want = serial(&path).map(|(t, _)| digest(&t));
         assert!(want.is_err(), "{name} reads without error");
         for c in [1usize, 13, 4093, CHUNK] {
@@ -200,14 +211,14 @@ fn several_members_or_a_raw_stream_fall_back_to_the_serial_read() {
     two.extend_from_slice(&gz(b));
     let announced = announced_size(&two).expect("the second member's size looks plausible");
     assert_eq!(announced, 200_000);
-    let path = temp("two.json.gz", &two);
+    let (_dir, path) = temp("two.json.gz", &two);
     let (want, _) = serial(&path).unwrap();
     for c in [4093, CHUNK] {
         assert_eq!(digest(&piped(&path, c).unwrap().0), digest(&want), "chunk {c}");
     }
     // teller's own raw stream, gzipped under a JSON name
     let raw = std::fs::read(fixture("gpu/h200_llama_tiny/raw/teller-vm-742-0.tmsgpack")).unwrap();
-    let path = temp("raw.json.gz", &gz(&raw));
+    let (_dir, path) = temp("raw.json.gz", &gz(&raw));
     let (want, kind) = serial(&path).unwrap();
     assert_eq!(kind, Kind::Raw);
     let (got, kind) = piped(&path, 4093).unwrap();

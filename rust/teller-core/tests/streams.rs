@@ -15,14 +15,33 @@ fn fixture(name: &str) -> String {
     format!("{}/../../tests/data/{}", env!("CARGO_MANIFEST_DIR"), name)
 }
 
-/// A FIFO in a fresh directory (None where `mkfifo` is missing: the test then says so and passes).
-fn fifo(name: &str) -> Option<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("teller-streams-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    let _ = std::fs::remove_file(&p);
+/// A fresh directory under the temp directory, removed (with what is in it) when dropped, so a
+/// run leaves nothing behind, failed assertions included.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("teller-streams-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // (a detached writer may still hold a FIFO open: unlinking it is fine on Unix)
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A FIFO in a fresh directory, with the guard that removes it (None where `mkfifo` is missing:
+/// the test then says so and passes).
+fn fifo(name: &str) -> Option<(Scratch, PathBuf)> {
+    let dir = Scratch::new(name);
+    let p = dir.0.join(name);
     match Command::new("mkfifo").arg(&p).status() {
-        Ok(s) if s.success() => Some(p),
+        Ok(s) if s.success() => Some((dir, p)),
         _ => {
             eprintln!("mkfifo not available: skipped");
             None
@@ -55,7 +74,7 @@ fn dev_zero_fails_at_its_first_byte() {
 
 #[test]
 fn a_trace_through_a_fifo_is_read_whole() {
-    let Some(p) = fifo("trace.json") else { return };
+    let Some((_dir, p)) = fifo("trace.json") else { return };
     let w = writer(p.clone(), TRACE.as_bytes().to_vec(), Duration::ZERO);
     let (t, _, _) = read_file(p.to_str().unwrap(), 0).unwrap();
     w.join().unwrap();
@@ -71,7 +90,7 @@ fn a_trace_through_a_fifo_is_read_whole() {
 
 #[test]
 fn a_stream_that_opens_with_no_trace_is_not_read_to_its_end() {
-    let Some(p) = fifo("junk") else { return };
+    let Some((_dir, p)) = fifo("junk") else { return };
     // 64 bytes that open nothing teller reads, and a writer that keeps the pipe open for 20 s: a
     // reader waiting for the end would wait that long
     let w = writer(p.clone(), vec![0u8; 64], Duration::from_secs(20));
@@ -90,7 +109,7 @@ fn a_short_head_that_stays_open_is_decided_on_what_arrived() {
         ("hello", b"hello".to_vec(), "not a Chrome trace"),
         ("zstd", vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0], "zstd-compressed"),
     ] {
-        let Some(p) = fifo(name) else { return };
+        let Some((_dir, p)) = fifo(name) else { return };
         let _w = writer(p.clone(), bytes, Duration::from_secs(20));
         let t0 = Instant::now();
         let e = read_file(p.to_str().unwrap(), 0).expect_err("an error").to_string();
@@ -105,7 +124,7 @@ fn a_short_head_that_stays_open_is_decided_on_what_arrived() {
 
 #[test]
 fn leading_whitespace_and_raw_streams_through_a_fifo() {
-    let Some(p) = fifo("ws.json") else { return };
+    let Some((_dir, p)) = fifo("ws.json") else { return };
     let mut spaced = vec![b' '; 5000];
     spaced.extend_from_slice(TRACE.as_bytes());
     let w = writer(p.clone(), spaced, Duration::ZERO);
@@ -113,7 +132,7 @@ fn leading_whitespace_and_raw_streams_through_a_fifo() {
     w.join().unwrap();
     let raw = fixture("gpu/h200_llama_tiny/raw/teller-vm-742-0.tmsgpack");
     let want = read_file(&raw, 0).unwrap().0.len();
-    let Some(p) = fifo("raw.tmsgpack") else { return };
+    let Some((_dir, p)) = fifo("raw.tmsgpack") else { return };
     let w = writer(p.clone(), std::fs::read(&raw).unwrap(), Duration::ZERO);
     assert_eq!(read_file(p.to_str().unwrap(), 0).unwrap().0.len(), want);
     w.join().unwrap();
@@ -121,9 +140,8 @@ fn leading_whitespace_and_raw_streams_through_a_fifo() {
 
 #[test]
 fn a_regular_file_reads_as_before() {
-    let dir = std::env::temp_dir().join(format!("teller-streams-{}-file", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("zeros.json");
+    let dir = Scratch::new("file");
+    let p = dir.0.join("zeros.json");
     std::fs::write(&p, vec![0u8; 1000]).unwrap();
     // a file is read whole (its size is known), and says the same as the stream did
     assert_eq!(read_input(p.to_str().unwrap()).unwrap().len(), 1000);
