@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -428,3 +429,63 @@ def test_encode_takes_one_trace_not_a_directory_of_traces(tmp_path):
     (run / "run.json").write_text("{}")
     enc = tok.encode(run)
     assert int(enc.offsets[-1]) == len(tok.encode(teller.trace.load(run / "raw", warn=False)).base_ids)
+
+
+def test_tokenizers_pickle_compare_and_refuse_what_a_mature_library_refuses(tmp_path):
+    """(from a review) A tokenizer pickles and deep-copies (worker processes, DataLoaders), compares
+    by content, and odd input gets a TellerError that says what is wrong: a negative token index
+    counts from the end, a float id is not truncated, hostile JSON, null fields, other specials, an
+    empty path, an empty corpus, a bare symbol where a path is read."""
+    import copy
+    import pickle
+
+    tok = teller.tpe.load(DATA / "tpe" / "golden_tokenizer")
+    back = pickle.loads(pickle.dumps(tok))
+    assert back == tok and back is not tok and copy.deepcopy(tok) == tok
+    assert back.encode([["kernel:gemm"]]).ids.tolist() == tok.encode([["kernel:gemm"]]).ids.tolist()
+    assert tok != teller.tpe.train([["a", "b", "a", "b"]], num_merges=1, min_frequency=1)
+    tr = teller.trace.load(TRACES / "mi250_rocm62_tiny.kineto.json.gz", warn=False)
+    e = tok.encode(tr)
+    assert pickle.loads(pickle.dumps(e)).ids.tolist() == e.ids.tolist()
+    assert e.token_events(-1).tolist() == e.token_events(len(e) - 1).tolist()
+    for k in (len(e), -len(e) - 1):
+        with pytest.raises(IndexError, match=f"token index {k} out of range"):
+            e.token_events(k)
+    with pytest.raises(TokenizerError, match="ids must be an array of integers"):
+        tok.encode_ids(np.array([18.9, 19.2]), np.array([0]))
+    with pytest.raises(TokenizerError, match="symbol id -1 out of range"):
+        tok.encode_ids(np.array([-1]), np.array([0]))
+    with pytest.raises(TokenizerError, match="token id -1 at index 1 is out of range"):
+        tok.decode([0, -1])
+    # hostile JSON: digits past Python's limit, nesting past the recursion limit
+    for name, text in (
+        ("digits", '{"format": "teller-tpe", "version": 1' + "0" * 5000 + "}"),
+        ("deep", "[" * 100_000 + "]" * 100_000),
+    ):
+        p = tmp_path / f"{name}.json"
+        p.write_text(text)
+        with pytest.raises(TokenizerError, match=f"^{p}: not valid JSON"):
+            teller.tpe.load(p)
+    good = tok.to_dict()
+    for key, bad, says in (
+        ("merges", None, "field 'merges' must be a JSON array, got null"),
+        ("base_vocab", None, "field 'base_vocab' must be a JSON array, got null"),
+        ("specials", ["x"], "field 'specials' is"),
+        ("base_vocab", ["a", *good["base_vocab"][1:]], "base_vocab must start with the specials"),
+    ):
+        with pytest.raises(TokenizerError, match=f"^f.json: {re.escape(says)}"):
+            teller.tpe.TPETokenizer.from_dict({**good, key: bad}, path="f.json")
+    for call in (
+        lambda: teller.tpe.load(""),
+        lambda: tok.save(""),
+        lambda: teller.trace.load(""),
+        lambda: tr.to_chrome(""),
+    ):
+        with pytest.raises(ConfigError, match="path is empty"):
+            call()
+    with pytest.raises(ConfigError, match="the corpus has no events"):
+        teller.tpe.train([[]], num_merges=0)
+    with pytest.raises(TellerFileNotFoundError, match=r"a symbol sequence must be given as a list"):
+        tok.encode("kernel:gemm")
+    with pytest.raises(ConfigError, match="symbol: name must be a string, got int"):
+        teller.trace.symbol("kernel", 5)  # type: ignore[arg-type]

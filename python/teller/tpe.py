@@ -123,6 +123,12 @@ class Encoding:
         """Trace event indices covered by token k (structural positions left out)."""
         if self.events is None:
             raise ValueError("this encoding was made from symbols, not from a trace")
+        n = len(self.ids)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"token index must be an integer, got {type(k).__name__}")
+        if not -n <= k < n:
+            raise IndexError(f"token index {k} out of range ({n} tokens)")
+        k = int(k) % n
         ev = self.events[self.offsets[k] : self.offsets[k + 1]]
         return ev[ev >= 0]
 
@@ -235,6 +241,15 @@ class TPETokenizer:
         if isinstance(x, Trace):
             return corpus_from_trace(x, self._close_layers())
         if isinstance(x, (str, os.PathLike)):
+            if isinstance(x, str) and not x:
+                raise ConfigError("encode: the path is empty")
+            if isinstance(x, str) and not _looks_like_path(x) and not os.path.exists(x):
+                # (a bare symbol: encode reads a string as a trace path)
+                raise TellerFileNotFoundError(
+                    f"{x}: no such file or directory: encode reads a string as a trace path; a symbol "
+                    f"sequence must be given as a list, encode([{x!r}, ...])",
+                    path=x,
+                )
             _check_one_trace(x)
             return corpus_from_trace(
                 load_trace(
@@ -296,8 +311,14 @@ class TPETokenizer:
     def encode_ids(self, ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Fast path: base ids (uint32, from ``symbol_ids``) and segment start offsets (int64) ->
         (token ids, token offsets [n_tokens + 1]). Parallel over segments, GIL released."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint32)
-        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        a = _int_array(ids, "ids")
+        o = _int_array(offsets, "offsets")
+        if a.size and (a.min() < 0 or a.max() > np.iinfo(np.uint32).max):
+            # (said as given: a -1 is not reported as the 4294967295 it would wrap to)
+            bad = int(a.min()) if a.min() < 0 else int(a.max())
+            raise TokenizerError(f"symbol id {bad} out of range (base vocabulary {self.base_size})")
+        ids = np.ascontiguousarray(a, dtype=np.uint32)
+        offsets = np.ascontiguousarray(o, dtype=np.int64)
         tokens, toffs, _seg = self._native.encode_ids(ids, offsets)
         return tokens, toffs
 
@@ -318,8 +339,10 @@ class TPETokenizer:
             )
         if a.size and a.dtype.kind in "iu" and (a.min() < 0 or a.max() > np.iinfo(np.uint32).max):
             # (checked before the cast: -1 would wrap to 4294967295 and be reported as that)
-            bad = int(a.min()) if a.min() < 0 else int(a.max())
-            raise TokenizerError(f"token id {bad} out of range (vocabulary {self.vocab_size})")
+            k = int(np.argmax((a < 0) | (a > np.iinfo(np.uint32).max)))
+            raise TokenizerError(
+                f"token id {int(a[k])} at index {k} is out of range (vocabulary size {self.vocab_size})"
+            )
         base = self._native.decode(np.ascontiguousarray(a, dtype=np.uint32))
         vocab = self.base_vocab
         return [vocab[i] for i in base.tolist()]
@@ -348,6 +371,8 @@ class TPETokenizer:
         """Write ``directory/tokenizer.json`` (atomically) and return its path."""
         if not isinstance(directory, (str, os.PathLike)):
             raise ConfigError(f"save takes a directory path, got {type(directory).__name__}")
+        if not os.fspath(directory):
+            raise ConfigError("save: the directory path is empty")
         d = Path(directory)
         if d.exists() and not d.is_dir():
             raise TellerIOError(
@@ -392,12 +417,25 @@ class TPETokenizer:
             ("settings", dict),
         ):
             v = d.get(key)
-            if v is not None and not isinstance(v, kind):
+            if (v is not None or (key in ("base_vocab", "merges") and key in d)) and not isinstance(v, kind):
                 raise TokenizerError(
                     f"{path}: field {key!r} must be a JSON {'object' if kind is dict else 'array'}, "
-                    f"got {type(v).__name__}",
+                    f"got {'null' if v is None else type(v).__name__}",
                     path=path,
                 )
+        sp = d.get("specials", list(SPECIALS))
+        if sp != list(SPECIALS):
+            raise TokenizerError(
+                f"{path}: field 'specials' is {json.dumps(sp)[:80]}, this teller's are {list(SPECIALS)}",
+                path=path,
+            )
+        bv = d.get("base_vocab")
+        if isinstance(bv, list) and tuple(bv[: len(SPECIALS)]) != SPECIALS:
+            raise TokenizerError(
+                f"{path}: base_vocab must start with the specials {list(SPECIALS)}, "
+                f"got {json.dumps(bv[: len(SPECIALS)])[:80]}",
+                path=path,
+            )
         bad = _check_saved_fields(d)
         if bad:
             raise TokenizerError(f"{path}: {bad}", path=path)
@@ -418,6 +456,30 @@ class TPETokenizer:
 
     def __repr__(self) -> str:
         return f"<teller.tpe.TPETokenizer base={self.base_size} vocab={self.vocab_size}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (pickled as its saved form, so it crosses to worker processes and deep-copies; the native
+        # merge tables are rebuilt from the merges on the other side)
+        return (_from_saved, (self.to_dict(),))
+
+    def __eq__(self, other: object) -> bool:
+        """The same tokenizer: vocabulary, merges and their counts, statistics and settings (what
+        ``save`` writes, the teller version aside)."""
+        if not isinstance(other, TPETokenizer):
+            return NotImplemented
+        return (
+            self.base_vocab == other.base_vocab
+            and self.merges == other.merges
+            and self.merge_counts == other.merge_counts
+            and all(np.array_equal(self.stats[k], other.stats[k]) for k in ("count", "mean", "std"))
+            and self.settings == other.settings
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # (equality by content, and the object is mutable)
+
+
+def _from_saved(d: dict[str, Any]) -> TPETokenizer:
+    return TPETokenizer.from_dict(d, path="<pickle>")
 
 
 def _check_saved_fields(d: dict[str, Any]) -> str | None:
@@ -950,6 +1012,9 @@ def train(
     if progress is not None and not callable(progress):
         raise ConfigError(f"progress must be a callable(done, total) or None, got {type(progress).__name__}")
     c = _source_corpus(source, names, close_layers, step_names, normalize)
+    if len(c.ids) == 0:
+        # (as train([]) is: a tokenizer of the fixed symbols alone would encode everything as [UNK])
+        raise ConfigError("nothing to train on: the corpus has no events")
     if len(c.names) and len(c.ids) and int(c.ids.max()) >= len(c.names):
         raise TokenizerError(f"symbol id {int(c.ids.max())} is out of range for {len(c.names)} names")
     counts = np.bincount(c.ids, minlength=len(c.names)) if len(c.ids) else np.zeros(len(c.names), np.int64)
@@ -1026,6 +1091,8 @@ def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenize
     teller's mean for it (:func:`normalization_note`; off in worker processes, whose parent said it)."""
     if not isinstance(directory, (str, os.PathLike)):
         raise ConfigError(f"tpe.load takes a directory or file path, got {type(directory).__name__}")
+    if not os.fspath(directory):
+        raise ConfigError("tpe.load: the path is empty")
     p = Path(directory)
     path = p / FILE_NAME if p.is_dir() else p
     try:
@@ -1046,8 +1113,11 @@ def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenize
         )
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{path}: not valid JSON: {e}", path=str(path)) from None
+    except (ValueError, RecursionError) as e:
+        # (JSONDecodeError and UnicodeDecodeError, and what json raises on hostile input: an integer
+        # past Python's digit limit, nesting past the recursion limit)
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise TokenizerError(f"{path}: not valid JSON: {why}", path=str(path)) from None
     except OSError as e:
         raise TellerIOError(
             f"{path}: cannot read: {e.strerror or e}", path=str(path), errno=e.errno

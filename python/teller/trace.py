@@ -451,6 +451,9 @@ def split_collector_notes(messages: Sequence[str]) -> tuple[list[str], list[str]
 
 def symbol(layer: str, name: str, normalize: dict[str, Any] | None = None) -> str:
     """The normalized symbol ``layer:canonical`` of an event name."""
+    for arg, v in (("layer", layer), ("name", name)):
+        if not isinstance(v, str):
+            raise ConfigError(f"symbol: {arg} must be a string, got {type(v).__name__}")
     return _native.symbol(layer, name, check_normalize(normalize))
 
 
@@ -489,6 +492,8 @@ def _utf8_path(p: Any) -> str:
     surrogate escapes) is refused with its name, not a UnicodeEncodeError from the binding."""
     if isinstance(p, bytes):
         raise ConfigError(f"paths must be str or os.PathLike, got bytes ({p!r})")
+    if p == "":
+        raise ConfigError("the path is empty")
     try:
         p.encode("utf-8")
     except UnicodeEncodeError:
