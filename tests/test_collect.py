@@ -715,3 +715,32 @@ def test_an_exit_code_above_128_is_not_a_signal(tmp_path):
     assert p.returncode == 137 and "(exit status 137)" in p.stderr and "killed" not in p.stderr
     p, _ = collect(tmp_path, "--no-convert", "--", "sh", "-c", "kill -9 $$")
     assert p.returncode == 137 and "killed by SIGKILL, exit status 137" in p.stderr
+
+
+def test_logs_that_cannot_be_written_do_not_stop_the_program(tmp_path):
+    """(from a review) A log write that fails (here a file-size limit; a full disk alike) killed the
+    copying thread: nobody read the program's pipe any more, the program blocked on it and teller
+    waited for good. The logs now stop where they failed, and the output is still copied whole."""
+    import resource
+
+    limit = 200 * 1024
+
+    def small_files():  # pragma: no cover - in the child
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    prog = "for i in range(20000): print('x' * 99)"
+    cmd = [sys.executable, "-m", "teller", "collect", "--no-convert", "--trace-dir", str(tmp_path / "traces")]
+    p = subprocess.run(
+        [*cmd, "--", sys.executable, "-c", prog],
+        capture_output=True,
+        timeout=120,
+        preexec_fn=small_files,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout) == 20000 * 100  # (a pipe: no size limit on teller's own output)
+    err = p.stderr.decode()
+    assert "the logs of the program's stdout are incomplete" in err and "File too large" in err, err
+    run = sorted((tmp_path / "traces").glob("run-*"))[-1]
+    assert json.loads((run / "run.json").read_text())["returncode"] == 0
+    assert (run / "log.txt").stat().st_size <= limit

@@ -270,6 +270,18 @@ MAX_LOG_LINE = 1 << 20
 DRAIN_S = 2.0
 
 
+@contextlib.contextmanager
+def _log_file(path: Path, mode: str, **kw: Any):  # type: ignore[no-untyped-def]
+    """A log file that is closed quietly: what could not be written (a full disk, a file-size limit)
+    is said by the copying thread, and must not end the run before run.json is written."""
+    f = open(path, mode, **kw)  # noqa: SIM115
+    try:
+        yield f
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            f.close()
+
+
 class _LogTee:
     """Copies a child's stream to our own, unchanged, and to log files with a timestamp per line.
 
@@ -293,6 +305,9 @@ class _LogTee:
         self.output_closed = False
         self.last_read = time.monotonic()  # (the drain after the program's exit waits while output flows)
         self.writing = False  # (in a write to our own output: a slow reader, not an idle pipe)
+        # why the logs stopped being written (a full disk, a file-size limit), or None: the program's
+        # output is still read and copied, so that it never blocks on a full pipe
+        self.log_error: str | None = None
         self.thread = threading.Thread(target=self._run, name=f"teller-tee-{name}", daemon=True)
 
     def _emit(self, lines: list[bytes]) -> None:
@@ -303,13 +318,23 @@ class _LogTee:
             # when one reader thread is scheduled late. It is the time teller read the line; the order
             # of stdout vs stderr lines written within a few microseconds is best effort (two pipes
             # carry no common sequence).
+            if self.log_error is not None:
+                return
             ts = time.monotonic_ns() + self.offset_ns
-            for line in lines:
-                # (log.txt holds the text: colour and cursor codes stay in stdout.log / stderr.log)
-                text = strip_escapes(line.decode("utf-8", "replace")).rstrip("\r")
-                self.log.write(f"{ts} {self.name} {text}\n")
-            self.log.flush()
+            try:
+                for line in lines:
+                    # (log.txt holds the text: colour and cursor codes stay in stdout.log / stderr.log)
+                    text = strip_escapes(line.decode("utf-8", "replace")).rstrip("\r")
+                    self.log.write(f"{ts} {self.name} {text}\n")
+                self.log.flush()
+            except (OSError, ValueError) as e:
+                self._log_failed("log.txt", e)
+                return
         self.lines += len(lines)
+
+    def _log_failed(self, what: str, e: BaseException) -> None:
+        if self.log_error is None:
+            self.log_error = f"{what}: {getattr(e, 'strerror', None) or e}"
 
     def _copy(self, chunk: bytes) -> None:
         """Write ``chunk`` to our own stream, whole; ``output_closed`` where it is gone."""
@@ -356,7 +381,7 @@ class _LogTee:
                 chunk = os.read(fd, 65536)
             except OSError as e:  # (a pseudo-terminal whose last writer closed it reads as EIO)
                 if e.errno != errno.EIO:
-                    raise
+                    self._log_failed(f"reading the program's {self.name}", e)
                 chunk = b""
             if not chunk:
                 break
@@ -365,7 +390,11 @@ class _LogTee:
             with self.lock:
                 if self.stop.is_set():
                     break
-                self.raw.write(chunk)
+                if self.log_error is None:
+                    try:
+                        self.raw.write(chunk)
+                    except (OSError, ValueError) as e:
+                        self._log_failed(f"{self.name}.log", e)
             nl = chunk.rfind(b"\n")
             if nl < 0:
                 pieces.append(chunk)
@@ -392,8 +421,11 @@ class _LogTee:
             with contextlib.suppress(OSError):
                 self.src.close()
         with self.lock:
-            if not self.stop.is_set():
-                self.raw.flush()
+            if not self.stop.is_set() and self.log_error is None:
+                try:
+                    self.raw.flush()
+                except (OSError, ValueError) as e:
+                    self._log_failed(f"{self.name}.log", e)
 
     def start(self) -> None:
         self.thread.start()
@@ -547,9 +579,9 @@ def collect(
     drain_end: str | None = None  # why the copying stopped early: "time" or "signal"
     try:
         with (
-            open(run_dir / "log.txt", "w", encoding="utf-8") as log,
-            open(run_dir / "stdout.log", "wb") as raw_out,
-            open(run_dir / "stderr.log", "wb") as raw_err,
+            _log_file(run_dir / "log.txt", "w", encoding="utf-8") as log,
+            _log_file(run_dir / "stdout.log", "wb") as raw_out,
+            _log_file(run_dir / "stderr.log", "wb") as raw_err,
         ):
             # (a signal already pending here, a Ctrl-C while the files were opened, never reached the
             # program, which starts after it: forwarded once it has started, whoever sent it)
@@ -749,6 +781,12 @@ def collect(
             f"no pseudo-terminal could be opened ({pty_error}): the program's output went through pipes "
             "(C stdio buffers stdout in blocks, and isatty() is false)"
         )
+    for t in tees:
+        if t.log_error is not None:
+            result.warnings.append(
+                f"the logs of the program's {t.name} are incomplete: {t.log_error} (its output was "
+                "still copied to teller's own, whole)"
+            )
     if drain_end == "time":
         result.warnings.append(
             "the program exited while a process it started still held its output: teller stopped "
@@ -763,11 +801,18 @@ def collect(
             f"(`{_convert_hint(run_dir)}` converts it)"
         )
     run["warnings"] = result.warnings
-    # written now, and again after the conversion: an interrupted conversion keeps the run's record
-    write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+    # written now, and again after the conversion: an interrupted conversion keeps the run's record.
+    # (A run.json that cannot be written, a full disk, is said; the program's exit status still stands.)
+    try:
+        write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+    except TellerError as e:
+        result.warnings.append(f"run.json not written: {e}")
+        return result
     if convert and not result.interrupted:
         try:
             _convert(run_dir, result)
+        except TellerError as e:  # (trace.json or summary.json not written: a full disk, say)
+            result.warnings.append(f"conversion failed: {e}")
         except KeyboardInterrupt:
             result.warnings.append(
                 f"interrupted while converting: {run_dir} keeps the raw files, logs and run.json "
@@ -776,7 +821,10 @@ def collect(
             result.interrupted = True
         run["trace_json"] = str(result.trace_json) if result.trace_json else None
         run["warnings"] = result.warnings
-        write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+        try:
+            write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+        except TellerError as e:
+            result.warnings.append(f"run.json not updated after the conversion: {e}")
     return result
 
 
