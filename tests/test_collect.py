@@ -744,3 +744,127 @@ def test_logs_that_cannot_be_written_do_not_stop_the_program(tmp_path):
     run = sorted((tmp_path / "traces").glob("run-*"))[-1]
     assert json.loads((run / "run.json").read_text())["returncode"] == 0
     assert (run / "log.txt").stat().st_size <= limit
+
+
+def test_builtin_torch_profile_under_torch_compile_fullgraph(tmp_path):
+    """(from a review) Dynamo traced into the wrapper of `Module._call_impl` and could not trace the
+    NVTX calls: `torch.compile(fullgraph=True)` failed, and without fullgraph every module call broke
+    the graph. Under compilation the wrapper now calls the function as it is; eager calls keep their
+    ranges."""
+    prog = write(
+        tmp_path,
+        "comp.py",
+        """
+        import torch
+        class Block(torch.nn.Module):  # (a user's module: Dynamo inlines its _call_impl, not torch's)
+            def __init__(self):
+                super().__init__()
+                self.l = torch.nn.Linear(4, 4)
+            def forward(self, x):
+                return self.l(x).relu()
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = Block(), Block()
+            def forward(self, x):
+                return self.b(self.a(x))
+        m = Net()
+        x = torch.randn(3, 4)
+        c = torch.compile(m, backend="eager", fullgraph=True)
+        y = c(x)  # (compiled before any eager call: no range of a module class made yet)
+        assert torch.allclose(y, m(x))  # eager: ranges
+        print("compiled ok", flush=True)
+        """,
+    )
+    p, run = collect(
+        tmp_path,
+        "--nvtx-json",
+        "torch",
+        "--",
+        sys.executable,
+        str(prog),
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "compiled ok" in p.stdout
+    n = names(T.load(run, warn=False))
+    # the compiled call: one range for the call into the compiled module, none inside; the eager
+    # call: every module
+    assert sorted(n) == ["Block", "Block", "Linear", "Linear", "Net", "OptimizedModule"], n
+
+
+def _fake_torch_without_nvtx(d: Path) -> None:
+    """A `torch` whose `torch.cuda.nvtx` is CPU torch's stub (it raises on use), and an `nvtx` that
+    is not installed."""
+    (d / "torch" / "cuda").mkdir(parents=True)
+    write(d, "torch/__init__.py", "")
+    write(d, "torch/cuda/__init__.py", "")
+    write(
+        d,
+        "torch/cuda/nvtx.py",
+        """
+        def range_push(msg):
+            raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
+        def range_pop():
+            raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
+        """,
+    )
+    write(d, "nvtx.py", "raise ImportError('no nvtx here')\n")
+
+
+def test_nvtx_json_with_a_torch_that_cannot_push_ranges_leaves_the_program_alone(tmp_path):
+    """(from a review) Without the `nvtx` package the hook took torch.cuda.nvtx, which CPU torch
+    has but which raises on every push: every wrapped call raised and the program died. It is now
+    tried once, and the program runs unwrapped with one message."""
+    _fake_torch_without_nvtx(tmp_path)
+    write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
+    prog = write(tmp_path, "app.py", "import mymod\nprint('sum', sum(mymod.f(i) for i in range(5)))\n")
+    groups = tmp_path / "g.json"
+    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0, p.stderr
+    assert "sum 15" in p.stdout
+    assert p.stderr.count("torch.cuda.nvtx cannot push ranges") == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
+    """(from a review) Another tool's hook placed before teller's on PYTHONPATH, which chain-loads the
+    next sitecustomize as teller's does, was loaded again by teller's: the two loaded each other
+    until the recursion limit."""
+    other = tmp_path / "other"
+    other.mkdir()
+    write(
+        other,
+        "sitecustomize.py",
+        """
+        import importlib.util, os, sys
+        print("other hook", file=sys.stderr, flush=True)
+        me = os.path.dirname(os.path.abspath(__file__))
+        for p in sys.path:
+            c = os.path.join(p or ".", "sitecustomize.py")
+            if os.path.abspath(p or ".") != me and os.path.isfile(c):
+                spec = importlib.util.spec_from_file_location("_other_chained", c)
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+                break
+        """,
+    )
+    write(tmp_path, "mymod.py", "def f():\n    return 1\n")
+    child = write(tmp_path, "child.py", "import mymod\nmymod.f()\nprint('child done')\n")
+    # the program starts a child with the other tool's hook put first on its path
+    prog = write(
+        tmp_path,
+        "app.py",
+        f"""
+        import os, subprocess, sys
+        env = dict(os.environ, PYTHONPATH={str(other)!r} + os.pathsep + os.environ["PYTHONPATH"])
+        subprocess.run([sys.executable, {str(child)!r}], env=env, check=True)
+        """,
+    )
+    groups = tmp_path / "g.json"
+    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0, p.stderr
+    assert "child done" in p.stdout
+    assert p.stderr.count("other hook") == 1 and "RecursionError" not in p.stderr, p.stderr
+    assert names(T.load(run, warn=False)).count("mymod.f") == 1

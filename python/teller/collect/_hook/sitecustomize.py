@@ -60,8 +60,15 @@ def _record(line: str) -> None:
 
 
 def _chain_load() -> None:
-    """Import the next sitecustomize on sys.path, if any (ours shadows it)."""
-    paths = [p for p in sys.path if os.path.abspath(p or ".") != _HOOK_DIR]
+    """Import the next sitecustomize on sys.path after ours, if any (ours shadows it). Only those
+    after ours: one before it is another tool's hook that chain-loads in turn, and loading it again
+    would make the two load each other without end."""
+    if getattr(sys, "_teller_chained", False):
+        return
+    sys._teller_chained = True  # type: ignore[attr-defined]
+    absolute = [os.path.abspath(p or ".") for p in sys.path]
+    after = absolute.index(_HOOK_DIR) + 1 if _HOOK_DIR in absolute else 0
+    paths = [p for p, a in zip(sys.path[after:], absolute[after:]) if a != _HOOK_DIR]  # noqa: B905 (3.9)
     for p in paths:
         cand = os.path.join(p or ".", "sitecustomize.py")
         if os.path.isfile(cand):
@@ -107,19 +114,63 @@ def _emitter():
         return pusher, popper
     except ImportError:
         pass
-    try:
-        from torch.cuda import nvtx as tnvtx  # type: ignore[import-not-found]
+    if importlib.util.find_spec("torch") is None:
+        return None
+    # torch.cuda.nvtx, imported when the first wrapped function runs (not at start-up in every
+    # process: importing torch takes seconds, and a program may set OMP_NUM_THREADS before it does),
+    # and tried once there: torch without CUDA has the module but says "NVTX functions not installed"
+    state: list = []
 
-        def pusher(message: str, domain: str | None, color: str | None):
-            return functools.partial(tnvtx.range_push, message if not domain else f"{domain}:{message}")
+    def resolve():
+        if not state:
+            state.append((_noop, _noop))  # (while importing: a wrapped call inside torch's import)
+            try:
+                from torch.cuda import nvtx as tnvtx  # type: ignore[import-not-found]
 
-        def popper(domain: str | None):
-            return tnvtx.range_pop
+                tnvtx.range_push("teller-probe")
+                tnvtx.range_pop()
+                state[0] = (tnvtx.range_push, tnvtx.range_pop)
+            except Exception as e:  # noqa: BLE001
+                _record("hook-off")
+                _warn(
+                    "--nvtx-json: the `nvtx` package is not installed and torch.cuda.nvtx cannot push "
+                    f"ranges ({e}); no ranges recorded (pip install nvtx)"
+                )
+        return state[0]
 
-        return pusher, popper
-    except Exception:  # noqa: BLE001
-        pass
+    def pusher(message: str, domain: str | None, color: str | None):
+        label = message if not domain else f"{domain}:{message}"
+        return lambda: resolve()[0](label)
+
+    def popper(domain: str | None):
+        return lambda: resolve()[1]()
+
+    return pusher, popper
+
+
+def _noop(*_args) -> None:
     return None
+
+
+# Whether torch.compile is tracing the caller (torch.compiler.is_compiling, once torch is imported):
+# a wrapped function then runs as it is, with no range. Dynamo reads the check as true and traces
+# the plain call; it cannot trace the NVTX calls (fullgraph=True failed, and without it every wrapped
+# module call broke the graph, so what ran was not the program's compiled graph).
+_compiling = _noop
+
+
+def _on_torch(module) -> None:
+    global _compiling
+    try:
+        fn = getattr(getattr(module, "compiler", None), "is_compiling", None)
+        if fn is None:  # (torch before 2.3)
+            import torch._dynamo as dynamo  # type: ignore[import-not-found]
+
+            fn = getattr(dynamo, "is_compiling", None)
+        if fn is not None:
+            _compiling = fn
+    except Exception as e:  # noqa: BLE001
+        _warn(f"--nvtx-json: torch.compiler.is_compiling not found ({e!r}): compiled code sees the ranges")
 
 
 _EMIT = None
@@ -207,17 +258,24 @@ def _wrap(
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            push()
+            if _compiling():
+                return fn(*args, **kwargs)
+            try:
+                push()
+            except Exception:  # noqa: BLE001 - never break the host: the call runs without a range
+                return fn(*args, **kwargs)
             try:
                 return fn(*args, **kwargs)
             finally:
-                pop()
+                _pop_quietly(pop)
 
     else:
         pushes: dict = {}  # class -> its label's push, for dynamic ({cls}) names
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            if _compiling():
+                return fn(*args, **kwargs)
             cls = (args[0] if by_class else type(args[0])) if args else None
             p = pushes.get(cls)
             if p is None:
@@ -226,14 +284,24 @@ def _wrap(
                 name = getattr(cls, "__name__", owner) if args else owner
                 label = label_fmt.format(module=module, qualname=qualname, function=function, cls=name)
                 p = pushes[cls] = pusher(label, domain, color)
-            p()
+            try:
+                p()
+            except Exception:  # noqa: BLE001 - never break the host: the call runs without a range
+                return fn(*args, **kwargs)
             try:
                 return fn(*args, **kwargs)
             finally:
-                pop()
+                _pop_quietly(pop)
 
     wrapper.__teller_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _pop_quietly(pop) -> None:
+    try:
+        pop()
+    except Exception:  # noqa: BLE001 - never break the host (nor replace what the call returned)
+        pass
 
 
 def _patch(module, groups) -> None:
@@ -409,6 +477,7 @@ def _install() -> None:
         _warn("--nvtx-json: neither the `nvtx` package nor torch.cuda.nvtx is importable; no ranges recorded")
         return
     _record("hook")
+    _after_import("torch", _on_torch)
     by_module: dict = {}
     for g in groups if isinstance(groups, list) else []:
         if isinstance(g, dict) and isinstance(g.get("module"), str) and isinstance(g.get("functions"), list):
