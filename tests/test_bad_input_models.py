@@ -233,3 +233,25 @@ def test_summarize_refuses_a_run_twice_and_names_directories_without_evaluations
     _one_line_error(
         _cli("results", "summarize", str(run), str(run), "-o", str(tmp_path / "o2")), "given twice"
     )
+
+
+def test_a_file_outside_any_run_given_as_checkpoint_is_named(runs, tmp_path) -> None:
+    """(from a review) A file given to --checkpoint was read as the directory around it: the
+    errors named `.`, or `DIR/config.json`, not the file given."""
+    from teller.models.diagnose import load_checkpoint_for_diagnosis
+    from teller.models.train import calibrate, load_checkpoint
+
+    f = tmp_path / "notes.txt"
+    f.write_text("hello\n")
+    says = f"{f}: a file, not a checkpoint: give a run directory of teller train"
+    for call in (
+        lambda: evaluate_any(f, None, "train"),
+        lambda: load_checkpoint(f),
+        lambda: calibrate(f),
+        lambda: load_checkpoint_for_diagnosis(f),
+    ):
+        with pytest.raises(ConfigError, match=f"^{says}"):
+            call()
+    _one_line_error(_cli("evaluate", "--checkpoint", str(f)), says)
+    # a run's own weights file still names the run
+    assert load_checkpoint(runs["mot"] / "model.safetensors")[1]["model"]

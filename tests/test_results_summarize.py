@@ -477,3 +477,16 @@ def test_evaluate_text_view_shows_brier_and_temperature() -> None:
     )
     text = c.export_text()
     assert "brier" in text and "0.120" in text and "temperature" in text and "1.700" in text
+
+
+def test_evaluation_files_given_one_by_one(tmp_path: Path) -> None:
+    """(from a review) An eval-*.json given itself was always refused as "given twice": the file
+    was recorded as the run, then found again as its own file. The same file twice, or a file and
+    its run directory, are still refused."""
+    a, b = _runs(tmp_path)
+    files = [a / "eval-test-mot.json", b / "eval-test-gbdt.json"]
+    text = summarize(files, tmp_path / "out")
+    assert "| mot | mot | test | 0.850 |" in text and "test_ood" not in text
+    for twice in ([files[0], files[0]], [a, files[0]], [files[0], a]):
+        with pytest.raises(ConfigError, match="given twice"):
+            summarize(twice, tmp_path / "out2")

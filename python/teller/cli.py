@@ -1542,7 +1542,9 @@ def calibrate_cmd(
     "summarize", short_help="Compare every evaluated model on every split: results.md, results.json, plots."
 )
 def results_summarize_cmd(
-    runs: Annotated[list[str], typer.Argument(help="Run directories holding eval-*.json files.")],
+    runs: Annotated[
+        list[str], typer.Argument(help="Run directories holding eval-*.json files, or eval-*.json files.")
+    ],
     output: Annotated[str, typer.Option("--output", "-o", help="Output directory.")] = "output",
 ) -> None:
     """Compare every model on every evaluated split: OUTPUT/results.md (the main table; F1 per fault

@@ -115,6 +115,9 @@ def evaluate_any(
         raise TellerFileNotFoundError(
             f"{p}: no such checkpoint (a run directory of teller train)", path=str(p)
         )
+    from teller.models.train import refuse_a_file_as_checkpoint
+
+    refuse_a_file_as_checkpoint(p)
     cfgp = (p if p.is_dir() else p.parent) / "config.json"
     if not cfgp.is_file():
         raise TellerFileNotFoundError(f"{cfgp}: no checkpoint configuration", path=str(cfgp))
@@ -639,7 +642,7 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
         if not files:
             empty.append(str(p))
         for f in files:
-            if f.resolve() in seen:
+            if f is not p and f.resolve() in seen:  # (a file given itself is recorded above)
                 raise ConfigError(
                     f"{f}: given twice (also in {seen[f.resolve()]}); name each run once", path=str(f)
                 )

@@ -700,6 +700,18 @@ def _stopped_short(run: Path, cfg: dict[str, Any]) -> bool:
     return done < epochs
 
 
+def refuse_a_file_as_checkpoint(p: Path) -> None:
+    """A ConfigError naming ``p`` where it is a file outside any run directory (no config.json beside
+    it) and not a weights file: the directory around it was named instead (``.``, ``DIR/config.json``)."""
+    if not p.is_file() or p.suffix == ".safetensors" or (p.parent / "config.json").is_file():
+        return  # (a file of a run: the run's own checks say what it is)
+    raise ConfigError(
+        f"{p}: a file, not a checkpoint: give a run directory of teller train (model.safetensors + "
+        "config.json)",
+        path=str(p),
+    )
+
+
 def load_checkpoint(
     checkpoint: str | Path, device: str = "cpu", *, calibrated: bool = True
 ) -> tuple[RCAModel, dict[str, Any]]:
@@ -720,6 +732,7 @@ def load_checkpoint(
         else:
             hint = "give a run directory of teller train (model.safetensors + config.json)"
         raise ConfigError(f"{p}: a JSON file, not a checkpoint: {hint}", path=str(p))
+    refuse_a_file_as_checkpoint(p)
     cfg_path = run / "config.json"
     if not weights.is_file() or not cfg_path.is_file():
         raise TellerFileNotFoundError(
@@ -1612,6 +1625,7 @@ def _calibrate(
     A damaged ``calibration`` does not stop either: it is what they replace."""
     p = Path(checkpoint)
     run = p if p.is_dir() else p.parent
+    refuse_a_file_as_checkpoint(p)
     if not p.is_dir() and p.exists() and p.name != "model.safetensors":
         raise ConfigError(
             f"{p}: a run's temperature describes its model.safetensors (the weights val chose): pass the "
