@@ -868,3 +868,29 @@ def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
     assert "child done" in p.stdout
     assert p.stderr.count("other hook") == 1 and "RecursionError" not in p.stderr, p.stderr
     assert names(T.load(run, warn=False)).count("mymod.f") == 1
+
+
+def test_a_profile_name_beside_a_directory_of_that_name_is_the_profile(tmp_path, monkeypatch):
+    """(from a review) In a vllm checkout `--nvtx-json vllm` was refused as "a directory"."""
+    from teller.collect.launcher import PROFILE_DIR, resolve_nvtx_json
+    from teller.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vllm").mkdir()
+    assert resolve_nvtx_json("vllm") == PROFILE_DIR / "vllm.json"
+    with pytest.raises(ConfigError, match="a directory, not an --nvtx-json file"):
+        resolve_nvtx_json("./vllm")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_program_stopped_by_a_signal_stops_teller_by_it(tmp_path, sig):
+    """(from a review) teller exited 130 where the program died of SIGINT: a shell loop around
+    `teller collect` went on after Ctrl-C (bash stops only after a child killed by SIGINT). teller
+    now ends by the program's SIGINT, SIGTERM or SIGHUP once the run is written; other signals (a
+    crash) stay exit codes."""
+    code = f"import os, signal; print('before', flush=True); os.kill(os.getpid(), {int(sig)})"
+    p, run = collect(tmp_path, "--", sys.executable, "-c", code)
+    assert p.returncode == -sig, (p.returncode, p.stderr)
+    assert "before" in p.stdout and f"killed by {signal.Signals(sig).name}" in p.stderr
+    info = json.loads((run / "run.json").read_text())
+    assert info["exit_signal"] == sig and info["returncode"] == 128 + sig

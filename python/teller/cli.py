@@ -771,7 +771,31 @@ def _collect(
     err_console.print(
         f"[bold]teller:[/] run directory: {res.run_dir} ({status})", highlight=False, soft_wrap=True
     )
+    global _DIE_BY
+    import signal
+
+    if res.exit_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # the program was stopped by one: teller ends by it too once all is written (main), as the
+        # program would alone, so that a shell loop around `teller collect` stops on Ctrl-C (bash
+        # goes on after a child that exits 130 and stops after one killed by SIGINT)
+        _DIE_BY = res.exit_signal
     raise typer.Exit(130 if res.interrupted else res.returncode)
+
+
+# the signal that stopped the collected program, which `main` ends teller with (collect_cmd)
+_DIE_BY: int | None = None
+
+
+def _die_by_signal(sig: int) -> None:
+    import signal
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
 
 
 _ctx = {"allow_interspersed_args": False}
@@ -1689,6 +1713,10 @@ def main() -> None:
     warnings.showwarning = _show_warning
     try:
         app()
+    except SystemExit:
+        if _DIE_BY is not None:
+            _die_by_signal(_DIE_BY)
+        raise
     except BrokenPipeError:  # e.g. `teller trace summary x | head`
         _stdout_gone()
         sys.exit(1)

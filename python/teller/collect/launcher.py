@@ -126,10 +126,12 @@ def builtin_profiles() -> list[str]:
 def resolve_nvtx_json(spec: str) -> Path:
     """A path to a groups file, or the name of a built-in profile (``torch``, ``transformers``, ``vllm``)."""
     p = Path(spec)
+    builtin = PROFILE_DIR / f"{spec}.json"
+    if not p.is_file() and os.sep not in spec and builtin.is_file():
+        # (a bare profile name is the profile, also beside a directory of that name: a vllm checkout)
+        p = builtin
     if p.is_dir():
         raise ConfigError(f"{p}: a directory, not an --nvtx-json file (a JSON list of groups)", path=str(p))
-    if not p.is_file() and (PROFILE_DIR / f"{spec}.json").is_file():
-        p = PROFILE_DIR / f"{spec}.json"
     if p.is_file():
         try:
             groups = json.loads(p.read_text(encoding="utf-8"))
