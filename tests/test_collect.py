@@ -894,3 +894,37 @@ def test_a_program_stopped_by_a_signal_stops_teller_by_it(tmp_path, sig):
     assert "before" in p.stdout and f"killed by {signal.Signals(sig).name}" in p.stderr
     info = json.loads((run / "run.json").read_text())
     assert info["exit_signal"] == sig and info["returncode"] == 128 + sig
+
+
+def test_concurrent_shim_builds_share_one_build(tmp_path):
+    """(from a review) Builders on a fresh cache (`srun -n 8 teller collect ...`) removed each
+    other's directories (a temporary name by pid alone; rmtree then rename): a lock per build key now
+    lets one build and the others take its library; a forced rebuild replaces it whole."""
+    env = {**os.environ, "TELLER_CACHE_DIR": str(tmp_path / "cache")}
+    code = "from teller.collect import shim; print(shim.build(quiet=False))"  # ("built ..." by a builder)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e.decode() for _, e in outs]
+    lines = [o.decode().splitlines() for o, _ in outs]
+    assert sum(1 for ls in lines for x in ls if x.startswith("built ")) == 1, lines  # (one build)
+    libs = {ls[-1] for ls in lines}
+    assert len(libs) == 1 and Path(libs.pop()).is_file()
+    root = tmp_path / "cache" / "shim"
+    built = [d for d in root.iterdir() if d.is_dir()]
+    assert len(built) == 1, sorted(root.iterdir())  # (no temporary directory left behind)
+    before = (built[0] / "build.json").stat().st_mtime_ns
+    forced = subprocess.run(
+        [sys.executable, "-c", "from teller.collect import shim; print(shim.build(force=True))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert [d for d in root.iterdir() if d.is_dir()] == built
+    assert (built[0] / "build.json").stat().st_mtime_ns != before

@@ -7,12 +7,14 @@ them changes. ``teller collect --so LIB`` uses a prebuilt library instead.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,25 +92,9 @@ def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], An
     return src, include_dirs, info, build_key(src, include_dirs, info.cupti_version)
 
 
-def build(
-    cuda_home: str | os.PathLike[str] | None = None, *, force: bool = False, quiet: bool = True
-) -> Path:
-    """Build (or reuse) the shim; returns the path of the library."""
-    src, include_dirs, info, key = _plan(cuda_home)
-    if info.notes:  # ($CUDA_HOME set aside: said once, where the headers are chosen for a build)
-        import warnings
-
-        from teller.errors import TellerWarning
-
-        for n in info.notes:
-            warnings.warn(n, TellerWarning, stacklevel=2)
-    out_dir = cache_root() / key
-    lib = out_dir / LIB_NAME
-    if lib.is_file() and not force:
-        return lib
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _compile(src: Path, include_dirs: list[str], info: Any, key: str) -> tuple[Any, Path]:
+    """Build into a fresh temporary directory of the cache; (the build's process result, the directory)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=cache_root()))
     env = dict(os.environ, TELLER_CUDA_INCLUDE=":".join(include_dirs), PYTHON=sys.executable)
     p = subprocess.run(["bash", str(src / "build.sh"), str(tmp)], env=env, capture_output=True, text=True)
     if p.returncode != 0 or not (tmp / LIB_NAME).is_file():
@@ -126,9 +112,51 @@ def build(
         "compiler": _cc_version(),
     }
     (tmp / "build.json").write_text(json.dumps(meta, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    return p, tmp
+
+
+def build(
+    cuda_home: str | os.PathLike[str] | None = None, *, force: bool = False, quiet: bool = True
+) -> Path:
+    """Build (or reuse) the shim; returns the path of the library."""
+    src, include_dirs, info, key = _plan(cuda_home)
+    if info.notes:  # ($CUDA_HOME set aside: said once, where the headers are chosen for a build)
+        import warnings
+
+        from teller.errors import TellerWarning
+
+        for n in info.notes:
+            warnings.warn(n, TellerWarning, stacklevel=2)
+    out_dir = cache_root() / key
+    lib = out_dir / LIB_NAME
+    if lib.is_file() and not force:
+        return lib
+    try:
+        cache_root().mkdir(parents=True, exist_ok=True)
+        lock = open(cache_root() / f"{key}.lock", "a")  # noqa: SIM115 (held until the build is in place)
+    except OSError as e:
+        raise ShimBuildError(f"{cache_root()}: cannot write the shim cache: {e.strerror or e}") from None
+    # One build per key at a time (`srun -n 8 teller collect ...` on a fresh cache): the others wait
+    # for it and take its library; a temporary directory of its own per builder (not named by pid
+    # alone: two nodes sharing an NFS home may have the same pid)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.is_file() and not force:
+            return lib
+        p, tmp = _compile(src, include_dirs, info, key)
+        try:
+            if out_dir.exists():
+                # (moved aside, then removed: the path never names half a directory, and a program
+                # that has loaded the old library keeps its mapping)
+                old = Path(tempfile.mkdtemp(prefix=f"{key}.old-", dir=cache_root()))
+                os.replace(out_dir, old / "lib")
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, out_dir)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ShimBuildError(
+                f"{out_dir}: cannot put the built shim in place: {e.strerror or e}"
+            ) from None
     if not quiet:
         print(p.stdout, end="")
     return lib
