@@ -325,3 +325,21 @@ def test_not_a_raw_file_is_named_as_such(tmp_path):
         with pytest.raises(TraceFormatError) as e:
             T.load(p)
         assert str(e.value).startswith(f"{p}: ") and reason in str(e.value), str(e.value)
+
+
+def test_a_string_that_is_not_utf8_is_read_lossily_and_said(tmp_path):
+    """(from a review) One string in another encoding (a Latin-1 file name in argv, an NVTX message)
+    failed the whole file, and so the whole run's conversion: it now reads with U+FFFD, and a
+    warning says how many strings."""
+    p = tmp_path / "a.tmsgpack"
+    with RawWriter(p, pid=7, host="node1", argv=["python", "cafe_argv.py"], clock_sync=(MONO0, REAL0)) as w:
+        r = w.begin("annotation", "cafe_step", tid=7, ts=MONO0 + 1000)
+        w.end(r, tid=7, ts=MONO0 + 2000)
+    data = p.read_bytes()
+    for word in (b"cafe_step", b"cafe_argv"):  # (same length: the MessagePack headers stay right)
+        assert data.count(word) == 1
+        data = data.replace(word, word[:3] + b"\xe9" + word[4:])
+    p.write_bytes(data)
+    with pytest.warns(UserWarning, match=r"2 string\(s\) not valid UTF-8"):
+        tr = T.load(p)
+    assert [tr.name_of(i) for i in range(len(tr))] == ["caf\ufffd_step"]

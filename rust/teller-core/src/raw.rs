@@ -22,7 +22,8 @@ pub enum MVal<'a> {
     Int(i64),
     UInt(u64),
     Float(f64),
-    Str(&'a str),
+    // (borrowed from the file; owned only where its bytes were not UTF-8 and were read lossily)
+    Str(std::borrow::Cow<'a, str>),
     Bin(&'a [u8]),
     Array(Vec<MVal<'a>>),
     Map(Vec<(MVal<'a>, MVal<'a>)>),
@@ -40,6 +41,9 @@ enum DErr {
 struct Dec<'a> {
     b: &'a [u8],
     p: usize,
+    /// Strings whose bytes were not UTF-8, read with U+FFFD in place of the bad bytes: one file's
+    /// stray argv byte or NVTX message must not cost the whole run its trace (said as a warning).
+    lossy: usize,
 }
 
 impl<'a> Dec<'a> {
@@ -76,7 +80,7 @@ impl<'a> Dec<'a> {
             0xe0..=0xff => MVal::Int((t as i8) as i64),
             0x80..=0x8f => self.map((t & 0x0f) as usize, depth)?,
             0x90..=0x9f => self.array((t & 0x0f) as usize, depth)?,
-            0xa0..=0xbf => self.str((t & 0x1f) as usize, at)?,
+            0xa0..=0xbf => self.str((t & 0x1f) as usize)?,
             0xc0 => MVal::Nil,
             0xc2 => MVal::Bool(false),
             0xc3 => MVal::Bool(true),
@@ -121,15 +125,15 @@ impl<'a> Dec<'a> {
             }
             0xd9 => {
                 let n = self.be(1)? as usize;
-                self.str(n, at)?
+                self.str(n)?
             }
             0xda => {
                 let n = self.be(2)? as usize;
-                self.str(n, at)?
+                self.str(n)?
             }
             0xdb => {
                 let n = self.be(4)? as usize;
-                self.str(n, at)?
+                self.str(n)?
             }
             0xdc => {
                 let n = self.be(2)? as usize;
@@ -150,11 +154,15 @@ impl<'a> Dec<'a> {
             0xc1 => return Err(DErr::Bad(at, "invalid MessagePack byte 0xc1".into())),
         })
     }
-    fn str(&mut self, n: usize, at: usize) -> std::result::Result<MVal<'a>, DErr> {
+    fn str(&mut self, n: usize) -> std::result::Result<MVal<'a>, DErr> {
         let s = self.take(n)?;
-        std::str::from_utf8(s)
-            .map(MVal::Str)
-            .map_err(|_| DErr::Bad(at, "string is not valid UTF-8".into()))
+        Ok(MVal::Str(match std::str::from_utf8(s) {
+            Ok(x) => std::borrow::Cow::Borrowed(x),
+            Err(_) => {
+                self.lossy += 1;
+                String::from_utf8_lossy(s)
+            }
+        }))
     }
     fn array(&mut self, n: usize, depth: usize) -> std::result::Result<MVal<'a>, DErr> {
         if n > self.b.len() - self.p {
@@ -268,6 +276,7 @@ pub fn looks_like_raw(b: &[u8]) -> bool {
     let mut d = Dec {
         b: &b[..b.len().min(64)],
         p: 0,
+        lossy: 0,
     };
     let first = match d.u8() {
         Ok(x) => x,
@@ -354,7 +363,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // Pass 1: decode records (borrowing), find the header and the string table.
     let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
     let mut warnings = Vec::new();
-    let mut d = Dec { b, p: 0 };
+    let mut d = Dec { b, p: 0, lossy: 0 };
     while d.p < b.len() {
         if b[d.p] == 0 {
             // zero padding (pre-allocated, not yet written space)
@@ -452,6 +461,14 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 return Err(fe(off, idx, msg));
             }
         }
+    }
+
+    if d.lossy > 0 {
+        warnings.push(format!(
+            "{path}: {} string(s) not valid UTF-8 (an argument, a thread name or an NVTX message in \
+             another encoding): read with U+FFFD in place of the bad bytes",
+            d.lossy
+        ));
     }
 
     let mut t = Trace::new();
