@@ -572,3 +572,20 @@ def test_a_step_range_nested_in_another_is_not_a_step_of_its_own(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": evs}))
     tr = T.load(tmp_path / "t.json", warn=False)
     assert len(tr.steps()) == 1 and tr.step.tolist() == [0, 0, 0, 0]
+
+
+def test_unrelated_captures_merged_onto_one_timeline_are_said(tmp_path):
+    """(from a review) A directory of unrelated profiles loaded as one trace (5 GPUs of 4 kinds,
+    a 5-year span) said nothing: sources far apart in time now get a warning; sources of one time
+    (ranks of one capture) do not."""
+    import glob
+    import shutil
+
+    files = sorted(glob.glob(str(TRACES / "*.json.gz")))
+    with pytest.warns(UserWarning, match=r"5 sources merged onto one timeline fall 5 groups apart in time"):
+        tr = T.load(files)
+    assert any("groups apart in time" in w for w in tr.warnings)
+    assert any("groups apart in time" in w for w in tr.summary()["warnings"])
+    a = TRACES / "a100_nccl_2rank.kineto.json.gz"
+    b = shutil.copy(a, tmp_path / "rank1.json.gz")
+    assert not any("apart in time" in w for w in T.load([a, b], warn=False).warnings)

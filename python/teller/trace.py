@@ -206,7 +206,12 @@ class Trace:
 
     @property
     def warnings(self) -> list[str]:
-        return self._n.warnings()
+        w = self._n.warnings()
+        return [*w, self._apart] if self._apart else w
+
+    @cached_property
+    def _apart(self) -> str | None:
+        return _sources_apart(self)
 
     @property
     def sources(self) -> list[dict[str, Any]]:
@@ -373,7 +378,10 @@ class Trace:
 
     def summary(self, top: int = 10) -> dict[str, Any]:
         """Counts per layer and category, the ``top`` (>= 0) kernels, GPU busy/idle, steps, warnings."""
-        return self._n.summary(min(_int_arg(top, "top", 0), sys.maxsize))
+        s = self._n.summary(min(_int_arg(top, "top", 0), sys.maxsize))
+        if self._apart and isinstance(s.get("warnings"), list):
+            s["warnings"] = [*s["warnings"], self._apart]
+        return s
 
 
 def load(
@@ -415,6 +423,49 @@ def load(
         for w in split_collector_notes(tr.warnings)[1]:
             warnings.warn(w, TellerWarning, stacklevel=2)
     return tr
+
+
+# Sources further apart in time than this (and than the longest of them lasts) are not processes or
+# ranks of one capture: a directory of unrelated profiles read as one (it gave a 5-year "span")
+_APART_NS = 600 * 10**9
+
+
+def _sources_apart(tr: Trace) -> str | None:
+    """What to say where a trace's sources fall into groups far apart in time, or None."""
+    srcs = tr.sources
+    if len(srcs) < 2 or len(tr) == 0:
+        return None
+    sid = tr.source.astype(np.int64)
+    lo = np.full(len(srcs), np.iinfo(np.int64).max)
+    hi = np.full(len(srcs), np.iinfo(np.int64).min)
+    np.minimum.at(lo, sid, tr.ts)
+    np.maximum.at(hi, sid, tr.end)
+    have = lo <= hi  # (a source with no events has no time)
+    if have.sum() < 2:
+        return None
+    order = np.argsort(lo[have])
+    a, b = lo[have][order], hi[have][order]
+    longest = int((b - a).max())
+    reach = np.maximum.accumulate(b)
+    gaps = a[1:] - reach[:-1]
+    big = gaps > max(_APART_NS, longest)
+    if not big.any():
+        return None
+    k = int(np.argmax(gaps))
+    names = [srcs[i]["path"] for i in np.flatnonzero(have)[order]]
+    return (
+        f"{len(names)} sources merged onto one timeline fall {int(big.sum()) + 1} groups apart in time "
+        f"({_human_span(int(gaps[k]))} between {names[k]} and {names[k + 1]}): they are read as the "
+        "processes or ranks of one capture; load each capture on its own to read it as one"
+    )
+
+
+def _human_span(ns: int) -> str:
+    s = ns / 1e9
+    for unit, n in (("days", 86400), ("h", 3600), ("min", 60)):
+        if s >= n:
+            return f"{s / n:.1f} {unit}"
+    return f"{s:.1f} s"
 
 
 def _from_snapshot(data: bytes, load_options: dict[str, Any]) -> Trace:
