@@ -341,6 +341,10 @@ def test_cli_train_errors_are_one_line(data, tmp_path) -> None:
             ["--output-dir", str(ck), "--config", "demo", "--resume"],
             "state.pt: not a readable training state",
         ),
+        # (from a review) a value given as an option is named as that option, not its config key
+        (["--epochs", "0", "--output-dir", str(tmp_path / "o")], "error: --epochs must be >= 1, got 0"),
+        (["--device", "tpu", "--output-dir", str(tmp_path / "o")], "error: --device: 'tpu' is not"),
+        (["--modalities", "x", "--output-dir", str(tmp_path / "o")], "error: --modalities: 'x' is not"),
     ):
         r = subprocess.run([*cli, *args], env=env, capture_output=True, text=True)
         assert r.returncode == 2 and msg in r.stderr, r.stderr

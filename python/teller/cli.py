@@ -1305,6 +1305,17 @@ def _train_model(
                 extra_train=extra_train or (),
             )
     except TellerError as e:
+        # a value given on the command line is named as its option (`--epochs`), not as the
+        # configuration key it overrides (`train.epochs`)
+        given = {k for k, v in overrides.items() if v is not None}
+        for key, section in (
+            ("epochs", "train"),
+            ("seed", "train"),
+            ("device", "train"),
+            ("modalities", "model"),
+        ):
+            if key in given and str(e).startswith(f"{section}.{key}"):
+                e.args = (f"--{key}" + str(e)[len(section) + 1 + len(key) :], *e.args[1:])
         raise _fail(e) from None
     except KeyboardInterrupt:
         # (training saves a whole epoch at a time: what is in OUT is the last finished one)
