@@ -487,5 +487,7 @@ def test_tokenizers_pickle_compare_and_refuse_what_a_mature_library_refuses(tmp_
         teller.tpe.train([[]], num_merges=0)
     with pytest.raises(TellerFileNotFoundError, match=r"a symbol sequence must be given as a list"):
         tok.encode("kernel:gemm")
+    with pytest.raises(ConfigError, match="names= goes with the fast path"):
+        teller.tpe.train([["a", "b"]], num_merges=0, names=["a", "b"])
     with pytest.raises(ConfigError, match="symbol: name must be a string, got int"):
         teller.trace.symbol("kernel", 5)  # type: ignore[arg-type]

@@ -847,6 +847,12 @@ def _source_corpus(
         if names is None:
             raise ConfigError("train((ids, offsets), names=...) needs the list of symbol names the ids index")
         return _fast_path_corpus(ids, offsets, list(names))
+    if names is not None:
+        # (the other sources carry their symbols' names: a names= given with them was dropped unsaid)
+        raise ConfigError(
+            "names= goes with the fast path train((ids, offsets), names=...); traces and symbol "
+            "sequences carry their own symbol names"
+        )
     if isinstance(source, Corpus):
         return source
     if isinstance(source, Trace):
