@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import threading
@@ -684,3 +685,32 @@ def test_writing_to_our_own_stdout_shares_its_position(tmp_path, sample):
     text = out.read_text()
     assert text.startswith("before\nPY\n{") and text.endswith("}\nafter\nLINK\n"), text[:80] + text[-80:]
     assert json.loads(text[len("before\nPY\n") : -len("after\nLINK\n")])["traceEvents"]
+
+
+def test_teller_own_directories_are_named_when_read_as_a_capture(tmp_path):
+    """(from a review) A checkpoint, shards or tokenizer directory given where a capture goes said
+    "config.json: at byte 0: not a Chrome trace": what the directory is, and where it goes, now."""
+    from teller.errors import TraceFormatError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {}}))
+    (run / "model.safetensors").write_bytes(b"\0" * 8)
+    shards = tmp_path / "tok"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"format": "teller-shards"}))
+    tok = tmp_path / "tpe"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps({"format": "teller-tpe"}))
+    runs = tmp_path / "traces"
+    (runs / "run-1").mkdir(parents=True)
+    (runs / "run-1" / "run.json").write_text("{}")
+    (runs / "run-1" / "trace.json").write_text('{"traceEvents": []}')
+    for d, says in (
+        (run, "a run directory of teller train, not a capture (give it as --checkpoint)"),
+        (shards, "tokenized shards of teller tokenize, not a capture"),
+        (tok, "a TPE tokenizer directory of teller tpe train, not a capture"),
+        (runs, "a directory of 1 collected run(s) of teller collect, not one capture: give one run"),
+    ):
+        with pytest.raises(TraceFormatError, match=f"^{d}: {re.escape(says)}"):
+            trace.load(d)

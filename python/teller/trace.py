@@ -11,6 +11,7 @@ name is ``tr.strings[tr.name[i]]``; its normalized symbol is ``tr.symbols[tr.sym
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 import os
 import sys
@@ -18,12 +19,13 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from teller import _native
-from teller.errors import ConfigError, EmptyTraceError, TellerIOError, TellerWarning
+from teller.errors import ConfigError, EmptyTraceError, TellerIOError, TellerWarning, TraceFormatError
 
 LAYER_NAMES: tuple[str, ...] = tuple(_native.LAYER_NAMES)
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = tuple(_native.DEFAULT_STEP_PATTERNS)
@@ -406,7 +408,15 @@ def load(
     opts = {"step_names": step_patterns(step_names), "normalize": check_normalize(normalize)}
     try:
         native = _native.load(plist, opts["step_names"], opts["normalize"])
-    except EmptyTraceError as e:
+    except TraceFormatError as e:
+        # (one of teller's own directories: its JSON files are not traces, and the error said so of
+        # the first one; what the directory is, and where it goes, helps more)
+        for d in plist:
+            kind = _teller_directory(d)
+            if kind is not None:
+                raise TraceFormatError(f"{d}: {kind}", path=d) from None
+        if not isinstance(e, EmptyTraceError):
+            raise
         sample = _dataset_sample(e.path)
         if sample is None:
             raise
@@ -473,6 +483,38 @@ def _from_snapshot(data: bytes, load_options: dict[str, Any]) -> Trace:
     tr = Trace(_native.from_snapshot(data))
     tr.load_options = dict(load_options)
     return tr
+
+
+def _teller_directory(path: str) -> str | None:
+    """What one of teller's own output directories is (a training run, tokenized shards, a TPE
+    tokenizer, a directory of collected runs), or None."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+
+    def fmt(name: str) -> Any:
+        try:
+            d = json.loads((p / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return d.get("format") if isinstance(d, dict) else None
+
+    if (p / "model.safetensors").is_file() or str(fmt("config.json") or "").startswith("teller-"):
+        return "a run directory of teller train, not a capture (give it as --checkpoint)"
+    if fmt("manifest.json") == "teller-shards":
+        return "tokenized shards of teller tokenize, not a capture"
+    if fmt("tokenizer.json") == "teller-tpe":
+        return "a TPE tokenizer directory of teller tpe train, not a capture"
+    try:
+        runs = [c for c in p.iterdir() if c.is_dir() and (c / "run.json").is_file()]
+    except OSError:
+        return None
+    if runs:
+        return (
+            f"a directory of {len(runs)} collected run(s) of teller collect, not one capture: give one "
+            f"run, e.g. {sorted(runs)[0]}"
+        )
+    return None
 
 
 def _dataset_sample(path: str | None) -> str | None:

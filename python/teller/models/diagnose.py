@@ -53,8 +53,12 @@ def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
         # a sample directory (docs/dataset.md) without its trace: not a directory of loose traces
         raise TellerFileNotFoundError(f"{path}: a sample directory without its trace.json", path=str(t))
     from teller import tpe
-    from teller.trace import _dataset_sample
+    from teller.errors import TraceFormatError
+    from teller.trace import _dataset_sample, _teller_directory
 
+    kind = _teller_directory(str(path))
+    if kind is not None:  # (a run, shards, a tokenizer: their JSON files are not traces)
+        raise TraceFormatError(f"{path}: {kind}", path=str(path))
     sample = _dataset_sample(str(path))
     if sample is not None:
         # (its samples' traces merged into one capture would be diagnosed as one: a wrong answer)
