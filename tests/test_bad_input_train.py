@@ -288,6 +288,13 @@ def test_a_bad_configuration_mapping_and_options_are_refused_up_front(data, tmp_
     with pytest.raises(TellerFileNotFoundError, match="no such configuration file"):
         load_config(tmp_path / "missing.yaml", "demo")
     assert load_config("demo", "mot")["model"]["d_model"] == 32  # (a shipped name still works)
+    # (from a review) a path is a path: a directory, or a name with a directory part, is not taken
+    # for a shipped configuration's name
+    (tmp_path / "emptydir").mkdir()
+    with pytest.raises(TellerIOError, match="emptydir: a directory, not a configuration file"):
+        load_config(tmp_path / "emptydir", "demo")
+    with pytest.raises(TellerFileNotFoundError, match="nope: no such configuration file"):
+        load_config(str(tmp_path / "nope"), "demo")
 
 
 def test_a_checkpoint_config_of_the_wrong_shape_names_config_json(data, tmp_path) -> None:

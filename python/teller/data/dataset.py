@@ -73,6 +73,10 @@ def load_config(preset: str | None = None, config: str | os.PathLike[str] | None
     the preset to start from). Returns the validated, complete configuration."""
     if config is not None:
         p = Path(config)
+        if p.is_dir():
+            raise TellerIOError(
+                f"{p}: a directory, not a configuration file", path=str(p), errno=errno.EISDIR
+            )
         if not p.is_file():
             raise TellerFileNotFoundError(f"{p}: no such configuration file", path=str(p))
         try:

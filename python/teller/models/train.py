@@ -143,7 +143,9 @@ def load_config(path: str | Path | None, default: str, _chain: tuple[Path, ...] 
     is the whole configuration (every setting it leaves out takes its built-in default)."""
     p = Path(path) if path else builtin_config(default)
     if not p.is_file():
-        if path and not Path(path).suffix:
+        # (a bare word is a shipped configuration's name; an existing path or one with a directory
+        # part is a file that is said as such)
+        if path and not Path(path).suffix and not p.exists() and os.sep not in str(path):
             p = builtin_config(str(path))
         elif p.is_dir():
             raise TellerIOError(
