@@ -539,3 +539,18 @@ def test_too_few_samples_for_the_splits_is_a_warning(tmp_path):
         warnings.simplefilter("error")
         generate(tmp_path / "enough", num_samples=100, preset="tiny")
         generate(tmp_path / "extra", num_samples=13, preset="tiny", train_only=True)
+
+
+def test_validate_names_shards_and_a_sample_directory(tiny, tmp_path):
+    """(from a review) Shards gave 17 schema problems, a sample directory "manifest.json: missing":
+    what the directory is is said once."""
+    from teller.errors import DatasetError
+
+    shards = tmp_path / "tok"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"format": "teller-shards"}))
+    with pytest.raises(DatasetError, match="tokenized shards of teller tokenize, not a dataset"):
+        validate(shards)
+    sample = next(p for p in sorted(Path(tiny).iterdir()) if p.is_dir())
+    with pytest.raises(DatasetError, match="one sample directory, not a dataset: validate its dataset"):
+        validate(sample)

@@ -906,6 +906,20 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
         raise TellerIOError(f"{d}: a file, not a dataset directory", path=str(d), errno=errno.ENOTDIR)
     if not d.is_dir():
         raise TellerFileNotFoundError(f"{d}: no such dataset directory", path=str(d))
+    # (what a directory of another kind is, said once, not as every schema rule its files break)
+    fmt = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fmt = json.loads((d / "manifest.json").read_text(encoding="utf-8")).get("format")
+    if fmt == "teller-shards":
+        raise DatasetError(
+            f"{d}: tokenized shards of teller tokenize, not a dataset: validate the dataset they were "
+            "made from",
+            path=str(d),
+        )
+    if not (d / "manifest.json").exists() and (d / "annotation.json").is_file():
+        raise DatasetError(
+            f"{d}: one sample directory, not a dataset: validate its dataset ({d.parent})", path=str(d)
+        )
     problems: list[Problem] = []
     ann_v = jsonschema.Draft202012Validator(_schema("annotation.schema.json"))
     man_v = jsonschema.Draft202012Validator(_schema("manifest.schema.json"))
