@@ -255,3 +255,6 @@ def test_a_file_outside_any_run_given_as_checkpoint_is_named(runs, tmp_path) -> 
     _one_line_error(_cli("evaluate", "--checkpoint", str(f)), says)
     # a run's own weights file still names the run
     assert load_checkpoint(runs["mot"] / "model.safetensors")[1]["model"]
+    # a baselines run has no network: said so, not "not a checkpoint"
+    with pytest.raises(ConfigError, match="a baselines run \\(teller train baselines\\), not a MoT"):
+        load_checkpoint_for_diagnosis(runs["base"])

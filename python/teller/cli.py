@@ -506,7 +506,7 @@ def trace_compare(
     top: Annotated[int, typer.Option(min=0, help="How many symbols to list.")] = 15,
     step_name: StepOpt = None,
     perfetto: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--perfetto",
             help="Also write both captures into one Perfetto trace (.json or .json.gz), the current "
@@ -836,7 +836,11 @@ def shim_build(
 )
 def tpe_train(
     data_dir: Annotated[
-        str, typer.Option("--data-dir", help="Dataset directory, run directory, or trace file(s) dir.")
+        str,
+        typer.Option(
+            "--data-dir",
+            help="A dataset directory, a run directory, a directory of trace files, or one trace file.",
+        ),
     ],
     output_dir: Annotated[str, typer.Option("--output-dir", help="Where to create <run-id>/tokenizer.json.")],
     vocab_size: Annotated[int | None, typer.Option(help="Base symbols + merges (default 8192).")] = None,
@@ -1541,9 +1545,7 @@ def calibrate_cmd(
             "--data-dir", help="Tokenized shards encoded like the training ones (default: training)."
         ),
     ] = None,
-    split: Annotated[
-        str, typer.Option(help="The split to fit on: one the run is not evaluated on (default val).")
-    ] = "val",
+    split: Annotated[str, typer.Option(help="The split to fit on: one the run is not evaluated on.")] = "val",
     reset: Annotated[
         bool, typer.Option("--reset", help="Remove the calibration: probabilities as the network gives them.")
     ] = False,

@@ -736,6 +736,16 @@ def load_checkpoint(
         raise ConfigError(f"{p}: a JSON file, not a checkpoint: {hint}", path=str(p))
     refuse_a_file_as_checkpoint(p)
     cfg_path = run / "config.json"
+    if not weights.is_file() and cfg_path.is_file():
+        fmt = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fmt = json.loads(cfg_path.read_text()).get("format")
+        if fmt == "teller-baselines":
+            raise ConfigError(
+                f"{run}: a baselines run (teller train baselines), not a MoT or single-stream one: it has no "
+                "network to load (teller evaluate reads it; teller train ensemble mixes it with a MoT run)",
+                path=str(run),
+            )
     if not weights.is_file() or not cfg_path.is_file():
         raise TellerFileNotFoundError(
             f"{run}: not a checkpoint (model.safetensors + config.json)", path=str(run)
