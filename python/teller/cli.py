@@ -1355,7 +1355,8 @@ _OutOpt = Annotated[
     str | None,
     typer.Option(
         "--output-dir",
-        help="Run directory (checkpoints, config.json); one already holding a run is refused.",
+        help="Run directory (fitted models, config.json; default: output/checkpoints/baselines, or "
+        "output/checkpoints/ensemble); one already holding a run is refused.",
     ),
 ]
 _ResumableOutOpt = Annotated[
