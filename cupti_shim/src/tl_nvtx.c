@@ -199,6 +199,19 @@ static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
     while (i >= 0 && t->stack[i].domain != dom) i--;
     if (i < 0) return -1;
     tl_stack_entry e = t->stack[i];
+    if (i < top && tl_ext_pop && tl_ext_push) {
+        /* Popped out of order (another domain's range is above it): CUPTI's external-correlation
+         * stack holds one id per range above, in stack order, and its pop takes the top. Pop down
+         * to this range's id and push the ranges above it back, so that launches stay tied to the
+         * innermost range still open (the top's id was taken instead, and later launches were
+         * tied to this range, already closed). */
+        for (int j = top; j > i; j--)
+            if (t->stack[j].ext_pushed) tl_ext_pop();
+        if (e.ext_pushed) tl_ext_pop();
+        for (int j = i + 1; j <= top; j++)
+            if (t->stack[j].ext_pushed) t->stack[j].ext_pushed = (uint8_t)(tl_ext_push(t->stack[j].id) == 0);
+        e.ext_pushed = 0;
+    }
     for (int j = i; j < top; j++) t->stack[j] = t->stack[j + 1];
     t->depth--;
     if (e.ext_pushed && tl_ext_pop) tl_ext_pop();

@@ -493,6 +493,12 @@ def scenario_inject(d, facts, mode):
         inner_corr = [c for c, r in spans.items() if r[7] == R["inner-step"]["id"]]
         check(len(inner_corr) == 1, "launch in inner-step maps to the innermost range")
         check(spans[co][7] == 0, "launch outside ranges has no ext")
+        cc = facts["corr_cross"]
+        check(
+            spans[cc][7] == R["cross-b"]["id"],
+            f"launch after an out-of-order pop of another domain: ext {spans[cc][7]}, the open range "
+            f"'cross-b' is {R['cross-b']['id']} ('cross-a', closed, {R['cross-a']['id']})",
+        )
         check(gpus["kernel_in_step"][7] == ci and gpus["kernel_outside"][7] == co, "kernel corr")
         k = gpus["kernel_in_step"]
         check(R["step"]["start"] <= spans[ci][4] <= spans[ci][5] <= k[5] <= k[6], "timestamps on one clock")

@@ -58,6 +58,22 @@ int main(int argc, char **argv) {
     if (launch) launch("kernel_in_inner", tid());
     nvtxRangePop();
     nvtxRangePop();
+    /* ranges of two domains popped out of order: a launch while "cross-b" (domain 2) is still open
+     * belongs to it, not to "cross-a" (domain 1, already closed) */
+    uint32_t corr_cross = 0;
+    nvtxDomainHandle_t d1 = nvtxDomainCreateA("inject-d1"), d2 = nvtxDomainCreateA("inject-d2");
+    nvtxEventAttributes_t ea;
+    memset(&ea, 0, sizeof ea);
+    ea.version = NVTX_VERSION;
+    ea.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    ea.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    ea.message.ascii = "cross-a";
+    nvtxDomainRangePushEx(d1, &ea);
+    ea.message.ascii = "cross-b";
+    nvtxDomainRangePushEx(d2, &ea);
+    nvtxDomainRangePop(d1);
+    if (launch) corr_cross = launch("kernel_in_cross_b", tid());
+    nvtxDomainRangePop(d2);
     if (launch) corr_out = launch("kernel_outside", tid());
     if (sync) corr_sync = sync(tid());
     if (driver_sync) corr_dsync = driver_sync(tid());
@@ -79,7 +95,7 @@ int main(int argc, char **argv) {
     }
     nvtxRangePushA("after-init");
     nvtxRangePop();
-    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u, \"corr_dsync\": %u, \"driver_calls\": %d, \"child\": %d}\n",
-           (int)getpid(), tid(), corr_in, corr_out, corr_sync, corr_dsync, driver_calls, child);
+    printf("{\"pid\": %d, \"tid\": %u, \"corr_in\": %u, \"corr_out\": %u, \"corr_sync\": %u, \"corr_dsync\": %u, \"corr_cross\": %u, \"driver_calls\": %d, \"child\": %d}\n",
+           (int)getpid(), tid(), corr_in, corr_out, corr_sync, corr_dsync, corr_cross, driver_calls, child);
     return 0; /* exit(): the shim flushes CUPTI and joins its writer thread in atexit */
 }
