@@ -972,6 +972,16 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         s["delta_ns"] == 0 for s in vs[0]["baseline"]["symbols"]
     )
     assert vs[1]["baseline"]["symbols"] and vs[0]["root_causes"] == d["root_causes"]
+    # (from a review) a --baseline that cannot be read is named as the --baseline, as collect says
+    r = subprocess.run(
+        [*cli, "diagnose", str(faulty), "--checkpoint", str(run), "--baseline", str(tmp_path / "nobase")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and f"error: --baseline {tmp_path / 'nobase'}: no such file" in r.stderr, (
+        r.stderr
+    )
     w = d["culprit_where"]  # (the GPUs and processes of the culprit events)
     assert set(w) == {"devices", "pids"} and all(isinstance(v, int) for v in w["devices"] + w["pids"])
     # text: each capture's tables; --perfetto takes one PATH; a bad checkpoint is said once

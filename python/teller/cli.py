@@ -1682,6 +1682,7 @@ def diagnose_cmd(
         try:
             base_tr = load_baseline(baseline, checkpoint)
         except TellerError as e:
+            e.args = (f"--baseline {e}", *e.args[1:])  # (which input it is, as collect --baseline says)
             raise _fail(e) from None
     out: list[dict[str, Any]] = []
     failed = False

@@ -411,7 +411,11 @@ class KernelReference:
     @classmethod
     def from_dict(cls, d: Any, *, path: str = "<dict>") -> KernelReference:
         if not isinstance(d, dict) or d.get("format") != REF_FORMAT:
-            raise ConfigError(f"{path}: not a teller kernel reference (format {REF_FORMAT!r})", path=path)
+            got = d.get("format") if isinstance(d, dict) else None
+            raise ConfigError(
+                f"{path}: not a teller kernel reference (format {got!r}; a reference's is {REF_FORMAT!r})",
+                path=path,
+            )
         version = d.get("version")
         if isinstance(version, bool) or version not in READ_VERSIONS:
             raise ConfigError(
