@@ -714,3 +714,14 @@ def test_teller_own_directories_are_named_when_read_as_a_capture(tmp_path):
     ):
         with pytest.raises(TraceFormatError, match=f"^{d}: {re.escape(says)}"):
             trace.load(d)
+
+
+def test_os_errors_say_the_systems_words_without_the_rust_suffix(tmp_path):
+    """(from a review) Messages ended in "(os error 20)"; the errno is an attribute already."""
+    from teller.errors import TellerNotADirectoryError
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(TellerNotADirectoryError) as e:
+        trace.load(f / "sub")
+    assert str(e.value) == f"{f / 'sub'}: Not a directory" and e.value.errno == errno.ENOTDIR

@@ -42,9 +42,16 @@ impl Error {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::NotFound { path: path.to_string() }
         } else {
+            // (the system's words alone: "Not a directory", not "Not a directory (os error 20)";
+            // the errno travels as a field)
+            let text = e.to_string();
+            let msg = match (e.raw_os_error(), text.rfind(" (os error ")) {
+                (Some(_), Some(k)) if text.ends_with(')') => text[..k].to_string(),
+                _ => text,
+            };
             Error::Io {
                 path: path.to_string(),
-                msg: e.to_string(),
+                msg,
                 errno: e.raw_os_error(),
             }
         }
