@@ -793,22 +793,43 @@ def test_builtin_torch_profile_under_torch_compile_fullgraph(tmp_path):
     assert sorted(n) == ["Block", "Block", "Linear", "Linear", "Net", "OptimizedModule"], n
 
 
-def _fake_torch_without_nvtx(d: Path) -> None:
-    """A `torch` whose `torch.cuda.nvtx` is CPU torch's stub (it raises on use), and an `nvtx` that
-    is not installed."""
+def _fake_torch(d: Path, cuda: bool) -> None:
+    """A `torch` whose `torch.cuda.nvtx` is shaped as torch's own: with `cuda`, its `_nvtx` functions
+    log each call to `nvtx-calls.txt`; without, CPU torch's stub (one `_fail` bound to every name,
+    raising on use). And an `nvtx` package that is not installed."""
     (d / "torch" / "cuda").mkdir(parents=True)
     write(d, "torch/__init__.py", "")
     write(d, "torch/cuda/__init__.py", "")
-    write(
-        d,
-        "torch/cuda/nvtx.py",
-        """
+    real = f"""
+        import os
+        LOG = {str(d / "nvtx-calls.txt")!r}
+        class _native:
+            @staticmethod
+            def rangePushA(msg):
+                open(LOG, "a").write(f"push {{msg}}\\n")
+                return 0
+            @staticmethod
+            def rangePop():
+                open(LOG, "a").write("pop\\n")
+                return 0
+        _nvtx = _native
+    """
+    stub = """
+        class _NVTXStub:
+            @staticmethod
+            def _fail(*args, **kwargs):
+                raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
+            rangePushA = _fail
+            rangePop = _fail
+        _nvtx = _NVTXStub()
+    """
+    tail = """
         def range_push(msg):
-            raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
+            return _nvtx.rangePushA(msg)
         def range_pop():
-            raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
-        """,
-    )
+            return _nvtx.rangePop()
+    """
+    write(d, "torch/cuda/nvtx.py", (real if cuda else stub) + tail)
     write(d, "nvtx.py", "raise ImportError('no nvtx here')\n")
 
 
@@ -816,7 +837,7 @@ def test_nvtx_json_with_a_torch_that_cannot_push_ranges_leaves_the_program_alone
     """(from a review) Without the `nvtx` package the hook took torch.cuda.nvtx, which CPU torch
     has but which raises on every push: every wrapped call raised and the program died. It is now
     tried once, and the program runs unwrapped with one message."""
-    _fake_torch_without_nvtx(tmp_path)
+    _fake_torch(tmp_path, cuda=False)
     write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
     prog = write(tmp_path, "app.py", "import mymod\nprint('sum', sum(mymod.f(i) for i in range(5)))\n")
     groups = tmp_path / "g.json"
@@ -826,6 +847,20 @@ def test_nvtx_json_with_a_torch_that_cannot_push_ranges_leaves_the_program_alone
     assert "sum 15" in p.stdout
     assert p.stderr.count("torch.cuda.nvtx cannot push ranges") == 1, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_nvtx_json_through_torch_cuda_nvtx_records_no_probe_range(tmp_path):
+    """(from a review) Without the `nvtx` package the hook uses torch.cuda.nvtx; deciding whether it
+    works must not push a range of its own (a "teller-probe" range reached every such trace)."""
+    _fake_torch(tmp_path, cuda=True)
+    write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
+    prog = write(tmp_path, "app.py", "import mymod\nprint('sum', mymod.f(1) + mymod.f(2))\n")
+    groups = tmp_path / "g.json"
+    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0 and "sum 5" in p.stdout, p.stderr
+    calls = (tmp_path / "nvtx-calls.txt").read_text().splitlines()
+    assert calls == ["push mymod.f", "pop", "push mymod.f", "pop"], calls
 
 
 def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
@@ -868,6 +903,47 @@ def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
     assert "child done" in p.stdout
     assert p.stderr.count("other hook") == 1 and "RecursionError" not in p.stderr, p.stderr
     assert names(T.load(run, warn=False)).count("mymod.f") == 1
+
+
+def test_another_sitecustomize_after_ours_that_loads_ours_again(tmp_path):
+    """(from a review) Ours first, another tool's after it that loads "the next sitecustomize" other
+    than its own, which is ours again: a second install put a second finder on sys.meta_path, and the
+    two asked each other until a RecursionError killed the program at its first wrapped import."""
+    other = tmp_path / "other"
+    other.mkdir()
+    write(
+        other,
+        "sitecustomize.py",
+        """
+        import importlib.util, os, sys
+        print("other hook", file=sys.stderr, flush=True)
+        me = os.path.dirname(os.path.abspath(__file__))
+        for p in sys.path:
+            c = os.path.join(p or ".", "sitecustomize.py")
+            if os.path.abspath(p or ".") != me and os.path.isfile(c):
+                spec = importlib.util.spec_from_file_location("_other_chained", c)
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+                break
+        """,
+    )
+    write(tmp_path, "mymod.py", "def f():\n    return 1\n")
+    child = write(tmp_path, "child.py", "import mymod\nmymod.f()\nprint('child done')\n")
+    # the program starts a child with the other tool's hook after teller's on its path
+    prog = write(
+        tmp_path,
+        "app.py",
+        f"""
+        import os, subprocess, sys
+        env = dict(os.environ, PYTHONPATH=os.environ["PYTHONPATH"] + os.pathsep + {str(other)!r})
+        subprocess.run([sys.executable, {str(child)!r}], env=env, check=True)
+        """,
+    )
+    groups = tmp_path / "g.json"
+    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0 and "child done" in p.stdout, p.stderr
+    assert p.stderr.count("other hook") == 1 and "RecursionError" not in p.stderr, p.stderr
+    assert names(T.load(run, warn=False)).count("mymod.f") == 1  # (wrapped once)
 
 
 def test_a_profile_name_beside_a_directory_of_that_name_is_the_profile(tmp_path, monkeypatch):

@@ -118,17 +118,29 @@ def _emitter():
         return None
     # torch.cuda.nvtx, imported when the first wrapped function runs (not at start-up in every
     # process: importing torch takes seconds, and a program may set OMP_NUM_THREADS before it does),
-    # and tried once there: torch without CUDA has the module but says "NVTX functions not installed"
+    # and checked once there without pushing a range (a probe range would be recorded): torch
+    # without CUDA has the module, but its `_nvtx` is a stub that raises "NVTX functions not
+    # installed" on first use
+    import threading
+
     state: list = []
+    lock = threading.RLock()  # (re-entrant: a wrapped call inside torch's own import gets no ranges)
 
     def resolve():
-        if not state:
-            state.append((_noop, _noop))  # (while importing: a wrapped call inside torch's import)
+        if state:
+            return state[0]
+        with lock:
+            if state:
+                return state[0]
+            state.append((_noop, _noop))  # (while importing, for this thread's re-entry)
             try:
                 from torch.cuda import nvtx as tnvtx  # type: ignore[import-not-found]
 
-                tnvtx.range_push("teller-probe")
-                tnvtx.range_pop()
+                native = getattr(tnvtx, "_nvtx", None)
+                for name in ("rangePushA", "rangePop"):
+                    # (torch's stub binds one `_fail` to every name; the real ones carry their own)
+                    if getattr(getattr(native, name, None), "__name__", None) != name:
+                        raise RuntimeError("NVTX functions not installed (a torch without CUDA)")
                 state[0] = (tnvtx.range_push, tnvtx.range_pop)
             except Exception as e:  # noqa: BLE001
                 _record("hook-off")
@@ -136,7 +148,7 @@ def _emitter():
                     "--nvtx-json: the `nvtx` package is not installed and torch.cuda.nvtx cannot push "
                     f"ranges ({e}); no ranges recorded (pip install nvtx)"
                 )
-        return state[0]
+            return state[0]
 
     def pusher(message: str, domain: str | None, color: str | None):
         label = message if not domain else f"{domain}:{message}"
@@ -161,16 +173,19 @@ _compiling = _noop
 
 def _on_torch(module) -> None:
     global _compiling
-    try:
-        fn = getattr(getattr(module, "compiler", None), "is_compiling", None)
-        if fn is None:  # (torch before 2.3)
-            import torch._dynamo as dynamo  # type: ignore[import-not-found]
+    fn = getattr(getattr(module, "compiler", None), "is_compiling", None)
+    if fn is not None:
+        _compiling = fn
+    elif hasattr(module, "compile"):
+        # torch 2.0-2.2: torch._dynamo.is_compiling, read once Dynamo is imported (it is heavy: not
+        # imported here), which happens before anything is compiled
+        def compiling() -> bool:
+            dyn = sys.modules.get("torch._dynamo")
+            f = getattr(dyn, "is_compiling", None)
+            return bool(f()) if f is not None else False
 
-            fn = getattr(dynamo, "is_compiling", None)
-        if fn is not None:
-            _compiling = fn
-    except Exception as e:  # noqa: BLE001
-        _warn(f"--nvtx-json: torch.compiler.is_compiling not found ({e!r}): compiled code sees the ranges")
+        _compiling = compiling
+    # (torch 1.x has no torch.compile: nothing to look for)
 
 
 _EMIT = None
@@ -387,11 +402,14 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Wraps the loader of the modules in _AFTER_IMPORT so their callbacks run before the import
     returns (so `from m import f` already sees the wrapped function)."""
 
+    _teller = True
+
     def find_spec(self, fullname, path, target=None):
         if fullname not in _AFTER_IMPORT:
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            # (another teller finder, of a second copy of this module, would ask this one back)
+            if finder is self or getattr(finder, "_teller", False) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
@@ -488,10 +506,15 @@ def _install() -> None:
         _after_import(name, lambda _m, n=name: _record(f"imported {n}"))
 
 
-_chain_load()
-try:
-    _install()
-    if _AFTER_IMPORT:
-        sys.meta_path.insert(0, _Finder())
-except Exception as _e:  # noqa: BLE001
-    _warn(f"NVTX function wrapping disabled: {_e!r}")
+# Once per process: another tool's hook that loads "the next sitecustomize" may run this file again
+# (a second copy of the module): a second install would wrap every function twice and put a second
+# finder on sys.meta_path, and two finders that ask each other recurse without end.
+if not getattr(sys, "_teller_hook_loaded", False):
+    sys._teller_hook_loaded = True  # type: ignore[attr-defined]
+    _chain_load()
+    try:
+        _install()
+        if _AFTER_IMPORT:
+            sys.meta_path.insert(0, _Finder())
+    except Exception as _e:  # noqa: BLE001
+        _warn(f"NVTX function wrapping disabled: {_e!r}")
