@@ -714,6 +714,14 @@ def test_teller_own_directories_are_named_when_read_as_a_capture(tmp_path):
     ):
         with pytest.raises(TraceFormatError, match=f"^{d}: {re.escape(says)}"):
             trace.load(d)
+    # a dataset whose samples hold run.json too (`dataset collect-cpu`) is still a dataset
+    ds = tmp_path / "cpu-ds"
+    (ds / "s000000").mkdir(parents=True)
+    (ds / "manifest.json").write_text(json.dumps({"format": "teller-dataset"}))
+    (ds / "s000000" / "run.json").write_text("{}")
+    (ds / "s000000" / "trace.json").write_text('{"traceEvents": []}')
+    with pytest.raises(TraceFormatError, match=f"^{ds}: a dataset directory"):
+        trace.load(ds)
 
 
 def test_os_errors_say_the_systems_words_without_the_rust_suffix(tmp_path):

@@ -1725,6 +1725,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):  #
 
 
 def main() -> None:
+    global _DIE_BY
+    _DIE_BY = None  # (a main() called again in one process starts afresh)
     warnings.showwarning = _show_warning
     try:
         app()

@@ -243,7 +243,7 @@ class TPETokenizer:
         if isinstance(x, (str, os.PathLike)):
             if isinstance(x, str) and not x:
                 raise ConfigError("encode: the path is empty")
-            if isinstance(x, str) and not _looks_like_path(x) and not os.path.exists(x):
+            if isinstance(x, str) and ":" in x and not _looks_like_path(x) and not os.path.exists(x):
                 # (a bare symbol: encode reads a string as a trace path)
                 raise TellerFileNotFoundError(
                     f"{x}: no such file or directory: encode reads a string as a trace path; a symbol "
@@ -424,9 +424,9 @@ class TPETokenizer:
                     path=path,
                 )
         sp = d.get("specials", list(SPECIALS))
-        if sp != list(SPECIALS):
+        if not isinstance(sp, (list, tuple)) or list(sp) != list(SPECIALS):
             raise TokenizerError(
-                f"{path}: field 'specials' is {json.dumps(sp)[:80]}, this teller's are {list(SPECIALS)}",
+                f"{path}: field 'specials' is {repr(sp)[:80]}, this teller's are {list(SPECIALS)}",
                 path=path,
             )
         bv = d.get("base_vocab")

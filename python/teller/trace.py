@@ -462,11 +462,15 @@ def _sources_apart(tr: Trace) -> str | None:
     if not big.any():
         return None
     k = int(np.argmax(gaps))
-    names = [srcs[i]["path"] for i in np.flatnonzero(have)[order]]
+    idx = np.flatnonzero(have)[order]
+    before = int(idx[int(np.argmax(b[: k + 1]))])  # (the source whose end the gap follows)
+    if all(s.get("kind") == "raw" for s in srcs) and len({os.path.dirname(s["path"]) for s in srcs}) == 1:
+        return None  # (the processes of one collected run: one capture, however far apart they ran)
     return (
-        f"{len(names)} sources merged onto one timeline fall {int(big.sum()) + 1} groups apart in time "
-        f"({_human_span(int(gaps[k]))} between {names[k]} and {names[k + 1]}): they are read as the "
-        "processes or ranks of one capture; load each capture on its own to read it as one"
+        f"{int(have.sum())} sources merged onto one timeline fall into {int(big.sum()) + 1} groups far "
+        f"apart in time ({_human_span(int(gaps[k]))} between the end of {srcs[before]['path']} and the "
+        f"start of {srcs[int(idx[k + 1])]['path']}): they are read as the processes or ranks of one "
+        "capture; load each capture on its own to read it as one"
     )
 
 
@@ -505,6 +509,8 @@ def _teller_directory(path: str) -> str | None:
         return "tokenized shards of teller tokenize, not a capture"
     if fmt("tokenizer.json") == "teller-tpe":
         return "a TPE tokenizer directory of teller tpe train, not a capture"
+    if fmt("manifest.json") == "teller-dataset":
+        return None  # (a dataset's samples may hold run.json too, `dataset collect-cpu`: said below)
     try:
         runs = [c for c in p.iterdir() if c.is_dir() and (c / "run.json").is_file()]
     except OSError:

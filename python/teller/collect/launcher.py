@@ -310,6 +310,7 @@ class _LogTee:
         # why the logs stopped being written (a full disk, a file-size limit), or None: the program's
         # output is still read and copied, so that it never blocks on a full pipe
         self.log_error: str | None = None
+        self.read_error: str | None = None  # (the program's stream could not be read on)
         self.thread = threading.Thread(target=self._run, name=f"teller-tee-{name}", daemon=True)
 
     def _emit(self, lines: list[bytes]) -> None:
@@ -382,8 +383,8 @@ class _LogTee:
             try:
                 chunk = os.read(fd, 65536)
             except OSError as e:  # (a pseudo-terminal whose last writer closed it reads as EIO)
-                if e.errno != errno.EIO:
-                    self._log_failed(f"reading the program's {self.name}", e)
+                if e.errno != errno.EIO:  # (nothing more can be read: the copy ends here too)
+                    self.read_error = f"{getattr(e, 'strerror', None) or e}"
                 chunk = b""
             if not chunk:
                 break
@@ -419,7 +420,8 @@ class _LogTee:
                 break
         if pieces:
             self._emit([b"".join(pieces)])
-        if self.output_closed or self.stop.is_set():
+        if self.output_closed or self.stop.is_set() or self.read_error is not None:
+            # (closed: the program sees a closed pipe, not a full one it would wait on for good)
             with contextlib.suppress(OSError):
                 self.src.close()
         with self.lock:
@@ -784,7 +786,12 @@ def collect(
             "(C stdio buffers stdout in blocks, and isatty() is false)"
         )
     for t in tees:
-        if t.log_error is not None:
+        if t.read_error is not None:
+            result.warnings.append(
+                f"the program's {t.name} could not be read on ({t.read_error}): what it wrote after that "
+                "is neither in the logs nor in teller's own output"
+            )
+        elif t.log_error is not None:
             result.warnings.append(
                 f"the logs of the program's {t.name} are incomplete: {t.log_error} (its output was "
                 "still copied to teller's own, whole)"
@@ -808,7 +815,10 @@ def collect(
     try:
         write_atomic(run_dir / "run.json", json.dumps(run, indent=2) + "\n")
     except TellerError as e:
-        result.warnings.append(f"run.json not written: {e}")
+        result.warnings.append(
+            f"run.json not written: {e}; {run_dir} keeps the raw files and logs, unconverted "
+            f"(`{_convert_hint(run_dir)}` converts it)"
+        )
         return result
     if convert and not result.interrupted:
         try:
