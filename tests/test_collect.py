@@ -993,6 +993,7 @@ def test_concurrent_shim_builds_share_one_build(tmp_path):
     root = tmp_path / "cache" / "shim"
     built = [d for d in root.iterdir() if d.is_dir()]
     assert len(built) == 1, sorted(root.iterdir())  # (no temporary directory left behind)
+    assert built[0].stat().st_mode & 0o755 == 0o755  # (a shared cache stays readable: not mkdtemp's 0700)
     before = (built[0] / "build.json").stat().st_mtime_ns
     forced = subprocess.run(
         [sys.executable, "-c", "from teller.collect import shim; print(shim.build(force=True))"],

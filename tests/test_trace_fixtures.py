@@ -582,7 +582,9 @@ def test_unrelated_captures_merged_onto_one_timeline_are_said(tmp_path):
     import shutil
 
     files = sorted(glob.glob(str(TRACES / "*.json.gz")))
-    with pytest.warns(UserWarning, match=r"5 sources merged onto one timeline fall into 5 groups far apart in time"):
+    with pytest.warns(
+        UserWarning, match=r"5 sources merged onto one timeline fall into 5 groups far apart in time"
+    ):
         tr = T.load(files)
     assert any("far apart in time" in w for w in tr.warnings)
     assert any("far apart in time" in w for w in tr.summary()["warnings"])

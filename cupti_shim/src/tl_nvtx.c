@@ -178,7 +178,8 @@ static inline int do_push(tl_thread *t, nvtxDomainHandle_t dom, uint32_t name, c
         e->name = name;
         e->ext_pushed = 0;
         e->begun = 1;
-        if (tl_ext_push) e->ext_pushed = (uint8_t)(tl_ext_push(id) == 0);
+        tl_ext_push_fn ext_push = tl_ext_push; /* (read once: CUPTI's atexit may clear it meanwhile) */
+        if (ext_push) e->ext_pushed = (uint8_t)(ext_push(id) == 0);
     }
     if (TL_UNLIKELY(depth >= TL_MAX_DEPTH)) {
         /* no stack slot: neither BEGIN nor END is written, so the trace never shows a false open range */
@@ -199,22 +200,25 @@ static inline int do_pop(tl_thread *t, nvtxDomainHandle_t dom) {
     while (i >= 0 && t->stack[i].domain != dom) i--;
     if (i < 0) return -1;
     tl_stack_entry e = t->stack[i];
-    if (i < top && tl_ext_pop && tl_ext_push) {
+    /* (read once: CUPTI's atexit clears them, on another thread, while this one may still pop) */
+    tl_ext_push_fn ext_push = tl_ext_push;
+    tl_ext_pop_fn ext_pop = tl_ext_pop;
+    if (i < top && ext_pop && ext_push) {
         /* Popped out of order (another domain's range is above it): CUPTI's external-correlation
          * stack holds one id per range above, in stack order, and its pop takes the top. Pop down
          * to this range's id and push the ranges above it back, so that launches stay tied to the
          * innermost range still open (the top's id was taken instead, and later launches were
          * tied to this range, already closed). */
         for (int j = top; j > i; j--)
-            if (t->stack[j].ext_pushed) tl_ext_pop();
-        if (e.ext_pushed) tl_ext_pop();
+            if (t->stack[j].ext_pushed) ext_pop();
+        if (e.ext_pushed) ext_pop();
         for (int j = i + 1; j <= top; j++)
-            if (t->stack[j].ext_pushed) t->stack[j].ext_pushed = (uint8_t)(tl_ext_push(t->stack[j].id) == 0);
+            if (t->stack[j].ext_pushed) t->stack[j].ext_pushed = (uint8_t)(ext_push(t->stack[j].id) == 0);
         e.ext_pushed = 0;
     }
     for (int j = i; j < top; j++) t->stack[j] = t->stack[j + 1];
     t->depth--;
-    if (e.ext_pushed && tl_ext_pop) tl_ext_pop();
+    if (e.ext_pushed && ext_pop) ext_pop();
     if (TL_UNLIKELY(ts < e.start)) ts = e.start; /* per-thread monotonic across clock re-anchoring */
     if (!g_span_mode) { if (e.begun) write_end(t, e.id, ts); }
     else write_span(t, e.name, e.start, ts, e.id);

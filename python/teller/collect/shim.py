@@ -94,7 +94,15 @@ def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], An
 
 def _compile(src: Path, include_dirs: list[str], info: Any, key: str) -> tuple[Any, Path]:
     """Build into a fresh temporary directory of the cache; (the build's process result, the directory)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=cache_root()))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=cache_root()))
+        # (mkdtemp makes it 0700: the cache keeps the permissions a plain mkdir gives, so that a
+        # cache shared by several users, TELLER_CACHE_DIR, stays readable to them)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+    except OSError as e:
+        raise ShimBuildError(f"{cache_root()}: cannot write the shim cache: {e.strerror or e}") from None
     env = dict(os.environ, TELLER_CUDA_INCLUDE=":".join(include_dirs), PYTHON=sys.executable)
     p = subprocess.run(["bash", str(src / "build.sh"), str(tmp)], env=env, capture_output=True, text=True)
     if p.returncode != 0 or not (tmp / LIB_NAME).is_file():
@@ -111,7 +119,11 @@ def _compile(src: Path, include_dirs: list[str], info: Any, key: str) -> tuple[A
         "libcupti": info.libcupti,
         "compiler": _cc_version(),
     }
-    (tmp / "build.json").write_text(json.dumps(meta, indent=2) + "\n")
+    try:
+        (tmp / "build.json").write_text(json.dumps(meta, indent=2) + "\n")
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ShimBuildError(f"{tmp / 'build.json'}: cannot write it: {e.strerror or e}") from None
     return p, tmp
 
 
@@ -140,7 +152,16 @@ def build(
     # for it and take its library; a temporary directory of its own per builder (not named by pid
     # alone: two nodes sharing an NFS home may have the same pid)
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # (said: a wait of seconds would otherwise look like a hang)
+                print(
+                    f"teller: waiting for another process's build of the shim ({lock.name})", file=sys.stderr
+                )
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:  # (no locks on this file system: ENOLCK on some NFS mounts)
+            raise ShimBuildError(f"{lock.name}: cannot lock it: {e.strerror or e}") from None
         if lib.is_file() and not force:
             return lib
         p, tmp = _compile(src, include_dirs, info, key)
