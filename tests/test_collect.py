@@ -833,18 +833,23 @@ def _fake_torch(d: Path, cuda: bool) -> None:
     write(d, "nvtx.py", "raise ImportError('no nvtx here')\n")
 
 
+def _collect_with_fake_torch(tmp_path: Path, cuda: bool):
+    """`mymod.f` wrapped through the fake torch's NVTX, called twice: the finished process."""
+    _fake_torch(tmp_path, cuda=cuda)
+    write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
+    prog = write(tmp_path, "app.py", "import mymod\nprint('sum', mymod.f(1) + mymod.f(2))\n")
+    groups = tmp_path / "g.json"
+    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
+    return _collect_groups(tmp_path, groups, prog)[0]
+
+
 def test_nvtx_json_with_a_torch_that_cannot_push_ranges_leaves_the_program_alone(tmp_path):
     """(from a review) Without the `nvtx` package the hook took torch.cuda.nvtx, which CPU torch
     has but which raises on every push: every wrapped call raised and the program died. It is now
     tried once, and the program runs unwrapped with one message."""
-    _fake_torch(tmp_path, cuda=False)
-    write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
-    prog = write(tmp_path, "app.py", "import mymod\nprint('sum', sum(mymod.f(i) for i in range(5)))\n")
-    groups = tmp_path / "g.json"
-    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
-    p, run = _collect_groups(tmp_path, groups, prog)
+    p = _collect_with_fake_torch(tmp_path, cuda=False)
     assert p.returncode == 0, p.stderr
-    assert "sum 15" in p.stdout
+    assert "sum 5" in p.stdout
     assert p.stderr.count("torch.cuda.nvtx cannot push ranges") == 1, p.stderr
     assert "Traceback" not in p.stderr
 
@@ -852,21 +857,19 @@ def test_nvtx_json_with_a_torch_that_cannot_push_ranges_leaves_the_program_alone
 def test_nvtx_json_through_torch_cuda_nvtx_records_no_probe_range(tmp_path):
     """(from a review) Without the `nvtx` package the hook uses torch.cuda.nvtx; deciding whether it
     works must not push a range of its own (a "teller-probe" range reached every such trace)."""
-    _fake_torch(tmp_path, cuda=True)
-    write(tmp_path, "mymod.py", "def f(x):\n    return x + 1\n")
-    prog = write(tmp_path, "app.py", "import mymod\nprint('sum', mymod.f(1) + mymod.f(2))\n")
-    groups = tmp_path / "g.json"
-    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
-    p, run = _collect_groups(tmp_path, groups, prog)
+    p = _collect_with_fake_torch(tmp_path, cuda=True)
     assert p.returncode == 0 and "sum 5" in p.stdout, p.stderr
     calls = (tmp_path / "nvtx-calls.txt").read_text().splitlines()
     assert calls == ["push mymod.f", "pop", "push mymod.f", "pop"], calls
 
 
-def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
-    """(from a review) Another tool's hook placed before teller's on PYTHONPATH, which chain-loads the
-    next sitecustomize as teller's does, was loaded again by teller's: the two loaded each other
-    until the recursion limit."""
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_another_chain_loading_sitecustomize_beside_ours(tmp_path, where):
+    """(from reviews) Another tool's hook that loads "the next sitecustomize" other than its own, as
+    teller's does. Before ours on the path, teller's loaded it again and the two loaded each other
+    until the recursion limit. After ours, it loaded ours again: a second install put a second
+    finder on sys.meta_path, and the two asked each other until a RecursionError killed the
+    program at its first wrapped import. Each now runs once and the function is wrapped once."""
     other = tmp_path / "other"
     other.mkdir()
     write(
@@ -886,55 +889,19 @@ def test_another_sitecustomize_before_ours_is_not_loaded_again(tmp_path):
     )
     write(tmp_path, "mymod.py", "def f():\n    return 1\n")
     child = write(tmp_path, "child.py", "import mymod\nmymod.f()\nprint('child done')\n")
-    # the program starts a child with the other tool's hook put first on its path
+    # the program starts a child with the other tool's hook before or after teller's on its path
+    # (not teller itself: its own process would load the other hook too)
+    path = (
+        f"{str(other)!r} + os.pathsep + os.environ['PYTHONPATH']"
+        if where == "before"
+        else f"os.environ['PYTHONPATH'] + os.pathsep + {str(other)!r}"
+    )
     prog = write(
         tmp_path,
         "app.py",
         f"""
         import os, subprocess, sys
-        env = dict(os.environ, PYTHONPATH={str(other)!r} + os.pathsep + os.environ["PYTHONPATH"])
-        subprocess.run([sys.executable, {str(child)!r}], env=env, check=True)
-        """,
-    )
-    groups = tmp_path / "g.json"
-    groups.write_text(json.dumps([{"module": "mymod", "functions": ["f"]}]))
-    p, run = _collect_groups(tmp_path, groups, prog)
-    assert p.returncode == 0, p.stderr
-    assert "child done" in p.stdout
-    assert p.stderr.count("other hook") == 1 and "RecursionError" not in p.stderr, p.stderr
-    assert names(T.load(run, warn=False)).count("mymod.f") == 1
-
-
-def test_another_sitecustomize_after_ours_that_loads_ours_again(tmp_path):
-    """(from a review) Ours first, another tool's after it that loads "the next sitecustomize" other
-    than its own, which is ours again: a second install put a second finder on sys.meta_path, and the
-    two asked each other until a RecursionError killed the program at its first wrapped import."""
-    other = tmp_path / "other"
-    other.mkdir()
-    write(
-        other,
-        "sitecustomize.py",
-        """
-        import importlib.util, os, sys
-        print("other hook", file=sys.stderr, flush=True)
-        me = os.path.dirname(os.path.abspath(__file__))
-        for p in sys.path:
-            c = os.path.join(p or ".", "sitecustomize.py")
-            if os.path.abspath(p or ".") != me and os.path.isfile(c):
-                spec = importlib.util.spec_from_file_location("_other_chained", c)
-                spec.loader.exec_module(importlib.util.module_from_spec(spec))
-                break
-        """,
-    )
-    write(tmp_path, "mymod.py", "def f():\n    return 1\n")
-    child = write(tmp_path, "child.py", "import mymod\nmymod.f()\nprint('child done')\n")
-    # the program starts a child with the other tool's hook after teller's on its path
-    prog = write(
-        tmp_path,
-        "app.py",
-        f"""
-        import os, subprocess, sys
-        env = dict(os.environ, PYTHONPATH=os.environ["PYTHONPATH"] + os.pathsep + {str(other)!r})
+        env = dict(os.environ, PYTHONPATH={path})
         subprocess.run([sys.executable, {str(child)!r}], env=env, check=True)
         """,
     )
