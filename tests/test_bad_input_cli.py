@@ -135,9 +135,9 @@ def test_saved_tokenizer_fields_are_checked_at_load(tmp_path, change, message):
 
 def test_decode_names_a_negative_id():
     tok = tpe.load(GOLDEN)
-    with pytest.raises(TokenizerError, match=r"token id -1 out of range"):
+    with pytest.raises(TokenizerError, match=r"token id -1 at index 0 is out of range"):
         tok.decode([-1])
-    with pytest.raises(TokenizerError, match=rf"token id {2**40} out of range"):
+    with pytest.raises(TokenizerError, match=rf"token id {2**40} at index 0 is out of range"):
         tok.decode([2**40])
     assert tok.decode([]) == []
 

@@ -931,7 +931,9 @@ def test_a_program_stopped_by_a_signal_stops_teller_by_it(tmp_path, sig):
     `teller collect` went on after Ctrl-C (bash stops only after a child killed by SIGINT). teller
     now ends by the program's SIGINT, SIGTERM or SIGHUP once the run is written; other signals (a
     crash) stay exit codes."""
-    code = f"import os, signal; print('before', flush=True); os.kill(os.getpid(), {int(sig)})"
+    # (the sleep: Python acts on a SIGINT at its next bytecode, and one that came as the program
+    # ended would be lost at shutdown)
+    code = f"import os, time; print('before', flush=True); os.kill(os.getpid(), {int(sig)}); time.sleep(30)"
     p, run = collect(tmp_path, "--", sys.executable, "-c", code)
     assert p.returncode == -sig, (p.returncode, p.stderr)
     assert "before" in p.stdout and f"killed by {signal.Signals(sig).name}" in p.stderr
