@@ -931,9 +931,12 @@ def test_a_program_stopped_by_a_signal_stops_teller_by_it(tmp_path, sig):
     `teller collect` went on after Ctrl-C (bash stops only after a child killed by SIGINT). teller
     now ends by the program's SIGINT, SIGTERM or SIGHUP once the run is written; other signals (a
     crash) stay exit codes."""
-    # (the sleep: Python acts on a SIGINT at its next bytecode, and one that came as the program
-    # ended would be lost at shutdown)
-    code = f"import os, time; print('before', flush=True); os.kill(os.getpid(), {int(sig)}); time.sleep(30)"
+    # (the signal's default action, whatever the program inherited: a shell's background job starts
+    # with SIGINT ignored, and Python then keeps it ignored)
+    code = (
+        f"import os, signal, time; print('before', flush=True); signal.signal({int(sig)}, signal.SIG_DFL); "
+        f"os.kill(os.getpid(), {int(sig)}); time.sleep(30)"
+    )
     p, run = collect(tmp_path, "--", sys.executable, "-c", code)
     assert p.returncode == -sig, (p.returncode, p.stderr)
     assert "before" in p.stdout and f"killed by {signal.Signals(sig).name}" in p.stderr

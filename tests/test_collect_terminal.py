@@ -31,8 +31,11 @@ PROBE = """
 import os, signal, sys, time
 seen = []
 signal.signal(signal.SIGWINCH, lambda s, f: seen.append(os.get_terminal_size(1)))
-print("tty", os.isatty(1), os.isatty(2), tuple(os.get_terminal_size(1)) if os.isatty(1) else None)
-print("unbuffered", os.environ.get("PYTHONUNBUFFERED"))
+# (each line in one write: unbuffered, print writes its pieces one by one, and through two pipes
+# the stderr line below could land between them)
+size = tuple(os.get_terminal_size(1)) if os.isatty(1) else None
+print(f"tty {os.isatty(1)} {os.isatty(2)} {size}")
+print(f"unbuffered {os.environ.get('PYTHONUNBUFFERED')}")
 sys.stderr.write("\\x1b[31mred\\x1b[0m line\\n")
 print("ready")
 if len(sys.argv) > 1:
