@@ -124,7 +124,11 @@ def _emitter():
     import threading
 
     state: list = []
-    lock = threading.RLock()  # (re-entrant: a wrapped call inside torch's own import gets no ranges)
+    busy: list = []
+    # (re-entrant: a wrapped function called inside torch's own import, on the importing thread,
+    # runs without a range, its push and its pop both; other threads wait for the answer, so that
+    # no thread pops a range it never pushed)
+    lock = threading.RLock()
 
     def resolve():
         if state:
@@ -132,7 +136,10 @@ def _emitter():
         with lock:
             if state:
                 return state[0]
-            state.append((_noop, _noop))  # (while importing, for this thread's re-entry)
+            if busy:
+                return (_noop, _noop)
+            busy.append(True)
+            pair = (_noop, _noop)
             try:
                 from torch.cuda import nvtx as tnvtx  # type: ignore[import-not-found]
 
@@ -141,14 +148,17 @@ def _emitter():
                     # (torch's stub binds one `_fail` to every name; the real ones carry their own)
                     if getattr(getattr(native, name, None), "__name__", None) != name:
                         raise RuntimeError("NVTX functions not installed (a torch without CUDA)")
-                state[0] = (tnvtx.range_push, tnvtx.range_pop)
+                pair = (tnvtx.range_push, tnvtx.range_pop)
             except Exception as e:  # noqa: BLE001
                 _record("hook-off")
                 _warn(
                     "--nvtx-json: the `nvtx` package is not installed and torch.cuda.nvtx cannot push "
                     f"ranges ({e}); no ranges recorded (pip install nvtx)"
                 )
-            return state[0]
+            finally:
+                busy.clear()
+            state.append(pair)
+            return pair
 
     def pusher(message: str, domain: str | None, color: str | None):
         label = message if not domain else f"{domain}:{message}"
