@@ -62,10 +62,7 @@ def _record(line: str) -> None:
 def _chain_load() -> None:
     """Import the next sitecustomize on sys.path after ours, if any (ours shadows it). Only those
     after ours: one before it is another tool's hook that chain-loads in turn, and loading it again
-    would make the two load each other without end."""
-    if getattr(sys, "_teller_chained", False):
-        return
-    sys._teller_chained = True  # type: ignore[attr-defined]
+    would make the two load each other without end. (Runs once per process: the guard below.)"""
     absolute = [os.path.abspath(p or ".") for p in sys.path]
     after = absolute.index(_HOOK_DIR) + 1 if _HOOK_DIR in absolute else 0
     paths = [p for p, a in zip(sys.path[after:], absolute[after:]) if a != _HOOK_DIR]  # noqa: B905 (3.9)
