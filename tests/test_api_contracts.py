@@ -357,3 +357,51 @@ def test_a_trace_at_the_edge_of_time_still_pickles(tmp_path):
     tr = T.load(tmp_path / "edge.json", warn=False)
     back = pickle.loads(pickle.dumps(tr))
     assert back.ts.tolist() == tr.ts.tolist() and back.steps() == tr.steps()
+
+
+def _stub_column_dtypes() -> dict[str, str]:
+    """Column name -> numpy dtype name, as `_native.pyi` declares them in `NativeTrace.column`'s
+    overloads (read with `ast`, so the stub is what is checked, not a copy of it)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(teller.__file__).parent / "_native.pyi").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NativeTrace")
+    out = {}
+    for f in cls.body:
+        if not (isinstance(f, ast.FunctionDef) and f.name == "column"):
+            continue
+        ann, ret = f.args.args[1].annotation, f.returns
+        if not (isinstance(ann, ast.Subscript) and ast.unparse(ann.value) == "Literal"):
+            continue  # (the catch-all `str` overload)
+        names = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+        dtype = ast.unparse(ret.slice).removeprefix("np.")
+        out.update({n.value: dtype for n in names})
+    return out
+
+
+def test_the_type_stub_declares_each_columns_real_dtype(tr):
+    """`_native.pyi` promises a dtype per column; a column whose Rust type changes must change the
+    stub too. Every column is declared, none twice, none that does not exist."""
+    declared = _stub_column_dtypes()
+    native = tr._n
+    assert len(declared) == 16, sorted(declared)
+    for name, dtype in declared.items():
+        assert native.column(name).dtype == np.dtype(dtype), name
+    with pytest.raises(ValueError, match="unknown column"):
+        native.column("nope")
+
+
+def test_native_objects_are_made_by_their_functions_only():
+    """`NativeTrace` has no constructor (the stub says so); `NativeLogVocab.encode` wants one stream
+    flag per line (it used to read a missing flag as stdout and ignore extra ones)."""
+    from teller import _native
+
+    with pytest.raises(TypeError):
+        _native.NativeTrace()
+    vocab = _native.NativeLogVocab(["[UNK]", "[BOL]", "<stdout>", "<stderr>", "hello"])
+    ids, line, num, deferred = vocab.encode(["hello"], [False])
+    assert ids.dtype == np.uint32 and line.dtype == np.uint32 and num.dtype == np.float64
+    for flags in ([], [False, True]):
+        with pytest.raises(ValueError, match=f"1 lines but {len(flags)} stream flags"):
+            vocab.encode(["hello"], flags)

@@ -1,8 +1,9 @@
 """Type stubs for the compiled extension ``teller._native`` (Rust, PyO3). Use ``teller.trace``."""
 
-from typing import Any
+from typing import Any, Literal, NoReturn, final, overload
 
 import numpy as np
+import numpy.typing as npt
 
 __version__: str
 build_profile: str  # "release" or "debug"
@@ -10,11 +11,29 @@ LAYER_NAMES: tuple[str, ...]
 NORMALIZATION_VERSION: int
 DEFAULT_STEP_PATTERNS: tuple[str, ...]
 
+@final
 class NativeTrace:
+    """Made by ``load`` or ``from_snapshot`` only: the class has no constructor (``NativeTrace()`` raises
+    TypeError)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> NoReturn: ...
     def __len__(self) -> int: ...
+    @overload
+    def column(self, name: Literal["layer", "flags"]) -> npt.NDArray[np.uint8]: ...
+    @overload
+    def column(self, name: Literal["name", "cat", "symbol"]) -> npt.NDArray[np.uint32]: ...
+    @overload
+    def column(self, name: Literal["ts", "dur", "pid", "tid", "link", "parent"]) -> npt.NDArray[np.int64]: ...
+    @overload
+    def column(self, name: Literal["device", "step"]) -> npt.NDArray[np.int32]: ...
+    @overload
+    def column(self, name: Literal["corr", "ext"]) -> npt.NDArray[np.uint64]: ...
+    @overload
+    def column(self, name: Literal["source"]) -> npt.NDArray[np.uint16]: ...
+    @overload
     def column(self, name: str) -> np.ndarray:
         """Read-only zero-copy view of a column: layer, name, cat, ts, dur, pid, tid, device, corr, ext,
-        flags, source, link, parent, step, symbol."""
+        flags, source, link, parent, step, symbol (ValueError for any other name)."""
     def strings(self) -> list[str]: ...
     def symbols(self) -> list[str]: ...
     def warnings(self) -> list[str]: ...
@@ -118,9 +137,10 @@ class NativeLogVocab:
     def __init__(self, vocab: list[str]) -> None: ...
     def encode(
         self, texts: list[str], stderr: list[bool]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32], npt.NDArray[np.float64], list[tuple[int, int]]]:
         """``(ids uint32, line uint32, num float64, deferred)``; ``deferred``: the non-ASCII lines,
-        ``(line, token index after its stream token)``, for the caller to split."""
+        ``(line, token index after its stream token)``, for the caller to split. ValueError unless
+        ``texts`` and ``stderr`` have the same length."""
         ...
 
 def log_token_counts(texts: list[str]) -> tuple[list[tuple[str, int]], list[int]]:

@@ -25,24 +25,32 @@ impl NativeLogVocab {
     /// `(ids uint32, line uint32, num float64, deferred)`: per token its id, its line and the
     /// parsed number of a `<num>` token (NaN otherwise); `deferred`: the lines with non-ASCII text,
     /// left for the caller to split, as `(line, token index after its stream token)`.
+    /// A ValueError if `texts` and `stderr` differ in length (one stream flag per line).
     fn encode<'py>(
         &self,
         py: Python<'py>,
         texts: Vec<String>,
         stderr: Vec<bool>,
-    ) -> (
+    ) -> PyResult<(
         Bound<'py, PyArray1<u32>>,
         Bound<'py, PyArray1<u32>>,
         Bound<'py, PyArray1<f64>>,
         Vec<(u32, u32)>,
-    ) {
+    )> {
+        if texts.len() != stderr.len() {
+            return Err(PyValueError::new_err(format!(
+                "NativeLogVocab.encode: {} lines but {} stream flags (one per line)",
+                texts.len(),
+                stderr.len()
+            )));
+        }
         let e = py.detach(|| self.inner.encode(&texts, &stderr));
-        (
+        Ok((
             e.ids.into_pyarray(py),
             e.line.into_pyarray(py),
             e.num.into_pyarray(py),
             e.deferred,
-        )
+        ))
     }
 }
 
