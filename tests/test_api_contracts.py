@@ -97,6 +97,14 @@ def _saved(tmp_path, tr, edit) -> str:
         ),
         (lambda j: j["settings"].__setitem__("step_names", [""]), "is an empty pattern"),
         (lambda j: j["settings"].__setitem__("normalize", {"foo": 1}), "unknown normalization option 'foo'"),
+        (
+            lambda j: j["settings"].__setitem__("max_token_events", 2**32),
+            r"settings\['max_token_events'\] must be an integer in 1..4294967295 or null",
+        ),
+        (
+            lambda j: j["settings"].__setitem__("min_frequency", 0),
+            r"settings\['min_frequency'\] must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_a_damaged_saved_tokenizer_is_refused_at_load_naming_its_file(tmp_path, tr, edit, said):
@@ -104,6 +112,34 @@ def test_a_damaged_saved_tokenizer_is_refused_at_load_naming_its_file(tmp_path, 
     with pytest.raises(TokenizerError, match=said) as e:
         tpe.load(d)
     assert "tokenizer.json" in str(e.value)
+
+
+def test_fields_a_saved_tokenizer_has_that_this_teller_does_not_know_are_named_once(tmp_path, tr):
+    """Same format version, so a newer teller's fields (or a hand edit's typo: ``close_layer`` would
+    silently mean the default) are read past with one warning naming them and the file."""
+    import warnings
+
+    def edit(j):
+        j["future"] = 1
+        j["settings"]["close_layer"] = ["cpu"]
+        j["teller_version"] = "9.9.9"
+
+    d = _saved(tmp_path, tr, edit)
+    with pytest.warns(teller.TellerWarning) as w:
+        tok = tpe.load(d)
+    said = [str(x.message) for x in w if "does not know" in str(x.message)]
+    assert len(said) == 1, said
+    assert "tokenizer.json" in said[0] and "'future', settings['close_layer']" in said[0]
+    assert "written by teller 9.9.9" in said[0]
+    assert list(tok._close_layers()) == list(tpe.train([tr], num_merges=5)._close_layers())  # (the default)
+    with warnings.catch_warnings():  # (warn=False: a worker process, whose parent said it)
+        warnings.simplefilter("error")
+        tpe.load(d, warn=False)
+    clean = tmp_path / "clean"
+    tpe.train([tr], num_merges=5).save(clean)
+    with warnings.catch_warnings():  # (what this teller writes: nothing to say)
+        warnings.simplefilter("error")
+        tpe.load(clean)
 
 
 def test_a_tokenizer_trained_on_traces_records_how_they_were_loaded(tmp_path):

@@ -564,19 +564,20 @@ def _check_saved_fields(d: dict[str, Any]) -> str | None:
     bad_layer = next((x for x in se.get("close_layers") or [] if x not in LAYER_NAMES), None)
     if bad_layer is not None:  # (used at every encode: said here, naming the tokenizer)
         return f"settings['close_layers']: unknown layer {bad_layer!r} (layers: {', '.join(LAYER_NAMES)})"
-    for key, least, nullable in (
-        ("min_frequency", 1, False),
-        ("min_symbol_count", 1, False),
-        ("max_token_events", 1, True),
-        ("training_events", 0, False),
-        ("training_segments", 0, False),
+    for key, least, most, nullable in (
+        ("min_frequency", 1, None, False),
+        ("min_symbol_count", 1, None, False),
+        ("max_token_events", 1, _U32_MAX, True),  # (train's bound: the native trainer's u32)
+        ("training_events", 0, None, False),
+        ("training_segments", 0, None, False),
     ):
         if key not in se or (nullable and se[key] is None):
             continue
         v = se[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+        if not isinstance(v, int) or isinstance(v, bool) or v < least or (most is not None and v > most):
             null = " or null" if nullable else ""
-            return f"settings[{key!r}] must be an integer >= {least}{null}, got {json.dumps(v)}"
+            bound = f">= {least}" if most is None else f"in {least}..{most}"
+            return f"settings[{key!r}] must be an integer {bound}{null}, got {json.dumps(v)}"
     if se.get("normalize") is not None and not isinstance(se["normalize"], dict):
         return f"settings['normalize'] must be an object or null, got {json.dumps(se['normalize'])}"
     if se.get("normalize"):
@@ -1129,14 +1130,64 @@ def load(directory: str | os.PathLike[str], *, warn: bool = True) -> TPETokenize
             f"{path}: cannot read: {e.strerror or e}", path=str(path), errno=e.errno
         ) from None
     tok = TPETokenizer.from_dict(d, path=str(path))
-    note = normalization_note(tok, str(path)) if warn else None
-    if note:
+    if warn:
         import warnings
 
         from teller.errors import TellerWarning
 
-        warnings.warn(note, TellerWarning, stacklevel=2)
+        for note in (_unknown_fields_note(d, str(path)), normalization_note(tok, str(path))):
+            if note:
+                warnings.warn(note, TellerWarning, stacklevel=2)
     return tok
+
+
+# The fields this teller writes (``to_dict``; ``settings``: ``train``'s), the rest are read past.
+_SAVED_FIELDS = frozenset(
+    (
+        "format",
+        "version",
+        "teller_version",
+        "specials",
+        "base_vocab",
+        "merges",
+        "merge_counts",
+        "stats",
+        "settings",
+    )
+)
+_SAVED_SETTINGS = frozenset(
+    (
+        "min_frequency",
+        "min_symbol_count",
+        "max_token_events",
+        "close_layers",
+        "step_names",
+        "normalize",
+        "normalization_version",
+        "training_events",
+        "training_segments",
+    )
+)
+
+
+def _unknown_fields_note(d: dict[str, Any], path: str) -> str | None:
+    """Fields of a saved tokenizer this teller does not know (a newer teller's, or a typo in a
+    hand-edited file: ``close_layer`` would silently mean the default), or None. Same format
+    version, so they are ignored rather than refused; the note says which."""
+    top = sorted(k for k in d if k not in _SAVED_FIELDS)
+    se = d.get("settings") or {}
+    sub = sorted(k for k in se if k not in _SAVED_SETTINGS)
+    names = [repr(k) for k in top] + [f"settings[{k!r}]" for k in sub]
+    if not names:
+        return None
+    wrote = d.get("teller_version")
+    by = (
+        f" (written by teller {wrote}, this is {__version__})"
+        if isinstance(wrote, str) and wrote != __version__
+        else ""
+    )
+    plural = "s" if len(names) > 1 else ""
+    return f"{path}: ignored field{plural} this teller does not know: {', '.join(names)}{by}"
 
 
 __all__ = [
