@@ -150,7 +150,7 @@ static void write_mark(tl_thread *t, uint32_t name, const tl_name *dom, const tl
     mp_uint(&c, tl_now());
     if (n) {
         mp_map(&c, n);
-        if (dom) { mp_str(&c, "domain", 6); mp_str(&c, dom->text, dom->len > 200 ? 200 : dom->len); }
+        if (dom) { mp_str(&c, "domain", 6); mp_str(&c, dom->text, dom->len > 200 ? tl_utf8_cut(dom->text, 200) : dom->len); }
         if (a && a->has_color) { mp_str(&c, "color", 5); mp_uint(&c, a->color); }
         if (a && a->has_payload) {
             mp_str(&c, "payload", 7);

@@ -214,7 +214,8 @@ static size_t encode_fixed(uint8_t *buf, size_t cap, uint64_t mono, uint64_t rea
     mp_cstr(&c, "argv"); mp_arr(&c, nargs);
     for (size_t i = 0, s = 0; i <= cmdlen && nargs; i++) {
         if (i == cmdlen || cmd[i] == 0) {
-            if (i > s || i < cmdlen) mp_str(&c, cmd + s, i - s);
+            /* (the last argument may be cut at the buffer's end: not inside a character) */
+            if (i > s || i < cmdlen) mp_str(&c, cmd + s, i == cmdlen ? tl_utf8_cut(cmd + s, i - s) : i - s);
             s = i + 1;
             if (i == cmdlen) break;
         }
@@ -568,8 +569,8 @@ tl_thread *tl_self_slow(void) {
     tl_tls = t;
     pthread_setspecific(g.key, t);
     char name[64] = {0};
-    if (pthread_getname_np(pthread_self(), name, sizeof name) == 0 && name[0])
-        tl_write_thread_name(t, t->tid, name, strlen(name));
+    if (pthread_getname_np(pthread_self(), name, sizeof name) == 0 && name[0]) /* (cut by the kernel) */
+        tl_write_thread_name(t, t->tid, name, tl_utf8_cut(name, strlen(name)));
     return t;
 }
 
@@ -704,7 +705,7 @@ tl_name *tl_name_new(const char *s, uint32_t magic) {
     tl_name *n = calloc(1, sizeof *n);
     if (!n) return NULL;
     size_t len = s ? strlen(s) : 0;
-    if (len > TL_MAX_STR) len = TL_MAX_STR;
+    if (len > TL_MAX_STR) len = tl_utf8_cut(s, TL_MAX_STR);
     n->text = malloc(len + 1);
     if (!n->text) { free(n); return NULL; }
     if (len) memcpy(n->text, s, len);
@@ -746,7 +747,7 @@ void tl_diag(int severity, const char *fmt, ...) {
     }
     tl_thread *t = tl_self();
     if (!t) return;
-    size_t len = strlen(msg);
+    size_t len = tl_utf8_cut(msg, strlen(msg)); /* (vsnprintf's cut) */
     uint8_t *r = tl_reserve(t, len + 32);
     if (!r) return;
     uint8_t *c = r + 1;

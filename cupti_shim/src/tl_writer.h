@@ -196,9 +196,22 @@ static inline uint32_t tl_hash(const char *s, uint32_t len) {
     return (uint32_t)h | 1u; /* never 0 */
 }
 
+/* `len` less a UTF-8 sequence left incomplete at its end: where a string is cut at a byte limit
+ * (ours, or the kernel's 15-byte thread names), the cut never splits a character, so the reader
+ * gets valid UTF-8 from valid input. Invalid input (Latin-1 argv) is written as given: the reader
+ * replaces it and says so. */
+static inline size_t tl_utf8_cut(const char *s, size_t len) {
+    size_t i = len, k = 0; /* k continuation bytes (10xxxxxx) at the end */
+    while (i > 0 && k < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) { i--; k++; }
+    if (i == 0) return len;
+    unsigned char b = (unsigned char)s[i - 1];
+    size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    return (b >= 0xC0 && k + 1 < need) ? i - 1 : len; /* a lead byte short of its continuation */
+}
+
 /* String id for `s` in the current file; writes a STRING record on first sight in the file. */
 static inline uint32_t tl_intern(tl_thread *t, const char *s, size_t len) {
-    if (len > TL_MAX_STR) len = TL_MAX_STR;
+    if (len > TL_MAX_STR) len = tl_utf8_cut(s, TL_MAX_STR);
     uint32_t h = tl_hash(s, (uint32_t)len);
     tl_scache_entry *e = &t->scache[h & (TL_SCACHE - 1)];
     if (TL_LIKELY(e->hash == h && e->len == len && memcmp(e->text, s, len) == 0)) return e->sid;

@@ -162,6 +162,24 @@ print('ok' if ok and [x['name'] for x in r][-1] == 'after-deep' else 'bad %d' % 
   [ "$res" = ok ] && ok "nvtx-too-deep" || ko "nvtx-too-deep" "$res"
 else ko "nvtx-too-deep"; fi
 
+# strings cut at a byte limit (64 KiB names, 200-byte mark domains, the kernel's 15-byte thread
+# names) end on a character: the file decodes as UTF-8 (check_raw reads strictly) and says what was kept
+d="$(fresh utf8)"
+if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" utf8 > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+try:
+    f = c.load_dir('$d')[0]
+except AssertionError as e:
+    print('bad', str(e)[:200]); raise SystemExit
+names = [x['name'] for x in f.ranges().values()]
+marks = [(f.s(m[2]), m[5].get('domain') if len(m) > 5 and isinstance(m[5], dict) else None) for m in f.of(c.MARK)]
+want_mark = ('ab' + '😀' * 16383, 'x' + 'é' * 99)
+ok = names[0] == 'é' * 32767 and marks == [want_mark] and 'abcdefghijklmn' in f.thread_names().values()
+print('ok' if ok else 'bad %r %r %r' % ([len(x) for x in names], [(len(a), b and len(b)) for a, b in marks], f.thread_names()))")
+  [ "$res" = ok ] && ok "nvtx-utf8-cut" || ko "nvtx-utf8-cut" "$res"
+else ko "nvtx-utf8-cut"; fi
+
 # the program closes all descriptors and reuses the numbers: its files must stay untouched
 d="$(fresh closefd)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" closefd "$d/user" > /dev/null 2>&1; then

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
@@ -270,6 +271,44 @@ static void scenario_signal_storm(void) {
     printf("{\"pid\": %d, \"main_tid\": %u, \"alarms\": %d, \"iters\": %ld}\n", (int)getpid(), tid(), (int)g_alarms, iters);
 }
 
+/* strings cut at a byte limit end on a character: a range name past 64 KiB (2-byte characters), a
+ * mark message (4-byte ones), a mark's domain past 200 bytes, a thread name the kernel cut at 15 */
+static void *utf8_thread(void *arg) {
+    (void)arg;
+    prctl(PR_SET_NAME, "abcdefghijklmn\xc3\xa9"); /* 16 bytes: the kernel keeps 15, half of the e-acute */
+    nvtxRangePushA("named"); /* (the shim reads the name when the thread first calls it) */
+    nvtxRangePop();
+    return NULL;
+}
+
+static void scenario_utf8(void) {
+    size_t n2 = 40000, n4 = 20000;
+    char *two = malloc(2 * n2 + 1), *four = malloc(2 + 4 * n4 + 1), dname[302];
+    for (size_t i = 0; i < n2; i++) memcpy(two + 2 * i, "\xc3\xa9", 2);
+    two[2 * n2] = 0;
+    memcpy(four, "ab", 2);
+    for (size_t i = 0; i < n4; i++) memcpy(four + 2 + 4 * i, "\xf0\x9f\x98\x80", 4);
+    four[2 + 4 * n4] = 0;
+    dname[0] = 'x';
+    for (int i = 0; i < 150; i++) memcpy(dname + 1 + 2 * i, "\xc3\xa9", 2);
+    dname[301] = 0;
+    nvtxRangePushA(two);
+    nvtxRangePop();
+    nvtxDomainHandle_t dom = nvtxDomainCreateA(dname);
+    nvtxEventAttributes_t a = {0};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = four;
+    nvtxDomainMarkEx(dom, &a);
+    pthread_t th;
+    pthread_create(&th, NULL, utf8_thread, NULL);
+    pthread_join(th, NULL);
+    free(two);
+    free(four);
+    printf("{\"pid\": %d}\n", (int)getpid());
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *s = argc > 1 ? argv[1] : "basic";
@@ -316,6 +355,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
         printf("{\"pid\": %d}\n", (int)getpid());
     }
+    else if (strcmp(s, "utf8") == 0) scenario_utf8();
     else if (strcmp(s, "signal-inside") == 0) scenario_signal_inside();
     else if (strcmp(s, "signal-storm") == 0) scenario_signal_storm();
     else if (strncmp(s, "crash-", 6) == 0) scenario_crash(s + 6, argc > 2 ? argv[2] : NULL);
