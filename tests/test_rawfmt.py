@@ -175,6 +175,26 @@ def test_unfinished_range_is_closed_and_flagged(tmp_path):
     assert tr.ts[i] == REAL0 + 100 and tr.end[i] == REAL0 + 400
 
 
+def test_an_end_written_before_its_begin_still_closes_the_range(tmp_path):
+    """A range ended on another thread has its END in that thread's chunk, which may sit earlier in
+    the file than the BEGIN's: the pair is made by range id, not by file order (the END was dropped
+    and the range ran to the end of the file, adopting later events as children)."""
+    p = tmp_path / "e.tmsgpack"
+    with RawWriter(p, pid=1, clock_sync=(0, REAL0)) as w:
+        w.end(1, tid=43, ts=5000)
+        w._next_range = 1
+        assert w.begin("annotation", "forward", tid=42, ts=1000) == 1
+        w.span("runtime", "cudaMalloc", tid=42, start=20000, end=90000)
+        w.end(7, tid=42, ts=95000)  # (never begun: still said)
+    with pytest.warns(TellerWarning, match="1 END record") as rec:
+        tr = T.load(p)
+    assert not [r for r in rec if "still open" in str(r.message)]
+    names = [tr.name_of(k) for k in range(len(tr))]
+    f, m = names.index("forward"), names.index("cudaMalloc")
+    assert tr.ts[f] == REAL0 + 1000 and tr.dur[f] == 4000 and not tr.flags[f] & T.FLAG_UNFINISHED
+    assert tr.parent[m] == -1
+
+
 def test_two_processes_on_one_time_base(tmp_path):
     # process B's monotonic clock is 5 s ahead of A's, but both map to the same realtime
     d = tmp_path / "run" / "raw"

@@ -547,7 +547,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let mut undefined: HashMap<u64, ()> = HashMap::new();
 
     let mut open: HashMap<u64, Open> = HashMap::new();
-    let mut unmatched_end = 0u64;
+    // ENDs read before their BEGIN, by range id: a range ended on another thread has its END in that
+    // thread's chunk, which may lie earlier in the file than the chunk holding the BEGIN.
+    let mut early_end: HashMap<u64, i64> = HashMap::new();
     let mut unknown_types: HashMap<i64, u64> = HashMap::new();
     // DROPPED records summed per reason: the shim writes one per chunk hand-out, so a long run that
     // filled its file (or a program whose signal handlers call NVTX) has thousands of them.
@@ -723,17 +725,39 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         args.push((k, ArgValue::Str(d)));
                     }
                 }
-                last_ts = last_ts.max(ts.saturating_add(offset));
-                open.insert(
-                    id,
-                    Open {
-                        layer,
-                        name,
-                        tid,
-                        ts: ts.saturating_add(offset),
-                        args,
-                    },
-                );
+                let ts = ts.saturating_add(offset);
+                last_ts = last_ts.max(ts);
+                match early_end.remove(&id) {
+                    Some(end) => {
+                        t.args.extend(args);
+                        t.push_event(
+                            layer,
+                            name,
+                            cats[layer as usize],
+                            ts,
+                            end.saturating_sub(ts).max(0),
+                            pid,
+                            tid,
+                            -1,
+                            0,
+                            0,
+                            0,
+                            source,
+                        );
+                    }
+                    None => {
+                        open.insert(
+                            id,
+                            Open {
+                                layer,
+                                name,
+                                tid,
+                                ts,
+                                args,
+                            },
+                        );
+                    }
+                }
             }
             6 => {
                 let id = int(1, "range_id")? as u64;
@@ -758,7 +782,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             source,
                         );
                     }
-                    None => unmatched_end += 1,
+                    None => {
+                        early_end.insert(id, ts);
+                    }
                 }
             }
             7 => {
@@ -864,9 +890,10 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
         warnings.push(format!("{path}: {n} range(s) still open at the end of the file (process killed?) were closed at its last timestamp"));
     }
-    if unmatched_end > 0 {
+    if !early_end.is_empty() {
         warnings.push(format!(
-            "{path}: {unmatched_end} END record(s) without a BEGIN were ignored"
+            "{path}: {} END record(s) without a BEGIN were ignored",
+            early_end.len()
         ));
     }
     if !undefined.is_empty() {
