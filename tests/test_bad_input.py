@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 
 import pytest
 import teller.trace as T
@@ -239,6 +240,50 @@ def test_b_e_pairs_and_string_ids(tmp_path):
     assert tr.dur[i] == 10250 and tr.args(i) == {"k": 1} and tr.pid[i] == 7
     j = 1 - i
     assert tr.parent[j] == i
+
+
+def test_b_e_pairs_are_made_in_time_order_not_file_order(tmp_path):
+    """The format does not ask for events in time order (Perfetto sorts before pairing): B/E are
+    paired per thread by timestamp; the range keeps its B's device and stream, and a key both
+    ends give appears once (the B's value)."""
+    ev = lambda ph, ts, **kw: {"ph": ph, "pid": 1, "tid": 1, "ts": ts, **kw}  # noqa: E731
+    p = write(
+        tmp_path,
+        "order.json",
+        json.dumps(
+            [
+                ev("B", 2, name="b"),
+                ev("B", 1, name="a"),
+                ev("E", 3),
+                ev("E", 10),
+                ev("E", 30, args={"k": 2, "e": 1}),  # (listed before its B)
+                ev("B", 25, name="c", args={"k": 1}),
+                {
+                    "ph": "B",
+                    "name": "k",
+                    "cat": "kernel",
+                    "pid": 0,
+                    "tid": "stream 7",
+                    "ts": 40,
+                    "args": {"device": 3, "stream": 7, "correlation": 5},
+                },
+                {"ph": "E", "pid": 0, "tid": "stream 7", "ts": 41},
+            ]
+        ),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tr = T.load(p)
+    by = {tr.name_of(k): k for k in range(len(tr))}
+    span = {n: (int(tr.ts[i] - tr.ts.min()), int(tr.dur[i])) for n, i in by.items() if n != "k"}
+    assert span == {"a": (0, 9000), "b": (1000, 1000), "c": (24000, 5000)}
+    assert tr.parent[by["b"]] == by["a"] and tr.parent[by["c"]] == -1
+    assert tr.args(by["c"]) == {"k": 1, "e": 1}
+    assert tr.device[by["k"]] == 3 and tr.tid[by["k"]] == 7
+    # (and one trace written by teller reads back with the same device)
+    tr.to_chrome(tmp_path / "back.json")
+    back = T.load(tmp_path / "back.json", warn=False)
+    assert back.device.tolist() == tr.device.tolist()
 
 
 def test_directory_without_traces(tmp_path):

@@ -13,7 +13,7 @@ use hashbrown::HashMap;
 /// sample, memory-dump and context events). They are counted and reported as a warning.
 const SKIPPED_PHASES: &[u8] = b"bneSTFpPONDVvc()";
 
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Ev {
     ph: u8,
     name: u32,
@@ -37,12 +37,11 @@ struct Ev {
     scope: u8,
 }
 
-struct Pending {
-    name: u32,
-    cat: Option<u32>,
+/// A 'B' or 'E' event, held until the file is read: the format does not require events in time
+/// order, so they are paired per thread in timestamp order (as Perfetto does), not in file order.
+struct BeRec {
+    ev: Ev,
     ts: i64,
-    corr: u64,
-    ext: u64,
     args: Vec<(u32, ArgValue)>,
 }
 
@@ -56,7 +55,8 @@ pub struct ChromeReader<'a, 'f> {
     t: Trace,
     source: u16,
     index: u64,
-    open: HashMap<(i64, i64), Vec<Pending>>,
+    /// 'B' and 'E' events per (pid, tid), in file order (paired by `pair_begin_end`).
+    be: HashMap<(i64, i64), Vec<BeRec>>,
     unknown_cats: HashMap<u32, u64>,
     skipped_phases: HashMap<u8, u64>,
     neg_dur: u64,
@@ -113,7 +113,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
             t,
             source,
             index: 0,
-            open: HashMap::new(),
+            be: HashMap::new(),
             unknown_cats: HashMap::new(),
             skipped_phases: HashMap::new(),
             neg_dur: 0,
@@ -312,7 +312,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                 "unexpected content after the end of the trace",
             ));
         }
-        self.close_open_ranges();
+        self.pair_begin_end();
         self.finish_warnings();
         if base_ns != 0 {
             for ts in self.t.ts.iter_mut() {
@@ -705,42 +705,13 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                 let layer = self.layer_for(ev.cat, Layer::Marker);
                 self.push(layer, &ev, ts, 0, flags::INSTANT | ev.scope);
             }
-            b'B' => {
+            b'B' | b'E' => {
                 let ts = self.need_ts(&ev, off)?;
                 let args = self.t.args.split_off(ev.args_start);
-                self.open.entry((ev.pid, ev.tid)).or_default().push(Pending {
-                    name: ev.name,
-                    cat: ev.cat,
-                    ts,
-                    corr: ev.corr,
-                    ext: ev.ext,
-                    args,
-                });
-            }
-            b'E' => {
-                let ts = self.need_ts(&ev, off)?;
-                let end_args = self.t.args.split_off(ev.args_start);
-                match self.open.get_mut(&(ev.pid, ev.tid)).and_then(|v| v.pop()) {
-                    None => self.unmatched_end += 1,
-                    Some(p) => {
-                        let layer = self.layer_for(p.cat, Layer::Other);
-                        self.t.args.extend(p.args);
-                        self.t.args.extend(end_args);
-                        let mut dur = ts - p.ts;
-                        if dur < 0 {
-                            self.neg_dur += 1;
-                            dur = 0;
-                        }
-                        let e2 = Ev {
-                            name: p.name,
-                            cat: p.cat,
-                            corr: p.corr,
-                            ext: p.ext,
-                            ..ev
-                        };
-                        self.push(layer, &e2, p.ts, dur, 0);
-                    }
-                }
+                self.be
+                    .entry((ev.pid, ev.tid))
+                    .or_default()
+                    .push(BeRec { ev, ts, args });
             }
             b's' | b't' | b'f' => {
                 let ts = self.need_ts(&ev, off)?;
@@ -839,32 +810,57 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         );
     }
 
-    fn close_open_ranges(&mut self) {
-        let last = self.t.ts.iter().zip(&self.t.dur).map(|(a, b)| a + b).max().unwrap_or(0);
-        let mut open: Vec<((i64, i64), Pending)> = Vec::new();
-        for (k, v) in self.open.drain() {
-            for p in v {
-                open.push((k, p));
+    /// Pair each thread's 'B' and 'E' events in timestamp order (ties: file order) and push the
+    /// ranges; a 'B' left open is closed at the trace's last timestamp and flagged UNFINISHED.
+    fn pair_begin_end(&mut self) {
+        let mut threads: Vec<((i64, i64), Vec<BeRec>)> = self.be.drain().collect();
+        if threads.is_empty() {
+            return;
+        }
+        threads.sort_unstable_by_key(|(k, _)| *k);
+        let mut open: Vec<BeRec> = Vec::new();
+        for (_, mut recs) in threads {
+            recs.sort_by_key(|r| r.ts); // (stable: equal timestamps keep their file order)
+            let mut stack: Vec<BeRec> = Vec::new();
+            for r in recs {
+                if r.ev.ph == b'B' {
+                    stack.push(r);
+                    continue;
+                }
+                let Some(b) = stack.pop() else {
+                    self.unmatched_end += 1;
+                    continue;
+                };
+                // The range is the B's (name, category, ids, device, stream); the E may add args
+                // (its own value of a key the B has is dropped: one value per key) and fill in a
+                // device or stream the B lacks.
+                let layer = self.layer_for(b.ev.cat, Layer::Other);
+                let ev = Ev {
+                    device: b.ev.device.or(r.ev.device),
+                    stream: b.ev.stream.or(r.ev.stream),
+                    unfinished: b.ev.unfinished || r.ev.unfinished,
+                    ..b.ev
+                };
+                let keys: Vec<u32> = b.args.iter().map(|(k, _)| *k).collect();
+                self.t.args.extend(b.args);
+                self.t
+                    .args
+                    .extend(r.args.into_iter().filter(|(k, _)| !keys.contains(k)));
+                self.push(layer, &ev, b.ts, r.ts - b.ts, 0);
             }
+            open.append(&mut stack);
         }
         if open.is_empty() {
             return;
         }
-        open.sort_by_key(|(k, p)| (p.ts, *k));
+        let last = self.t.ts.iter().zip(&self.t.dur).map(|(a, b)| a + b).max().unwrap_or(0);
+        let last = open.iter().map(|r| r.ts).fold(last, i64::max);
+        open.sort_by_key(|r| (r.ts, r.ev.pid, r.ev.tid));
         let n = open.len();
-        for ((pid, tid), p) in open {
-            let layer = self.layer_for(p.cat, Layer::Other);
-            self.t.args.extend(p.args);
-            let ev = Ev {
-                name: p.name,
-                cat: p.cat,
-                pid,
-                tid,
-                corr: p.corr,
-                ext: p.ext,
-                ..Default::default()
-            };
-            self.push(layer, &ev, p.ts, (last.max(p.ts)) - p.ts, flags::UNFINISHED);
+        for r in open {
+            let layer = self.layer_for(r.ev.cat, Layer::Other);
+            self.t.args.extend(r.args);
+            self.push(layer, &r.ev, r.ts, last - r.ts, flags::UNFINISHED);
         }
         self.t.warnings.push(format!(
             "{}: {n} 'B' event(s) without a matching 'E' were closed at the end of the trace",
