@@ -162,7 +162,7 @@ def test_changed_sample_bytes_are_never_served_old_encodings(setup, tmp_path, mo
     assert b != a and shards_of(a) == before and (a / "manifest.json").read_bytes() == man_a
     rb = json.loads((b / "manifest.json").read_text())
     assert rb["dataset"]["samples_sha256"] != rec["samples_sha256"]
-    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], 13]
+    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], tk.SHARDS_VERSION]
     assert b.name == tk._key_id([*key, rb["dataset"]["samples_sha256"]]) and a.name == tk._key_id(key)
     shard = next(sh["name"] for sh in rb["splits"]["test"]["shards"])
     assert not np.array_equal(load_shard(a, shard)["log_ids"], load_shard(b, shard)["log_ids"])
@@ -198,7 +198,7 @@ def test_changed_sample_bytes_are_never_served_old_encodings(setup, tmp_path, mo
         "tpe_dir": str(tdir),
         "log_tokenizer": str(run / "log_tokenizer.json"),
         "reference": str(run / "reference.json"),
-        "shards_version": 13,
+        "shards_version": tk.SHARDS_VERSION,
     }
     ck = tmp_path / "ck"
     e = _tokenize_for(ck, cfg, data, 1)
@@ -241,7 +241,7 @@ def test_a_record_from_before_the_content_digest(setup, tmp_path, monkeypatch):
     b = tokenize_dataset(d, tdir, o, **kw)
     assert b != a and _files(a) == old
     rb = json.loads((b / "manifest.json").read_text())
-    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], 13]
+    key = [rb["dataset"]["manifest_sha256"], rb["tokenizer"]["sha256"], rb["settings"], tk.SHARDS_VERSION]
     assert b.name == tk._key_id([*key, rb["dataset"]["samples_sha256"]]) and a.name == tk._key_id(key)
     shard = next(sh["name"] for sh in rb["splits"]["test"]["shards"])
     assert not np.array_equal(load_shard(a, shard)["log_ids"], load_shard(b, shard)["log_ids"])

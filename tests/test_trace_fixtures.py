@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 
 import numpy as np
 import pytest
@@ -460,6 +461,84 @@ def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
         "GPU 0 of teller-h-7-a.tmsgpack",
         "GPU 0 of teller-h-7-b.tmsgpack",
     ]
+
+
+def test_a_merged_file_read_back_keeps_each_ranks_gpu_nesting_and_steps(tmp_path):
+    """Two ranks' GPU 0 in one merged file, read back: a GPU annotation nests only over its own
+    rank's kernels, and an unlinked GPU event takes its step from the rank that launched work on its
+    GPU track, as when the rank files are read directly (they were one GPU stack and one step list:
+    rank 200's annotation nested under rank 100's, its kernels in rank 100's step)."""
+
+    def rank(pid: int) -> dict:
+        return {
+            "traceEvents": [
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "ProfilerStep#0",
+                    "ts": 0,
+                    "dur": 100,
+                    "pid": pid,
+                    "tid": 1,
+                },
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "ts": 5,
+                    "dur": 2,
+                    "pid": pid,
+                    "tid": 1,
+                    "args": {"correlation": 9},
+                },
+                {
+                    "ph": "X",
+                    "cat": "gpu_user_annotation",
+                    "name": f"ga{pid}",
+                    "ts": 10,
+                    "dur": 20,
+                    "pid": 0,
+                    "tid": 7,
+                    "args": {"device": 0},
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"k{pid}",
+                    "ts": 12,
+                    "dur": 5,
+                    "pid": 0,
+                    "tid": 7,
+                    "args": {"device": 0, "stream": 7, "correlation": 9},
+                },
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"u{pid}",
+                    "ts": 20,
+                    "dur": 5,
+                    "pid": 0,
+                    "tid": 7,
+                    "args": {"device": 0, "stream": 7},
+                },
+            ]
+        }
+
+    paths = []
+    for pid in (100, 200):
+        paths.append(tmp_path / f"rank{pid}.json")
+        paths[-1].write_text(json.dumps(rank(pid)))
+    tr = T.load(paths, warn=False)
+    tr.to_chrome(tmp_path / "merged.json")
+    back = T.load(tmp_path / "merged.json", warn=False)
+    for t in (tr, back):
+        by = {t.name_of(i): i for i in range(len(t))}
+        steps = t.steps()
+        for pid in (100, 200):
+            assert t.parent[by[f"u{pid}"]] == by[f"ga{pid}"], (pid, t.parent.tolist())
+            for name in (f"ga{pid}", f"u{pid}", f"k{pid}"):
+                assert steps[t.step[by[name]]].pid == pid, (name, t.step.tolist())
+    assert back.parent.tolist() == tr.parent.tolist() and back.step.tolist() == tr.step.tolist()
 
 
 def test_a_merged_kineto_pair_keeps_each_host_wait_with_its_gpu(tmp_path):

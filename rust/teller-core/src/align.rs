@@ -170,13 +170,16 @@ pub fn finish(t: &mut Trace, proc_of_source: &[u32], opts: &AlignOptions) {
     // 3. Call-chain tree: interval nesting per CPU thread and per GPU track (one pass, a stack per
     //    track); a linked GPU activity hangs under its launch instead.
     t.parent = vec![-1; n];
-    let mut stacks: HashMap<(u32, i64, i64, bool), Vec<u32>> = HashMap::new();
+    let mut stacks: HashMap<(u32, i64, i64, i64, bool), Vec<u32>> = HashMap::new();
     let mut improper = 0u64;
     for i in 0..n {
         let gpu = t.layer_of(i).on_gpu();
+        // (a GPU track is its pid as well as its device: in a merged trace read back, two ranks'
+        // GPU 0 are told apart by the pids load::separate_pids gave them, in one scope)
         let key = (
             proc_of_source[t.source[i] as usize],
-            if gpu { t.device[i] as i64 } else { t.pid[i] },
+            t.pid[i],
+            if gpu { t.device[i] as i64 } else { -1 },
             t.tid[i],
             gpu,
         );
@@ -430,13 +433,35 @@ fn find_steps(t: &mut Trace, proc_of_source: &[u32], patterns: &[String]) {
             out[i] = find(list, t.ts[i]);
         }
     }
+    // An unlinked GPU activity takes the steps of the process that launched the linked work on its
+    // GPU track's pid (several ranks' GPUs in one merged file each follow their own rank), or the
+    // whole scope's where no single process did.
+    const SHARED: i64 = i64::MIN;
+    let mut owner: HashMap<(u32, i64), i64> = HashMap::new();
+    for i in 0..n {
+        if t.layer_of(i).on_gpu() && t.link[i] >= 0 {
+            let cpu = t.pid[t.link[i] as usize];
+            let o = owner
+                .entry((proc_of_source[t.source[i] as usize], t.pid[i]))
+                .or_insert(cpu);
+            if *o != cpu {
+                *o = SHARED;
+            }
+        }
+    }
     for i in 0..n {
         if !t.layer_of(i).on_gpu() {
             continue;
         }
+        let scope = proc_of_source[t.source[i] as usize];
         if t.link[i] >= 0 {
             out[i] = out[t.link[i] as usize];
-        } else if let Some(list) = by_scope.get(&proc_of_source[t.source[i] as usize]) {
+        } else if let Some(list) = owner
+            .get(&(scope, t.pid[i]))
+            .filter(|&&o| o != SHARED)
+            .and_then(|&o| by_proc.get(&(scope, o)))
+            .or_else(|| by_scope.get(&scope))
+        {
             out[i] = find(list, t.ts[i]);
         }
     }
