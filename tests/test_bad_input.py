@@ -69,6 +69,25 @@ def test_truncated_json_names_offset(tmp_path):
     assert isinstance(e, ValueError)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    ['{"x": [1 2 @@ ]}', '{"y": {"k" 5}}', '{"z": ["\\q"]}', '{"w": [1, NaN]}'],
+)
+def test_an_args_value_that_is_not_json_is_refused_where_it_is(tmp_path, bad):
+    """A compound value is kept as its text and written back out as it was: text that is not JSON
+    was read without a word and made `to_chrome` write a file no JSON reader (nor Perfetto) opens."""
+    head = '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "args": '
+    p = write(tmp_path, "args.json", head + bad + "}]}")
+    with pytest.raises(TraceFormatError, match="args.json") as e:
+        T.load(p)
+    assert e.value.offset is not None and len(head) < e.value.offset < len(head) + len(bad)
+    p = write(
+        tmp_path, "top.json", '{"traceEvents": [' + json.dumps(ok_event()) + '], "distributedInfo": [oops]}'
+    )
+    with pytest.raises(TraceFormatError, match="top.json.*unexpected character 'o'"):
+        T.load(p)
+
+
 @pytest.mark.parametrize("cut", [1, 7, 30, 55, 80])
 def test_every_truncation_is_an_error_not_a_crash(tmp_path, cut):
     full = doc(ok_event(), ok_event(name="aten::add"))
