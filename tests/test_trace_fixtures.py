@@ -284,6 +284,46 @@ def test_merged_trace_with_flow_ids_reused_across_processes(tmp_path):
     assert _launch_pid(tr, "k3") == 100 and _launch_pid(tr, "k4") == 200
 
 
+def test_flows_of_merged_inputs_keep_their_own_ids_in_the_written_trace(tmp_path):
+    """Flow ids pair events within their file: two ranks' `fwdbwd` 3 are two flows, a string id
+    and a numeric one are two, and -1 is an id like any other. teller wrote them as they were
+    (Perfetto pairs version-1 flows by cat, name and id: arrows across ranks) and -1 as a huge
+    negative number; each now gets an id of its own, the same on both ends."""
+
+    def rank(pid: int, ids: list) -> dict:
+        evs = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": pid, "tid": 1, "ts": 0, "dur": 50}]
+        for k, fid in enumerate(ids):
+            for ph, ts in (("s", 1 + k), ("f", 20 + k)):
+                evs.append(
+                    {
+                        "ph": ph,
+                        "cat": "fwdbwd",
+                        "name": "fwdbwd",
+                        "id": fid,
+                        "pid": pid,
+                        "tid": 1,
+                        "ts": ts,
+                        **({"bp": "e"} if ph == "f" else {}),
+                    }
+                )
+        return {"traceEvents": evs}
+
+    paths = []
+    for pid, ids in ((100, [3, "x3", -1]), (200, [3])):
+        paths.append(tmp_path / f"rank{pid}.json")
+        paths[-1].write_text(json.dumps(rank(pid, ids)))
+    T.load(paths, warn=False).to_chrome(tmp_path / "out.json")
+    flows = [
+        e for e in json.loads((tmp_path / "out.json").read_text())["traceEvents"] if e.get("cat") == "fwdbwd"
+    ]
+    ends = collections.defaultdict(list)
+    for e in flows:
+        ends[e["id"]].append((e["pid"], e["ph"]))
+    assert len(ends) == 4 and all(0 < i < 2**53 for i in ends), ends
+    assert sorted(map(sorted, ends.values())) == [[(p, "f"), (p, "s")] for p in (100, 100, 100, 200)]
+    assert T.load(tmp_path / "out.json", warn=False).num_flows == 8
+
+
 def test_inputs_of_different_processes_keep_their_processes_apart(tmp_path):
     """Two ranks' files both number their GPU tracks 0 (and may share an OS pid): merged, each keeps
     processes of its own (a later input's clashing pids move by 10_000_000), in the model and in the

@@ -401,13 +401,18 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
             out.clear();
         }
     }
+    // Other flows get new ids after the ac2g ones, one per (source, id): a flow id pairs events
+    // within its file only (two ranks' `fwdbwd` 3 are two flows), a string id is an index into its
+    // file's strings, and a negative one is a u64 near 2^64; written as they were, they collided.
+    let mut flow_ids: HashMap<(u16, u64), i64> = HashMap::new();
     for f in &t.flows {
         let cat = t.strings.get(f.cat);
         if cat == "ac2g" || cat == "async" {
             continue;
         }
         sep(&mut out);
-        let id = (f.id & !(1 << 63)) as i64 + (1i64 << 40);
+        let next = flow_id + flow_ids.len() as i64;
+        let id = *flow_ids.entry((f.source, f.id)).or_insert(next);
         flow(
             &mut out,
             f.phase as char,
