@@ -305,6 +305,29 @@ def test_b_e_pairs_are_made_in_time_order_not_file_order(tmp_path):
     assert back.device.tolist() == tr.device.tolist()
 
 
+def test_a_gpu_activity_takes_its_device_from_its_pid_only_where_that_is_one(tmp_path):
+    """Without args.device a GPU activity's pid is its device (Kineto), and a label pid "GPU 1" names
+    one; another label ("stream 7" as a pid) or a pid past i32 is no device: -1, said once (it was
+    the label's string number, or the pid wrapped to 705032704)."""
+    k = lambda pid, name: {"ph": "X", "cat": "kernel", "name": name, "ts": 1, "dur": 1, "pid": pid, "tid": 7}  # noqa: E731
+    p = write(
+        tmp_path,
+        "dev.json",
+        json.dumps([k(3, "a"), k("GPU 1", "b"), k("gpu:2", "c"), k("other", "d"), k(5_000_000_000, "e")]),
+    )
+    with pytest.warns(
+        TellerWarning, match=r"2 event\(s\) with an args.device \(or a GPU activity with a pid\)"
+    ):
+        tr = T.load(p)
+    assert {tr.name_of(i): int(tr.device[i]) for i in range(len(tr))} == {
+        "a": 3,
+        "b": 1,
+        "c": 2,
+        "d": -1,
+        "e": -1,
+    }
+
+
 def test_directory_without_traces(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(EmptyTraceError, match="no trace files"):

@@ -780,7 +780,10 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
     fn push(&mut self, layer: Layer, ev: &Ev, ts: i64, dur: i64, fl: u8) {
         let fl = if ev.unfinished { fl | flags::UNFINISHED } else { fl };
         let device = if layer.on_gpu() {
-            ev.device.unwrap_or(ev.pid) as i32
+            match ev.device {
+                Some(d) => d as i32,
+                None => self.device_of_pid(ev.pid),
+            }
         } else if layer == Layer::Sync {
             // a host thread waiting on a GPU: the GPU it waits on (args.device), as in raw records
             ev.device.map_or(-1, |d| d as i32)
@@ -808,6 +811,31 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
             fl,
             self.source,
         );
+    }
+
+    /// A GPU activity without `args.device`: its pid is its device (the Kineto convention), a label
+    /// pid "GPU 1" names it; another label or a pid past i32 is no device index (-1, counted and
+    /// said once; it was the label's string number or a wrapped pid).
+    fn device_of_pid(&mut self, pid: i64) -> i32 {
+        if (0..=i32::MAX as i64).contains(&pid) {
+            return pid as i32;
+        }
+        let named = (pid >= LABEL_ID_BASE)
+            .then(|| self.t.id_labels.get(&pid).map(|&s| self.t.strings.get(s)))
+            .flatten()
+            .and_then(|l| {
+                let l = l.trim();
+                let rest = l.get(..3).filter(|p| p.eq_ignore_ascii_case("gpu")).map(|_| &l[3..])?;
+                rest.trim_start_matches([' ', ':', '#']).parse::<u32>().ok()
+            })
+            .filter(|&d| d <= i32::MAX as u32);
+        named.map_or_else(
+            || {
+                self.bad_device += 1;
+                -1
+            },
+            |d| d as i32,
+        )
     }
 
     /// Pair each thread's 'B' and 'E' events in timestamp order (ties: file order) and push the
@@ -894,7 +922,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         }
         if self.bad_device > 0 {
             self.t.warnings.push(format!(
-                "{path}: {} event(s) with an args.device that is not a device index: ignored",
+                "{path}: {} event(s) with an args.device (or a GPU activity with a pid) that is not a device index: ignored",
                 self.bad_device
             ));
         }
