@@ -13,6 +13,7 @@ from teller.models.metrics import (
     detection,
     loc_top_k,
     macro_f1,
+    per_class,
 )
 
 
@@ -29,6 +30,16 @@ def test_macro_f1_hand_computed() -> None:
     y = [0, 0, 1, 1, 2]
     p = [0, 1, 1, 0, 2]
     assert macro_f1(y, p, 3) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+
+
+def test_a_class_absent_from_a_split_has_no_f1_rather_than_zero() -> None:
+    """Neither in the labels nor predicted: None (the per-fault table said 0.000, a failure, while
+    macro-F1 rightly left it out); predicted but absent, or present but never predicted: 0."""
+    pc = per_class([0, 1, 1], [0, 1, 1], 4)
+    assert pc[2] == {"precision": None, "recall": None, "f1": None, "support": 0}
+    assert macro_f1([0, 1, 1], [0, 1, 1], 4) == 1.0
+    pc = per_class([0, 1], [3, 1], 4)
+    assert pc[3]["f1"] == 0.0 and pc[0]["f1"] == 0.0 and pc[0]["support"] == 1
 
 
 def test_detection() -> None:
@@ -61,6 +72,57 @@ def test_candidate_rank_hand_computed() -> None:
     # a faulty sample without any culprit token: any location of the right category counts
     pf = Prediction(label=2, probs=probs, token_ids=ids, loc_scores=loc, culprit=np.zeros(3, bool))
     assert candidate_rank(pf) == 2  # (B,9) 0.225 is below (A,9) 0.45 only
+
+
+def test_candidate_rank_counts_ties_against_the_correct_candidate() -> None:
+    """Equal scores are not the model's to win (a rule scorer's flat probabilities read as AC@1 hits
+    where argmax picked another class); a sample without trace tokens still has its category."""
+    none = np.zeros(0, np.int64)
+    tie = Prediction(
+        label=2,
+        probs=np.array([0.1, 0.45, 0.45]),
+        token_ids=np.array([5]),
+        loc_scores=np.zeros(1),
+        culprit=np.array([True]),
+    )
+    assert candidate_rank(tie) == 2
+    flat = Prediction(
+        label=5,
+        probs=np.array([0.5] + [0.1] * 5),
+        token_ids=np.array([5]),
+        loc_scores=np.zeros(1),
+        culprit=np.array([True]),
+    )
+    assert candidate_rank(flat) == 6  # (the normal candidate and four equal wrong ones ahead)
+    # no trace tokens: one (c, -) candidate per fault, ranked by the category alone
+    says_normal = Prediction(
+        label=1,
+        probs=np.array([0.99, 0.005, 0.005]),
+        token_ids=none,
+        loc_scores=np.zeros(0),
+        culprit=np.zeros(0, bool),
+    )
+    assert candidate_rank(says_normal) == 3
+    right = Prediction(
+        label=1,
+        probs=np.array([0.005, 0.99, 0.005]),
+        token_ids=none,
+        loc_scores=None,
+        culprit=np.zeros(0, bool),
+    )
+    assert candidate_rank(right) == 1
+    assert (
+        candidate_rank(
+            Prediction(
+                label=0,
+                probs=np.array([0.9, 0.1]),
+                token_ids=none,
+                loc_scores=None,
+                culprit=np.zeros(0, bool),
+            )
+        )
+        == 1
+    )
 
 
 def test_compute_metrics_keys() -> None:

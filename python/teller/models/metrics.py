@@ -47,7 +47,9 @@ def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.nda
 
 
 def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
-    """1-based rank of the first correct (category, location) candidate (large if none is correct)."""
+    """1-based rank of the best correct (category, location) candidate; a wrong candidate scoring
+    the same counts ahead of it (ties are not the model's to win: a rule scorer's equal scores read
+    as hits otherwise). A sample without trace tokens has one location-less candidate per fault."""
     probs = np.asarray(p.probs, dtype=np.float64)
     ids = np.asarray(p.token_ids)
     by = p.loc_by_class
@@ -57,10 +59,9 @@ def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
         q_shared = _location_dist(ids, inv, len(locs), ls) if by is None else None
         good = np.zeros(len(locs), bool)
         np.logical_or.at(good, inv, np.asarray(p.culprit, bool))
-    else:
-        locs = inv = np.zeros(0, np.int64)
-        q_shared = np.zeros(0)
-        good = np.zeros(0, bool)
+    else:  # (nothing to localize: the category alone, as (c, -))
+        q_shared = np.ones(1)
+        good = np.ones(1, bool)
     if p.label != normal_index and not good.any():
         good[:] = True  # no culprit token in the window: any location counts, only the category matters
     scores: list[float] = []
@@ -79,9 +80,9 @@ def candidate_rank(p: Prediction, normal_index: int = 0) -> int:
     sc = np.asarray(scores)
     ok = np.asarray(correct, bool)
     if not ok.any():
-        return len(sc) + 1
+        return len(sc) + 1  # (a label outside the classes)
     best_correct = sc[ok].max()
-    return int((sc > best_correct).sum()) + 1
+    return int((sc[~ok] >= best_correct).sum()) + 1
 
 
 def ac_at_k(ranks: Sequence[int], k: int) -> float:
@@ -100,10 +101,15 @@ def confusion(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> np.ndarra
     return m
 
 
-def per_class(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> list[dict[str, float]]:
+def per_class(y_true: Sequence[int], y_pred: Sequence[int], n: int) -> list[dict[str, Any]]:
+    """Precision, recall, F1 and support per class; a class neither in ``y_true`` nor predicted has
+    None for the three (nothing was asked of it: not an F1 of 0, as macro-F1 leaves it out too)."""
     m = confusion(y_true, y_pred, n)
-    out = []
+    out: list[dict[str, Any]] = []
     for c in range(n):
+        if not m[c].sum() and not m[:, c].sum():
+            out.append({"precision": None, "recall": None, "f1": None, "support": 0})
+            continue
         tp = m[c, c]
         prec = tp / m[:, c].sum() if m[:, c].sum() else 0.0
         rec = tp / m[c].sum() if m[c].sum() else 0.0
