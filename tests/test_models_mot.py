@@ -819,6 +819,16 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     test_ids = json.loads((out / "manifest.json").read_text())["splits"]["train"]["samples"]
     assert "samples" not in m and sorted(r["id"] for r in recs) == sorted(test_ids)
     assert sum(r["rank"] == 1 for r in recs) == round(m["ac@1"] * m["n"])
+    # the weights file as --checkpoint: its run's metrics, written into the run (it failed at the
+    # end with "model.safetensors: File exists", the whole evaluation done and nothing written)
+    (run / "eval-train-mot.json").unlink()
+    subprocess.run(
+        [*cli, "evaluate", "--checkpoint", str(run / "model.safetensors"), "--split", "train"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    assert json.loads((run / "eval-train-mot.json").read_text())["run_dir"] == str(run.resolve())
     # a directory that is not a dataset, as --split: named as such
     (tmp_path / "notdata").mkdir()
     r = subprocess.run(

@@ -490,3 +490,29 @@ def test_evaluation_files_given_one_by_one(tmp_path: Path) -> None:
     for twice in ([files[0], files[0]], [a, files[0]], [files[0], a]):
         with pytest.raises(ConfigError, match="given twice"):
             summarize(twice, tmp_path / "out2")
+
+
+def test_evaluations_of_several_runs_in_one_output_directory_are_all_kept(tmp_path: Path) -> None:
+    """(from a review) `teller evaluate -o DIR` of two runs wrote one eval-test-mot.json, the last
+    run's; summarize then pooled a run and an -o copy of its evaluation as two runs and checked the
+    -o directory, not the run, for changed weights."""
+    from teller.models.report import write_metrics
+
+    runs = [tmp_path / "s0", tmp_path / "s1"]
+    base = {"model": "mot", "split": "test", "n": 10, "ac@1": 0.8, "weights": "w"}
+    shared = tmp_path / "evals"
+    names = []
+    for r in runs:
+        r.mkdir()
+        m = {**base, "run_dir": str(r.resolve())}
+        write_metrics(m, r)
+        names.append(write_metrics(m, shared).name)
+    assert names[0] == "eval-test-mot.json" and names[1].startswith("eval-test-mot-s1-")
+    assert len(list(shared.glob("eval-*.json"))) == 2
+    # a run and the copy of its evaluation elsewhere: one evaluation, counted once
+    with pytest.warns(UserWarning, match="counted once"):
+        text = summarize([runs[0], runs[1], shared], tmp_path / "out")
+    assert "| mot | 2: s0, s1 |" in text, text
+    # the same file again (re-evaluated into the shared directory): replaced, not added
+    write_metrics({**base, "run_dir": str(runs[0].resolve()), "ac@1": 0.9}, shared)
+    assert len(list(shared.glob("eval-*.json"))) == 2

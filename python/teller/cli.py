@@ -1524,7 +1524,8 @@ def evaluate_cmd(
         results = evaluate_any(checkpoint, data_dir, split, cache=output)
     except TellerError as e:
         raise _fail(e) from None
-    out = Path(output) if output else Path(checkpoint)
+    ck = Path(checkpoint)
+    out = Path(output) if output else (ck if ck.is_dir() else ck.parent)  # (RUN/model.safetensors: RUN)
     for m in results:
         write_metrics(m, out)
     if as_json:

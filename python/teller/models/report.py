@@ -218,6 +218,8 @@ def evaluate_any(
         m["own_data"] = own
         # (summarize says when the run's weights changed since: a resumed or retrained run)
         m["weights"] = weights
+        # (the run itself, wherever --output put this file: what summarize checks and pools by)
+        m["run_dir"] = str(cfgp.parent.resolve())
         if cfg.get("trained_on"):
             m["trained_on"] = cfg["trained_on"]
     return res
@@ -440,11 +442,15 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
         tag = f"{Path(str(m['data'])).name}-{tag}"  # other shards' split: not the run's own file
     stem = f"eval-{tag}-{m['model']}"
     try:  # (another data set of the same name, evaluated before: both kept, this one marked)
-        before = json.loads((out / f"{stem}.json").read_text()).get("data")
+        before = json.loads((out / f"{stem}.json").read_text())
     except (OSError, ValueError, AttributeError):
         before = None
-    if before and m.get("data") and before != m["data"]:
+    before = before if isinstance(before, dict) else {}
+    if before.get("data") and m.get("data") and before["data"] != m["data"]:
         stem += "-" + hashlib.sha256(str(m["data"]).encode()).hexdigest()[:6]
+    elif before.get("run_dir") and m.get("run_dir") and before["run_dir"] != m["run_dir"]:
+        # another run's evaluation in a shared --output: both kept, this one named by its run
+        stem += f"-{Path(m['run_dir']).name}-" + hashlib.sha256(m["run_dir"].encode()).hexdigest()[:6]
     write_atomic(out / f"{stem}.json", json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
         return out / f"{stem}.json"
@@ -630,6 +636,9 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     empty: list[str] = []
     stale: list[str] = []  # (evaluation files of an earlier state of their run)
     weight_ids: dict[Path, str | None] = {}
+    # (one evaluation of one run counts once: a run and an --output copy of its evaluation were two)
+    evaluated: dict[tuple[Any, ...], str] = {}
+    dup: list[str] = []
     for r in runs:
         p = Path(r)
         if not p.exists():
@@ -648,18 +657,27 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
                 )
             seen[f.resolve()] = str(r)
             m = _load_eval(f)
-            if _stale(m, p if p.is_dir() else p.parent, weight_ids):
+            # the run the file evaluated (its own directory, or the one it records: --output elsewhere)
+            home = (p if p.is_dir() else p.parent).resolve()
+            rd = m.get("run_dir")
+            run_dir = Path(rd) if isinstance(rd, str) and Path(rd).is_dir() else home
+            ident = (str(run_dir), m.get("weights"), m.get("model"), m.get("split"), m.get("data"))
+            if ident in evaluated:
+                dup.append(f"{f} (the same evaluation as {evaluated[ident]})")
+                continue
+            evaluated[ident] = str(f)
+            if _stale(m, run_dir, weight_ids):
                 stale.append(str(f))
             rows.append(
                 {
-                    "_dir": (p if p.is_dir() else p.parent).resolve(),
-                    "run": p.name if p.is_dir() else p.parent.name,
+                    "_dir": run_dir,
+                    "run": run_dir.name if run_dir != home else (p.name if p.is_dir() else p.parent.name),
                     **{k: m.get(k) for k in ("model", "split", *MAIN_KEYS)},
                     "per_class_f1": {c: v.get("f1") for c, v in (m.get("per_class") or {}).items()},
                     "per_severity_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_severity") or {}).items()},
                     "per_effect_ac@1": {s: v.get("ac@1") for s, v in (m.get("per_effect") or {}).items()},
                     "_samples": m.get("samples"),
-                    "recipe": run_recipe(p if p.is_dir() else p.parent, m.get("recipe")),
+                    "recipe": run_recipe(run_dir, m.get("recipe")),
                     "data": m.get("data"),
                     "trained_on": m.get("trained_on") if isinstance(m.get("trained_on"), str) else None,
                 }
@@ -674,9 +692,9 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             f"{', '.join(empty)}: no eval-*.json (not a run directory, or not evaluated yet): left out",
             stacklevel=2,
         )
+    if dup:
+        warnings.warn(f"{'; '.join(dup)}: counted once", TellerWarning, stacklevel=2)
     if stale:
-        from teller.errors import TellerWarning
-
         warnings.warn(
             f"{', '.join(stale)}: evaluated before the run's weights or calibration changed (resumed, "
             "retrained, recalibrated): their numbers are the old model's; run teller evaluate again",
