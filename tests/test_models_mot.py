@@ -2107,6 +2107,26 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
     with pytest.raises(TellerFileNotFoundError, match="no such file or directory"):
         diagnose(tmp_path / "gone", run)
 
+    # a capture longer than the model reads (its max_trace_tokens): said, and in the result
+    most = json.loads((run / "config.json").read_text())["model"]["max_trace_tokens"]
+    long = tmp_path / "long"
+    shutil.copytree(sd, long)
+    doc = json.loads((sd / "trace.json").read_text())
+    evs = doc["traceEvents"] if isinstance(doc, dict) else doc
+    timed = [e for e in evs if "ts" in e]
+    span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed) - min(float(e["ts"]) for e in timed)
+    more = [{**e, "ts": float(e["ts"]) + k * (span + 1)} for k in range(1, 6) for e in timed]
+    (long / "trace.json").write_text(
+        json.dumps({**doc, "traceEvents": evs + more} if isinstance(doc, dict) else evs + more)
+    )
+    with pytest.warns(
+        TellerWarning, match=rf"the model reads the first {most} of the capture's \d+ trace tokens"
+    ):
+        d = diagnose(long, run)
+    assert d["trace_tokens"] > d["trace_tokens_read"] == most
+    assert any(f"reads the first {most}" in w for w in d["input_warnings"])
+    assert whole["trace_tokens_read"] == whole["trace_tokens"] <= most
+
     cut = tmp_path / "cut"
     shutil.copytree(Path(__file__).parent / "data" / "gpu" / "h200_llama_tiny", cut)
     raw = next((cut / "raw").glob("*.tmsgpack"))

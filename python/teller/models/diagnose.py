@@ -270,6 +270,18 @@ def load_baseline(path: str | Path, checkpoint: str | Path) -> Any:
     )
 
 
+def _time_at(tr: Any, ev: np.ndarray, offs: np.ndarray, n: int) -> str:
+    """How far into the capture the first ``n`` tokens reach: "1.23 s of 4.56 s" (from the first
+    event), or "" where the events are unknown."""
+    evs = ev[: int(offs[n])] if n < len(offs) else ev
+    evs = evs[evs >= 0]
+    if not len(evs) or not len(tr):
+        return "an unknown point"
+    t0, t1 = int(tr.ts.min()), int((tr.ts + tr.dur).max())
+    reach = int((tr.ts[evs] + tr.dur[evs]).max())
+    return f"{(reach - t0) / 1e9:.3g} s of {(t1 - t0) / 1e9:.3g} s"
+
+
 def diagnose(
     path: str | Path,
     checkpoint: str | Path,
@@ -335,6 +347,16 @@ def diagnose(
         x[k] for k in ("ids", "feats", "offs", "ev", "lids", "lfeat", "n")
     )
     unfamiliar = _unfamiliar(tr, lids, tok, logtok, cfg.get("model", {}).get("modalities", "both"))
+    if trace_side and n < len(ids):
+        # (the model reads the first max_trace_tokens, as in training: the rest of a long capture is
+        # neither scored nor searched for culprits)
+        cut = (
+            f"{p}: the model reads the first {n} of the capture's {len(ids)} trace tokens "
+            f"(max_trace_tokens of {checkpoint}; up to {_time_at(tr, ev, offs, n)}): causes and culprits "
+            "rest on that part; capture a shorter window, or diagnose a cut of the trace"
+        )
+        warnings.warn(cut, TellerWarning, stacklevel=2)
+        input_warnings = [*input_warnings, cut]
     with torch.no_grad():
         out = model(collate([s]))
     probs = torch.softmax(out["logits"][0].float() / temperature, -1).numpy()  # (calibrated)
@@ -460,6 +482,8 @@ def diagnose(
         # the GPUs (device indices) and host processes (pids) of the highlighted events
         "culprit_where": where,
         "trace_tokens": int(len(ids)),
+        # (the first trace_tokens_read of them are what the model read: its max_trace_tokens)
+        "trace_tokens_read": int(n) if trace_side else 0,
         "log_tokens": int(len(s.log_ids)),
         "inference_ms": infer_ms,
         "total_ms": 1000 * (time.perf_counter() - t_load),
