@@ -1627,6 +1627,31 @@ def test_summary_culprit_needs_version_4_shards(shards, tmp_path) -> None:
     torch.testing.assert_close(one, many, rtol=1e-4, atol=1e-5)
 
 
+def test_a_checkpoint_whose_model_section_was_edited_is_refused(shards, tmp_path) -> None:
+    """(from a review) The weights record the model section they were trained with: an edited
+    n_heads or activation loaded silently and ran as another network (category accuracy moved);
+    a setting the file lacks reads as its default, and the backbone's origin is not compared."""
+    from teller.errors import ConfigError
+    from teller.models.train import load_checkpoint
+
+    _root, _data, tdir, out = shards
+    r = train(CFG, out, tmp_path / "r", tpe_dir=tdir)
+    cfg = json.loads((r / "config.json").read_text())
+    load_checkpoint(r)
+    edited = {**cfg, "model": {**cfg["model"], "n_heads": cfg["model"]["n_heads"] * 2, "activation": "relu"}}
+    (r / "config.json").write_text(json.dumps(edited))
+    with pytest.raises(
+        ConfigError, match=r"config.json: its model section is not the one model.safetensors"
+    ) as e:
+        load_checkpoint(r)
+    assert 'activation: "gelu" -> "relu"' in str(e.value) and "n_heads:" in str(e.value)
+    from teller.models.mot import ModelConfig
+
+    same = {k: v for k, v in cfg["model"].items() if getattr(ModelConfig(), k) != v or k == "arch"}
+    (r / "config.json").write_text(json.dumps({**cfg, "model": {**same, "log_backbone": "elsewhere"}}))
+    load_checkpoint(r)  # (defaults left out, the backbone's origin changed: the same network)
+
+
 def test_checkpoint_records_shards_version(shards, tmp_path) -> None:
     """A checkpoint records the shards version it was trained on; evaluating it on shards whose
     summary rows mean something else warns, and diagnose rebuilds the summaries the old way."""

@@ -606,6 +606,38 @@ def _weights_writer(model: nn.Module, metadata: dict[str, str] | None = None) ->
     return lambda t: save_file(state, str(t), metadata=metadata)
 
 
+def _trained_as(cfg_json: dict[str, Any]) -> dict[str, str]:
+    """The weights' metadata: the model section they were trained with (load_checkpoint compares it
+    with config.json's: an edited n_heads or activation loaded silently as another network)."""
+    return {"model": json.dumps(cfg_json["model"], sort_keys=True)}
+
+
+def _model_changes(trained: str | None, now: dict[str, Any]) -> list[str]:
+    """``field: trained -> now`` for each model setting that differs; a setting one side lacks counts
+    as its default (a teller that added it reads older files alike); ``log_backbone`` (where the
+    initial weights came from: the trained ones are in the file) is not compared. Empty where the
+    weights record nothing (written before they did)."""
+    if not trained:
+        return []
+    try:
+        was = json.loads(trained)
+    except ValueError:
+        return ["its recorded model section is not JSON"]
+    if not isinstance(was, dict):
+        return []
+    from teller.models.mot import ModelConfig
+
+    default = json.loads(json.dumps(ModelConfig().to_dict()))  # (as JSON reads it: lists, not tuples)
+    out = []
+    for k in sorted(set(was) | set(now)):
+        if k == "log_backbone":
+            continue
+        a, b = was.get(k, default.get(k)), now.get(k, default.get(k))
+        if a != b:
+            out.append(f"{k}: {json.dumps(a)} -> {json.dumps(b)}")
+    return out
+
+
 def save_checkpoint(model: RCAModel, path: Path, metadata: dict[str, str] | None = None) -> None:
     """The model's weights as safetensors, written atomically (a temporary file, then renamed)."""
     path = Path(path)
@@ -779,9 +811,20 @@ def load_checkpoint(
             f"{cfg_path}: its model section does not build a model ({e})", path=str(cfg_path)
         ) from None
     try:
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt", device="cpu") as fh:
+            meta = fh.metadata() or {}
         state = load_file(str(weights))
     except Exception as e:  # (safetensors raises its own error type on a damaged header)
         raise ConfigError(f"{weights}: not readable safetensors ({e})") from None
+    changed = _model_changes(meta.get("model"), cfg["model"])
+    if changed:
+        raise ConfigError(
+            f"{cfg_path}: its model section is not the one {weights.name} was trained with "
+            f"({'; '.join(changed)}): the weights would run as another network; restore it, or retrain",
+            path=str(cfg_path),
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -1441,7 +1484,9 @@ def train(
             try:
                 if score > best:
                     best, bad_epochs = score, 0
-                    files["model.safetensors"] = _write_tmp(out / "model.safetensors", _weights_writer(model))
+                    files["model.safetensors"] = _write_tmp(
+                        out / "model.safetensors", _weights_writer(model, _trained_as(cfg_json))
+                    )
                 else:
                     bad_epochs += 1
                 if raw is not None:
@@ -1450,7 +1495,8 @@ def train(
                     out / "config.json", lambda t: t.write_text(json.dumps(cfg_json, indent=1))
                 )
                 files["last.safetensors"] = _write_tmp(
-                    out / "last.safetensors", _weights_writer(model, {"epoch": str(epoch + 1)})
+                    out / "last.safetensors",
+                    _weights_writer(model, {"epoch": str(epoch + 1), **_trained_as(cfg_json)}),
                 )
                 state = {
                     "opt": opt.state_dict(),
@@ -1499,7 +1545,7 @@ def train(
         if not (out / "model.safetensors").exists():
             if ema is not None:
                 ema.swap(model)
-            save_checkpoint(model, out / "model.safetensors")
+            save_checkpoint(model, out / "model.safetensors", _trained_as(cfg_json))
         if val_s:
             # temperature scaling of the kept weights on val (the split that chose them): a network
             # trained with cross-entropy to near-zero training loss is over-confident (the shipped MoT
