@@ -2648,3 +2648,21 @@ def test_diagnose_without_culprit_events_says_so_instead_of_an_empty_table() -> 
     text = _rendered()
     assert "culprit operators: no event scored 0.5 or more by the localization head" in text
     assert "mean dur us" not in text  # (no table of headers alone)
+
+
+def test_diagnose_of_a_capture_called_normal_lists_no_culprit_operators() -> None:
+    """(from a review) The localization head is trained on faulty captures only: for a capture
+    called normal its operators were listed as culprits (and marked in --perfetto)."""
+    op = {
+        "symbol": "kernel:gemm",
+        "kernel_family": "gemm",
+        "score": 0.9,
+        "events": 3,
+        "mean_dur_us": 1.0,
+        "dur_z": 0.1,
+        "ranks_or_pids": [0],
+    }
+    normal = [{"cause": "normal", "confidence": 0.45, "layer": None}]
+    text = _rendered(root_causes=normal, operators=[op])
+    assert "culprit operators: none, the likeliest cause is normal" in text and "kernel:gemm" not in text
+    assert "kernel:gemm" in _rendered(operators=[op])

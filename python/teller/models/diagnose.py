@@ -438,6 +438,11 @@ def diagnose(
     highlighted = sorted(e for o in shown for e in o.pop("_events"))
     for o in operators[len(shown) :]:
         o.pop("_events")
+    if causes and causes[0]["cause"] == "normal":
+        # (the localization head is trained on faulty captures only: for a capture called normal its
+        # scores point at nothing, so nothing is marked; the operators stay in --json, unranked
+        # evidence, and the text view says why it lists none)
+        highlighted = []
     # where the listed operators' events are (what --perfetto marks): the GPUs of their device events,
     # the processes of the rest
     ce = np.asarray(highlighted, np.int64)
@@ -704,7 +709,13 @@ def render(d: dict[str, Any], console: Any) -> None:
         )
         for r in d["operators"]
     ]
-    if d["operators"]:
+    if d["root_causes"] and d["root_causes"][0]["cause"] == "normal":
+        console.print(
+            "culprit operators: none, the likeliest cause is normal (the localization head is trained on "
+            "faulty captures; --json keeps its scores)",
+            highlight=False,
+        )
+    elif d["operators"]:
         table_or_list(console, "culprit operators (localization head)", cols, rows)
     else:  # (a table of headers alone reads as a rendering fault)
         console.print(

@@ -1416,6 +1416,13 @@ def train(
                 opt.load_state_dict(st["opt"])
                 sched.load_state_dict(st["sched"])
                 torch.set_rng_state(st["torch_rng"])
+                cuda_rng = st.get("cuda_rng")
+                if (
+                    dev.type == "cuda"
+                    and isinstance(cuda_rng, list)
+                    and len(cuda_rng) == torch.cuda.device_count()
+                ):
+                    torch.cuda.set_rng_state_all(cuda_rng)
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 raise ConfigError(
                     f"{out / 'state.pt'}: its optimizer state does not fit the model being resumed "
@@ -1506,6 +1513,9 @@ def train(
                     "bad_epochs": bad_epochs,
                     "history": history,
                     "torch_rng": torch.get_rng_state(),
+                    # (dropout and speed_aug draw on the batch's device: on CUDA its generators are
+                    # what a resumed run must continue, not reseeded ones)
+                    "cuda_rng": torch.cuda.get_rng_state_all() if dev.type == "cuda" else None,
                     "ema": ema.state_dict() if ema is not None else None,
                     "model": mc.to_dict(),  # (what a resume must give again)
                     "data": data,
