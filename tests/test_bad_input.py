@@ -328,6 +328,20 @@ def test_a_gpu_activity_takes_its_device_from_its_pid_only_where_that_is_one(tmp
     }
 
 
+def test_counters_with_an_id_are_counters_of_their_own(tmp_path):
+    """The format: a 'C' event's name and id together name the counter (Perfetto: "name id"); two
+    ids of one name were merged into one series."""
+    c = lambda ts, i, v: {"ph": "C", "name": "kv", "pid": 1, "tid": 1, "ts": ts, "id": i, "args": {"used": v}}  # noqa: E731
+    evs = [ok_event(), c(1, 1, 0.5), c(2, 2, 0.9), c(3, "a", 0.1), {**c(4, 1, 0.6), "id": None}]
+    tr = T.load(write(tmp_path, "ctr.json", json.dumps(evs)), warn=False)
+    tr.to_chrome(tmp_path / "out.json")
+    out = json.loads((tmp_path / "out.json").read_text())["traceEvents"]
+    names = sorted({e["name"] for e in out if e.get("ph") == "C"})
+    assert names == ["kv", "kv 1", "kv 2", "kv a"], names
+    back = T.load(tmp_path / "out.json", warn=False)
+    assert back.num_counters == tr.num_counters == 4
+
+
 def test_directory_without_traces(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(EmptyTraceError, match="no trace files"):

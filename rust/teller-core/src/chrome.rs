@@ -389,6 +389,26 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
 
     /// Parses one event object; `dispatch` files it. Nothing here outlives a failed attempt but
     /// interned strings and the args it pushed (truncated again by `attempt`).
+    /// A flow's or counter's `id`: a number, a numeric or hex string as that number, another string
+    /// as its interned index with the top bit set; anything else 0.
+    fn id_of(&mut self, v: Raw) -> u64 {
+        match v {
+            Raw::Num(n) => parse_int(n).unwrap_or(0) as u64,
+            Raw::Str(s, esc) => {
+                let s = decode_str(s, esc).unwrap_or_default();
+                let st = s.trim();
+                if let Some(h) = st.strip_prefix("0x").or_else(|| st.strip_prefix("0X")) {
+                    u64::from_str_radix(h, 16).unwrap_or(0)
+                } else if let Some(x) = parse_int(st.as_bytes()) {
+                    x as u64
+                } else {
+                    self.t.strings.intern(st) as u64 | (1 << 63)
+                }
+            }
+            _ => 0,
+        }
+    }
+
     fn event(&mut self, ev_start: usize) -> Result<Ev> {
         if self.sc.peek() != Some(b'{') {
             let off = self.sc.pos as u64;
@@ -464,21 +484,11 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     }
                     b"id" => {
                         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
-                        ev.id = Some(match v {
-                            Raw::Num(n) => parse_int(n).unwrap_or(0) as u64,
-                            Raw::Str(s, esc) => {
-                                let s = decode_str(s, esc).unwrap_or_default();
-                                let st = s.trim();
-                                if let Some(h) = st.strip_prefix("0x").or_else(|| st.strip_prefix("0X")) {
-                                    u64::from_str_radix(h, 16).unwrap_or(0)
-                                } else if let Some(x) = parse_int(st.as_bytes()) {
-                                    x as u64
-                                } else {
-                                    self.t.strings.intern(st) as u64 | (1 << 63)
-                                }
-                            }
-                            _ => 0,
-                        });
+                        // (null: no id, as if absent; a counter's id names its series)
+                        ev.id = match v {
+                            Raw::Null => None,
+                            v => Some(self.id_of(v)),
+                        };
                     }
                     b"s" => {
                         // (an instant's scope; kept so that a global marker stays global when written)
@@ -742,6 +752,20 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
             b'C' => {
                 let ts = self.need_ts(&ev, off)?;
                 let args = self.t.args.split_off(ev.args_start);
+                // (the format: "When an id field exists, the combination of the event name and id is
+                // used as the counter name"; Perfetto names the track "name id")
+                let name = match ev.id {
+                    Some(id) => {
+                        let idt = if id & (1 << 63) != 0 {
+                            self.t.strings.get((id & !(1 << 63)) as u32).to_string()
+                        } else {
+                            id.to_string()
+                        };
+                        let full = format!("{} {idt}", self.t.strings.get(ev.name));
+                        self.t.strings.intern(&full)
+                    }
+                    None => ev.name,
+                };
                 for (k, v) in args {
                     let value = match v {
                         ArgValue::Int(i) => i as f64,
@@ -749,7 +773,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                         _ => continue,
                     };
                     self.t.counters.push(CounterSample {
-                        name: ev.name,
+                        name,
                         series: k,
                         pid: ev.pid,
                         ts,
