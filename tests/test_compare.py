@@ -678,3 +678,38 @@ def test_each_fault_against_its_healthy_run_names_its_signature(tmp_path, fault,
     cur, _ = run(tmp_path, DECODE, fault, rank=rank, sev=0.6)
     st = compare(base, cur)["statements"]
     assert any(s.startswith(says) for s in st[:4]), st
+
+
+def test_a_kernels_class_is_the_breakdowns_whatever_the_normalization_kept(tmp_path) -> None:
+    """(from a review) compare's `communication` class now follows the GPU breakdown's rule on the
+    kernels' full names: DeepEP's `cached_notify` was `other` here and communication there; another
+    library's `dispatch`, compute there, was communication here (its namespace stripped)."""
+    base = _steps(tmp_path, "b.json", 20, extra="void deep_ep::internode::cached_notify<8, 4>(int, int*)")
+    cur = _steps(tmp_path, "c.json", 20, extra="void other_lib::dispatch<int>(int)")
+    c = compare(base, cur)
+    cls = {r["symbol"]: r["class"] for r in c["symbols"] if r["class"]}
+    assert cls["kernel:cached_notify"] == "communication" and cls["kernel:dispatch"] != "communication", cls
+    for tr in (base, cur):
+        comm = sum(d["comm_ns"] for d in tr.summary(0)["devices"])
+        assert (comm > 0) == (tr is base)
+
+
+def test_a_symbol_in_both_captures_is_never_called_new(tmp_path) -> None:
+    """(from a review) A symbol with a baseline time of 0 has no ratio: the table said "new"."""
+    from teller.cli import app
+    from typer.testing import CliRunner
+
+    def mk(name: str, dur: float) -> str:
+        p = tmp_path / name
+        p.write_text(json.dumps({"traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "foo", "pid": 1, "tid": 1, "ts": 0, "dur": dur},
+            {"ph": "X", "cat": "cpu_op", "name": "bar", "pid": 1, "tid": 1, "ts": 1, "dur": 10},
+        ]}))  # fmt: skip
+        return str(p)
+
+    r = CliRunner().invoke(
+        app, ["trace", "compare", mk("a.json", 0), mk("b.json", 5)], env={"COLUMNS": "200"}
+    )
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.output.splitlines() if "host_op:foo" in line)
+    assert "new" not in row, row

@@ -573,7 +573,12 @@ def trace_compare(
                 _fmt_ns(int(r["baseline_ns"])),
                 _fmt_ns(int(r["current_ns"])),
                 ("+" if r["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(r["delta_ns"]))),
-                f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new",
+                # (no ratio: new where only the current capture has it, else a baseline time of 0)
+                f"{r['ratio']:.2f}x"
+                if r["ratio"] is not None
+                else "new"
+                if r["only_in"] == "current"
+                else "-",
                 f"{r['baseline_count']:.3g} -> {r['current_count']:.3g}",
             )
         console.print(st)
@@ -603,7 +608,7 @@ def trace_compare(
                 _fmt_ns(int(a["baseline_ns"])),
                 _fmt_ns(int(a["current_ns"])),
                 ("+" if a["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(a["delta_ns"]))),
-                f"{a['ratio']:.2f}x" if a["ratio"] is not None else "new",
+                f"{a['ratio']:.2f}x" if a["ratio"] is not None else "new" if a["new"] else "-",
                 f"{len(a['new'])} / {len(a['gone'])}",
             )
         console.print(kt)

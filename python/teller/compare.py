@@ -97,21 +97,54 @@ _COLLECTIVE = ("nccl", "rccl", "crossdevicereduce", "allreduce", "allgather", "r
 # and its `is_ep_exchange`: expert-parallel token exchanges by their own name (DeepEP's
 # `deep_ep::intranode::dispatch`, normalized to `kernel:dispatch`)
 _EP_EXCHANGE = re.compile(
-    r"^(?:dispatch|combine|notify_dispatch|cached_notify_dispatch|cached_notify_combine)$"
+    r"^(?:dispatch|combine|notify_dispatch|cached_notify|cached_notify_dispatch|cached_notify_combine)$"
 )
 
 
-def kernel_class(symbol: str) -> str | None:
+def kernel_class(symbol: str, communication: bool | None = None) -> str | None:
     """The class of a kernel symbol (``kernel:...``, :data:`KERNEL_CLASSES`; ``communication`` as
-    the GPU breakdown counts it; ``other`` when none fits), or None for anything not a kernel."""
+    the GPU breakdown counts it; ``other`` when none fits), or None for anything not a kernel.
+    ``communication``: what the breakdown said of the symbol's kernels (:func:`comm_symbols`, from
+    their full names); without it, the symbol's name decides (a namespace the normalization
+    stripped is then not there to tell `deep_ep::...::dispatch` from another library's)."""
     if not symbol.startswith("kernel:"):
         return None
     name = symbol[len("kernel:") :]
     flat = name.replace("_", "").lower()
     last = name.rsplit("::", 1)[-1]  # (`flashinfer::norm::RMSNormKernel` is a norm, not attention)
-    if any(t in flat for t in _COLLECTIVE) or _EP_EXCHANGE.match(last):
+    if communication is None:
+        communication = any(t in flat for t in _COLLECTIVE) or bool(_EP_EXCHANGE.match(last))
+    if communication:
         return "communication"
     return next((c for c, rx in _KERNEL_CLASS_RX if rx.search(last)), "other")
+
+
+def comm_symbols(*traces: Any) -> dict[str, bool]:
+    """Per kernel symbol of the traces, whether the GPU breakdown counts its kernels as
+    communication (``teller_core::summary::is_collective`` on their full names; a symbol some of
+    whose kernels are and some not: by the majority of its events)."""
+    from teller import _native
+    from teller.trace import LAYER_NAMES
+
+    votes: dict[str, list[int]] = {}
+    k_layer = LAYER_NAMES.index("kernel")
+    for tr in traces:
+        if not len(tr):
+            continue
+        kern = np.flatnonzero(np.asarray(tr.layer) == k_layer)
+        if not len(kern):
+            continue
+        pairs, cnt = np.unique(
+            np.stack([np.asarray(tr.symbol)[kern], np.asarray(tr.name)[kern]]).astype(np.int64),
+            axis=1,
+            return_counts=True,
+        )
+        strings, symbols = tr.strings, tr.symbols
+        coll = _native.is_collective([strings[int(x)] for x in pairs[1]])
+        for sy, c, n in zip(pairs[0].tolist(), coll, cnt.tolist(), strict=True):
+            v = votes.setdefault(symbols[sy], [0, 0])
+            v[0 if c else 1] += n
+    return {k: v[0] > v[1] for k, v in votes.items()}
 
 
 # The host calls that wait for the GPU (or for a copy to reach it): synchronizations and copies
@@ -147,7 +180,7 @@ def _classes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     that one capture ran and the other did not (``gone``, ``new``); largest change first."""
     acc: dict[str, dict[str, Any]] = {}
     for r in rows:
-        c = kernel_class(r["symbol"])
+        c = r["class"] if "class" in r else kernel_class(r["symbol"])
         if c is None:
             continue
         a = acc.setdefault(
@@ -368,6 +401,7 @@ def compare(
         med_b, med_c = _span(baseline), _span(current)  # (both as a whole: the span against the span)
     per_step = unit == "step"
     tb, tc = symbol_times(baseline, in_steps=per_step), symbol_times(current, in_steps=per_step)
+    comm = comm_symbols(baseline, current)
     rows = []
     for name in sorted(set(tb) | set(tc)):
         b, c = tb.get(name), tc.get(name)
@@ -384,6 +418,8 @@ def compare(
                 "delta_ns": c_ns - b_ns,
                 "ratio": (c_ns / b_ns) if b_ns > 0 else None,
                 "only_in": "baseline" if c is None else "current" if b is None else None,
+                # (a kernel's class as the GPU breakdown counts it; None for anything not a kernel)
+                "class": kernel_class(name, comm.get(name)),
             }
         )
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
@@ -563,7 +599,8 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
         if abs(r["delta_ns"]) < MIN_SHARE * mb or len(first) + len(waits) >= 5:
             break
         per = f"per {unit}"
-        cls = kernel_class(r["symbol"]) if r.get("only_in") else None
+        kc = r["class"] if "class" in r else kernel_class(r["symbol"])
+        cls = kc if r.get("only_in") else None
         if cls in swapped:
             if cls not in said:
                 said.add(cls)
@@ -590,7 +627,7 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
                 text + "; the host waits in this call for the GPU work queued before it, "
                 "so its time follows the GPU's too"
             )
-        elif kernel_class(r["symbol"]) == "communication" and not r.get("only_in"):
+        elif kc == "communication" and not r.get("only_in"):
             first.append(text + "; a collective's time includes waiting for the slowest rank")
         else:
             first.append(text)

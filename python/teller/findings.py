@@ -202,12 +202,13 @@ def straggler_finding(devices: list[dict[str, Any]], names: list[str] | None = N
     shares.sort(key=lambda x: (x[0], x[1]["device"], x[1].get("source", 0)))
     low, d, nm = shares[0]
     others = [s for s, _, _ in shares[1:]]
-    if min(others) - low < STRAGGLER_GAP:
+    if min(others) - low < STRAGGLER_GAP - 1e-9:  # ("at least 10 points": 0.30 - 0.20 is 0.0999...)
         return None
     rng = f"{_pct(min(others))}" if len(others) == 1 else f"{_pct(min(others))}-{_pct(max(others))}"
     return {
         "kind": "straggler",
         "device": d["device"],
+        "gpu": nm,
         "source": d.get("source", 0),
         "share": float(min(others) - low),
         "message": (
@@ -473,7 +474,12 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
     other steps predict, when it took ``STEP_OUTLIER`` times that or more: the prediction follows
     the step's load where every step of the process records one (``STEP_WORK_ARGS``: a 6 000-token
     prefill step is not slow next to 40-token decode steps), else it is the median step."""
-    steps = tr.steps()
+    from teller.compare import _pattern_steps
+    from teller.trace import DEFAULT_STEP_PATTERNS
+
+    # (step ranges only: the loader's fallbacks, the busiest thread's root ranges whatever their
+    # names, compared a one-off `load_weights` with the `generate` calls after it)
+    steps = _pattern_steps(tr, (tr.load_options or {}).get("step_names") or DEFAULT_STEP_PATTERNS)
     src = np.asarray(tr.source)
     proc = [x.get("process", k) for k, x in enumerate(tr.sources)]
     # (by the loader's process and pid: per-rank files of containers may share a pid, and the raw
@@ -489,9 +495,12 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
         dur = np.array([s.dur_ns for s in ss], dtype=np.float64)
         load = _step_load(tr, ss)
         want, c, k_per = expected_step_times(dur, None if load is None else load[1])
-        if not (want > 0).all():
+        # (a step predicted to take nothing, an idle engine step of 0 tokens with no fixed part, has
+        # no ratio; the process's other steps still do)
+        ok = want > 0
+        if ok.sum() < MIN_STEPS:
             continue
-        ratio = dur / want
+        ratio = np.where(ok, dur / np.where(ok, want, 1.0), 0.0)
         k = int(np.argmax(ratio))
         if ratio[k] < STEP_OUTLIER:
             continue
@@ -547,12 +556,15 @@ def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, A
     out += shared_gpu_findings(tr, s["devices"], names)
     out += step_findings(tr)
     gpu, linked = s["gpu_events"], s["linked_gpu_events"]
-    if gpu and linked < 0.5 * gpu:
+    idle = sum(d.get("idle_ns", 0) for d in s["devices"])
+    if gpu and linked < 0.5 * gpu and idle > 0:  # (a caveat on the idle split: none without idle time)
+        span = sum(d.get("span_ns", 0) for d in s["devices"])
         out.append(
             {
                 "kind": "unlinked",
                 "device": None,
-                "share": 1.0 - linked / gpu,
+                # (as every share: of the span, here the idle time the split could not attribute)
+                "share": sum(d.get("idle_unlinked_ns", 0) for d in s["devices"]) / span if span else 0.0,
                 "message": (
                     f"only {linked} of {gpu} GPU activities are linked to their launching call: "
                     "the idle time by cause counts the rest as 'unlinked'"

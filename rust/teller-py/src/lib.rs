@@ -421,6 +421,13 @@ fn symbol(layer: &str, name: &str, normalize: Option<Bound<'_, PyDict>>) -> PyRe
     Ok(teller_core::normalize::symbol(l, name, &o.normalize))
 }
 
+/// Per kernel name, whether the GPU breakdown counts it as communication (a collective: NCCL/RCCL,
+/// vLLM's custom all-reduce, DeepEP's token exchanges; `teller_core::summary::is_collective`).
+#[pyfunction]
+fn is_collective(names: Vec<String>) -> Vec<bool> {
+    names.iter().map(|n| teller_core::summary::is_collective(n)).collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", teller_core::VERSION)?;
@@ -438,6 +445,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(from_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(symbol, m)?)?;
+    m.add_function(wrap_pyfunction!(is_collective, m)?)?;
     m.add_class::<tpe::NativeTpe>()?;
     m.add_function(wrap_pyfunction!(tpe::tpe_train, m)?)?;
     m.add_function(wrap_pyfunction!(tpe::tpe_symbol_stats, m)?)?;
