@@ -36,7 +36,17 @@ def setup(tmp_path_factory):
     man = json.loads((data / "manifest.json").read_text())
     ids = man["splits"]["train"]
     man["splits"] = {"train": ids[:9], "val": ids[9:11], "test": ids[11:], "test_ood": []}
+    # (moved everywhere the dataset says a split: the samples, their annotations, the counts)
+    counts: dict = {k: {} for k in man["splits"]}
+    for split, sids in man["splits"].items():
+        for sid in sids:
+            man["samples"][sid]["split"] = split
+            _edit_json(data / sid / "annotation.json", lambda a, s=split: {**a, "split": s})
+            label = man["samples"][sid]["label"]
+            counts.setdefault(split, {})[label] = counts.get(split, {}).get(label, 0) + 1
+    man["counts"] = counts
     (data / "manifest.json").write_text(json.dumps(man, indent=1))
+    assert validate(data) == []
     tdir = root / "tpe"
     tpe.train(data, vocab_size=300).save(tdir)
     run = tokenize_dataset(data, tdir, root / "out", run_id="r", shard_size=4, log_vocab_size=300)
@@ -745,13 +755,15 @@ def test_validate_reports_bad_manifests_and_sample_files(setup, tmp_path):
     assert [str(p) for p in validate(d)] == ["manifest.json $: [1] is not of type 'object'"]
     (d / "manifest.json").write_text(json.dumps({**man, "splits": {**man["splits"], "val": ["s999999"]}}))
     assert [str(p) for p in validate(d)] == [
-        "manifest.json $.splits.val[0]: 's999999': no such sample directory"
+        "manifest.json $.splits.val[0]: 's999999': no such sample directory",
+        *(f"manifest.json $.samples.{sid}: in no split of $.splits" for sid in man["splits"]["val"]),
     ]
     (d / "manifest.json").write_text(
         json.dumps({**man, "splits": {**man["splits"], "val": [*man["splits"]["val"], s1]}})
     )
     assert [str(p) for p in validate(d)] == [
-        f"manifest.json $.splits.val[2]: '{s1}' is listed twice (also in splits.train)"
+        f"manifest.json $.splits.val[2]: '{s1}' is listed twice (also in splits.train)",
+        f"manifest.json $.splits.val[2]: '{s1}' is listed under val, $.samples says 'train'",
     ]
     (d / "manifest.json").write_text(json.dumps(man))
     for sid, name in ((s1, "log.txt"), (s2, "trace.json")):

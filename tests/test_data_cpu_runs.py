@@ -10,6 +10,7 @@ import teller.trace as T
 from conftest import needs_shim as _needs_shim
 from teller.data import validate
 from teller.data.cpu_runs import collect_cpu
+from teller.errors import ConfigError
 
 needs_shim = _needs_shim()
 
@@ -205,3 +206,40 @@ def test_splits_are_stratified_stable_and_checked():
         from teller.data.cpu_runs import collect_cpu
 
         collect_cpu("/nonexistent-not-created", 3, splits=(float("inf"), 0.0, 1.0))
+
+
+def test_a_collection_resumed_with_another_plan_or_fewer_runs_is_refused(tmp_path, monkeypatch):
+    """(from a review) Resumed with another --seed it ran nothing, recorded the new plan over runs
+    made by the old one (and moved finished runs to other splits); resumed with a smaller
+    --num-samples it left runs on disk out of the manifest (validate then named each)."""
+    import teller.data.cpu_runs as C
+
+    monkeypatch.setattr(C, "_calibrate", lambda shape: {"ready_s": 1.0, "gen_s": 1.0})
+
+    def fake_run(plan, out, timing, shape, keep_raw, split="test", ood=True):
+        sd = out / plan["sample_id"]
+        sd.mkdir(parents=True, exist_ok=True)
+        label = C.LABEL_OF[plan["kind"]]
+        target = {"kind": "process", "name": "workload", "rank": 0, "pid": 1}
+        fault = {"type": label, "layer": "host_op", "target": target, "start_ns": 10, "end_ns": 20,
+                 "severity": plan["severity"], "params": {"kind": plan["kind"]}}  # fmt: skip
+        ann = {"format": "teller-sample", "version": 1, "sample_id": plan["sample_id"], "label": label,
+               "split": split, "ood": ood, "workload": {"model": "gpt2-tiny", "gpu": "cpu", "tp": 1,
+               **{k: shape[k] for k in ("requests", "new_tokens", "prompt_len")}},
+               "faults": [] if label == "normal" else [fault],
+               "trace": {"start_ns": 0, "end_ns": 100, "events": 1, "steps": 0}}  # fmt: skip
+        (sd / "annotation.json").write_text(json.dumps(ann))
+        return ann
+
+    monkeypatch.setattr(C, "_run_one", fake_run)
+    out = tmp_path / "cpu"
+    C.collect_cpu(out, 12, seed=0, splits=(0.6, 0.2, 0.2))
+    before = (out / "manifest.json").read_text()
+    with pytest.raises(
+        ConfigError, match=r"cpu000\d: collected as kind .* where --seed 1 and the kinds give"
+    ):
+        C.collect_cpu(out, 12, seed=1, splits=(0.6, 0.2, 0.2))
+    with pytest.raises(ConfigError, match=r"holds 6 run\(s\) past --num-samples 6 \(cpu0006..cpu0011\)"):
+        C.collect_cpu(out, 6, seed=0, splits=(0.6, 0.2, 0.2))
+    assert (out / "manifest.json").read_text() == before
+    C.collect_cpu(out, 14, seed=0, splits=(0.6, 0.2, 0.2))  # (growing it: fine)

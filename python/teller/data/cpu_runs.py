@@ -29,6 +29,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -61,7 +62,7 @@ LABEL_OF = {
     "slow_operator": "slow_operator",
 }
 GENERATOR = "teller-cpu-runs"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # (2: fault windows clipped to the trace)
 SLOW_MODULE = "transformers.models.gpt2.modeling_gpt2"
 SLOW_FUNCTION = "GPT2MLP.forward"
 LAYERS = 4  # of the workload's model (teller.workloads.tiny_gpt2 default)
@@ -370,6 +371,10 @@ def _run_one(
             start_ns, end_ns = int(tr.ts[hit[0]]), int(tr.end[hit[-1]]) + 1
         else:  # thread_oversubscription: the whole run
             start_ns, end_ns = t_start, t_end + 1
+        # (inside the trace, as a simulated sample's: a contention started before the program and
+        # stopped after it was in force for the whole capture, not before or after it)
+        start_ns = min(max(int(start_ns), t_start), t_end)
+        end_ns = max(min(int(end_ns), t_end + 1), start_ns)
         target = (
             {"kind": "operator", "name": "GPT2MLP", "rank": 0, "pid": pid}
             if kind == "slow_operator"
@@ -562,6 +567,19 @@ def collect_cpu(
         _check_kind(out)
         shape_known = _check_shape(out, shape)
         plans = _plan(seed, num_samples, kinds)
+        # runs past --num-samples would stay on disk, out of the manifest (validate then names each)
+        past = sorted(
+            p.name
+            for p in (out.iterdir() if out.is_dir() else ())
+            if re.fullmatch(r"cpu\d{4,}", p.name)
+            and int(p.name[3:]) >= num_samples
+            and (p / "annotation.json").exists()
+        )
+        if past:
+            raise ConfigError(
+                f"{out}: holds {len(past)} run(s) past --num-samples {num_samples} ({past[0]}..{past[-1]}): "
+                f"give --num-samples {int(past[-1][3:]) + 1} or more, or another --output-dir"
+            )
         split_of = _assign_splits(plans, seed, (float(splits[0]), float(splits[1]), float(splits[2])))
         ood = not splits[0] > 0
         timing = _calibrate(shape)
@@ -578,6 +596,17 @@ def collect_cpu(
                     ) from None
                 if not isinstance(a, dict):
                     raise ConfigError(f"{ann_path}: not an annotation (a JSON object); delete {out / sid}")
+                # a run of another plan (another --seed or --kinds): resumed, the manifest would
+                # record one plan and the runs another
+                f0 = (a.get("faults") or [{}])[0] if isinstance(a.get("faults"), list) else {}
+                was = ((f0.get("params") or {}).get("kind", "normal"), f0.get("severity"))
+                want = (plan["kind"], plan["severity"] if plan["kind"] != "normal" else None)
+                if was != want:
+                    raise ConfigError(
+                        f"{out / sid}: collected as kind {was[0]} severity {was[1]}, where --seed {seed} "
+                        f"and the kinds give {want[0]} severity {want[1]}: resume with the seed and kinds "
+                        "it was collected with, or use another --output-dir"
+                    )
                 wl = a.get("workload") if isinstance(a.get("workload"), dict) else None
                 # a run from before the shape options says its shape once the collection's is known
                 fill = (

@@ -40,7 +40,7 @@ GENERATOR = "teller-sim"
 # 3: hbm_contention may be a time-sliced neighbour process
 # 4: the start-up log lines end at least a second before serving
 # 5: an hbm_contention neighbour's visible kernels run one after another on their stream
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 6
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"
@@ -265,6 +265,10 @@ def _check_config(cfg: dict[str, Any], where: str = "config") -> None:
         raise fail(f"ood_fraction must be in [0, 1), got {ood!r}")
     if ood > 0 and not any(w["ood"].get(d) for d in ("models", "gpus", "arrivals")):
         raise fail("ood_fraction > 0 needs at least one workloads.ood list")
+    for d in ("models", "gpus", "arrivals"):
+        both = [v for v in w["ood"].get(d, []) if v in w["in_dist"][d]]
+        if both:  # (a test_ood sample drawn from them would be a workload seen in training)
+            raise fail(f"workloads.ood.{d} lists {', '.join(map(repr, both))}, also in workloads.in_dist.{d}")
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -391,9 +395,11 @@ def _fault_json(f: Fault, real_base: int, pids: list[int]) -> dict[str, Any]:
 
 
 def _clip(f: dict[str, Any], t0: int, t1: int) -> dict[str, Any]:
-    """Keep a fault window inside the trace span (whole-run faults start before the first event)."""
+    """Keep a fault window inside the trace span (whole-run faults start before the first event); an
+    empty one (a fault that never acted) stays empty."""
+    empty = f["end_ns"] <= f["start_ns"]
     f["start_ns"] = min(max(f["start_ns"], t0), t1)
-    f["end_ns"] = max(min(f["end_ns"], t1 + 1), f["start_ns"])
+    f["end_ns"] = f["start_ns"] if empty else max(min(f["end_ns"], t1 + 1), f["start_ns"])
     return f
 
 
@@ -450,7 +456,14 @@ def generate_sample(cfg: dict[str, Any], seed: int, p: SamplePlan, out_dir: Path
             "model_layers": m.layers,
             "gpu_name": K.gpu_spec(wl.gpu).name,
             "kv_blocks": int(res.stats["kv_blocks"]),
-            "processes": [{"rank": r, "pid": pid, "device": r} for r, pid in enumerate(res.pids)],
+            # (clock_error_ns: the rank's trace times are true time + it; fault windows are in true
+            # time: culprit_mask takes it back off)
+            "processes": [
+                {"rank": r, "pid": pid, "device": r, "clock_error_ns": int(e)}
+                for r, (pid, e) in enumerate(
+                    zip(res.pids, res.clock_errors or [0] * len(res.pids), strict=True)
+                )
+            ],
         }
     )
     ann = {
@@ -962,9 +975,59 @@ def validate(directory: str | os.PathLike[str], *, deep: bool = False) -> list[P
                     problems.append(
                         Problem(f"manifest.json $.splits.{split}[{k}]", f"{sid!r}: no such sample directory")
                     )
+    if manifest is not None:
+        problems.extend(_manifest_agreement(manifest, set(dirs)))
     for sid in dirs:
         problems.extend(_validate_sample(d / sid, ann_v, manifest, deep))
     return problems
+
+
+def _manifest_agreement(man: dict[str, Any], dirs: set[str]) -> list[Problem]:
+    """Where the manifest's own parts disagree: a sample's split in ``splits`` against ``samples``
+    (``tokenize`` follows ``splits``: a training sample listed under ``test`` was encoded there), a
+    listed sample in no split, ``num_samples`` and ``counts`` against ``samples``."""
+    samples, splits = man.get("samples"), man.get("splits")
+    if not isinstance(samples, dict) or not isinstance(splits, dict):
+        return []
+    out: list[Problem] = []
+    where: dict[str, str] = {}
+    for split, ids in splits.items():
+        for k, sid in enumerate(ids if isinstance(ids, list) else ()):
+            if not isinstance(sid, str):
+                continue
+            where.setdefault(sid, split)
+            rec = samples.get(sid)
+            if isinstance(rec, dict) and rec.get("split") != split:
+                out.append(
+                    Problem(
+                        f"manifest.json $.splits.{split}[{k}]",
+                        f"{sid!r} is listed under {split}, $.samples says {rec.get('split')!r}",
+                    )
+                )
+            elif sid not in samples and sid in dirs:  # (no directory either: said as such above)
+                out.append(Problem(f"manifest.json $.splits.{split}[{k}]", f"{sid!r} is not in $.samples"))
+    for sid in sorted(set(samples) - set(where)):
+        out.append(Problem(f"manifest.json $.samples.{sid}", "in no split of $.splits"))
+    n = man.get("num_samples")
+    if isinstance(n, int) and not isinstance(n, bool) and n != len(samples):
+        out.append(Problem("manifest.json $.num_samples", f"is {n}, $.samples lists {len(samples)}"))
+    counts = man.get("counts")
+    if isinstance(counts, dict):
+        have: dict[tuple[str, str], int] = {}
+        for rec in samples.values():
+            if isinstance(rec, dict):
+                key = (str(rec.get("split")), str(rec.get("label")))
+                have[key] = have.get(key, 0) + 1
+        for split, per in counts.items():
+            for label, c in per.items() if isinstance(per, dict) else ():
+                if isinstance(c, int) and c != have.get((split, label), 0):
+                    out.append(
+                        Problem(
+                            f"manifest.json $.counts.{split}.{label}",
+                            f"is {c}, $.samples has {have.get((split, label), 0)}",
+                        )
+                    )
+    return out
 
 
 def _non_finite(x: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -1028,16 +1091,24 @@ def _validate_sample(sd: Path, ann_v: Any, manifest: dict[str, Any] | None, deep
     for k, f in enumerate(ann["faults"]):
         if f["start_ns"] > f["end_ns"]:
             out.append(Problem(f"{loc} $.faults[{k}]", "start_ns is after end_ns"))
-        if f["end_ns"] < t0 or f["start_ns"] > t1 + 1:
+        if f["start_ns"] < t0 or f["end_ns"] > t1 + 1:  # (generate clips each window to the trace)
             out.append(
                 Problem(
                     f"{loc} $.faults[{k}]",
-                    f"window [{f['start_ns']}, {f['end_ns']}] is outside the trace [{t0}, {t1}]",
+                    f"window [{f['start_ns']}, {f['end_ns']}] is not inside the trace [{t0}, {t1}]",
                 )
             )
         r = f["target"].get("rank")
         if r is not None and r >= tp:
             out.append(Problem(f"{loc} $.faults[{k}].target.rank", f"rank {r} does not exist (tp={tp})"))
+    gen = (manifest or {}).get("generator")
+    if (
+        isinstance(gen, dict)
+        and gen.get("name") == GENERATOR
+        and ann.get("ood") != (ann["split"] == "test_ood")
+    ):
+        # (the simulator's: ood is what test_ood means; real CPU runs set it their own way)
+        out.append(Problem(f"{loc} $.ood", f"is {ann.get('ood')!r} for a {ann['split']} sample"))
     if manifest is not None and isinstance(manifest.get("samples"), dict):
         m = manifest["samples"].get(sid)
         if isinstance(m, dict) and (m.get("label"), m.get("split")) != (ann["label"], ann["split"]):
@@ -1114,6 +1185,13 @@ def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
     tid = np.asarray(trace.tid)
     procs = {int(p["rank"]): int(p["pid"]) for p in annotation["workload"].get("processes", [])}
     gpu = np.isin(layer, [L["kernel"], L["memcpy"], L["memset"]])
+    # fault windows are in true time; a process's events are on its clock, off by its clock-sync
+    # error (up to 2.5 us in the simulator, generator version 6 records it): taken off, so that a
+    # faulty step's first ranges, which start 1-6 us into it, are not left before its window
+    for p in annotation["workload"].get("processes", []):
+        e = int(p.get("clock_error_ns") or 0)
+        if e:
+            ts = np.where((pid == int(p["pid"])) | (gpu & (dev == int(p["device"]))), ts - e, ts)
     cpu = ~gpu
     kern = layer == L["kernel"]
     for f in annotation["faults"]:

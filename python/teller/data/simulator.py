@@ -94,6 +94,8 @@ class SimResult:
     stats: dict[str, Any] = field(default_factory=dict)
     raw_files: list[Path] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    # per rank, the error of its clock-sync record (ns): its events' trace times are true + error
+    clock_errors: list[int] = field(default_factory=list)
 
 
 class _Rank:
@@ -111,6 +113,7 @@ class _Rank:
         self.foreign_waiting: list[tuple[float, float, str]] = []  # its kernels not yet run
         self.corr = 0
         self.events = 0
+        self.clock_error = 0  # (its clock-sync record's error, ns)
         self.open: list[int] = []
 
     def ts(self, t: float) -> int:
@@ -336,6 +339,7 @@ class EngineSim:
             w.thread_name(pid, "EngineCore" if r == 0 else f"VllmWorker-{r}")
             writers.append(w)
             ranks.append(_Rank(r, pid, w, mono))
+            ranks[-1].clock_error = err
             ranks[-1].host = float(rng.uniform(0, 20e3))
             ranks[-1].gpu = ranks[-1].host
         self._startup_logs()
@@ -475,6 +479,7 @@ class EngineSim:
             stats=self.stats,
             raw_files=[Path(rk.w.path) for rk in ranks],
             pids=[rk.pid for rk in ranks],
+            clock_errors=[rk.clock_error for rk in ranks],
         )
 
     def _admit(
@@ -513,6 +518,11 @@ class EngineSim:
         for f in self.faults:
             if n == 0:
                 f.start_ns, f.end_ns = 0, int(t_end) + 1
+                continue
+            if f.start_step >= n:
+                # a fault due after the run ended (a crash came first): never in force, an empty
+                # window at the end (it used to be clamped onto the last step, culprits and all)
+                f.start_ns = f.end_ns = int(step_end[-1])
                 continue
             a = min(f.start_step, n - 1)
             b = min(f.end_step, n) - 1
