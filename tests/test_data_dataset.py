@@ -376,6 +376,23 @@ def test_a_secondary_fault_due_after_a_crash_never_acted_and_marks_nothing(tmp_p
             tr = teller.trace.load(sd / "trace.json", warn=False)
             only_primary = culprit_mask(tr, {**ann, "faults": ann["faults"][:1]})
             assert (culprit_mask(tr, ann) == only_primary).all()
+    # a secondary fault that did act is a nuisance, not the root cause: its events are no culprits
+    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
+        ann = _ann(d, sd.name)
+        if len(ann["faults"]) == 2 and ann["faults"][1]["effect"]["events"] > 0:
+            tr = teller.trace.load(sd / "trace.json", warn=False)
+            sec_as_primary = culprit_mask(tr, {**ann, "faults": [{**ann["faults"][1], "params": {}}]})
+            assert (
+                sec_as_primary.any()
+                and not (
+                    culprit_mask(tr, ann)
+                    & sec_as_primary
+                    & ~culprit_mask(tr, {**ann, "faults": ann["faults"][:1]})
+                ).any()
+            )
+            break
+    else:
+        raise AssertionError("no acting secondary fault in the sample")
     assert late >= 3, late
 
 

@@ -1195,6 +1195,8 @@ def culprit_mask(trace: Any, annotation: dict[str, Any]) -> np.ndarray:
     cpu = ~gpu
     kern = layer == L["kernel"]
     for f in annotation["faults"]:
+        if (f.get("params") or {}).get("role") == "secondary":
+            continue  # (a co-occurring nuisance, not the root cause the label names: not a culprit)
         win = (ts >= f["start_ns"]) & (ts < f["end_ns"])
         r = f["target"].get("rank")
         if r is None:
