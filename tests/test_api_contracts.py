@@ -412,7 +412,9 @@ def _stub_column_dtypes() -> dict[str, str]:
             continue  # (the catch-all `str` overload)
         names = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
         dtype = ast.unparse(ret.slice).removeprefix("np.")
-        out.update({n.value: dtype for n in names})
+        for n in names:
+            assert n.value not in out, f"column {n.value!r} declared twice in _native.pyi"
+            out[n.value] = dtype
     return out
 
 

@@ -71,7 +71,7 @@ def test_truncated_json_names_offset(tmp_path):
 
 @pytest.mark.parametrize(
     "bad",
-    ['{"x": [1 2 @@ ]}', '{"y": {"k" 5}}', '{"z": ["\\q"]}', '{"w": [1, NaN]}'],
+    ['{"x": [1 2 @@ ]}', '{"y": {"k" 5}}', '{"z": ["\\q"]}', '{"w": [1, NaN]}', '{"v": [1, 01]}'],
 )
 def test_an_args_value_that_is_not_json_is_refused_where_it_is(tmp_path, bad):
     """A compound value is kept as its text and written back out as it was: text that is not JSON
@@ -290,15 +290,24 @@ def test_b_e_pairs_are_made_in_time_order_not_file_order(tmp_path):
             ]
         ),
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        tr = T.load(p)
+    tr = T.load(p, warn=False)
     by = {tr.name_of(k): k for k in range(len(tr))}
     span = {n: (int(tr.ts[i] - tr.ts.min()), int(tr.dur[i])) for n, i in by.items() if n != "k"}
     assert span == {"a": (0, 9000), "b": (1000, 1000), "c": (24000, 5000)}
     assert tr.parent[by["b"]] == by["a"] and tr.parent[by["c"]] == -1
     assert tr.args(by["c"]) == {"k": 1, "e": 1}
     assert tr.device[by["k"]] == 3 and tr.tid[by["k"]] == 7
+    # (said where the file's order was not the time order: a producer's jittered 'E' pairs this way)
+    p2 = write(
+        tmp_path,
+        "sorted.json",
+        json.dumps([ev("B", 1, name="a"), ev("E", 2), ev("B", 3, name="b"), ev("E", 4)]),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        T.load(p2)
+    with pytest.warns(TellerWarning, match=r"'B'/'E' events of 1 thread\(s\) are not in time order"):
+        T.load(p)
     # (and one trace written by teller reads back with the same device)
     tr.to_chrome(tmp_path / "back.json")
     back = T.load(tmp_path / "back.json", warn=False)
@@ -316,7 +325,7 @@ def test_a_gpu_activity_takes_its_device_from_its_pid_only_where_that_is_one(tmp
         json.dumps([k(3, "a"), k("GPU 1", "b"), k("gpu:2", "c"), k("other", "d"), k(5_000_000_000, "e")]),
     )
     with pytest.warns(
-        TellerWarning, match=r"2 event\(s\) with an args.device \(or a GPU activity with a pid\)"
+        TellerWarning, match=r"2 event\(s\) with an args.device, or a GPU activity's pid, that is not"
     ):
         tr = T.load(p)
     assert {tr.name_of(i): int(tr.device[i]) for i in range(len(tr))} == {
@@ -340,6 +349,11 @@ def test_counters_with_an_id_are_counters_of_their_own(tmp_path):
     assert names == ["kv", "kv 1", "kv 2", "kv a"], names
     back = T.load(tmp_path / "out.json", warn=False)
     assert back.num_counters == tr.num_counters == 4
+    # a negative id is a number (it was read as a string's index: a panic past the string table)
+    tr = T.load(write(tmp_path, "neg.json", json.dumps([ok_event(), c(1, -1, 0.5)])), warn=False)
+    tr.to_chrome(tmp_path / "neg.out.json")
+    out = json.loads((tmp_path / "neg.out.json").read_text())["traceEvents"]
+    assert [e["name"] for e in out if e.get("ph") == "C"] == ["kv -1"]
 
 
 def test_directory_without_traces(tmp_path):

@@ -242,4 +242,10 @@ def test_a_collection_resumed_with_another_plan_or_fewer_runs_is_refused(tmp_pat
     with pytest.raises(ConfigError, match=r"holds 6 run\(s\) past --num-samples 6 \(cpu0006..cpu0011\)"):
         C.collect_cpu(out, 6, seed=0, splits=(0.6, 0.2, 0.2))
     assert (out / "manifest.json").read_text() == before
+    # a version-1 run's window past its trace is clipped when the collection is resumed
+    a1 = json.loads((out / "cpu0001" / "annotation.json").read_text())
+    assert a1["faults"], a1
+    a1["faults"][0]["end_ns"] = 10**6
+    (out / "cpu0001" / "annotation.json").write_text(json.dumps(a1))
     C.collect_cpu(out, 14, seed=0, splits=(0.6, 0.2, 0.2))  # (growing it: fine)
+    assert json.loads((out / "cpu0001" / "annotation.json").read_text())["faults"][0]["end_ns"] == 101

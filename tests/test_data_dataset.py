@@ -616,6 +616,9 @@ def test_validate_checks_the_manifest_against_itself_and_the_annotations(tiny, t
     man["num_samples"] = 5
     label = man["samples"][sid]["label"]
     man["counts"]["train"][label] = 999
+    # (and a pair the counts leave out)
+    gone = next(k for k, v in man["counts"]["train"].items() if v and k != label)
+    del man["counts"]["train"][gone]
     (d / "manifest.json").write_text(json.dumps(man))
     faulty = next(s for s in man["splits"]["train"] if _ann(d, s)["faults"])
     ann = _ann(d, faulty)
@@ -630,6 +633,7 @@ def test_validate_checks_the_manifest_against_itself_and_the_annotations(tiny, t
         f"manifest.json $.samples.{other}: in no split of $.splits",
         f"manifest.json $.num_samples: is 5, $.samples lists {n}",
         f"manifest.json $.counts.train.{label}: is 999, $.samples has",
+        f"manifest.json $.counts.train.{gone}: missing, $.samples has",
         f"{faulty}/annotation.json $.ood: is True for a train sample",
         f"{faulty}/annotation.json $.faults[0]: window [",
     ):

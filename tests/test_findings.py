@@ -521,7 +521,7 @@ def test_a_device_index_that_does_not_fit_is_ignored_and_said(tmp_path) -> None:
         tr = teller.trace.load(p, warn=False)
         assert [d["device"] for d in tr.summary(0)["devices"]] == [1]
         assert any(
-            "1 event(s) with an args.device (or a GPU activity with a pid) that is not a device index" in w
+            "1 event(s) with an args.device, or a GPU activity's pid, that is not a device index" in w
             for w in tr.warnings
         )
 

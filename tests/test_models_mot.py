@@ -1647,6 +1647,11 @@ def test_a_checkpoint_whose_model_section_was_edited_is_refused(shards, tmp_path
     assert 'activation: "gelu" -> "relu"' in str(e.value) and "n_heads:" in str(e.value)
     from teller.models.mot import ModelConfig
 
+    other = {True: "relative", "relative": True}  # (one value's two spellings: the same network)
+    assert cfg["model"]["token_gpu_features"] in other
+    spelled = {**cfg["model"], "token_gpu_features": other[cfg["model"]["token_gpu_features"]]}
+    (r / "config.json").write_text(json.dumps({**cfg, "model": spelled}))
+    load_checkpoint(r)
     same = {k: v for k, v in cfg["model"].items() if getattr(ModelConfig(), k) != v or k == "arch"}
     (r / "config.json").write_text(json.dumps({**cfg, "model": {**same, "log_backbone": "elsewhere"}}))
     load_checkpoint(r)  # (defaults left out, the backbone's origin changed: the same network)

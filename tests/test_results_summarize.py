@@ -516,3 +516,21 @@ def test_evaluations_of_several_runs_in_one_output_directory_are_all_kept(tmp_pa
     # the same file again (re-evaluated into the shared directory): replaced, not added
     write_metrics({**base, "run_dir": str(runs[0].resolve()), "ac@1": 0.9}, shared)
     assert len(list(shared.glob("eval-*.json"))) == 2
+
+
+def test_a_copied_runs_evaluation_is_its_own(tmp_path: Path) -> None:
+    """(from a review) `cp -r s0 s0b`, then evaluate s0b: the copied file recorded s0, so the new
+    one went beside it under another name and summarize showed a phantom s0 row from s0b."""
+    from teller.models.report import write_metrics
+
+    s0, s0b = tmp_path / "s0", tmp_path / "s0b"
+    for r in (s0, s0b):
+        r.mkdir()
+        (r / "config.json").write_text("{}")
+    m = {"model": "mot", "split": "test", "n": 10, "ac@1": 0.8, "weights": "w", "run_dir": str(s0.resolve())}
+    write_metrics(m, s0)
+    (s0b / "eval-test-mot.json").write_text((s0 / "eval-test-mot.json").read_text())  # (the copy)
+    assert write_metrics({**m, "run_dir": str(s0b.resolve()), "ac@1": 0.7}, s0b).name == "eval-test-mot.json"
+    assert [p.name for p in s0b.glob("eval-*.json")] == ["eval-test-mot.json"]
+    text = summarize([s0b], tmp_path / "out")
+    assert "s0b" in text and "| s0 |" not in text

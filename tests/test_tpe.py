@@ -222,9 +222,12 @@ def test_golden_file_stays_readable():
     tok = teller.tpe.load(DATA / "tpe" / "golden_tokenizer")
     d = json.loads((DATA / "tpe" / "golden_tokenizer" / "tokenizer.json").read_text())
     assert d["format"] == "teller-tpe" and d["version"] == 1
-    enc = tok.encode([["annotation:step", "runtime:cudaLaunchKernel", "kernel:gemm", "<close>"]])
+    # (what it encodes to lies beside it: a field of its own in tokenizer.json was one this teller
+    # does not know, said at every load)
+    expected = json.loads((DATA / "tpe" / "golden_tokenizer" / "expected.json").read_text())
+    enc = tok.encode([expected["input"]])
     assert tok.decode(enc.ids) == ["annotation:step", "runtime:cudaLaunchKernel", "kernel:gemm", "<close>"]
-    assert enc.ids.tolist() == d["expected"]["ids"]
+    assert enc.ids.tolist() == expected["ids"]
 
 
 def test_bad_input(tmp_path):

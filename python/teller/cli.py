@@ -1491,7 +1491,10 @@ def train_ensemble_cmd(
     short_help="Score a trained model on a split: accuracy, AC@k, localization, calibration, per fault.",
 )
 def evaluate_cmd(
-    checkpoint: Annotated[str, typer.Option("--checkpoint", help="A run directory of teller train.")],
+    checkpoint: Annotated[
+        str,
+        typer.Option("--checkpoint", help="A run directory of teller train (or its model.safetensors)."),
+    ],
     data_dir: Annotated[
         str | None,
         typer.Option(
@@ -1520,8 +1523,9 @@ def evaluate_cmd(
     the faults that did nothing), calibration (nll, ece, brier), answers by confidence (the share
     of samples with a top-cause probability of at least 0.5 / 0.7 / 0.9 and their AC@1: selective),
     confusion matrix (CSV + PNG), latency. Writes
-    eval-<split>-<model>.json (eval-<dataset>-<split>-<model>.json for a dataset directory's split)
-    and the confusion files into --output, by default the checkpoint's directory."""
+    eval-<split>-<model>.json (eval-<dataset>-<split>-<model>.json for a dataset directory's split;
+    in an --output that holds another run's: eval-<split>-<model>-<run>-<hash>.json) and the confusion
+    files into --output, by default the checkpoint's directory."""
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     _output_dir(output, "--output")

@@ -155,6 +155,22 @@ class _Injector:
 # -- one sample ---------------------------------------------------------------------------------------
 
 
+def _clipped_faults(a: dict[str, Any]) -> Any:
+    """An annotation's faults with their windows inside its trace (version 2's rule), or its faults
+    as they are where it says no trace span."""
+    tr = a.get("trace") if isinstance(a.get("trace"), dict) else {}
+    t0, t1, faults = tr.get("start_ns"), tr.get("end_ns"), a.get("faults")
+    if not (isinstance(t0, int) and isinstance(t1, int) and isinstance(faults, list)):
+        return faults
+    out = []
+    for f in faults:
+        if isinstance(f, dict) and isinstance(f.get("start_ns"), int) and isinstance(f.get("end_ns"), int):
+            start = min(max(f["start_ns"], t0), t1)
+            f = {**f, "start_ns": start, "end_ns": max(min(f["end_ns"], t1 + 1), start)}
+        out.append(f)
+    return out
+
+
 def _plan(seed: int, num_samples: int, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     plans = []
@@ -614,8 +630,15 @@ def collect_cpu(
                     if wl is None or not shape_known
                     else {k: shape[k] for k in ("requests", "new_tokens", "prompt_len") if k not in wl}
                 )
-                if (a.get("split"), a.get("ood")) != (split_of[sid], ood) or fill:
-                    a = {**a, "split": split_of[sid], "ood": ood}
+                # (a run of version 1 has its fault window as the injector ran it: clipped to the
+                # trace, as version 2 writes it)
+                faults = _clipped_faults(a)
+                if (
+                    (a.get("split"), a.get("ood")) != (split_of[sid], ood)
+                    or fill
+                    or faults != a.get("faults")
+                ):
+                    a = {**a, "split": split_of[sid], "ood": ood, "faults": faults}
                     if fill:
                         a["workload"] = {**a["workload"], **fill}
                     tmp = ann_path.with_name(".annotation.json.tmp")

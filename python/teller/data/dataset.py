@@ -1027,6 +1027,10 @@ def _manifest_agreement(man: dict[str, Any], dirs: set[str]) -> list[Problem]:
                             f"is {c}, $.samples has {have.get((split, label), 0)}",
                         )
                     )
+        for (split, label), c in sorted(have.items()):  # (and the other way: a pair counts leaves out)
+            per = counts.get(split)
+            if not isinstance(per, dict) or label not in per:
+                out.append(Problem(f"manifest.json $.counts.{split}.{label}", f"missing, $.samples has {c}"))
     return out
 
 

@@ -448,8 +448,14 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
     before = before if isinstance(before, dict) else {}
     if before.get("data") and m.get("data") and before["data"] != m["data"]:
         stem += "-" + hashlib.sha256(str(m["data"]).encode()).hexdigest()[:6]
-    elif before.get("run_dir") and m.get("run_dir") and before["run_dir"] != m["run_dir"]:
-        # another run's evaluation in a shared --output: both kept, this one named by its run
+    elif (
+        before.get("run_dir")
+        and m.get("run_dir")
+        and before["run_dir"] != m["run_dir"]
+        and Path(m["run_dir"]) != out.resolve()
+    ):
+        # another run's evaluation in a shared --output: both kept, this one named by its run (in
+        # the run's own directory its evaluation replaces whatever a copied run left there)
         stem += f"-{Path(m['run_dir']).name}-" + hashlib.sha256(m["run_dir"].encode()).hexdigest()[:6]
     write_atomic(out / f"{stem}.json", json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
@@ -660,7 +666,13 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             # the run the file evaluated (its own directory, or the one it records: --output elsewhere)
             home = (p if p.is_dir() else p.parent).resolve()
             rd = m.get("run_dir")
-            run_dir = Path(rd) if isinstance(rd, str) and Path(rd).is_dir() else home
+            # (a file in a run directory is that run's, whatever it records: a copied run's files
+            # name the run they were copied from)
+            run_dir = (
+                Path(rd)
+                if isinstance(rd, str) and Path(rd).is_dir() and not (home / "config.json").is_file()
+                else home
+            )
             ident = (str(run_dir), m.get("weights"), m.get("model"), m.get("split"), m.get("data"))
             if ident in evaluated:
                 dup.append(f"{f} (the same evaluation as {evaluated[ident]})")

@@ -626,13 +626,19 @@ def _model_changes(trained: str | None, now: dict[str, Any]) -> list[str]:
     if not isinstance(was, dict):
         return []
     from teller.models.mot import ModelConfig
+    from teller.models.report import _MODEL_SYNONYMS
 
     default = json.loads(json.dumps(ModelConfig().to_dict()))  # (as JSON reads it: lists, not tuples)
+
+    def spelled(k: str, v: Any) -> Any:  # (one value's two spellings: `true` is "relative")
+        alias, value = _MODEL_SYNONYMS.get(k, (object(), None))
+        return value if v is alias else v
+
     out = []
     for k in sorted(set(was) | set(now)):
         if k == "log_backbone":
             continue
-        a, b = was.get(k, default.get(k)), now.get(k, default.get(k))
+        a, b = spelled(k, was.get(k, default.get(k))), spelled(k, now.get(k, default.get(k)))
         if a != b:
             out.append(f"{k}: {json.dumps(a)} -> {json.dumps(b)}")
     return out

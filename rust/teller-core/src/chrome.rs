@@ -28,6 +28,8 @@ struct Ev {
     device: Option<i64>,
     stream: Option<i64>,
     id: Option<u64>,
+    /// `id` is a string's index (with the top bit set), not a number
+    id_str: bool,
     bp_e: bool,
     args_start: usize,
     meta_name: Option<u32>,
@@ -391,21 +393,23 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
     /// interned strings and the args it pushed (truncated again by `attempt`).
     /// A flow's or counter's `id`: a number, a numeric or hex string as that number, another string
     /// as its interned index with the top bit set; anything else 0.
-    fn id_of(&mut self, v: Raw) -> u64 {
+    /// (the id, whether it is a string's index rather than a number: a negative number has the top
+    /// bit set too)
+    fn id_of(&mut self, v: Raw) -> (u64, bool) {
         match v {
-            Raw::Num(n) => parse_int(n).unwrap_or(0) as u64,
+            Raw::Num(n) => (parse_int(n).unwrap_or(0) as u64, false),
             Raw::Str(s, esc) => {
                 let s = decode_str(s, esc).unwrap_or_default();
                 let st = s.trim();
                 if let Some(h) = st.strip_prefix("0x").or_else(|| st.strip_prefix("0X")) {
-                    u64::from_str_radix(h, 16).unwrap_or(0)
+                    (u64::from_str_radix(h, 16).unwrap_or(0), false)
                 } else if let Some(x) = parse_int(st.as_bytes()) {
-                    x as u64
+                    (x as u64, false)
                 } else {
-                    self.t.strings.intern(st) as u64 | (1 << 63)
+                    (self.t.strings.intern(st) as u64 | (1 << 63), true)
                 }
             }
-            _ => 0,
+            _ => (0, false),
         }
     }
 
@@ -485,9 +489,12 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     b"id" => {
                         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
                         // (null: no id, as if absent; a counter's id names its series)
-                        ev.id = match v {
-                            Raw::Null => None,
-                            v => Some(self.id_of(v)),
+                        (ev.id, ev.id_str) = match v {
+                            Raw::Null => (None, false),
+                            v => {
+                                let (x, s) = self.id_of(v);
+                                (Some(x), s)
+                            }
                         };
                     }
                     b"s" => {
@@ -756,10 +763,10 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                 // used as the counter name"; Perfetto names the track "name id")
                 let name = match ev.id {
                     Some(id) => {
-                        let idt = if id & (1 << 63) != 0 {
+                        let idt = if ev.id_str {
                             self.t.strings.get((id & !(1 << 63)) as u32).to_string()
                         } else {
-                            id.to_string()
+                            (id as i64).to_string() // (-1 reads as -1)
                         };
                         let full = format!("{} {idt}", self.t.strings.get(ev.name));
                         self.t.strings.intern(&full)
@@ -871,8 +878,12 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         }
         threads.sort_unstable_by_key(|(k, _)| *k);
         let mut open: Vec<BeRec> = Vec::new();
+        let mut unsorted = 0usize;
         for (_, mut recs) in threads {
-            recs.sort_by_key(|r| r.ts); // (stable: equal timestamps keep their file order)
+            if recs.windows(2).any(|w| w[1].ts < w[0].ts) {
+                unsorted += 1;
+                recs.sort_by_key(|r| r.ts); // (stable: equal timestamps keep their file order)
+            }
             let mut stack: Vec<BeRec> = Vec::new();
             for r in recs {
                 if r.ev.ph == b'B' {
@@ -893,14 +904,27 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     unfinished: b.ev.unfinished || r.ev.unfinished,
                     ..b.ev
                 };
-                let keys: Vec<u32> = b.args.iter().map(|(k, _)| *k).collect();
-                self.t.args.extend(b.args);
-                self.t
-                    .args
-                    .extend(r.args.into_iter().filter(|(k, _)| !keys.contains(k)));
+                if r.args.is_empty() {
+                    self.t.args.extend(b.args);
+                } else {
+                    let keys: Vec<u32> = b.args.iter().map(|(k, _)| *k).collect();
+                    self.t.args.extend(b.args);
+                    self.t
+                        .args
+                        .extend(r.args.into_iter().filter(|(k, _)| !keys.contains(k)));
+                }
                 self.push(layer, &ev, b.ts, r.ts - b.ts, 0);
             }
             open.append(&mut stack);
+        }
+        if unsorted > 0 {
+            // (said: a producer whose 'E' is stamped a hair before its 'B' pairs it with the enclosing
+            // range's 'B' this way, where file order would have kept the nesting)
+            self.t.warnings.push(format!(
+                "{}: the 'B'/'E' events of {unsorted} thread(s) are not in time order in the file: paired \
+                 in time order, as Perfetto does",
+                self.path
+            ));
         }
         if open.is_empty() {
             return;
@@ -946,7 +970,7 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         }
         if self.bad_device > 0 {
             self.t.warnings.push(format!(
-                "{path}: {} event(s) with an args.device (or a GPU activity with a pid) that is not a device index: ignored",
+                "{path}: {} event(s) with an args.device, or a GPU activity's pid, that is not a device index: no device read from it",
                 self.bad_device
             ));
         }

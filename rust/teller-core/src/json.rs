@@ -209,6 +209,11 @@ impl<'a> Scanner<'a> {
         if p == ds {
             return self.err("invalid number");
         }
+        if p - ds > 1 && b[ds] == b'0' {
+            // (JSON has no leading zeros: `01` kept in an args list was written back as it was)
+            self.pos = ds;
+            return self.err("invalid number: a leading zero");
+        }
         if p < b.len() && b[p] == b'.' {
             p += 1;
             let fs = p;
@@ -645,6 +650,8 @@ mod tests {
             (br#"["\x"]"#, "invalid escape", 2),
             (br#"["\u12"]"#, "invalid escape", 2),
             (br#"[oops nope]"#, "unexpected character 'o'", 1),
+            (br#"[1, 01]"#, "a leading zero", 4),
+            (br#"[-00.5]"#, "a leading zero", 2),
             (br#"{"a": [1, 2}"#, "mismatched '}'", 11),
         ];
         for (b, said, at) in bad {

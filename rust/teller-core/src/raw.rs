@@ -550,6 +550,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // ENDs read before their BEGIN, by range id: a range ended on another thread has its END in that
     // thread's chunk, which may lie earlier in the file than the chunk holding the BEGIN.
     let mut early_end: HashMap<u64, i64> = HashMap::new();
+    let mut repeated_end = 0usize;
     let mut unknown_types: HashMap<i64, u64> = HashMap::new();
     // DROPPED records summed per reason: the shim writes one per chunk hand-out, so a long run that
     // filled its file (or a program whose signal handlers call NVTX) has thousands of them.
@@ -727,7 +728,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 }
                 let ts = ts.saturating_add(offset);
                 last_ts = last_ts.max(ts);
-                match early_end.remove(&id) {
+                match (!early_end.is_empty()).then(|| early_end.remove(&id)).flatten() {
                     Some(end) => {
                         t.args.extend(args);
                         t.push_event(
@@ -783,7 +784,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         );
                     }
                     None => {
-                        early_end.insert(id, ts);
+                        if early_end.insert(id, ts).is_some() {
+                            repeated_end += 1; // (a second END of one id: counted as a record)
+                        }
                     }
                 }
             }
@@ -893,7 +896,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     if !early_end.is_empty() {
         warnings.push(format!(
             "{path}: {} END record(s) without a BEGIN were ignored",
-            early_end.len()
+            early_end.len() + repeated_end
         ));
     }
     if !undefined.is_empty() {
