@@ -300,7 +300,7 @@ impl<'a> Scanner<'a> {
     /// loop is a small state machine (no recursion, no allocation), strings are still jumped over
     /// with memchr. Not checked: raw control characters inside strings. Cost, measured against the
     /// bracket-only skip (2026-12-07, min of runs): resnet50 (316k nested `Input dims` lists) 110-115 ->
-    /// 120-124 ms, a100 29 -> 30 ms, the small fixtures unchanged.
+    /// 115-124 ms, a100 29 -> 30-31 ms, the small fixtures unchanged.
     fn skip_compound(&mut self) -> SResult<()> {
         #[derive(Clone, Copy, PartialEq)]
         enum St {
