@@ -2671,3 +2671,66 @@ def test_diagnose_of_a_capture_called_normal_lists_no_culprit_operators() -> Non
     text = _rendered(root_causes=normal, operators=[op])
     assert "culprit operators: none, the likeliest cause is normal" in text and "kernel:gemm" not in text
     assert "kernel:gemm" in _rendered(operators=[op])
+
+
+_CUDA_AUTOCAST_ON_CPU = """
+import numpy as np, torch
+from teller.models.data import Sample, collate
+from teller.models.mot import ModelConfig, RCAModel
+torch.set_num_threads(1)
+# CUDA's autocast does not promote index_copy (it is not in AT_FORALL_PROMOTE), CPU's does: take
+# CPU's promotion away so that a CPU bf16 autocast behaves as CUDA's does there
+lib = torch.library.Library("aten", "IMPL", "AutocastCPU")
+def plain(self, dim, index, source):
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+        return torch.ops.aten.index_copy.default(self, dim, index, source)
+lib.impl("index_copy", plain)
+rng = np.random.default_rng(0)
+def mk(t, n, label):
+    f = rng.random((t, 5)).astype(np.float32)
+    return Sample("s", label, rng.integers(0, 50, t), f, rng.random(t) < 0.2, rng.integers(0, 50, n),
+                  rng.random((n, 3)).astype(np.float32))
+for arch in ("mot", "single"):
+    cfg = ModelConfig(arch=arch, trace_vocab=64, log_vocab=64, n_classes=3, d_model=16, n_heads=2, d_ff=32)
+    m = RCAModel(cfg)
+    m.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(collate([mk(10, 8, 1), mk(5, 3, 0)]))
+    print(arch, out["logits"].dtype)
+"""
+
+
+def test_a_mixed_precision_forward_pass_runs_as_on_cuda() -> None:
+    """(from a review) Under CUDA's bf16 autocast the MoT's routed layers took float32 from a
+    LayerNorm and bf16 from their Linear experts, and `index_copy` refused the mix: `teller train
+    mot` failed at its first step on every GPU machine (amp is on by default there). No GPU here: a
+    CPU autocast with CUDA's rule for index_copy, in a process of its own (the rule is global)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CUDA_AUTOCAST_ON_CPU], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["mot", "torch.bfloat16", "single", "torch.bfloat16"], r.stdout
+
+
+def test_speed_augmentation_of_summary_rows_without_a_transfer_column() -> None:
+    """(from a review) `speed_aug` shifted summary columns 1 and 14 whatever their count: rows of 8
+    columns (shards version 2) raised IndexError."""
+    from teller.models.data import Sample, collate
+    from teller.models.mot import ModelConfig, RCAModel
+
+    rng = np.random.default_rng(0)
+
+    def mk(t: int, n: int, label: int) -> Sample:
+        f = rng.random((t, 5)).astype(np.float32)
+        s = Sample("s", label, rng.integers(0, 50, t), f, rng.random(t) < 0.2, rng.integers(0, 50, n),
+                   rng.random((n, 3)).astype(np.float32))  # fmt: skip
+        s.summary_ids = rng.integers(0, 50, 6)
+        s.summary_features = rng.random((6, 8)).astype(np.float32)
+        return s
+
+    cfg = ModelConfig(trace_vocab=64, log_vocab=64, n_classes=3, d_model=16, n_heads=2, d_ff=32,
+                      summary_tokens=True, n_summary_features=8, speed_aug=0.5)  # fmt: skip
+    m = RCAModel(cfg)
+    m.fit_speed_aug([["kernel:gemm"]] * 64)
+    m.train()
+    assert torch.isfinite(m(collate([mk(10, 8, 1), mk(5, 3, 0)]))["logits"]).all()

@@ -253,10 +253,15 @@ class _Routed(nn.Module):
         # x: [N, d] flat tokens; route[m]: flat indices of modality m's tokens
         if len(self.experts) == 1:
             return self.experts[0](x)
-        out = x.new_zeros(x.shape[0], out_dim)
-        for m, idx in enumerate(route):
-            if idx.numel():
-                out = out.index_copy(0, idx, self.experts[m](x.index_select(0, idx)))
+        ys = [(idx, self.experts[m](x.index_select(0, idx))) for m, idx in enumerate(route) if idx.numel()]
+        # (in the experts' output dtype, not the input's: under CUDA autocast a LayerNorm hands over
+        # float32 and the Linear experts give bf16, and CUDA's autocast does not promote index_copy)
+        dtype = ys[0][1].dtype if ys else x.dtype
+        for _, y in ys[1:]:
+            dtype = torch.promote_types(dtype, y.dtype)
+        out = x.new_zeros(x.shape[0], out_dim, dtype=dtype)
+        for idx, y in ys:
+            out = out.index_copy(0, idx, y.to(dtype))
         return out
 
 
@@ -675,7 +680,9 @@ class RCAModel(nn.Module):
             sf = batch["summary_features"].to(tf.device).clone()
             sids = batch["summary_ids"].to(tf.device).long().clamp(0, self.speed_gpu_share.shape[0] - 1)
             gpu = (self.speed_gpu_share[sids] > 0) & batch["summary_mask"].to(tf.device).bool()
-            for c in (1, 14):  # median_log_dur, xfer_median (0 where the symbol moves no bytes)
+            # median_log_dur, xfer_median (0 where the symbol moves no bytes); rows of older shards
+            # (n_summary_features 8: shards version 2) have no column 14
+            for c in (c for c in (1, 14) if c < sf.shape[-1]):
                 sf[..., c] = torch.where(gpu & (sf[..., c] > 0), (sf[..., c] + d).clamp(min=0), sf[..., c])
             out["summary_features"] = sf
         return out
