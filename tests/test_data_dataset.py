@@ -332,15 +332,19 @@ def test_cli_generate_validate(tmp_path):
     assert r.returncode == 2 and "unknown preset" in r.stderr
 
 
-def test_secondary_faults(tmp_path):
-    cfg = tmp_path / "multi.yaml"
-    cfg.write_text("base: tiny\nsecondary_fault_fraction: 1.0\n")
-    d = tmp_path / "multi"
-    generate(d, num_samples=8, seed=4, config=cfg)
+def _generated(tmp_path: Path, name: str, config: str, n: int, seed: int) -> list[tuple[Path, dict]]:
+    """A valid dataset generated from ``config`` (YAML text): its (sample directory, annotation)s."""
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(config)
+    d = tmp_path / name
+    generate(d, num_samples=n, seed=seed, config=cfg)
     assert validate(d) == []
+    return [(sd, _ann(d, sd.name)) for sd in sorted(p for p in d.iterdir() if p.is_dir())]
+
+
+def test_secondary_faults(tmp_path):
     n_multi = 0
-    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
-        ann = _ann(d, sd.name)
+    for _sd, ann in _generated(tmp_path, "multi", "base: tiny\nsecondary_fault_fraction: 1.0\n", 8, 4):
         if ann["label"] == "normal":
             assert ann["faults"] == []
             continue
@@ -356,17 +360,16 @@ def test_secondary_faults(tmp_path):
 def test_a_secondary_fault_due_after_a_crash_never_acted_and_marks_nothing(tmp_path):
     """(from a review) An oom_error crash ends the run; a secondary fault due to start later was
     clamped onto the crash step: in force there by its window, its events culprits, effect 0."""
-    cfg = tmp_path / "oom.yaml"
-    cfg.write_text(
+    samples = _generated(
+        tmp_path,
+        "oom",
         "base: tiny\nclasses: [oom_error, cpu_contention, host_memory_pressure, gpu_throttle]\n"
-        "secondary_fault_fraction: 1.0\nood_fraction: 0.0\n"
+        "secondary_fault_fraction: 1.0\nood_fraction: 0.0\n",
+        20,
+        0,
     )
-    d = tmp_path / "oom"
-    generate(d, num_samples=20, seed=0, config=cfg)
-    assert validate(d) == []
     late = 0
-    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
-        ann = _ann(d, sd.name)
+    for sd, ann in samples:
         if ann["label"] != "oom_error" or len(ann["faults"]) < 2:
             continue
         sec = ann["faults"][1]
@@ -377,8 +380,7 @@ def test_a_secondary_fault_due_after_a_crash_never_acted_and_marks_nothing(tmp_p
             only_primary = culprit_mask(tr, {**ann, "faults": ann["faults"][:1]})
             assert (culprit_mask(tr, ann) == only_primary).all()
     # a secondary fault that did act is a nuisance, not the root cause: its events are no culprits
-    for sd in sorted(p for p in d.iterdir() if p.is_dir()):
-        ann = _ann(d, sd.name)
+    for sd, ann in samples:
         if len(ann["faults"]) == 2 and ann["faults"][1]["effect"]["events"] > 0:
             tr = teller.trace.load(sd / "trace.json", warn=False)
             sec_as_primary = culprit_mask(tr, {**ann, "faults": [{**ann["faults"][1], "params": {}}]})
