@@ -182,11 +182,12 @@ def test_an_end_written_before_its_begin_still_closes_the_range(tmp_path):
     p = tmp_path / "e.tmsgpack"
     with RawWriter(p, pid=1, clock_sync=(0, REAL0)) as w:
         w.end(1, tid=43, ts=5000)
+        w.end(1, tid=44, ts=6000)  # (a second END of it: ignored, the first stands, said)
         w._next_range = 1
         assert w.begin("annotation", "forward", tid=42, ts=1000) == 1
         w.span("runtime", "cudaMalloc", tid=42, start=20000, end=90000)
         w.end(7, tid=42, ts=95000)  # (never begun: still said)
-    with pytest.warns(TellerWarning, match="1 END record") as rec:
+    with pytest.warns(TellerWarning, match="2 END record") as rec:
         tr = T.load(p)
     assert not [r for r in rec if "still open" in str(r.message)]
     names = [tr.name_of(k) for k in range(len(tr))]

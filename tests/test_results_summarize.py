@@ -499,12 +499,12 @@ def test_evaluations_of_several_runs_in_one_output_directory_are_all_kept(tmp_pa
     from teller.models.report import write_metrics
 
     runs = [tmp_path / "s0", tmp_path / "s1"]
-    base = {"model": "mot", "split": "test", "n": 10, "ac@1": 0.8, "weights": "w"}
+    base = {"model": "mot", "split": "test", "n": 10, "ac@1": 0.8}
     shared = tmp_path / "evals"
     names = []
     for r in runs:
         r.mkdir()
-        m = {**base, "run_dir": str(r.resolve())}
+        m = {**base, "run_dir": str(r.resolve()), "weights": f"w-{r.name}"}
         write_metrics(m, r)
         names.append(write_metrics(m, shared).name)
     assert names[0] == "eval-test-mot.json" and names[1].startswith("eval-test-mot-s1-")
@@ -514,23 +514,44 @@ def test_evaluations_of_several_runs_in_one_output_directory_are_all_kept(tmp_pa
         text = summarize([runs[0], runs[1], shared], tmp_path / "out")
     assert "| mot | 2: s0, s1 |" in text, text
     # the same file again (re-evaluated into the shared directory): replaced, not added
-    write_metrics({**base, "run_dir": str(runs[0].resolve()), "ac@1": 0.9}, shared)
+    write_metrics({**base, "run_dir": str(runs[0].resolve()), "weights": "w-s0", "ac@1": 0.9}, shared)
     assert len(list(shared.glob("eval-*.json"))) == 2
 
 
-def test_a_copied_runs_evaluation_is_its_own(tmp_path: Path) -> None:
-    """(from a review) `cp -r s0 s0b`, then evaluate s0b: the copied file recorded s0, so the new
-    one went beside it under another name and summarize showed a phantom s0 row from s0b."""
-    from teller.models.report import write_metrics
+def test_a_copied_run_and_an_other_runs_file_in_a_run_directory(tmp_path: Path) -> None:
+    """(from reviews) `cp -r s0 s0b`, then evaluate s0b: the copied file records s0, and the new one
+    went beside it under another name (s0b's own evaluation replaces the copy: the same weights);
+    summarize counts a run and its copy once. An evaluation of s1 written into s0 (`-o s0`: other
+    weights) is s1's, and s0's own evaluation after it is kept beside it, not over it."""
+    from teller.models.report import weights_id, write_metrics
 
-    s0, s0b = tmp_path / "s0", tmp_path / "s0b"
-    for r in (s0, s0b):
+    runs = {}
+    for name, blob in (("s0", b"w0"), ("s0b", b"w0"), ("s1", b"w1")):
+        r = tmp_path / name
         r.mkdir()
         (r / "config.json").write_text("{}")
-    m = {"model": "mot", "split": "test", "n": 10, "ac@1": 0.8, "weights": "w", "run_dir": str(s0.resolve())}
-    write_metrics(m, s0)
+        (r / "model.safetensors").write_bytes(blob)
+        runs[name] = r
+
+    def m(run: str, ac1: float) -> dict:
+        r = runs[run]
+        return {"model": "mot", "split": "test", "n": 10, "ac@1": ac1, "weights": weights_id(r),
+                "run_dir": str(r.resolve())}  # fmt: skip
+
+    s0, s0b = runs["s0"], runs["s0b"]
+    write_metrics(m("s0", 0.8), s0)
     (s0b / "eval-test-mot.json").write_text((s0 / "eval-test-mot.json").read_text())  # (the copy)
-    assert write_metrics({**m, "run_dir": str(s0b.resolve()), "ac@1": 0.7}, s0b).name == "eval-test-mot.json"
+    with pytest.warns(UserWarning, match="counted once"):
+        text = summarize([s0, s0b], tmp_path / "out1")
+    rows = [line for line in text.splitlines() if line.startswith(("| s0 |", "| s0b |"))]
+    assert len(rows) == 1, text
+    assert write_metrics(m("s0b", 0.8), s0b).name == "eval-test-mot.json"  # (the copy replaced)
     assert [p.name for p in s0b.glob("eval-*.json")] == ["eval-test-mot.json"]
-    text = summarize([s0b], tmp_path / "out")
-    assert "s0b" in text and "| s0 |" not in text
+    # another run's evaluation in s0, then s0's own: both kept, each its run's
+    (s0 / "eval-test-mot.json").unlink()
+    write_metrics(m("s1", 0.5), s0)
+    own = write_metrics(m("s0", 0.8), s0)
+    assert own.name != "eval-test-mot.json" and len(list(s0.glob("eval-*.json"))) == 2
+    text = summarize([s0], tmp_path / "out2")
+    rows = [line for line in text.splitlines() if line.startswith("| s")]
+    assert any(r.startswith("| s1 |") for r in rows) and any(r.startswith("| s0 |") for r in rows), rows

@@ -638,7 +638,12 @@ def collect_cpu(
                     or fill
                     or faults != a.get("faults")
                 ):
-                    a = {**a, "split": split_of[sid], "ood": ood, "faults": faults}
+                    a = {
+                        **a,
+                        "split": split_of[sid],
+                        "ood": ood,
+                        **({"faults": faults} if "faults" in a else {}),
+                    }
                     if fill:
                         a["workload"] = {**a["workload"], **fill}
                     tmp = ann_path.with_name(".annotation.json.tmp")

@@ -452,10 +452,12 @@ def write_metrics(m: dict[str, Any], out: Path) -> Path:
         before.get("run_dir")
         and m.get("run_dir")
         and before["run_dir"] != m["run_dir"]
-        and Path(m["run_dir"]) != out.resolve()
+        and not (before.get("weights") is not None and before.get("weights") == m.get("weights"))
+        and Path(before["run_dir"]).is_dir()
     ):
-        # another run's evaluation in a shared --output: both kept, this one named by its run (in
-        # the run's own directory its evaluation replaces whatever a copied run left there)
+        # another run's evaluation (other weights, a run that still exists; a shared --output): both
+        # kept, this one named by its run. A copy of this run's own evaluation (`cp -r`: the same
+        # weights), or one of a run deleted since, is replaced.
         stem += f"-{Path(m['run_dir']).name}-" + hashlib.sha256(m["run_dir"].encode()).hexdigest()[:6]
     write_atomic(out / f"{stem}.json", json.dumps(m, indent=1))
     if "confusion" not in m:  # no sample with a cause the model knows
@@ -632,6 +634,21 @@ def _stale(m: dict[str, Any], run: Path, ids: dict[Path, str | None]) -> bool:
     return isinstance(t, (int, float)) and abs(float(t) - t_now) > 1e-9
 
 
+def _evaluated_run(m: dict[str, Any], home: Path, weight_ids: dict[Path, str | None]) -> Path:
+    """The run an evaluation file in ``home`` evaluated: the run it records (``run_dir``) where
+    that exists, except that a file in a run directory whose weights are that run's is that run's
+    (a copied run's files record the run they were copied from); else ``home``."""
+    rd = m.get("run_dir")
+    if not (isinstance(rd, str) and Path(rd).is_dir()) or Path(rd) == home:
+        return home
+    if (home / "config.json").is_file():
+        if home not in weight_ids:
+            weight_ids[home] = weights_id(home)
+        if m.get("weights") is None or m.get("weights") == weight_ids[home]:
+            return home
+    return Path(rd)
+
+
 def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     """Collect every ``eval-*.json`` of the runs into one comparison: ``results.md`` (the main table,
     each model kind over its runs and paired per-sample differences (:func:`_model_groups`), F1 per
@@ -665,15 +682,10 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             m = _load_eval(f)
             # the run the file evaluated (its own directory, or the one it records: --output elsewhere)
             home = (p if p.is_dir() else p.parent).resolve()
-            rd = m.get("run_dir")
-            # (a file in a run directory is that run's, whatever it records: a copied run's files
-            # name the run they were copied from)
-            run_dir = (
-                Path(rd)
-                if isinstance(rd, str) and Path(rd).is_dir() and not (home / "config.json").is_file()
-                else home
-            )
-            ident = (str(run_dir), m.get("weights"), m.get("model"), m.get("split"), m.get("data"))
+            run_dir = _evaluated_run(m, home, weight_ids)
+            # (one model's evaluation on one data set once: by its weights, where it has them, so a
+            # copied run and the run it was copied from are one)
+            ident = (m.get("weights") or str(run_dir), m.get("model"), m.get("split"), m.get("data"))
             if ident in evaluated:
                 dup.append(f"{f} (the same evaluation as {evaluated[ident]})")
                 continue

@@ -783,11 +783,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             source,
                         );
                     }
-                    None => {
-                        if early_end.insert(id, ts).is_some() {
-                            repeated_end += 1; // (a second END of one id: counted as a record)
+                    None => match early_end.entry(id) {
+                        // (a second END of one id: ignored, counted as a record; the first stands)
+                        hashbrown::hash_map::Entry::Occupied(_) => repeated_end += 1,
+                        hashbrown::hash_map::Entry::Vacant(v) => {
+                            v.insert(ts);
                         }
-                    }
+                    },
                 }
             }
             7 => {
@@ -893,7 +895,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
         warnings.push(format!("{path}: {n} range(s) still open at the end of the file (process killed?) were closed at its last timestamp"));
     }
-    if !early_end.is_empty() {
+    if !early_end.is_empty() || repeated_end > 0 {
         warnings.push(format!(
             "{path}: {} END record(s) without a BEGIN were ignored",
             early_end.len() + repeated_end
