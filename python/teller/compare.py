@@ -214,7 +214,7 @@ def _classes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
+def pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
     """The trace's steps that are step ranges (their name matches one of ``patterns``), or none: the
     loader's fallbacks (the busiest thread's root ranges, the whole trace) are not steps to divide by."""
     steps = [s for s in tr.steps() if s.event >= 0]
@@ -228,7 +228,7 @@ def _pattern_steps(tr: Any, patterns: Sequence[str]) -> list[Any]:
 def _units(tr: Any, patterns: Sequence[str]) -> tuple[float, str, float]:
     """(units, what a unit is, median unit time in ns): the trace's steps where it has step ranges,
     else the capture as one unit (its span)."""
-    steps = _pattern_steps(tr, patterns)
+    steps = pattern_steps(tr, patterns)
     if steps:
         d = np.array([s.dur_ns for s in steps], dtype=np.float64)
         return float(len(steps)), "step", float(np.median(d))
@@ -497,7 +497,7 @@ def _load_change(baseline: Any, current: Any, patterns: Sequence[str]) -> dict[s
     every baseline step. None otherwise, or with fewer than three baseline steps."""
     from teller.findings import MIN_STEPS, STEP_WORK_ARGS, step_loads
 
-    sb, sc = _pattern_steps(baseline, patterns), _pattern_steps(current, patterns)
+    sb, sc = pattern_steps(baseline, patterns), pattern_steps(current, patterns)
     if len(sb) < MIN_STEPS or not sc:
         return None
     for key in STEP_WORK_ARGS:
@@ -716,7 +716,7 @@ def side_by_side(
     patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
 
     def origin(tr: Any) -> int:
-        st = _pattern_steps(tr, patterns)
+        st = pattern_steps(tr, patterns)
         return min(s.start_ns for s in st) if st else int(np.min(tr.ts))
 
     # (each through teller's own writer, read back: the merge works on the events as written)

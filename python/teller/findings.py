@@ -474,12 +474,12 @@ def step_findings(tr: Any) -> list[dict[str, Any]]:
     other steps predict, when it took ``STEP_OUTLIER`` times that or more: the prediction follows
     the step's load where every step of the process records one (``STEP_WORK_ARGS``: a 6 000-token
     prefill step is not slow next to 40-token decode steps), else it is the median step."""
-    from teller.compare import _pattern_steps
+    from teller.compare import pattern_steps
     from teller.trace import DEFAULT_STEP_PATTERNS
 
     # (step ranges only: the loader's fallbacks, the busiest thread's root ranges whatever their
     # names, compared a one-off `load_weights` with the `generate` calls after it)
-    steps = _pattern_steps(tr, (tr.load_options or {}).get("step_names") or DEFAULT_STEP_PATTERNS)
+    steps = pattern_steps(tr, (tr.load_options or {}).get("step_names") or DEFAULT_STEP_PATTERNS)
     src = np.asarray(tr.source)
     proc = [x.get("process", k) for k, x in enumerate(tr.sources)]
     # (by the loader's process and pid: per-rank files of containers may share a pid, and the raw
