@@ -354,6 +354,18 @@ def test_counters_with_an_id_are_counters_of_their_own(tmp_path):
     tr.to_chrome(tmp_path / "neg.out.json")
     out = json.loads((tmp_path / "neg.out.json").read_text())["traceEvents"]
     assert [e["name"] for e in out if e.get("ph") == "C"] == ["kv -1"]
+    # a string id names its counter as written: a hex id past 2^63 printed as a negative number, and
+    # "0x10" as 16 (one series with a numeric id 16)
+    evs = [ok_event(), c(1, "0x8000000000000001", 0.5), c(2, "0x10", 0.5), c(3, 16, 0.5), c(4, " 7 ", 0.1)]
+    tr = T.load(write(tmp_path, "hex.json", json.dumps(evs)), warn=False)
+    tr.to_chrome(tmp_path / "hex.out.json")
+    out = json.loads((tmp_path / "hex.out.json").read_text())["traceEvents"]
+    assert sorted(e["name"] for e in out if e.get("ph") == "C") == [
+        "kv 0x10",
+        "kv 0x8000000000000001",
+        "kv 16",
+        "kv 7",
+    ]
 
 
 def test_directory_without_traces(tmp_path):

@@ -202,6 +202,30 @@ def test_duration_z_is_the_max_dur_z_feature_of_a_single_event(name):
     bare = teller.tpe.train([["kernel:a", "kernel:b"]] * 3, num_merges=0)
     assert not bare.has_duration_stats and tok.has_duration_stats
     assert bare.duration_z(bare.symbol_id("kernel:a"), [1e6]) == 0.0
+    # ... and so its encodings have no z-score either (the features' z divided by the std floor:
+    # 39.3 for one 50 us event); nor do plain symbols encoded by a timed tokenizer (no durations)
+    c = teller.tpe.Corpus(
+        names=["kernel:a"],
+        ids=np.zeros(1, np.uint32),
+        starts=np.zeros(1, np.int64),
+        dur_ns=np.array([50_000], np.int64),
+        start_ns=np.zeros(1, np.int64),
+    )
+    assert bare.encode(c).features[0, 3] == 0.0
+    assert tok.encode([[tok.base_vocab[sid]]]).features[0, 3] == 0.0
+
+
+def test_small_edges_of_the_api():
+    tok = teller.tpe.train([["kernel:a", "kernel:b"]] * 3, num_merges=1)
+    # an encoding of no segments has no segments (zip(strict) raised ValueError)
+    assert tok.encode([]).segments() == []
+    assert tok.encode([[]]).segments() == [(0, 0)]
+    # token_events of a symbol encoding is a TokenizerError (a teller error)
+    with pytest.raises(TokenizerError, match="made from symbols"):
+        tok.encode([["kernel:a"]]).token_events(0)
+    # an int past the native u64 is a ConfigError, not an OverflowError
+    with pytest.raises(ConfigError, match="min_frequency"):
+        teller.tpe.train([["kernel:a", "kernel:b"]] * 3, num_merges=1, min_frequency=2**64)
 
 
 def test_fast_path_matches_symbol_path():

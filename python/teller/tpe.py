@@ -117,12 +117,14 @@ class Encoding:
     def segments(self) -> list[tuple[int, int]]:
         """(first token, end token) of each segment."""
         s = self.segment_starts.tolist()
+        if not s:
+            return []  # (an encoding of no segments)
         return [(a, b) for a, b in zip(s, s[1:] + [len(self.ids)], strict=True)]
 
     def token_events(self, k: int) -> np.ndarray:
         """Trace event indices covered by token k (structural positions left out)."""
         if self.events is None:
-            raise ValueError("this encoding was made from symbols, not from a trace")
+            raise TokenizerError("this encoding was made from symbols, not from a trace")
         n = len(self.ids)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"token index must be an integer, got {type(k).__name__}")
@@ -292,13 +294,16 @@ class TPETokenizer:
         n = len(base)
         dur = c.dur_ns if c.dur_ns is not None else np.zeros(n, dtype=np.int64)
         st = c.start_ns if c.start_ns is not None else np.zeros(n, dtype=np.int64)
+        # (no durations on either side, no z-score: a tokenizer trained without durations has counts
+        # but a mean and std of 0, and symbols without timing are not 0-ns events; `duration_z` says 0)
+        timed = c.dur_ns is not None and self.has_duration_stats
         feats = self._native.features(
             base,
             np.ascontiguousarray(dur, dtype=np.int64),
             np.ascontiguousarray(st, dtype=np.int64),
             offsets,
             seg,
-            self.stats["count"],
+            self.stats["count"] if timed else np.zeros_like(self.stats["count"]),
             self.stats["mean"],
             self.stats["std"],
         )
@@ -995,7 +1000,7 @@ def train(
         if not ok:
             raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
         _int_arg(v, name, 0, _U32_MAX)  # (token ids are uint32)
-    min_frequency = _int_arg(min_frequency, "min_frequency", 1)
+    min_frequency = _int_arg(min_frequency, "min_frequency", 1, 2**64 - 1)
     min_symbol_count = _int_arg(min_symbol_count, "min_symbol_count", 1)
     if max_token_events is not None:
         max_token_events = _int_arg(max_token_events, "max_token_events", 1, _U32_MAX)

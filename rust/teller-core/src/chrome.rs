@@ -30,6 +30,9 @@ struct Ev {
     id: Option<u64>,
     /// `id` is a string's index (with the top bit set), not a number
     id_str: bool,
+    /// a string `id`'s text as written (interned), numeric or hex strings too: a counter is named
+    /// by it (`"0x8000000000000000"` is not the number -9223372036854775808, nor `"0x10"` 16)
+    id_text: Option<u32>,
     bp_e: bool,
     args_start: usize,
     meta_name: Option<u32>,
@@ -489,11 +492,19 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     b"id" => {
                         let v = self.sc.value_raw().map_err(|e| self.ferr(e, true))?;
                         // (null: no id, as if absent; a counter's id names its series)
-                        (ev.id, ev.id_str) = match v {
-                            Raw::Null => (None, false),
+                        (ev.id, ev.id_str, ev.id_text) = match v {
+                            Raw::Null => (None, false, None),
                             v => {
                                 let (x, s) = self.id_of(v);
-                                (Some(x), s)
+                                let text = match v {
+                                    Raw::Str(..) if s => Some((x & !(1 << 63)) as u32),
+                                    Raw::Str(t, esc) => {
+                                        let t = decode_str(t, esc).unwrap_or_default();
+                                        Some(self.t.strings.intern(t.trim()))
+                                    }
+                                    _ => None,
+                                };
+                                (Some(x), s, text)
                             }
                         };
                     }
@@ -763,10 +774,9 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                 // used as the counter name"; Perfetto names the track "name id")
                 let name = match ev.id {
                     Some(id) => {
-                        let idt = if ev.id_str {
-                            self.t.strings.get((id & !(1 << 63)) as u32).to_string()
-                        } else {
-                            (id as i64).to_string() // (-1 reads as -1)
+                        let idt = match ev.id_text {
+                            Some(t) => self.t.strings.get(t).to_string(),
+                            None => (id as i64).to_string(), // (a number: -1 reads as -1)
                         };
                         let full = format!("{} {idt}", self.t.strings.get(ev.name));
                         self.t.strings.intern(&full)

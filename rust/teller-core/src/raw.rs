@@ -491,7 +491,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         _ => String::new(),
     };
     let start_ns = meta.get("start_ns").and_then(|v| v.as_i64()).unwrap_or(0);
-    let mut offset: i64 = match meta.get("clock_sync") {
+    let base_offset: i64 = match meta.get("clock_sync") {
         Some(MVal::Array(v)) if v.len() == 2 => match (v[0].as_i64(), v[1].as_i64()) {
             (Some(c), Some(r))
                 if c.unsigned_abs() <= MAX_TIME_NS as u64
@@ -522,7 +522,6 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             ))
         }
     };
-    let base_offset = offset;
     if let Some(MVal::Array(errs)) = meta.get("errors") {
         for e in errs {
             if let MVal::Str(s) = e {
@@ -531,19 +530,54 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
     }
 
-    // String table (ids may be defined after use).
+    // String table (ids may be defined after use) and CLOCK_SYNC pairs. A sync record sits in the
+    // chunk of whichever thread took a chunk when it was due, so file order is not time order: each
+    // timestamp takes the offset of the latest sync at or before it on the file's own clock (the
+    // HEADER's before the first), so a realtime step during the capture moves exactly the events after
+    // it. A range or span keeps its monotonic duration: its start's offset applies to both ends.
     let mut sid: HashMap<u64, u32> = HashMap::new();
-    for (at, f) in &recs {
-        if f[0].as_i64() == Some(2) {
-            match (f.get(1).and_then(|v| v.as_u64()), f.get(2)) {
+    let mut syncs: Vec<(i64, i64)> = Vec::new(); // (mono_ns, realtime - mono)
+    for (ri, (at, f)) in recs.iter().enumerate() {
+        match f[0].as_i64() {
+            Some(2) => match (f.get(1).and_then(|v| v.as_u64()), f.get(2)) {
                 (Some(id), Some(MVal::Str(s))) => {
                     let v = t.strings.intern(s);
                     sid.insert(id, v);
                 }
                 _ => return Err(fe(*at, 0, "STRING record must be [2, id, text]".into())),
+            },
+            Some(11) if ri > 0 => {
+                let num = |i: usize, what: &str| -> Result<i64> {
+                    f.get(i)
+                        .and_then(|v| v.as_i64())
+                        .filter(|v| v.unsigned_abs() <= MAX_TIME_NS as u64)
+                        .ok_or_else(|| {
+                            fe(
+                                *at,
+                                ri as u64,
+                                format!(
+                                    "record type 11: field {i} ({what}) must be an integer of at most {MAX_TIME_NS} ns"
+                                ),
+                            )
+                        })
+                };
+                let (c, r) = (num(1, "mono_ns")?, num(2, "realtime_ns")?);
+                // (both bounded by MAX_TIME_NS; their difference as well, as in the HEADER)
+                if (r - c).unsigned_abs() > MAX_TIME_NS as u64 {
+                    return Err(fe(*at, ri as u64, "record type 11: clock offset out of range".into()));
+                }
+                syncs.push((c, r - c));
             }
+            _ => {}
         }
     }
+    syncs.sort_by_key(|s| s.0); // (stable: two syncs at one instant keep file order, the later wins)
+    let offset_at = |ts: i64| -> i64 {
+        match syncs.partition_point(|s| s.0 <= ts) {
+            0 => base_offset,
+            k => syncs[k - 1].1,
+        }
+    };
     let mut undefined: HashMap<u64, ()> = HashMap::new();
 
     let mut open: HashMap<u64, Open> = HashMap::new();
@@ -669,6 +703,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
                 let dur = end.saturating_sub(start).max(0);
+                let offset = offset_at(start);
                 last_ts = last_ts.max(end.saturating_add(offset));
                 t.push_event(
                     layer,
@@ -695,6 +730,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let corr = opt_u(7, "corr")?;
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
+                let offset = offset_at(start);
                 last_ts = last_ts.max(end.saturating_add(offset));
                 // GPU tracks use the Kineto convention: pid = device, tid = stream.
                 t.push_event(
@@ -726,8 +762,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         args.push((k, ArgValue::Str(d)));
                     }
                 }
-                let ts = ts.saturating_add(offset);
-                last_ts = last_ts.max(ts);
+                // (`open` and `early_end` hold the file's own clock: the offset is applied on push)
+                last_ts = last_ts.max(ts.saturating_add(offset_at(ts)));
                 match (!early_end.is_empty()).then(|| early_end.remove(&id)).flatten() {
                     Some(end) => {
                         t.args.extend(args);
@@ -735,7 +771,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             layer,
                             name,
                             cats[layer as usize],
-                            ts,
+                            ts.saturating_add(offset_at(ts)),
                             end.saturating_sub(ts).max(0),
                             pid,
                             tid,
@@ -763,8 +799,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             6 => {
                 let id = int(1, "range_id")? as u64;
                 let _tid = int(2, "tid")?;
-                let ts = int(3, "ts")?.saturating_add(offset);
-                last_ts = last_ts.max(ts);
+                let ts = int(3, "ts")?;
+                last_ts = last_ts.max(ts.saturating_add(offset_at(ts)));
                 match open.remove(&id) {
                     Some(o) => {
                         t.args.extend(o.args);
@@ -772,7 +808,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             o.layer,
                             o.name,
                             cats[o.layer as usize],
-                            o.ts,
+                            o.ts.saturating_add(offset_at(o.ts)),
                             ts.saturating_sub(o.ts).max(0),
                             pid,
                             o.tid,
@@ -799,12 +835,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let ts = int(4, "ts")?;
                 let args = args_at(&mut t, 5)?;
                 t.args.extend(args);
-                last_ts = last_ts.max(ts.saturating_add(offset));
+                let ts = ts.saturating_add(offset_at(ts));
+                last_ts = last_ts.max(ts);
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    ts.saturating_add(offset),
+                    ts,
                     0,
                     pid,
                     tid,
@@ -835,7 +872,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     name,
                     series,
                     pid,
-                    ts: ts.saturating_add(offset),
+                    ts: ts.saturating_add(offset_at(ts)),
                     value,
                 });
             }
@@ -851,15 +888,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     None => dropped.push((reason, n, 1)),
                 }
             }
-            11 => {
-                let c = int(1, "mono_ns")?;
-                let r = int(2, "realtime_ns")?;
-                // (both bounded by MAX_TIME_NS; their difference as well, as in the HEADER)
-                if (r - c).unsigned_abs() > MAX_TIME_NS as u64 {
-                    return Err(fe(at, ri, "record type 11: clock offset out of range".into()));
-                }
-                offset = r - c;
-            }
+            11 => {} // (read with the string table, above)
             12 => {
                 let sev = int(2, "severity")?;
                 let msg = name_at(&mut t, 3)?;
@@ -878,12 +907,13 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         let n = v.len();
         for (_, o) in v {
             t.args.extend(o.args);
+            let start = o.ts.saturating_add(offset_at(o.ts));
             t.push_event(
                 o.layer,
                 o.name,
                 cats[o.layer as usize],
-                o.ts,
-                (last_ts - o.ts).max(0),
+                start,
+                (last_ts - start).max(0),
                 pid,
                 o.tid,
                 -1,
@@ -1166,6 +1196,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn clock_syncs_apply_by_time_not_file_order() {
+        // A sync record lands in the chunk of the thread that took a chunk when it was due: here the
+        // sync of mono 500 (the realtime clock stepped +4 us) lies before earlier events in the file.
+        // Each timestamp takes the latest sync at or before it; a range keeps its monotonic length.
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 1_000);
+        write(&mut b, &V::A(vec![V::I(11), V::I(500), V::I(5_500)]));
+        let mark = |b: &mut Vec<u8>, name: &str, ts: i64| {
+            write(
+                b,
+                &V::A(vec![
+                    V::I(7),
+                    V::I(Layer::Annotation as i64),
+                    V::S(name),
+                    V::I(1),
+                    V::I(ts),
+                ]),
+            )
+        };
+        mark(&mut b, "before", 100);
+        mark(&mut b, "after", 600);
+        span(&mut b, Layer::Annotation as i64, "span", 1, 450, 550);
+        write(
+            &mut b,
+            &V::A(vec![
+                V::I(5),
+                V::I(1),
+                V::I(Layer::Annotation as i64),
+                V::S("range"),
+                V::I(1),
+                V::I(400),
+            ]),
+        );
+        write(&mut b, &V::A(vec![V::I(6), V::I(1), V::I(1), V::I(700)]));
+        write(
+            &mut b,
+            &V::A(vec![
+                V::I(5),
+                V::I(2),
+                V::I(Layer::Annotation as i64),
+                V::S("open"),
+                V::I(1),
+                V::I(520),
+            ]),
+        );
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        let got: HashMap<&str, (i64, i64)> = (0..t.len()).map(|i| (t.name_of(i), (t.ts[i], t.dur[i]))).collect();
+        assert_eq!(got["before"], (1_100, 0));
+        assert_eq!(got["after"], (5_600, 0));
+        assert_eq!(got["span"], (1_450, 100));
+        assert_eq!(got["range"], (1_400, 300));
+        // (left open: closed at the file's last timestamp, the END of "range" at 5 700)
+        assert_eq!(got["open"], (5_520, 180));
+        // a sync with a bad field names the record
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 0);
+        write(&mut b, &V::A(vec![V::I(11), V::I(500), V::S("x")]));
+        let e = read_raw("p", &b, 0).unwrap_err().to_string();
+        assert!(e.contains("record type 11: field 2 (realtime_ns)"), "{e}");
     }
 
     #[test]

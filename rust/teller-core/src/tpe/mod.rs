@@ -254,7 +254,17 @@ impl Tpe {
                     "merge ({a}, {b}) appears twice (second at rank {r})"
                 )));
             }
-            token_len.push(token_len[a as usize].saturating_add(token_len[b as usize]));
+            // (a chain of doubling merges in a hand-made file overflows u32 in 32 steps; decoding
+            // such a token would allocate without bound)
+            let len = token_len[a as usize]
+                .checked_add(token_len[b as usize])
+                .ok_or_else(|| {
+                    TpeError::BadConfig(format!(
+                        "merge of rank {r} ({a}, {b}) makes a token of more than {} events",
+                        u32::MAX
+                    ))
+                })?;
+            token_len.push(len);
         }
         let ranks = ranks::RankTable::new(&merges, vocab as u32);
         Ok(Tpe {

@@ -27,7 +27,9 @@ fn hash(k: u64, shift: u32) -> usize {
 impl RankTable {
     pub(crate) fn new(merges: &[(u32, u32)], vocab_size: u32) -> Self {
         let cap = (merges.len() * 2).max(16).next_power_of_two();
-        let small = vocab_size <= 1 << 16;
+        // (strictly below 2^16: with id 65535 the compact key of (65535, 65535) is 0xFFFF_FFFF, which
+        // with any rank reads as an EMPTY slot's key)
+        let small = vocab_size < 1 << 16;
         let mut t = RankTable {
             slots: vec![EMPTY; cap],
             vals: if small { Vec::new() } else { vec![0; cap] },

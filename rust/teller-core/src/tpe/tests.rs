@@ -476,6 +476,38 @@ fn wide_vocabulary_rank_table() {
 }
 
 #[test]
+fn vocabulary_of_exactly_65536_ids() {
+    // Id 65535 exists: the compact rank table would key (65535, 65535) as an empty slot (a wrong
+    // rank, then an index panic in the bucket and heap encoders).
+    let base = 65_536 - 27;
+    let mut merges = vec![(0, 0)];
+    merges.extend((0..25).map(|k| (base + k, base + k)));
+    merges.push((1, 1)); // id 65535
+    let tpe = Tpe::new(base, merges).unwrap();
+    assert_eq!(tpe.vocab_size(), 1 << 16);
+    assert_eq!(tpe.rank(65_535, 65_535), None);
+    assert_eq!(tpe.rank(1, 1), Some(26));
+    for algo in [Algo::Bucket, Algo::Backtrack] {
+        let out = tpe.encode_opts(&[1, 1, 1, 1], &[0], false, algo).unwrap();
+        assert_eq!(out.tokens, [65_535, 65_535], "{algo:?}");
+    }
+    assert_eq!(tpe.encode_segment_heap(&[1, 1, 1, 1]).unwrap().0, [65_535, 65_535]);
+}
+
+#[test]
+fn token_length_overflow_is_refused() {
+    // 32 doubling merges make a token of 2^32 events: more than its u32 length holds
+    let merges: Vec<(u32, u32)> = (0..32u32).map(|k| if k == 0 { (0, 0) } else { (k, k) }).collect();
+    let e = Tpe::new(1, merges).unwrap_err().to_string();
+    assert!(
+        e.contains("merge of rank 31 (31, 31) makes a token of more than"),
+        "{e}"
+    );
+    let ok: Vec<(u32, u32)> = (0..31u32).map(|k| if k == 0 { (0, 0) } else { (k, k) }).collect();
+    assert_eq!(Tpe::new(1, ok).unwrap().token_lens()[31], 1 << 31);
+}
+
+#[test]
 fn backtracking_equals_bucket_on_synth() {
     for (noise, max_tok) in [(0.01, None), (0.05, Some(16)), (0.2, None)] {
         let corpus = synth::generate(&synth::SynthConfig {
