@@ -351,3 +351,45 @@ def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
         p = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         # (0 where everything fitted in the pipe before the reader left)
         assert p.stdout.split()[0] in ("0", "1") and p.stderr == "", (cmd, p.stdout, p.stderr)
+
+
+def test_text_from_a_trace_is_never_rich_markup(tmp_path):
+    """Names, categories and paths are the trace's and the user's text: "[experts=16]" vanished and
+    "[/]" raised rich's MarkupError (a traceback; after `collect`, the program's exit status lost)."""
+    evs = [
+        {"ph": "X", "name": "step[/bold]", "cat": "io[/]", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "name": "MoE[experts=16]", "cat": "io[bold]x", "pid": 1, "tid": 1, "ts": 10, "dur": 50},
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(evs))
+    out = run("trace", "tree", str(p), "--step-name", "step*").stdout
+    assert "step 0: step[/bold]" in out
+    out = run("trace", "summary", str(p)).stdout
+    assert "io[/]" in out and "io[bold]x" in out
+    d = tmp_path / "td[/]"
+    r = run("collect", "--trace-dir", str(d), "--", sys.executable, "-c", "raise SystemExit(3)", check=False)
+    assert r.returncode == 3, r.stderr
+    assert f"run directory: {d}" in r.stderr.replace("\n", "")
+
+
+def test_an_unwritable_output_is_refused_before_the_work(tmp_path, monkeypatch):
+    """evaluate ran the whole evaluation, then failed to write beside a checkpoint this user cannot
+    write; an --output-dir under a read-only directory likewise failed only at the end. (In-process,
+    with os.access saying no for two directories: root writes anywhere.)"""
+    import os
+
+    from teller.cli import app
+    from typer.testing import CliRunner
+
+    ck, ro = tmp_path / "ck", tmp_path / "ro"
+    ck.mkdir()
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, m, **kw: False if str(p) in (str(ck), str(ro)) else real(p, m, **kw)
+    )
+    r = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(ck)])
+    assert r.exit_code == 2 and "not writable" in r.output and "pass -o DIR" in r.output, r.output
+    r = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(tmp_path), "-o", str(ro / "out")])
+    assert r.exit_code == 2 and "not writable (--output" in r.output, r.output
+    assert not (ro / "out").exists()

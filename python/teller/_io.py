@@ -27,8 +27,9 @@ except ImportError:  # (Windows: no flock; dir_lock is then a no-op)
 
 def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
     """Refuse, before any work, an output directory that is an existing file or lies under one (a
-    :class:`TellerIOError` naming the file and ``option``, e.g. ``--output-dir names a directory``).
-    A path that does not exist yet is fine: it is created when the work is written."""
+    :class:`TellerIOError` naming the file and ``option``, e.g. ``--output-dir names a directory``),
+    or whose nearest existing directory this user cannot write. A path that does not exist yet is
+    fine: it is created when the work is written."""
     p = Path(path)
     for q in (p, *p.parents):
         if q.exists():
@@ -36,6 +37,9 @@ def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
                 raise TellerIOError(
                     f"{q}: exists and is not a directory ({option})", path=str(q), errno=errno.ENOTDIR
                 )
+            # (the nearest existing directory is where the first file or directory is created)
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise TellerIOError(f"{q}: not writable ({option})", path=str(q), errno=errno.EACCES)
             return
 
 

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from teller import __version__, build_profile
-from teller.errors import ConfigError, TellerError
+from teller.errors import ConfigError, TellerError, TellerIOError
 
 app = typer.Typer(
     name="teller",
@@ -355,12 +355,12 @@ def trace_summary(
     lt.add_column("layer")
     lt.add_column("events", justify="right")
     for k, v in s["by_layer"].items():
-        lt.add_row(k, str(v))
+        lt.add_row(escape(k), str(v))
     ct = Table(title="events per category", title_justify="left")
     ct.add_column("category")
     ct.add_column("events", justify="right")
     for k, v in s["by_category"].items():
-        ct.add_row(k, str(v))
+        ct.add_row(escape(k), str(v))  # (a Chrome `cat` is free text: "io[/]" is no markup)
     console.print(lt)
     console.print(ct)
     linked = s["linked_gpu_events"]
@@ -461,7 +461,7 @@ def trace_summary(
         kt.add_column("max", justify="right")
         for k in s["top_kernels"]:
             kt.add_row(
-                k["symbol"] or k["name"][:80],
+                escape(k["symbol"] or k["name"][:80]),
                 str(k["variants"]),
                 str(k["count"]),
                 _fmt_ns(k["total_ns"]),
@@ -569,7 +569,7 @@ def trace_compare(
         for r in c["symbols"]:
             st.add_row(
                 escape(r["symbol"][:90]),
-                r["layer"] or "",
+                escape(r["layer"] or ""),
                 _fmt_ns(int(r["baseline_ns"])),
                 _fmt_ns(int(r["current_ns"])),
                 ("+" if r["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(r["delta_ns"]))),
@@ -604,7 +604,7 @@ def trace_compare(
             kt.add_column(col, justify="left" if col == "class" else "right")
         for a in c["kernel_classes"]:
             kt.add_row(
-                a["class"],
+                escape(a["class"]),
                 _fmt_ns(int(a["baseline_ns"])),
                 _fmt_ns(int(a["current_ns"])),
                 ("+" if a["delta_ns"] >= 0 else "-") + _fmt_ns(int(abs(a["delta_ns"]))),
@@ -641,7 +641,8 @@ def trace_tree(
     except TellerError as e:
         raise _fail(e) from None
     st = steps[k]
-    console.print(f"step {k}: [bold]{st.name}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)
+    # (a step's name is the trace's text: "MoE[experts=16, ...]" is no markup)
+    console.print(f"step {k}: [bold]{escape(st.name)}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)
     print(tree.render(max_lines=max_lines))
 
 
@@ -765,7 +766,7 @@ def _collect(
                 )
     if res.trace_json:
         err_console.print(
-            f"[bold]teller:[/] Perfetto trace: {res.trace_json}", highlight=False, soft_wrap=True
+            f"[bold]teller:[/] Perfetto trace: {escape(str(res.trace_json))}", highlight=False, soft_wrap=True
         )
     status = f"exit status {res.returncode}"
     if res.exit_signal:  # (not an exit code above 128: `exit 137` is no SIGKILL)
@@ -774,7 +775,9 @@ def _collect(
         with contextlib.suppress(ValueError):
             status = f"killed by {signal.Signals(res.exit_signal).name}, {status}"
     err_console.print(
-        f"[bold]teller:[/] run directory: {res.run_dir} ({status})", highlight=False, soft_wrap=True
+        f"[bold]teller:[/] run directory: {escape(str(res.run_dir))} ({status})",
+        highlight=False,
+        soft_wrap=True,
     )
     global _DIE_BY
     import signal
@@ -1025,7 +1028,7 @@ def tpe_inspect(
     t.add_column("call-chain fragment")
     for r in order[:top]:
         tid = tok.base_size + r
-        t.add_row(str(tid), str(tok.merge_counts[r]), str(int(lens[tid])), tok.token_str(tid))
+        t.add_row(str(tid), str(tok.merge_counts[r]), str(int(lens[tid])), escape(tok.token_str(tid)))
     console.print(t)
 
 
@@ -1529,12 +1532,21 @@ def evaluate_cmd(
     from teller.models.report import evaluate_any, print_metrics, write_metrics
 
     _output_dir(output, "--output")
+    ck = Path(checkpoint)
+    out = Path(output) if output else (ck if ck.is_dir() else ck.parent)  # (RUN/model.safetensors: RUN)
+    if not output and out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        # (said before the evaluation, not after it: the metrics are written beside the checkpoint)
+        raise _fail(
+            TellerIOError(
+                f"{out}: not writable, and the metrics go to the checkpoint's directory: pass -o DIR",
+                path=str(out),
+                errno=errno.EACCES,
+            )
+        )
     try:
         results = evaluate_any(checkpoint, data_dir, split, cache=output)
     except TellerError as e:
         raise _fail(e) from None
-    ck = Path(checkpoint)
-    out = Path(output) if output else (ck if ck.is_dir() else ck.parent)  # (RUN/model.safetensors: RUN)
     for m in results:
         write_metrics(m, out)
     if as_json:
@@ -1574,10 +1586,11 @@ def calibrate_cmd(
     except TellerError as e:
         raise _fail(e) from None
     if cal is None:
-        err_console.print(f"{checkpoint}: calibration removed (temperature 1)", highlight=False)
+        err_console.print(f"{escape(str(checkpoint))}: calibration removed (temperature 1)", highlight=False)
     else:
         err_console.print(
-            f"{checkpoint}: temperature {cal['temperature']:.3f} fitted on {cal['split']} (n={cal['n']}): "
+            f"{escape(str(checkpoint))}: temperature {cal['temperature']:.3f} fitted on "
+            f"{escape(str(cal['split']))} (n={cal['n']}): "
             f"NLL {cal['nll_before']:.4f} -> {cal['nll_after']:.4f}, "
             f"ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}",
             highlight=False,
@@ -1717,7 +1730,7 @@ def diagnose_cmd(
     elif brief or len(paths) > 1:
         render_summary(out, console)
         if brief and perfetto and "error" not in out[0]:
-            console.print(f"Perfetto trace: {perfetto}", highlight=False)
+            console.print(f"Perfetto trace: {escape(str(perfetto))}", highlight=False)
     if failed:
         raise typer.Exit(2)
 

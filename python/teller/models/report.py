@@ -481,20 +481,24 @@ def _fmt(v: Any) -> str:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Any:
+    """A rich table of plain text: cells are data (class names, a dataset's labels), never markup."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for c in columns:
-        t.add_column(c)
+        t.add_column(escape(c))
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(escape(c) for c in r))
     return t
 
 
 def print_metrics(m: dict[str, Any], console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{m['model']} on {m['split']} (n={m['n']})")
+    # (the split may be a dataset directory: a path is no markup)
+    t = Table(title=escape(f"{m['model']} on {m['split']} (n={m['n']})"))
     t.add_column("metric")
     t.add_column("value", justify="right")
     # (and what --help lists beside them: the Brier score, and the temperature the probabilities had)
