@@ -463,6 +463,13 @@ def test_errors(tmp_path):
     if libc is not None:
         p, _ = collect(tmp_path, "--so", str(libc), "--", "true")
         assert p.returncode == 2 and "not a teller shim" in p.stderr
+    # --cuda-home beside --so is checked too (it names the CUPTI to load; was ignored when missing)
+    so = str(shim.locate())
+    p, run = collect(tmp_path, "--so", so, "--cuda-home", str(tmp_path / "nowhere"), "--", "true")
+    assert p.returncode == 2 and "nowhere: no such directory" in p.stderr and run is None, p.stderr
+    # an --nvtx-json that cannot be read names the file (EIO reading /proc/self/mem: a traceback)
+    p, run = collect(tmp_path, "--so", so, "--nvtx-json", "/proc/self/mem", "--", "true")
+    assert p.returncode == 2 and "/proc/self/mem: cannot read it" in p.stderr and run is None, p.stderr
 
 
 def test_program_without_events(tmp_path):
@@ -481,6 +488,14 @@ def test_a_cuda_home_that_is_not_a_toolkit_is_named(tmp_path):
         shim.build(cuda_home=tmp_path / "nowhere")
     with pytest.raises(CudaNotFoundError, match=r"no NVTX headers \(nvtx3/nvToolsExt.h\) in its include"):
         shim.build(cuda_home=tmp_path)
+    # NVTX alone: every other header the build needs is named at once, before compiling (build.sh
+    # named the first, and advised TELLER_CUDA_INCLUDE, which teller overrides)
+    (tmp_path / "include" / "nvtx3").mkdir(parents=True)
+    (tmp_path / "include" / "nvtx3" / "nvToolsExt.h").write_text("")
+    with pytest.raises(CudaNotFoundError) as e:
+        shim.build(cuda_home=tmp_path)
+    assert "cupti.h, cuda.h, crt/host_defines.h not found in its include directories" in str(e.value)
+    assert "extras/CUPTI/include" in str(e.value) and "TELLER_CUDA_INCLUDE" not in str(e.value)
 
 
 def test_collect_against_a_baseline_run(tmp_path):

@@ -412,7 +412,8 @@ static void thread_destructor(void *p) {
     }
     pthread_mutex_unlock(&g.mu);
     if (t->chunk) munmap(t->chunk, t->chunk_len);
-    if (t->dropped) __atomic_add_fetch(&g.dropped_unreported, t->dropped, __ATOMIC_RELAXED);
+    uint64_t dr = __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
+    if (dr) __atomic_add_fetch(&g.dropped_unreported, dr, __ATOMIC_RELAXED);
     uint64_t re = t->reentered + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
     if (re) __atomic_add_fetch(&g.reentered_unreported, re, __ATOMIC_RELAXED);
     if (tl_tls == t) tl_tls = NULL;
@@ -578,14 +579,16 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     size_t len = t->next_chunk_len ? t->next_chunk_len : (g.chunk_size < 65536 ? g.chunk_size : 65536);
     if (max + 256 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 256 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; } /* room for DROPPED + CLOCK_SYNC first */
     if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
-        t->dropped++; /* file full: no lock, no syscall, until the back-off ends */
+        /* file full: no lock, no syscall, until the back-off ends. (`dropped` is an atomic counter: the
+         * exiting thread collects every live thread's count, see tl_writer_finish) */
+        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     pthread_mutex_lock(&g.mu);
     uint64_t off = g.next_off;
     if (TL_UNLIKELY(t->gen != tl_gen)) { /* stale thread state: never hand it a chunk of another file */
         pthread_mutex_unlock(&g.mu);
-        t->dropped++;
+        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     int ok = grow_locked(off + len) == 0; /* grow_locked checks the descriptor */
@@ -599,7 +602,7 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     pthread_mutex_unlock(&g.mu);
     if (p == MAP_FAILED) {
         /* The chunk (if any) stays zero in the file: padding. Keep the old chunk for later, smaller records. */
-        t->dropped++;
+        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     if (t->chunk) munmap(t->chunk, t->chunk_len);
@@ -609,7 +612,7 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     if (len < g.chunk_size) t->next_chunk_len = len * 2 < g.chunk_size ? len * 2 : g.chunk_size;
     t->pos = p;
     t->end = p + len;
-    if (TL_UNLIKELY(t->dropped)) report_dropped(t);
+    if (TL_UNLIKELY(__atomic_load_n(&t->dropped, __ATOMIC_RELAXED))) report_dropped(t);
     if (TL_UNLIKELY(t->reentered)) report_reentered(t);
     /* long runs: refresh the monotonic/realtime pair now and then (NTP moves realtime) */
     uint64_t mono = tl_mono_ns(), last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED);
@@ -624,10 +627,10 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
 }
 
 static void report_dropped(tl_thread *t) {
-    uint64_t n = t->dropped;
     uint8_t *s = t->pos;
     if ((size_t)(t->end - s) < 64) return;
-    t->dropped = 0;
+    uint64_t n = __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
+    if (!n) return; /* (collected at exit meanwhile) */
     uint8_t *c = s + 1;
     mp_uint(&c, TL_DROPPED);
     mp_uint(&c, n);
@@ -788,13 +791,17 @@ void tl_writer_finish(void) {
     if (g.state != 1 || g.fd < 0 || g.pid != getpid()) return;
     tl_thread *t = tl_tls;
     uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
-    if (t && t->gen == tl_gen) { d += t->dropped; t->dropped = 0; }
+    if (t && t->gen == tl_gen) d += __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
     uint64_t re = __atomic_exchange_n(&g.reentered_unreported, 0, __ATOMIC_RELAXED)
                   + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
-    /* every live thread's count too (threads still running at exit may never take another chunk) */
+    /* every live thread's counts too (threads still running at exit may never take another chunk: a
+     * full file hands out none, so their drops would go unreported) */
     pthread_mutex_lock(&g.mu);
     for (tl_thread *x = g.threads; x; x = x->next)
-        if (x->gen == tl_gen) re += __atomic_exchange_n(&x->reentered, 0, __ATOMIC_RELAXED);
+        if (x->gen == tl_gen) {
+            re += __atomic_exchange_n(&x->reentered, 0, __ATOMIC_RELAXED);
+            d += __atomic_exchange_n(&x->dropped, 0, __ATOMIC_RELAXED);
+        }
     pthread_mutex_unlock(&g.mu);
     /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
      * written even when the file is at its size cap and no chunk has room. */

@@ -51,7 +51,7 @@ typedef struct tl_thread {
     uint32_t tid;
     uint32_t gen;         /* file generation this struct belongs to */
     uint64_t rid_next, rid_limit;
-    uint64_t dropped;     /* records dropped by this thread, not yet reported */
+    uint64_t dropped;     /* records dropped by this thread, not yet reported (atomic: collected at exit) */
     uint64_t reentered;   /* calls refused by the reentrancy guard, not yet reported */
     int depth;            /* may exceed TL_MAX_DEPTH (entries beyond are not tracked nor recorded) */
     uint64_t too_deep;    /* pushes beyond TL_MAX_DEPTH */

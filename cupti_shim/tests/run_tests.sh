@@ -133,6 +133,18 @@ print('ok' if n > 0 and n + kept >= 200000 and os.path.getsize(f.path) <= (1 << 
   [ "$res" = ok ] && ok "max-size-dropped" || ko "max-size-dropped" "$res"
 else ko "max-size-dropped"; fi
 
+# ... and the drops of a thread still running at exit (it never takes another chunk) are reported too
+d="$(fresh max-size-thread)"
+if TELLER_MAX_FILE_MB=1 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" many-thread > /dev/null; then
+  res=$("$PY" -c "
+import os, sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+n = sum(r[1] for r in f.of(c.DROPPED))
+kept = len(f.ranges())
+print('ok' if n > 0 and n + kept >= 200000 and f.torn == 0 else 'bad %d %d' % (n, kept))")
+  [ "$res" = ok ] && ok "max-size-dropped-live-thread" || ko "max-size-dropped-live-thread" "$res"
+else ko "max-size-dropped-live-thread"; fi
+
 # two NVTX instances (exe + shared library): InitializeInjectionNvtx2 twice, one file, one string table
 d="$(fresh instances)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" instances "$B/libnvtx_user.so" > /dev/null; then

@@ -309,6 +309,18 @@ static void scenario_utf8(void) {
     printf("{\"pid\": %d}\n", (int)getpid());
 }
 
+/* 200k push/pop pairs, then on until the process exits (exit runs while it still writes) */
+static int many_done;
+static void *many_thread(void *arg) {
+    (void)arg;
+    for (long i = 1;; i++) {
+        nvtxRangePushA("many");
+        nvtxRangePop();
+        if (i == 200000) __atomic_store_n(&many_done, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *s = argc > 1 ? argv[1] : "basic";
@@ -353,6 +365,12 @@ int main(int argc, char **argv) {
     }
     else if (strcmp(s, "many") == 0) { /* volume: 200k push/pop pairs (~10 MB) */
         for (int i = 0; i < 200000; i++) { nvtxRangePushA("many"); nvtxRangePop(); }
+        printf("{\"pid\": %d}\n", (int)getpid());
+    }
+    else if (strcmp(s, "many-thread") == 0) { /* the volume on a thread still running at exit */
+        pthread_t th;
+        pthread_create(&th, NULL, many_thread, NULL);
+        while (!__atomic_load_n(&many_done, __ATOMIC_ACQUIRE)) usleep(1000);
         printf("{\"pid\": %d}\n", (int)getpid());
     }
     else if (strcmp(s, "utf8") == 0) scenario_utf8();

@@ -10,7 +10,9 @@ The launcher
   timestamp on the trace clock, to ``log.txt`` (and raw copies to ``stdout.log``/``stderr.log``);
   a stream that goes to a terminal reaches the program as a pseudo-terminal of the same size, so
   that it buffers, colours and sizes its output as it would without teller,
-* passes on SIGINT/SIGTERM/SIGHUP/SIGQUIT the program did not get itself, returns its exit status, and
+* passes on SIGINT/SIGTERM/SIGHUP/SIGQUIT sent to teller (not those the terminal sent to the whole
+  foreground group, which the program got itself; a signal sent to teller's process group by
+  ``kill -- -PGID`` reaches the program twice: README), returns its exit status, and
 * writes ``run.json`` and, unless told not to, the aligned ``trace.json`` and ``summary.json``.
 """
 
@@ -142,6 +144,8 @@ def resolve_nvtx_json(spec: str) -> Path:
         except json.JSONDecodeError as e:
             what = "empty" if not e.doc.strip() else f"not valid JSON: {e}"
             raise ConfigError(f"{p}: {what}", path=str(p)) from None
+        except OSError as e:  # (a read error carries no file name: EIO, a special file)
+            raise ConfigError(f"{p}: cannot read it: {e.strerror or e}", path=str(p)) from None
     else:
         raise TellerFileNotFoundError(
             f"{spec}: no such file and no built-in NVTX profile of that name "
@@ -533,7 +537,13 @@ def collect(
     nvtx_path = resolve_nvtx_json(nvtx_json) if nvtx_json else None
     from teller.cuda import find_cuda
 
-    cupti = os.environ.get("TELLER_CUPTI_PATH") or find_cuda(cuda_home).libcupti
+    # (an explicit --cuda-home names the CUPTI to load, over a TELLER_CUPTI_PATH left in the environment)
+    shim_mod.check_cuda_home(cuda_home)
+    cupti = (
+        find_cuda(cuda_home).libcupti
+        if cuda_home
+        else os.environ.get("TELLER_CUPTI_PATH") or find_cuda(None).libcupti
+    )
     run_dir = new_run_dir(td)
     (run_dir / "raw").mkdir()
     # (absolute: a program that changes directory, or starts a child elsewhere, writes into the run)

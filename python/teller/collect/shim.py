@@ -73,11 +73,25 @@ def build_key(src: Path, include_dirs: list[str], cupti_version: int | None) -> 
     return h.hexdigest()[:16]
 
 
-def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], Any, str]:
-    src = source_dir()
+# the headers cupti_shim/build.sh compiles against, and the wheel that ships each
+SHIM_HEADERS = (
+    ("nvtx3/nvToolsExt.h", "nvidia-nvtx"),
+    ("cupti.h", "nvidia-cuda-cupti"),
+    ("cuda.h", "nvidia-cuda-runtime"),
+    ("crt/host_defines.h", "nvidia-cuda-crt"),
+)
+
+
+def check_cuda_home(cuda_home: str | os.PathLike[str] | None) -> None:
+    """Refuse a --cuda-home that is no directory (with --so too, where no build looks at it)."""
     if cuda_home and not Path(cuda_home).is_dir():
         what = "a file, not a directory" if Path(cuda_home).exists() else "no such directory"
         raise CudaNotFoundError(f"--cuda-home {cuda_home}: {what} (a CUDA toolkit's root)")
+
+
+def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], Any, str]:
+    src = source_dir()
+    check_cuda_home(cuda_home)
     info = find_cuda(cuda_home)
     if not info.nvtx_h and cuda_home:
         raise CudaNotFoundError(
@@ -89,6 +103,26 @@ def _plan(cuda_home: str | os.PathLike[str] | None) -> tuple[Path, list[str], An
             + (f" (searched {', '.join(info.roots)})" if info.roots else "")
         )
     include_dirs = info.include_dirs
+    # every header build.sh needs, all named at once (build.sh stops at the first, and its advice to
+    # set TELLER_CUDA_INCLUDE is for running it by hand: teller passes the directories it found)
+    missing = [
+        (h, pkg)
+        for h, pkg in SHIM_HEADERS
+        if not any(os.path.isfile(os.path.join(d, h)) for d in include_dirs)
+    ]
+    if missing:
+        names = ", ".join(h for h, _ in missing)
+        if cuda_home:
+            raise CudaNotFoundError(
+                f"--cuda-home {cuda_home}: {names} not found in its include directories "
+                f"({', '.join(include_dirs) or 'none'}; a toolkit has cupti.h under extras/CUPTI/include)"
+            )
+        raise CudaNotFoundError(
+            f"CUDA headers not found: {names}: install "
+            + ", ".join(dict.fromkeys(pkg for _, pkg in missing))
+            + " (pip) or pass --cuda-home"
+            + (f" (searched {', '.join(include_dirs)})" if include_dirs else "")
+        )
     return src, include_dirs, info, build_key(src, include_dirs, info.cupti_version)
 
 
