@@ -420,3 +420,19 @@ def test_invalid_utf8_names_its_offset(tmp_path):
     with pytest.raises(TraceFormatError, match="invalid UTF-8") as ei:
         T.load(p)
     assert ei.value.offset == data.index(b"\xff")
+
+
+def test_an_input_without_events_among_others_is_named(tmp_path):
+    """`trace summary good.json empty.json` read as one source, silently; with every input empty the
+    error's path was the comma-joined list (not a path)."""
+    good = write(tmp_path, "good.json", json.dumps([ok_event()]))
+    empty = write(tmp_path, "empty.json", "[]")
+    tr = T.load([good, empty], warn=False)
+    assert len(tr) == 1
+    assert [w for w in tr.warnings if "no events" in w] == [
+        f"{empty}: no events in this input (read with the others)"
+    ]
+    other = write(tmp_path, "other.json", '{"traceEvents": []}')
+    with pytest.raises(EmptyTraceError) as e:
+        T.load([empty, other])
+    assert e.value.path == str(empty) and "no events in any of the 2 inputs" in str(e.value)

@@ -73,7 +73,7 @@ def refused(r, *needles: str) -> None:
         ({"max_token_events": -1}, "max_token_events must be an integer in 1..4294967295, got -1"),
         ({"max_token_events": "x"}, "max_token_events"),
         ({"max_token_events": 2**40}, "max_token_events"),
-        ({"min_frequency": "x"}, "min_frequency must be an integer >= 1, got 'x'"),
+        ({"min_frequency": "x"}, "min_frequency must be an integer in 1..18446744073709551615, got 'x'"),
         ({"min_symbol_count": 0}, "min_symbol_count"),
         ({"num_merges": 2**40}, "num_merges must be an integer in 0..4294967295"),
         ({"close_layers": ["nope"]}, "close_layers: unknown layer 'nope'"),
@@ -301,6 +301,8 @@ def test_tokenizer_encode_decode_bad_input(tmp_path):
 
 def test_tpe_encode_step(sample, tr):
     n = len(tr.steps())
+    # (trace tree says which trace too)
+    refused(cli("trace", "tree", str(sample), "--step", "9999"), f"{sample}: step 9999 out of range")
     for bad in ("-1", "9999"):
         refused(
             cli("tpe", "encode", str(sample), "--tokenizer-dir", str(GOLDEN), "--step", bad),

@@ -87,6 +87,24 @@ def test_plots_are_pngs(tmp_path: Path) -> None:
         assert f"({name})" in text
 
 
+def test_plots_of_an_earlier_summary_are_not_left_behind(tmp_path: Path) -> None:
+    """A second summary into one directory of test only: the first's test_ood plot stayed beside
+    results.md, describing models it no longer lists."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    summarize(_runs(tmp_path), out)
+    assert (out / "results-per-class-test_ood.png").is_file()
+    only = tmp_path / "only"
+    _eval(only, "mot", "test", 0.85, {"normal": 0.7, "oom": 1.0})
+    (out / "notes.png").write_bytes(b"mine")  # (not a file summarize writes: kept)
+    summarize([only], out)
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "notes.png",
+        "results-metrics.png",
+        "results-per-class-test.png",
+    ]
+
+
 def test_without_matplotlib_tables_still_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ["matplotlib", *(m for m in list(sys.modules) if m.startswith("matplotlib."))]:
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError, as if not installed

@@ -559,7 +559,9 @@ def trace_compare(
         when = (
             f"{st['count']} step(s), median {_fmt_ns(int(st['median_ns']))}"
             if unit == "step"
-            else f"{st['count']} step(s) (compared whole: span {_fmt_ns(int(st['span_ns']))})"
+            # (the step ranges --step-name matches: steps the loader made up for a trace without any,
+            # which `trace summary` counts, are not compared)
+            else f"{st['count'] or 'no'} step range(s) (compared whole: span {_fmt_ns(int(st['span_ns']))})"
         )
         console.print(f"{what} {escape(path)}: {len(tr_)} events, {when}", highlight=False, soft_wrap=True)
     if c["symbols"]:
@@ -639,7 +641,8 @@ def trace_tree(
     try:
         tree = tr.tree(k)  # (a ConfigError naming the step range)
     except TellerError as e:
-        raise _fail(e) from None
+        # (which trace: as tpe encode says it)
+        raise _fail(ConfigError(f"{', '.join(inputs)}: {e}") if isinstance(e, ConfigError) else e) from None
     st = steps[k]
     # (a step's name is the trace's text: "MoE[experts=16, ...]" is no markup)
     console.print(f"step {k}: [bold]{escape(st.name)}[/] ({_fmt_ns(st.dur_ns)})", highlight=False)

@@ -767,6 +767,11 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
             ]
             md += ["| " + " | ".join([n, *(_fmt(x[key].get(n)) for x in part)]) + " |" for n in names]
     plots = _plots(rows, splits, out)
+    # (plots an earlier summary wrote here of sets this one does not have would sit beside
+    # results.md and describe other models: only this summary's are kept)
+    for old in [*out.glob("results-per-class-*.png"), out / "results-metrics.png"]:
+        if old not in plots and old.is_file():
+            old.unlink()
     if plots:
         md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     else:

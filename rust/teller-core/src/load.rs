@@ -435,7 +435,10 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
     let mut next_proc = 0u32;
     let mut skipped: Vec<Error> = Vec::new();
     let mut pid_owners = PidOwners::default();
-    for (part, &in_dir) in parts.into_iter().zip(&in_dir) {
+    // named inputs that held no events (said: `a.json b.json` where b is `[]` read as one source of
+    // a's events, silently); a run directory's raw files of idle processes are not named
+    let mut empty_inputs: Vec<&str> = Vec::new();
+    for ((part, &in_dir), file) in parts.into_iter().zip(&in_dir).zip(&files) {
         let (t, _kind, key) = match part {
             Ok(p) => p,
             // a process killed between creating its raw file and writing its HEADER (or one still
@@ -457,6 +460,9 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
             }
         };
         proc_of_source.push(proc);
+        if !in_dir && t.is_empty() && t.counters.is_empty() {
+            empty_inputs.push(file);
+        }
         // Source indices were assigned by position; `append` shifts by the sources already present.
         let mut t = t;
         for s in t.source.iter_mut() {
@@ -476,12 +482,27 @@ pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {
         if let Some(e) = skipped.into_iter().next() {
             return Err(e);
         }
-        return Err(Error::Empty {
-            path: inputs.join(", "),
-            msg: "no events in the input(s)".into(),
+        return Err(match inputs {
+            [one] => Error::Empty {
+                path: one.clone(),
+                msg: "no events in the input".into(),
+            },
+            _ => Error::Empty {
+                path: inputs[0].clone(),
+                msg: format!(
+                    "no events in any of the {} inputs ({})",
+                    inputs.len(),
+                    inputs.join(", ")
+                ),
+            },
         });
     }
     finish(&mut trace, &proc_of_source, &opts.align);
+    for f in empty_inputs {
+        trace
+            .warnings
+            .push(format!("{f}: no events in this input (read with the others)"));
+    }
     for e in skipped {
         trace.warnings.push(format!(
             "{e}; skipped (a process that stopped before it wrote its first records)"
