@@ -401,6 +401,12 @@ static void thread_destructor(void *p) {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     pthread_mutex_lock(&g.mu);
     int mine = (t->gen == tl_gen && fd_ok_locked());
+    /* its counts move to the process's under the lock, with the unlink: tl_writer_finish (at exit,
+     * on another thread) collects both under it, so none falls between the list and the totals */
+    uint64_t dr = __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
+    if (dr) __atomic_add_fetch(&g.dropped_unreported, dr, __ATOMIC_RELAXED);
+    uint64_t re = __atomic_exchange_n(&t->reentered, 0, __ATOMIC_RELAXED) + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
+    if (re) __atomic_add_fetch(&g.reentered_unreported, re, __ATOMIC_RELAXED);
     if (t->gen == tl_gen) thread_unlink_locked(t);
     if (mine && t->chunk) {
         /* give the unused tail of the chunk back to the file system (it reads as zeros: padding) */
@@ -412,10 +418,6 @@ static void thread_destructor(void *p) {
     }
     pthread_mutex_unlock(&g.mu);
     if (t->chunk) munmap(t->chunk, t->chunk_len);
-    uint64_t dr = __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
-    if (dr) __atomic_add_fetch(&g.dropped_unreported, dr, __ATOMIC_RELAXED);
-    uint64_t re = t->reentered + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
-    if (re) __atomic_add_fetch(&g.reentered_unreported, re, __ATOMIC_RELAXED);
     if (tl_tls == t) tl_tls = NULL;
     free(t);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -790,18 +792,19 @@ void tl_header_add_device(const tl_device_props *d) {
 void tl_writer_finish(void) {
     if (g.state != 1 || g.fd < 0 || g.pid != getpid()) return;
     tl_thread *t = tl_tls;
-    uint64_t d = __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
+    uint64_t d = 0, re = __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
     if (t && t->gen == tl_gen) d += __atomic_exchange_n(&t->dropped, 0, __ATOMIC_RELAXED);
-    uint64_t re = __atomic_exchange_n(&g.reentered_unreported, 0, __ATOMIC_RELAXED)
-                  + __atomic_exchange_n(&tl_reentered, 0, __ATOMIC_RELAXED);
     /* every live thread's counts too (threads still running at exit may never take another chunk: a
-     * full file hands out none, so their drops would go unreported) */
+     * full file hands out none, so their drops would go unreported), and the ended threads' totals,
+     * read under the lock a thread's destructor moves its counts under */
     pthread_mutex_lock(&g.mu);
     for (tl_thread *x = g.threads; x; x = x->next)
         if (x->gen == tl_gen) {
             re += __atomic_exchange_n(&x->reentered, 0, __ATOMIC_RELAXED);
             d += __atomic_exchange_n(&x->dropped, 0, __ATOMIC_RELAXED);
         }
+    d += __atomic_exchange_n(&g.dropped_unreported, 0, __ATOMIC_RELAXED);
+    re += __atomic_exchange_n(&g.reentered_unreported, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g.mu);
     /* The tail records go straight to the end of the file (pwrite after the last chunk), so they are
      * written even when the file is at its size cap and no chunk has room. */

@@ -1021,7 +1021,7 @@ def tpe_inspect(
         f"base symbols {tok.base_size}, merges {len(tok.merges)}, vocabulary {tok.vocab_size}",
         highlight=False,
     )
-    console.print(f"settings: {json.dumps(tok.settings)}", highlight=False, soft_wrap=True)
+    console.print(f"settings: {escape(json.dumps(tok.settings))}", highlight=False, soft_wrap=True)
     lens = tok.token_lens
     order = sorted(range(len(tok.merge_counts)), key=lambda r: (-tok.merge_counts[r], r))
     t = Table(title=f"top {top} merged tokens by frequency at merge time", title_justify="left")

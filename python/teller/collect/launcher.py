@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from teller import __version__
 from teller._io import check_output_dir, make_output_dir, strip_escapes, write_atomic
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerWarning
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 
 TOPOLOGY_VARS = (
     "RANK",
@@ -145,7 +145,9 @@ def resolve_nvtx_json(spec: str) -> Path:
             what = "empty" if not e.doc.strip() else f"not valid JSON: {e}"
             raise ConfigError(f"{p}: {what}", path=str(p)) from None
         except OSError as e:  # (a read error carries no file name: EIO, a special file)
-            raise ConfigError(f"{p}: cannot read it: {e.strerror or e}", path=str(p)) from None
+            raise TellerIOError(
+                f"{p}: cannot read it: {e.strerror or e}", path=str(p), errno=e.errno
+            ) from None
     else:
         raise TellerFileNotFoundError(
             f"{spec}: no such file and no built-in NVTX profile of that name "

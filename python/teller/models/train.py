@@ -930,15 +930,9 @@ def _one_line(e: BaseException) -> str:
 
 
 def _check_output_dir(out: Path) -> None:
-    """``out`` can be the run directory: a directory, or a path one can be created at, writable."""
+    """``out`` can be the run directory: a directory, or a path one can be created at, writable
+    (check_output_dir checks the nearest existing directory's permissions too)."""
     check_output_dir(out, "--output-dir names the run directory")
-    q = out
-    while not q.exists() and q.parent != q:
-        q = q.parent
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise TellerIOError(
-            f"{out}: cannot write {'it' if q == out else q} (permission denied)", path=str(out)
-        )
 
 
 # what any teller run directory holds (a trained model's, a baselines run's, an ensemble's config)

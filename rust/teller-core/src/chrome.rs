@@ -496,7 +496,10 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                             Raw::Null => (None, false, None),
                             v => {
                                 let (x, s) = self.id_of(v);
+                                // (a counter's only: `ph` is read by now in nearly every file, and
+                                // an async or flow event's hex id need not be interned)
                                 let text = match v {
+                                    _ if !matches!(ev.ph, b'C' | 0) => None,
                                     Raw::Str(..) if s => Some((x & !(1 << 63)) as u32),
                                     Raw::Str(t, esc) => {
                                         let t = decode_str(t, esc).unwrap_or_default();

@@ -491,14 +491,14 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         _ => String::new(),
     };
     let start_ns = meta.get("start_ns").and_then(|v| v.as_i64()).unwrap_or(0);
-    let base_offset: i64 = match meta.get("clock_sync") {
+    let header_sync: Option<(i64, i64)> = match meta.get("clock_sync") {
         Some(MVal::Array(v)) if v.len() == 2 => match (v[0].as_i64(), v[1].as_i64()) {
             (Some(c), Some(r))
                 if c.unsigned_abs() <= MAX_TIME_NS as u64
                     && r.unsigned_abs() <= MAX_TIME_NS as u64
                     && (r - c).unsigned_abs() <= MAX_TIME_NS as u64 =>
             {
-                r - c
+                Some((c, r - c))
             }
             _ => {
                 return Err(fe(
@@ -512,7 +512,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             warnings.push(format!(
                 "{path}: HEADER has no clock_sync pair; timestamps are kept on the file's own clock"
             ));
-            0
+            None
         }
         _ => {
             return Err(fe(
@@ -522,6 +522,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             ))
         }
     };
+    let base_offset = header_sync.map_or(0, |h| h.1);
     if let Some(MVal::Array(errs)) = meta.get("errors") {
         for e in errs {
             if let MVal::Str(s) = e {
@@ -531,12 +532,16 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     }
 
     // String table (ids may be defined after use) and CLOCK_SYNC pairs. A sync record sits in the
-    // chunk of whichever thread took a chunk when it was due, so file order is not time order: each
-    // timestamp takes the offset of the latest sync at or before it on the file's own clock (the
-    // HEADER's before the first), so a realtime step during the capture moves exactly the events after
-    // it. A range or span keeps its monotonic duration: its start's offset applies to both ends.
+    // chunk of whichever thread took a chunk when it was due, so file order is not time order: the
+    // pairs (the HEADER's and every CLOCK_SYNC) are put in the order of the file's own clock, and a
+    // timestamp's offset is interpolated linearly between the pairs around it (the first's before
+    // them, the last's after). NTP slews the realtime clock smoothly, so the offset drifts between
+    // syncs (50 ppm is 0.5 ms in a 10 s interval): a constant offset per interval would make that a
+    // jump at every sync, moving one side of a range against the other and breaking nesting. The map
+    // is monotone (unless realtime went back by more than the interval), so every timestamp keeps
+    // its order and every range its nesting; a step of the realtime clock is spread over its interval.
     let mut sid: HashMap<u64, u32> = HashMap::new();
-    let mut syncs: Vec<(i64, i64)> = Vec::new(); // (mono_ns, realtime - mono)
+    let mut syncs: Vec<(i64, i64)> = header_sync.into_iter().collect(); // (mono_ns, realtime - mono)
     for (ri, (at, f)) in recs.iter().enumerate() {
         match f[0].as_i64() {
             Some(2) => match (f.get(1).and_then(|v| v.as_u64()), f.get(2)) {
@@ -571,12 +576,31 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             _ => {}
         }
     }
-    syncs.sort_by_key(|s| s.0); // (stable: two syncs at one instant keep file order, the later wins)
-    let offset_at = |ts: i64| -> i64 {
-        match syncs.partition_point(|s| s.0 <= ts) {
-            0 => base_offset,
-            k => syncs[k - 1].1,
+    syncs.sort_by_key(|s| s.0); // (stable: of two syncs at one instant the later in the file wins)
+    syncs.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
         }
+        same
+    });
+    let constant = syncs.windows(2).all(|w| w[0].1 == w[1].1);
+    let first_offset = syncs.first().map_or(0, |s| s.1);
+    // a timestamp of the file's own clock on the realtime base
+    let real = |ts: i64| -> i64 {
+        let off = if constant {
+            first_offset
+        } else {
+            match syncs.partition_point(|s| s.0 <= ts) {
+                0 => first_offset,
+                k if k == syncs.len() => syncs[k - 1].1,
+                k => {
+                    let ((t0, o0), (t1, o1)) = (syncs[k - 1], syncs[k]);
+                    o0 + ((o1 - o0) as i128 * (ts - t0) as i128 / (t1 - t0) as i128) as i64
+                }
+            }
+        };
+        ts.saturating_add(off)
     };
     let mut undefined: HashMap<u64, ()> = HashMap::new();
 
@@ -702,15 +726,14 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let ext = opt_u(7, "ext")?;
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
-                let dur = end.saturating_sub(start).max(0);
-                let offset = offset_at(start);
-                last_ts = last_ts.max(end.saturating_add(offset));
+                let (start, end) = (real(start), real(end));
+                last_ts = last_ts.max(end);
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    start.saturating_add(offset),
-                    dur,
+                    start,
+                    end.saturating_sub(start).max(0),
                     pid,
                     tid,
                     -1,
@@ -730,15 +753,15 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let corr = opt_u(7, "corr")?;
                 let args = args_at(&mut t, 8)?;
                 t.args.extend(args);
-                let offset = offset_at(start);
-                last_ts = last_ts.max(end.saturating_add(offset));
+                let (start, end) = (real(start), real(end));
+                last_ts = last_ts.max(end);
                 // GPU tracks use the Kineto convention: pid = device, tid = stream.
                 t.push_event(
                     layer,
                     name,
                     cats[layer as usize],
-                    start.saturating_add(offset),
-                    (end - start).max(0),
+                    start,
+                    end.saturating_sub(start).max(0),
                     device,
                     stream,
                     device as i32,
@@ -762,8 +785,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         args.push((k, ArgValue::Str(d)));
                     }
                 }
-                // (`open` and `early_end` hold the file's own clock: the offset is applied on push)
-                last_ts = last_ts.max(ts.saturating_add(offset_at(ts)));
+                let ts = real(ts);
+                last_ts = last_ts.max(ts);
                 match (!early_end.is_empty()).then(|| early_end.remove(&id)).flatten() {
                     Some(end) => {
                         t.args.extend(args);
@@ -771,7 +794,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             layer,
                             name,
                             cats[layer as usize],
-                            ts.saturating_add(offset_at(ts)),
+                            ts,
                             end.saturating_sub(ts).max(0),
                             pid,
                             tid,
@@ -799,8 +822,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             6 => {
                 let id = int(1, "range_id")? as u64;
                 let _tid = int(2, "tid")?;
-                let ts = int(3, "ts")?;
-                last_ts = last_ts.max(ts.saturating_add(offset_at(ts)));
+                let ts = real(int(3, "ts")?);
+                last_ts = last_ts.max(ts);
                 match open.remove(&id) {
                     Some(o) => {
                         t.args.extend(o.args);
@@ -808,7 +831,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             o.layer,
                             o.name,
                             cats[o.layer as usize],
-                            o.ts.saturating_add(offset_at(o.ts)),
+                            o.ts,
                             ts.saturating_sub(o.ts).max(0),
                             pid,
                             o.tid,
@@ -835,7 +858,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 let ts = int(4, "ts")?;
                 let args = args_at(&mut t, 5)?;
                 t.args.extend(args);
-                let ts = ts.saturating_add(offset_at(ts));
+                let ts = real(ts);
                 last_ts = last_ts.max(ts);
                 t.push_event(
                     layer,
@@ -872,7 +895,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     name,
                     series,
                     pid,
-                    ts: ts.saturating_add(offset_at(ts)),
+                    ts: real(ts),
                     value,
                 });
             }
@@ -907,13 +930,12 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         let n = v.len();
         for (_, o) in v {
             t.args.extend(o.args);
-            let start = o.ts.saturating_add(offset_at(o.ts));
             t.push_event(
                 o.layer,
                 o.name,
                 cats[o.layer as usize],
-                start,
-                (last_ts - start).max(0),
+                o.ts,
+                (last_ts - o.ts).max(0),
                 pid,
                 o.tid,
                 -1,
@@ -1201,11 +1223,12 @@ mod tests {
     #[test]
     fn clock_syncs_apply_by_time_not_file_order() {
         // A sync record lands in the chunk of the thread that took a chunk when it was due: here the
-        // sync of mono 500 (the realtime clock stepped +4 us) lies before earlier events in the file.
-        // Each timestamp takes the latest sync at or before it; a range keeps its monotonic length.
+        // sync of mono 1 ms lies before earlier events in the file. Realtime slewed back 100 ns over
+        // that millisecond: the offset is interpolated between the pairs around each timestamp.
         let mut b = Vec::new();
         header(&mut b, 9, 0, 1_000);
-        write(&mut b, &V::A(vec![V::I(11), V::I(500), V::I(5_500)]));
+        let sync = |b: &mut Vec<u8>, mono: i64, off: i64| write(b, &V::A(vec![V::I(11), V::I(mono), V::I(mono + off)]));
+        sync(&mut b, 1_000_000, 900);
         let mark = |b: &mut Vec<u8>, name: &str, ts: i64| {
             write(
                 b,
@@ -1218,40 +1241,42 @@ mod tests {
                 ]),
             )
         };
-        mark(&mut b, "before", 100);
-        mark(&mut b, "after", 600);
-        span(&mut b, Layer::Annotation as i64, "span", 1, 450, 550);
-        write(
-            &mut b,
-            &V::A(vec![
-                V::I(5),
-                V::I(1),
-                V::I(Layer::Annotation as i64),
-                V::S("range"),
-                V::I(1),
-                V::I(400),
-            ]),
-        );
-        write(&mut b, &V::A(vec![V::I(6), V::I(1), V::I(1), V::I(700)]));
-        write(
-            &mut b,
-            &V::A(vec![
-                V::I(5),
-                V::I(2),
-                V::I(Layer::Annotation as i64),
-                V::S("open"),
-                V::I(1),
-                V::I(520),
-            ]),
-        );
+        let begin = |b: &mut Vec<u8>, id: i64, name: &str, ts: i64| {
+            write(
+                b,
+                &V::A(vec![
+                    V::I(5),
+                    V::I(id),
+                    V::I(Layer::Annotation as i64),
+                    V::S(name),
+                    V::I(1),
+                    V::I(ts),
+                ]),
+            )
+        };
+        let end = |b: &mut Vec<u8>, id: i64, ts: i64| write(b, &V::A(vec![V::I(6), V::I(id), V::I(1), V::I(ts)]));
+        mark(&mut b, "before", 500_000);
+        mark(&mut b, "after", 1_500_000);
+        span(&mut b, Layer::Annotation as i64, "span", 1, 400_000, 600_000);
+        // an inner range ending 10 ns before the sync inside an outer one ending at it: a constant
+        // offset per interval (a 100 ns jump there) would end the inner range after the outer
+        begin(&mut b, 1, "outer", 100_000);
+        begin(&mut b, 2, "inner", 999_000);
+        end(&mut b, 2, 999_990);
+        end(&mut b, 1, 1_000_000);
+        begin(&mut b, 3, "open", 1_200_000);
+        sync(&mut b, 2_000_000, 900);
         let (t, _) = read_raw("p", &b, 0).unwrap();
         let got: HashMap<&str, (i64, i64)> = (0..t.len()).map(|i| (t.name_of(i), (t.ts[i], t.dur[i]))).collect();
-        assert_eq!(got["before"], (1_100, 0));
-        assert_eq!(got["after"], (5_600, 0));
-        assert_eq!(got["span"], (1_450, 100));
-        assert_eq!(got["range"], (1_400, 300));
-        // (left open: closed at the file's last timestamp, the END of "range" at 5 700)
-        assert_eq!(got["open"], (5_520, 180));
+        assert_eq!(got["before"], (500_950, 0));
+        assert_eq!(got["after"], (1_500_900, 0));
+        assert_eq!(got["span"], (400_960, 199_980)); // (offsets 960 and 940 at its ends)
+        assert_eq!(got["outer"], (100_990, 899_910));
+        assert_eq!(got["inner"], (999_901, 990));
+        let (o, i) = (got["outer"], got["inner"]);
+        assert!(i.0 >= o.0 && i.0 + i.1 <= o.0 + o.1, "nesting kept");
+        // (left open: closed at the file's last timestamp, mark "after")
+        assert_eq!(got["open"], (1_200_900, 300_000));
         // a sync with a bad field names the record
         let mut b = Vec::new();
         header(&mut b, 9, 0, 0);
