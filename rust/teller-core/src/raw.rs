@@ -311,6 +311,12 @@ fn header_opening() -> Vec<u8> {
     want
 }
 
+/// A duration from two realtime timestamps: never negative, and within what a loaded trace holds
+/// (two offsets far apart in a crafted file put the ends up to 2 * MAX_TIME_NS apart each way).
+fn span_len(start: i64, end: i64) -> i64 {
+    end.saturating_sub(start).clamp(0, 2 * MAX_TIME_NS)
+}
+
 struct Open {
     layer: Layer,
     name: u32,
@@ -508,12 +514,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 ))
             }
         },
-        None => {
-            warnings.push(format!(
-                "{path}: HEADER has no clock_sync pair; timestamps are kept on the file's own clock"
-            ));
-            None
-        }
+        None => None, // (said below where no CLOCK_SYNC gives one either)
         _ => {
             return Err(fe(
                 recs[0].0,
@@ -522,7 +523,6 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             ))
         }
     };
-    let base_offset = header_sync.map_or(0, |h| h.1);
     if let Some(MVal::Array(errs)) = meta.get("errors") {
         for e in errs {
             if let MVal::Str(s) = e {
@@ -584,8 +584,34 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         }
         same
     });
+    if syncs.is_empty() {
+        warnings.push(format!(
+            "{path}: no clock_sync pair (HEADER or CLOCK_SYNC); timestamps are kept on the file's own clock"
+        ));
+    }
+    // a realtime step between two syncs is spread over their interval (the durations in it scaled by
+    // 1 + step / interval), and one back by more than the interval makes the map go back: both said
+    for w in syncs.windows(2) {
+        let ((t0, o0), (t1, o1)) = (w[0], w[1]);
+        let slope = (o1 - o0) as f64 / (t1 - t0) as f64;
+        if slope.abs() > 1e-3 {
+            warnings.push(format!(
+                "{path}: the realtime clock moved {:+.3} ms against the monotonic clock in {:.3} s (a \
+                 clock step?); timestamps between are interpolated, their durations scaled by {:.4}{}",
+                (o1 - o0) as f64 / 1e6,
+                (t1 - t0) as f64 / 1e9,
+                1.0 + slope,
+                if slope <= -1.0 {
+                    ", and their order reversed"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
     let constant = syncs.windows(2).all(|w| w[0].1 == w[1].1);
     let first_offset = syncs.first().map_or(0, |s| s.1);
+    let base_offset = first_offset;
     // a timestamp of the file's own clock on the realtime base
     let real = |ts: i64| -> i64 {
         let off = if constant {
@@ -596,7 +622,11 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 k if k == syncs.len() => syncs[k - 1].1,
                 k => {
                     let ((t0, o0), (t1, o1)) = (syncs[k - 1], syncs[k]);
-                    o0 + ((o1 - o0) as i128 * (ts - t0) as i128 / (t1 - t0) as i128) as i64
+                    // (i64 where it fits: drift is nanoseconds to milliseconds over seconds)
+                    o0 + match (o1 - o0).checked_mul(ts - t0) {
+                        Some(p) => p / (t1 - t0),
+                        None => ((o1 - o0) as i128 * (ts - t0) as i128 / (t1 - t0) as i128) as i64,
+                    }
                 }
             }
         };
@@ -733,7 +763,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     name,
                     cats[layer as usize],
                     start,
-                    end.saturating_sub(start).max(0),
+                    span_len(start, end),
                     pid,
                     tid,
                     -1,
@@ -761,7 +791,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                     name,
                     cats[layer as usize],
                     start,
-                    end.saturating_sub(start).max(0),
+                    span_len(start, end),
                     device,
                     stream,
                     device as i32,
@@ -795,7 +825,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             name,
                             cats[layer as usize],
                             ts,
-                            end.saturating_sub(ts).max(0),
+                            span_len(ts, end),
                             pid,
                             tid,
                             -1,
@@ -832,7 +862,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             o.name,
                             cats[o.layer as usize],
                             o.ts,
-                            ts.saturating_sub(o.ts).max(0),
+                            span_len(o.ts, ts),
                             pid,
                             o.tid,
                             -1,
@@ -935,7 +965,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 o.name,
                 cats[o.layer as usize],
                 o.ts,
-                (last_ts - o.ts).max(0),
+                span_len(o.ts, last_ts),
                 pid,
                 o.tid,
                 -1,
@@ -1258,8 +1288,7 @@ mod tests {
         mark(&mut b, "before", 500_000);
         mark(&mut b, "after", 1_500_000);
         span(&mut b, Layer::Annotation as i64, "span", 1, 400_000, 600_000);
-        // an inner range ending 10 ns before the sync inside an outer one ending at it: a constant
-        // offset per interval (a 100 ns jump there) would end the inner range after the outer
+        // an inner range ending 10 ns before the sync inside an outer one ending at it: kept nested
         begin(&mut b, 1, "outer", 100_000);
         begin(&mut b, 2, "inner", 999_000);
         end(&mut b, 2, 999_990);
@@ -1277,6 +1306,42 @@ mod tests {
         assert!(i.0 >= o.0 && i.0 + i.1 <= o.0 + o.1, "nesting kept");
         // (left open: closed at the file's last timestamp, mark "after")
         assert_eq!(got["open"], (1_200_900, 300_000));
+        assert!(!t.warnings.iter().any(|w| w.contains("clock")), "{:?}", t.warnings); // (100 ns per ms: a drift)
+                                                                                      // realtime ahead by 100 ns after 1 ms (a forward drift), an inner range starting after that
+                                                                                      // sync and ending 50 ns before its outer one: the start's offset applied to both ends of
+                                                                                      // each range (the code before) ended the inner one after the outer
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 1_000);
+        sync(&mut b, 1_000_000, 1_100);
+        begin(&mut b, 1, "outer", 500_000);
+        begin(&mut b, 2, "inner", 1_200_000);
+        end(&mut b, 2, 1_499_950);
+        end(&mut b, 1, 1_500_000);
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        let got: HashMap<&str, (i64, i64)> = (0..t.len()).map(|i| (t.name_of(i), (t.ts[i], t.dur[i]))).collect();
+        let (o, i) = (got["outer"], got["inner"]);
+        assert_eq!((o, i), ((501_050, 1_000_050), (1_201_100, 299_950)));
+        assert!(i.0 >= o.0 && i.0 + i.1 <= o.0 + o.1, "nesting kept");
+        // no pair in the HEADER: the first CLOCK_SYNC's offset from the start (not the file's own
+        // clock, as the warning said); a step of the realtime clock between two syncs is said
+        let mut b = Vec::new();
+        write(
+            &mut b,
+            &V::A(vec![
+                V::I(1),
+                V::S(super::MAGIC),
+                V::I(super::FORMAT_VERSION),
+                V::M(vec![("pid", V::I(9))]),
+            ]),
+        );
+        sync(&mut b, 1_000, 7_000);
+        mark(&mut b, "m", 0);
+        sync(&mut b, 1_000_000_000, 1_007_000);
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        assert_eq!(t.ts[0], 7_000);
+        assert_eq!(t.sources[0].base_ns, 7_000);
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        assert!(t.warnings[0].contains("the realtime clock moved +1.000 ms against the monotonic clock in 1.000 s"));
         // a sync with a bad field names the record
         let mut b = Vec::new();
         header(&mut b, 9, 0, 0);
