@@ -617,12 +617,14 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     if (TL_UNLIKELY(__atomic_load_n(&t->dropped, __ATOMIC_RELAXED))) report_dropped(t);
     if (TL_UNLIKELY(t->reentered)) report_reentered(t);
     /* long runs: refresh the monotonic/realtime pair now and then (NTP moves realtime) */
-    uint64_t mono = tl_mono_ns(), last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED);
-    if (mono - last >= g.sync_ns && __atomic_compare_exchange_n(&g.last_sync, &last, mono, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        /* the pair read back to back (the reader interpolates between pairs: a delay between the two
-         * reads, such as the first write's page fault into this fresh chunk, would tilt the offset) */
-        uint64_t real = realtime_ns();
+    uint64_t last = __atomic_load_n(&g.last_sync, __ATOMIC_RELAXED), mono = tl_mono_ns();
+    /* (`last` read first: another thread's later `last_sync` would make `mono - last` wrap) */
+    if (mono >= last && mono - last >= g.sync_ns && __atomic_compare_exchange_n(&g.last_sync, &last, mono, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        /* the pair read back to back, in the HEADER's and the exit's order (the reader interpolates
+         * between pairs: a delay between the two reads, such as the first write's page fault into
+         * this fresh chunk, or the other order, would tilt the offset) */
         mono = tl_mono_ns();
+        uint64_t real = realtime_ns();
         uint8_t *c = t->pos + 1;
         mp_uint(&c, TL_CLOCK_SYNC);
         mp_uint(&c, mono);
