@@ -215,11 +215,12 @@ def doctor(
     A toolkit that lacks some of them is reported (exit 0); an explicit --cuda-home that is not a
     directory is a usage error (exit 2), as for `teller shim build` and `teller collect`.
     """
-    if cuda_home and not Path(cuda_home).is_dir():
-        from teller.errors import CudaNotFoundError
+    from teller.collect.shim import check_cuda_home
 
-        what = "a file, not a directory" if Path(cuda_home).exists() else "no such directory"
-        raise _fail(CudaNotFoundError(f"--cuda-home {cuda_home}: {what} (a CUDA toolkit's root)"))
+    try:
+        check_cuda_home(cuda_home)
+    except TellerError as e:
+        raise _fail(e) from None
     rep = _doctor_report(cuda_home)
     if as_json:
         print(json.dumps(rep, indent=2))
