@@ -62,7 +62,7 @@ if [ "$TESTS" = 1 ]; then
   "$CC" "${CFLAGS[@]}" -fvisibility=hidden "${INC[@]}" -I"$HERE/src" "$T/test_cupti_convert.c" \
       "$HERE/src/tl_cupti_convert.c" "$HERE/src/tl_writer.c" "$HERE/src/tl_clock.c" -o "$BUILD/test_cupti_convert" -pthread -ldl
   "$CC" "${CFLAGS[@]}" -shared "${INC[@]}" "$T/nvtx_user_lib.c" -o "$BUILD/libnvtx_user.so" -ldl
-  "$CC" "${CFLAGS[@]}" -I"$HERE/src" "$T/test_clock.c" "$HERE/src/tl_clock.c" -o "$BUILD/test_clock"
+  "$CC" "${CFLAGS[@]}" -DTL_CLOCK_TESTING -I"$HERE/src" "$T/test_clock.c" "$HERE/src/tl_clock.c" -o "$BUILD/test_clock"
   "$CC" "${CFLAGS[@]}" "${INC[@]}" "$T/test_inject.c" -o "$BUILD/test_inject" -pthread -ldl
   "$CC" "${CFLAGS[@]}" -shared "${INC[@]}" "$T/fake_cupti.c" -o "$BUILD/libfake_cupti.so" -pthread
   mkdir -p "$BUILD/fake_cuda" "$BUILD/fake_cu13/lib"

@@ -58,6 +58,24 @@ uint64_t tl_now_slow(void) {
     return ns;
 }
 
+void tl_clock_fork_child(void) {
+    /* (only the forking thread runs here: no reader or writer to race with) */
+    if (tl_clk.seq & 1) { /* torn by the fork: recalibrate from scratch */
+        tl_clk.mult = 0;
+        tl_clk.next_tsc = 0;
+        tl_clk.seq++;
+        g_cal_tsc = g_cal_ns = 0;
+    }
+    __atomic_store_n(&g_lock, 0, __ATOMIC_RELEASE);
+}
+
+#ifdef TL_CLOCK_TESTING
+void tl_clock_test_hold_lock(void) {
+    __atomic_store_n(&g_lock, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&tl_clk.seq, tl_clk.seq | 1, __ATOMIC_RELAXED);
+}
+#endif
+
 static int file_has(const char *path, const char *word) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -81,4 +99,8 @@ void tl_clock_init(void) {
 #else
 uint64_t tl_now_slow(void) { return tl_mono_ns(); }
 void tl_clock_init(void) {}
+void tl_clock_fork_child(void) {}
+#ifdef TL_CLOCK_TESTING
+void tl_clock_test_hold_lock(void) {}
+#endif
 #endif

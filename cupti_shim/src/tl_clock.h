@@ -23,6 +23,12 @@ extern int tl_clock_tsc; /* 1 when the TSC path is enabled */
 
 __attribute__((visibility("hidden"))) uint64_t tl_now_slow(void);
 __attribute__((visibility("hidden"))) void tl_clock_init(void);
+/* In a fork child: the calibration lock or a half-written anchor of a thread that does not exist
+ * there would send every read to clock_gettime for good. */
+__attribute__((visibility("hidden"))) void tl_clock_fork_child(void);
+#ifdef TL_CLOCK_TESTING
+__attribute__((visibility("hidden"))) void tl_clock_test_hold_lock(void); /* as a fork mid-calibration leaves it */
+#endif
 
 static inline uint64_t tl_mono_ns(void) {
     struct timespec ts;

@@ -29,6 +29,9 @@ uint64_t tl_rid_global = 1;
 typedef struct {
     char *text;
     uint32_t len, hash, sid;
+    /* its STRING record: 0 not in the file (a new string, or a reservation that failed: the next use
+     * tries again), 1 being written by one thread (the others use the id without caching it), 2 written */
+    uint8_t written;
 } tl_gstr;
 
 static struct {
@@ -476,6 +479,7 @@ static void atfork_child(void) {
     g.next_sid = 1;
     /* Invalidate every cached string id and every thread struct: the child opens its own file lazily. */
     __atomic_add_fetch(&tl_gen, 1, __ATOMIC_RELEASE);
+    tl_clock_fork_child();
     for (int i = 0; i < g.n_fork_child_hooks; i++) g.fork_child_hooks[i]();
 }
 
@@ -673,17 +677,21 @@ static int strtab_grow_locked(void) {
     return 0;
 }
 
+/* The slot of `s` in the string table, or the empty slot where it would go (the table is never full). */
+static tl_gstr *strtab_slot_locked(const char *s, uint32_t len, uint32_t h) {
+    uint32_t j = h & (g.strs_cap - 1);
+    while (g.strs[j].text && !(g.strs[j].hash == h && g.strs[j].len == len && memcmp(g.strs[j].text, s, len) == 0))
+        j = (j + 1) & (g.strs_cap - 1);
+    return &g.strs[j];
+}
+
 uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
     pthread_mutex_lock(&g.smu);
     if ((g.strs_count + 1) * 2 > g.strs_cap && strtab_grow_locked() != 0) {
         pthread_mutex_unlock(&g.smu);
         return 0;
     }
-    uint32_t j = h & (g.strs_cap - 1);
-    while (g.strs[j].text && !(g.strs[j].hash == h && g.strs[j].len == len && memcmp(g.strs[j].text, s, len) == 0))
-        j = (j + 1) & (g.strs_cap - 1);
-    tl_gstr *e = &g.strs[j];
-    int fresh = 0;
+    tl_gstr *e = strtab_slot_locked(s, len, h);
     if (!e->text) {
         char *copy = malloc((size_t)len + 1);
         if (!copy) { pthread_mutex_unlock(&g.smu); return 0; }
@@ -693,12 +701,15 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         e->len = len;
         e->hash = h;
         e->sid = g.next_sid++;
+        e->written = 0;
         g.strs_count++;
-        fresh = 1;
     }
+    uint8_t was = e->written;
+    if (was == 0) e->written = 1; /* this thread writes it */
     tl_scache_entry ce = {e->text, e->len, e->hash, e->sid};
     pthread_mutex_unlock(&g.smu);
-    if (fresh) {
+    if (was == 1) return ce.sid; /* another thread is writing it and may fail: not cached */
+    if (was == 0) {
         uint8_t *r = tl_reserve(t, (size_t)len + 32);
         if (r) {
             uint8_t *c = r + 1;
@@ -707,6 +718,14 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
             mp_str(&c, ce.text, ce.len);
             tl_commit(t, r, c, 0x93);
         }
+        pthread_mutex_lock(&g.smu); /* (looked up again: another thread may have grown the table) */
+        e = strtab_slot_locked(ce.text, ce.len, h);
+        if (e->text) e->written = r ? 2 : 0;
+        pthread_mutex_unlock(&g.smu);
+        /* A failed reservation (file full, or growth refused for a while) leaves the string unwritten
+         * and uncached: the next use, once the file takes records again, writes it (readers resolve
+         * ids against every STRING in the file, so an event that fitted meanwhile is named too). */
+        if (!r) return ce.sid;
     }
     t->scache[h & (TL_SCACHE - 1)] = ce;
     return ce.sid;
@@ -731,7 +750,9 @@ uint32_t tl_intern_name(tl_thread *t, tl_name *n) {
     uint64_t c = __atomic_load_n(&n->cache, __ATOMIC_RELAXED);
     if (TL_LIKELY((uint32_t)(c >> 32) == t->gen && (uint32_t)c != 0)) return (uint32_t)c;
     uint32_t sid = tl_intern(t, n->text, n->len);
-    if (sid) __atomic_store_n(&n->cache, ((uint64_t)t->gen << 32) | sid, __ATOMIC_RELAXED);
+    const tl_scache_entry *e = &t->scache[n->hash & (TL_SCACHE - 1)];
+    if (sid && e->sid == sid && e->hash == n->hash) /* (cached only once its STRING is in the file) */
+        __atomic_store_n(&n->cache, ((uint64_t)t->gen << 32) | sid, __ATOMIC_RELAXED);
     return sid;
 }
 

@@ -145,6 +145,19 @@ print('ok' if n > 0 and n + kept >= 200000 and f.torn == 0 else 'bad %d %d' % (n
   [ "$res" = ok ] && ok "max-size-dropped-live-thread" || ko "max-size-dropped-live-thread" "$res"
 else ko "max-size-dropped-live-thread"; fi
 
+# a new name whose STRING could not be written while growth was refused is written at its next use
+d="$(fresh transient-full)"
+if TELLER_GROW_MB=0 TELLER_CHUNK_KB=64 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" transient-full > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+n = sum(r[1] for r in f.of(c.DROPPED))
+names = [x['name'] for x in f.ranges().values()]  # (asserts that every name id has its STRING)
+fresh = [x for x in names if x.startswith('fresh-')]
+print('ok' if n > 0 and names[0] == 'before-full' and len(fresh) == 1 and len(fresh[0]) == 200 else 'bad %d %d' % (n, len(fresh)))" 2>&1 | tail -1)
+  [ "$res" = ok ] && ok "string-after-transient-full" || ko "string-after-transient-full" "$res"
+else ko "string-after-transient-full"; fi
+
 # two NVTX instances (exe + shared library): InitializeInjectionNvtx2 twice, one file, one string table
 d="$(fresh instances)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" instances "$B/libnvtx_user.so" > /dev/null; then

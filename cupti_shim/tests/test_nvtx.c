@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
@@ -107,6 +108,32 @@ static void scenario_basic(void) {
 
     printf("{\"pid\": %d, \"main_tid\": %u, \"ender_tid\": %u, \"worker_tids\": [%u, %u, %u, %u], \"iters\": %d}\n",
            (int)getpid(), tid(), g_ender_tid, g_worker_tids[0], g_worker_tids[1], g_worker_tids[2], g_worker_tids[3], ITERS);
+}
+
+/* A new name whose STRING record could not be written while the file refused to grow (RLIMIT_FSIZE
+ * stands in for a full disk) must be written when it is next used, once the file grows again.
+ * Run with TELLER_GROW_MB=0 TELLER_CHUNK_KB=64: every chunk after the first needs the file to grow. */
+static void scenario_transient_full(void) {
+    signal(SIGXFSZ, SIG_IGN); /* growth past the limit fails with EFBIG instead of killing the process */
+    nvtxRangePushA("before-full");
+    nvtxRangePop();
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 4096;
+    setrlimit(RLIMIT_FSIZE, &lim);
+    for (int i = 0; i < 20000; i++) { nvtxRangePushA("filler"); nvtxRangePop(); } /* the chunk fills */
+    char fresh[201];
+    memset(fresh, 'n', 200);
+    memcpy(fresh, "fresh-", 6);
+    fresh[200] = 0;
+    nvtxRangePushA(fresh); /* its STRING does not fit: dropped with the range */
+    nvtxRangePop();
+    setrlimit(RLIMIT_FSIZE, &old);
+    usleep(1100000); /* the shim's back-off after a refused growth (1 s) */
+    nvtxRangePushA(fresh);
+    nvtxRangePop();
+    printf("{\"pid\": %d}\n", (int)getpid());
 }
 
 static void scenario_fork(void) {
@@ -373,6 +400,7 @@ int main(int argc, char **argv) {
         while (!__atomic_load_n(&many_done, __ATOMIC_ACQUIRE)) usleep(1000);
         printf("{\"pid\": %d}\n", (int)getpid());
     }
+    else if (strcmp(s, "transient-full") == 0) scenario_transient_full();
     else if (strcmp(s, "utf8") == 0) scenario_utf8();
     else if (strcmp(s, "signal-inside") == 0) scenario_signal_inside();
     else if (strcmp(s, "signal-storm") == 0) scenario_signal_storm();
