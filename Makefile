@@ -140,6 +140,7 @@ $(VENV)/.bench-deps: $(VENV)/.deps requirements/bench.txt
 
 bench: build $(VENV)/.bench-deps
 	$(PY) benches/bench_parse.py --out docs/benchmarks-parse.json
+	$(PY) benches/bench_raw.py --out docs/benchmarks-raw.json
 	$(PY) benches/bench_tpe.py --out docs/benchmarks-tpe.json
 	$(PY) benches/bench_collect.py --out docs/benchmarks-collect.json
 	$(PY) benches/bench_nsys.py --out docs/benchmarks-nsys.json

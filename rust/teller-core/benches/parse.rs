@@ -1,5 +1,7 @@
 //! Criterion benches of the trace core on the real fixtures: read (decompress + parse) and
-//! load (read + align); the gz read serial and pipelined (`inflate`). Run with `cargo bench -p teller-core --bench parse`.
+//! load (read + align); the gz read serial and pipelined (`inflate`); the raw MessagePack file the
+//! shim wrote on an H200 (read, load). Run with `cargo bench -p teller-core --bench parse`.
+//! (`benches/bench_raw.py` reads raw files of a million records against msgpack-python.)
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use teller_core::load::{read_bytes, read_file_with, Pipeline};
 use teller_core::{load, LoadOptions};
@@ -43,6 +45,20 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
     }
+    let raw = format!(
+        "{}/../../tests/data/gpu/h200_llama_tiny/raw/teller-vm-742-0.tmsgpack",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(&raw).unwrap();
+    let mut g = c.benchmark_group("trace/h200_llama_tiny_raw");
+    g.throughput(Throughput::Bytes(bytes.len() as u64));
+    g.bench_function("read_raw", |b| {
+        b.iter(|| teller_core::raw::read_raw(&raw, &bytes, 0).unwrap())
+    });
+    g.bench_function("load_raw_and_align", |b| {
+        b.iter(|| load(std::slice::from_ref(&raw), &LoadOptions::default()).unwrap())
+    });
+    g.finish();
 }
 
 criterion_group!(benches, bench);

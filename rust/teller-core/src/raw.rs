@@ -63,11 +63,14 @@ impl<'a> Dec<'a> {
     #[inline]
     fn be(&mut self, n: usize) -> std::result::Result<u64, DErr> {
         let s = self.take(n)?;
-        let mut v = 0u64;
-        for &c in s {
-            v = (v << 8) | c as u64;
-        }
-        Ok(v)
+        // (fixed-size loads: the byte loop was a tenth of reading a file)
+        Ok(match n {
+            1 => s[0] as u64,
+            2 => u16::from_be_bytes([s[0], s[1]]) as u64,
+            4 => u32::from_be_bytes([s[0], s[1], s[2], s[3]]) as u64,
+            8 => <[u8; 8]>::try_from(s).map_or(0, u64::from_be_bytes),
+            _ => s.iter().fold(0u64, |v, &c| (v << 8) | c as u64),
+        })
     }
     fn value(&mut self, depth: usize) -> std::result::Result<MVal<'a>, DErr> {
         if depth > 64 {
@@ -153,6 +156,73 @@ impl<'a> Dec<'a> {
             }
             0xc1 => return Err(DErr::Bad(at, "invalid MessagePack byte 0xc1".into())),
         })
+    }
+    /// The next value as a record: an array's elements decoded into `out` (cleared first) without
+    /// an allocation of its own; `Ok(false)` for a value that is not an array (consumed).
+    fn record(&mut self, out: &mut Vec<MVal<'a>>) -> std::result::Result<bool, DErr> {
+        out.clear();
+        let n = match *self.b.get(self.p).ok_or(DErr::Eof)? {
+            t @ 0x90..=0x9f => {
+                self.p += 1;
+                (t & 0x0f) as usize
+            }
+            0xdc => {
+                self.p += 1;
+                self.be(2)? as usize
+            }
+            0xdd => {
+                self.p += 1;
+                self.be(4)? as usize
+            }
+            _ => {
+                self.value(0)?;
+                return Ok(false);
+            }
+        };
+        if n > self.b.len() - self.p {
+            return Err(DErr::Eof); // (every element takes at least one byte)
+        }
+        out.reserve(n);
+        for _ in 0..n {
+            // (the fields records are made of, decoded here without the call, each pushed where it is
+            // decoded: half of reading a file went to calling `value` for them, and a copy of each
+            // through the stack stalled on the partly written value)
+            match self.b.get(self.p) {
+                Some(&c @ 0x00..=0x7f) => {
+                    self.p += 1;
+                    out.push(MVal::Int(c as i64));
+                }
+                Some(0xcc) if self.p + 2 <= self.b.len() => {
+                    self.p += 2;
+                    out.push(MVal::Int(self.b[self.p - 1] as i64));
+                }
+                Some(0xcd) if self.p + 3 <= self.b.len() => {
+                    self.p += 3;
+                    out.push(MVal::Int(
+                        u16::from_be_bytes([self.b[self.p - 2], self.b[self.p - 1]]) as i64
+                    ));
+                }
+                Some(0xce) if self.p + 5 <= self.b.len() => {
+                    let q = self.p + 1;
+                    self.p += 5;
+                    out.push(MVal::Int(
+                        u32::from_be_bytes([self.b[q], self.b[q + 1], self.b[q + 2], self.b[q + 3]]) as i64,
+                    ));
+                }
+                Some(0xcf) if self.p + 9 <= self.b.len() => {
+                    let q = self.p + 1;
+                    self.p += 9;
+                    let v = <[u8; 8]>::try_from(&self.b[q..q + 8]).map_or(0, u64::from_be_bytes);
+                    out.push(if v <= i64::MAX as u64 {
+                        MVal::Int(v as i64)
+                    } else {
+                        MVal::UInt(v)
+                    });
+                }
+                _ => out.push(self.value(1)?),
+            }
+        }
+        Ok(true)
     }
     fn str(&mut self, n: usize) -> std::result::Result<MVal<'a>, DErr> {
         let s = self.take(n)?;
@@ -367,8 +437,17 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         return Err(Error::format(path, None, None, msg));
     }
 
-    // Pass 1: decode records (borrowing), find the header and the string table.
-    let mut recs: Vec<(usize, Vec<MVal>)> = Vec::new();
+    // Pass 1: find the records (their offsets) and read the HEADER, the string table (ids may be
+    // defined after use) and the CLOCK_SYNC pairs. Decision: the other records are decoded again in
+    // pass 2 rather than kept decoded: a decoded field takes 32 bytes and a record an allocation of
+    // its own, about 13 times the file (the collector's default cap of 4 GiB would have needed over
+    // 50 GB), and decoding into one reused buffer twice costs less than those allocations did.
+    let mut t = Trace::new();
+    let mut recs: Vec<usize> = Vec::new();
+    let mut header: Vec<MVal> = Vec::new();
+    let mut fields: Vec<MVal> = Vec::new();
+    let mut sid: HashMap<u64, u32> = HashMap::new();
+    let mut clock_syncs: Vec<(i64, i64)> = Vec::new(); // (mono_ns, realtime - mono)
     let mut warnings = Vec::new();
     let mut d = Dec { b, p: 0, lossy: 0 };
     while d.p < b.len() {
@@ -414,8 +493,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             d.p = next;
             true
         };
-        match d.value(0) {
-            Ok(MVal::Array(fields)) => {
+        match d.record(&mut fields) {
+            Ok(true) => {
                 if fields.is_empty() || fields[0].as_i64().is_none() {
                     if torn(&mut d, &mut warnings, "record type is not an integer".into()) {
                         continue;
@@ -431,9 +510,45 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         "not a teller raw trace: the first record is not a HEADER".into(),
                     ));
                 }
-                recs.push((at, fields));
+                match fields[0].as_i64() {
+                    Some(2) => match (fields.get(1).and_then(|v| v.as_u64()), fields.get(2)) {
+                        (Some(id), Some(MVal::Str(s))) => {
+                            let v = t.strings.intern(s);
+                            sid.insert(id, v);
+                        }
+                        _ => return Err(fe(at, idx, "STRING record must be [2, id, text]".into())),
+                    },
+                    Some(11) if !recs.is_empty() => {
+                        let num = |i: usize, what: &str| -> Result<i64> {
+                            fields
+                                .get(i)
+                                .and_then(|v| v.as_i64())
+                                .filter(|v| v.unsigned_abs() <= MAX_TIME_NS as u64)
+                                .ok_or_else(|| {
+                                    fe(
+                                        at,
+                                        idx,
+                                        format!(
+                                            "record type 11: field {i} ({what}) must be an integer of at most {MAX_TIME_NS} ns"
+                                        ),
+                                    )
+                                })
+                        };
+                        let (c, r) = (num(1, "mono_ns")?, num(2, "realtime_ns")?);
+                        // (both bounded by MAX_TIME_NS; their difference as well, as in the HEADER)
+                        if (r - c).unsigned_abs() > MAX_TIME_NS as u64 {
+                            return Err(fe(at, idx, "record type 11: clock offset out of range".into()));
+                        }
+                        clock_syncs.push((c, r - c));
+                    }
+                    _ => {}
+                }
+                if recs.is_empty() {
+                    header = fields.clone();
+                }
+                recs.push(at);
             }
-            Ok(_) => {
+            Ok(false) => {
                 if torn(&mut d, &mut warnings, "not an array".into()) {
                     continue;
                 }
@@ -478,19 +593,18 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         ));
     }
 
-    let mut t = Trace::new();
-    let header = &recs[0].1;
+    let header = &header;
     let version = header.get(2).and_then(|v| v.as_i64()).unwrap_or(-1);
     if version != FORMAT_VERSION {
         return Err(fe(
-            recs[0].0,
+            recs[0],
             0,
             format!("unsupported raw format version {version} (this teller reads version {FORMAT_VERSION})"),
         ));
     }
     let meta = header.get(3).cloned().unwrap_or(MVal::Map(vec![]));
     if !matches!(meta, MVal::Map(_)) {
-        return Err(fe(recs[0].0, 0, "HEADER meta must be a map".into()));
+        return Err(fe(recs[0], 0, "HEADER meta must be a map".into()));
     }
     let pid = meta.get("pid").and_then(|v| v.as_i64()).unwrap_or(0);
     let host = match meta.get("host") {
@@ -509,7 +623,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             }
             _ => {
                 return Err(fe(
-                    recs[0].0,
+                    recs[0],
                     0,
                     "HEADER clock_sync must be [clock_ns, realtime_ns]".into(),
                 ))
@@ -518,7 +632,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         None => None, // (said below where no CLOCK_SYNC gives one either)
         _ => {
             return Err(fe(
-                recs[0].0,
+                recs[0],
                 0,
                 "HEADER clock_sync must be [clock_ns, realtime_ns]".into(),
             ))
@@ -541,42 +655,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // jump at every sync, moving one side of a range against the other and breaking nesting. The map
     // is monotone (unless realtime went back by more than the interval), so every timestamp keeps
     // its order and every range its nesting; a step of the realtime clock is spread over its interval.
-    let mut sid: HashMap<u64, u32> = HashMap::new();
-    let mut syncs: Vec<(i64, i64)> = header_sync.into_iter().collect(); // (mono_ns, realtime - mono)
-    for (ri, (at, f)) in recs.iter().enumerate() {
-        match f[0].as_i64() {
-            Some(2) => match (f.get(1).and_then(|v| v.as_u64()), f.get(2)) {
-                (Some(id), Some(MVal::Str(s))) => {
-                    let v = t.strings.intern(s);
-                    sid.insert(id, v);
-                }
-                _ => return Err(fe(*at, 0, "STRING record must be [2, id, text]".into())),
-            },
-            Some(11) if ri > 0 => {
-                let num = |i: usize, what: &str| -> Result<i64> {
-                    f.get(i)
-                        .and_then(|v| v.as_i64())
-                        .filter(|v| v.unsigned_abs() <= MAX_TIME_NS as u64)
-                        .ok_or_else(|| {
-                            fe(
-                                *at,
-                                ri as u64,
-                                format!(
-                                    "record type 11: field {i} ({what}) must be an integer of at most {MAX_TIME_NS} ns"
-                                ),
-                            )
-                        })
-                };
-                let (c, r) = (num(1, "mono_ns")?, num(2, "realtime_ns")?);
-                // (both bounded by MAX_TIME_NS; their difference as well, as in the HEADER)
-                if (r - c).unsigned_abs() > MAX_TIME_NS as u64 {
-                    return Err(fe(*at, ri as u64, "record type 11: clock offset out of range".into()));
-                }
-                syncs.push((c, r - c));
-            }
-            _ => {}
-        }
-    }
+    let mut syncs: Vec<(i64, i64)> = header_sync.into_iter().chain(clock_syncs).collect();
     syncs.sort_by_key(|s| s.0); // (stable: of two syncs at one instant the later in the file wins)
     syncs.dedup_by(|later, earlier| {
         let same = later.0 == earlier.0;
@@ -617,11 +696,22 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let first_offset = syncs.first().map_or(0, |s| s.1);
     let base_offset = first_offset;
     // a timestamp of the file's own clock on the realtime base
+    // (the interval of the previous timestamp is tried first: a thread's records come in time order,
+    // and the binary search was an eighth of reading a file with a sync every thousand records)
+    let last_k = std::cell::Cell::new(0usize);
     let real = |ts: i64| -> i64 {
         let off = if constant {
             first_offset
         } else {
-            match syncs.partition_point(|s| s.0 <= ts) {
+            let k = last_k.get();
+            let k = if k > 0 && k < syncs.len() && syncs[k - 1].0 <= ts && ts < syncs[k].0 {
+                k
+            } else {
+                let k = syncs.partition_point(|s| s.0 <= ts);
+                last_k.set(k);
+                k
+            };
+            match k {
                 0 => first_offset,
                 k if k == syncs.len() => syncs[k - 1].1,
                 k => {
@@ -650,9 +740,19 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let mut last_ts = i64::MIN;
     let cats: Vec<u32> = LAYER_DEFAULT_CATS.iter().map(|c| t.strings.intern(c)).collect();
 
-    for (ri, (at, f)) in recs.iter().enumerate().skip(1) {
-        let at = *at;
+    // Pass 2: the records again, into events (each decoded as in pass 1, which checked it)
+    let mut d = Dec { b, p: 0, lossy: 0 };
+    for (ri, &at) in recs.iter().enumerate().skip(1) {
         let ri = ri as u64;
+        d.p = at;
+        if !matches!(d.record(&mut fields), Ok(true)) {
+            return Err(fe(
+                at,
+                ri,
+                "record changed while it was read (the file is being written?)".into(),
+            ));
+        }
+        let f = &fields;
         let ty = f[0].as_i64().unwrap_or(-1);
         let field = |i: usize, what: &str| -> Result<&MVal> {
             f.get(i)
@@ -1358,6 +1458,47 @@ mod tests {
         write(&mut b, &V::A(vec![V::I(11), V::I(500), V::S("x")]));
         let e = read_raw("p", &b, 0).unwrap_err().to_string();
         assert!(e.contains("record type 11: field 2 (realtime_ns)"), "{e}");
+    }
+
+    #[test]
+    fn interpolation_is_the_same_in_any_timestamp_order() {
+        // many syncs, timestamps in runs (as a thread's records come) and jumping between intervals
+        // (as chunks interleave): each is mapped as a search from scratch maps it
+        let mut b = Vec::new();
+        header(&mut b, 9, 0, 0);
+        let syncs: Vec<(i64, i64)> = (1..=40).map(|k| (k * 100_000, (k * k * 37) % 5_000 - 2_500)).collect();
+        for &(mono, off) in syncs.iter().rev() {
+            write(&mut b, &V::A(vec![V::I(11), V::I(mono), V::I(mono + off)]));
+        }
+        let mut x: u64 = 12345;
+        let mut want = Vec::new();
+        for i in 0..3_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let ts = if i % 7 == 0 {
+                (x >> 20) as i64 % 4_300_000
+            } else {
+                50 * i as i64
+            };
+            let all: Vec<(i64, i64)> = std::iter::once((0, 0)).chain(syncs.iter().copied()).collect();
+            let k = all.partition_point(|s| s.0 <= ts);
+            let off = match k {
+                k if k == all.len() => all[k - 1].1,
+                k => all[k - 1].1 + (all[k].1 - all[k - 1].1) * (ts - all[k - 1].0) / (all[k].0 - all[k - 1].0),
+            };
+            want.push(ts + off);
+            write(
+                &mut b,
+                &V::A(vec![
+                    V::I(7),
+                    V::I(Layer::Annotation as i64),
+                    V::S("m"),
+                    V::I(1),
+                    V::I(ts),
+                ]),
+            );
+        }
+        let (t, _) = read_raw("p", &b, 0).unwrap();
+        assert_eq!(t.ts, want);
     }
 
     #[test]
