@@ -199,10 +199,12 @@ def test_validate_manifest_problems(tiny, tmp_path):
     d = _broken(tiny, tmp_path)
     man = json.loads((d / "manifest.json").read_text())
     del man["splits"]["val"]
+    man["num_sample"] = 3  # (a misspelt key: refused, as in annotation.json)
     (d / "manifest.json").write_text(json.dumps(man))
     shutil.rmtree(d / "s000003")
     text = "\n".join(map(str, validate(d)))
     assert "manifest.json $.splits: 'val' is a required property" in text
+    assert "manifest.json $: Additional properties are not allowed ('num_sample' was unexpected)" in text
     assert "s000003/: listed in manifest.json but missing" in text
     with pytest.raises(TellerFileNotFoundError):
         validate(tmp_path / "nope")
