@@ -14,8 +14,11 @@ Tools:
 
 * teller: `teller.trace.load(path, warn=False)`, the columnar model: BEGIN/END paired, clocks
   aligned, GPU work linked to its launch, the call-chain tree, steps.
-* msgpack: `list(msgpack.Unpacker(f, raw=False))`, Python lists only: the decoding any Python reader
-  of the format pays before pairing anything.
+* msgpack: `list(msgpack.Unpacker(f, raw=False))`, Python lists only: the decoding a Python reader
+  of the format pays before pairing anything; and the same with the garbage collector off
+  (`msgpack, gc off`: a million lists set it off again and again, which a reader can avoid).
+  The shim's files hold zero padding (unwritten chunk tails), which msgpack reads as one value per
+  byte: on the H200 file that is most of its time, so its row is no comparison of the formats' cost.
 
 Per input: one unmeasured warm-up of each tool, then `--repeat` interleaved rounds; the median wall time.
 Ratio = msgpack time / teller time (above 1: teller is faster). It measures and reports; it never
@@ -25,6 +28,7 @@ asserts a time.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -58,7 +62,7 @@ def write_synthetic(path: Path, groups: int, seed: int, sync_every: int | None) 
     rng = np.random.default_rng(seed)
     mono0, real0 = 1_000_000_000_000, 1_765_000_000_000_000_000
     w = RawWriter(path, pid=4242, ppid=1, host="bench", argv=["bench"], clock_sync=(mono0, real0), env={})
-    t, corr, n = mono0 + 1_000, 0, 0
+    t, corr, n = mono0 + 1_000, 0, 1
     per_step = 1000
     step = 0
     durs = rng.integers(2_000, 40_000, size=groups)
@@ -84,8 +88,9 @@ def write_synthetic(path: Path, groups: int, seed: int, sync_every: int | None) 
             w.clock_sync(t, real0 + (t - mono0) + (t - mono0) * 50 // 1_000_000)
             n += 1
     w.end(step, tid=11, ts=t)
+    n += 1
     w.close()
-    return n + 1
+    return n + len(w._strings)  # (and the HEADER: counted at the start)
 
 
 def run_teller(path: Path) -> int:
@@ -97,7 +102,19 @@ def run_msgpack(path: Path) -> int:
         return len(list(msgpack.Unpacker(f, raw=False, strict_map_key=False)))
 
 
-TOOLS: dict[str, Callable[[Path], int]] = {"teller": run_teller, "msgpack": run_msgpack}
+def run_msgpack_nogc(path: Path) -> int:
+    gc.disable()
+    try:
+        return run_msgpack(path)
+    finally:
+        gc.enable()
+
+
+TOOLS: dict[str, Callable[[Path], int]] = {
+    "teller": run_teller,
+    "msgpack": run_msgpack,
+    "msgpack, gc off": run_msgpack_nogc,
+}
 
 
 def measure(path: Path, repeat: int) -> dict[str, Any]:
@@ -114,7 +131,16 @@ def measure(path: Path, repeat: int) -> dict[str, Any]:
         out[t]["times_s"] = times[t]
         out[t]["median_s"] = statistics.median(times[t])
     out["ratio"] = out["msgpack"]["median_s"] / out["teller"]["median_s"]
+    out["ratio_gc_off"] = out["msgpack, gc off"]["median_s"] / out["teller"]["median_s"]
     return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
         "teller": teller.__version__,
         "teller_build": getattr(teller, "build_profile", "?"),
         "msgpack": msgpack.version,
@@ -157,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"written in {time.perf_counter() - t0:.1f} s"
             )
             inputs.append((f"synthetic_{groups * 4 // 1000}k ({variant})", p, n))
-        print(f"{'input':32} {'MB':>7} {'events':>9} {'teller ms':>10} {'msgpack ms':>11} {'ratio':>6}")
+        print(
+            f"{'input':32} {'MB':>7} {'events':>9} {'teller ms':>10} {'msgpack ms':>11} {'ratio':>6} "
+            f"{'gc off ms':>10} {'ratio':>6}"
+        )
         for name, p, _ in inputs:
             m = measure(p, repeat)
             row = {
@@ -171,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:32} {row['bytes'] / 1e6:7.1f} {row['events']:9,} "
                 f"{m['teller']['median_s'] * 1e3:10.1f} "
-                f"{m['msgpack']['median_s'] * 1e3:11.1f} {m['ratio']:6.2f}"
+                f"{m['msgpack']['median_s'] * 1e3:11.1f} {m['ratio']:6.2f} "
+                f"{m['msgpack, gc off']['median_s'] * 1e3:10.1f} {m['ratio_gc_off']:6.2f}"
             )
     syn = {r["input"].split(" ")[-1]: r for r in rows if r["input"].startswith("synthetic")}
     if len(syn) == 2:

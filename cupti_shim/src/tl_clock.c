@@ -64,8 +64,10 @@ void tl_clock_fork_child(void) {
         tl_clk.mult = 0;
         tl_clk.next_tsc = 0;
         tl_clk.seq++;
-        g_cal_tsc = g_cal_ns = 0;
     }
+    /* a calibration under way may have stored one of the previous anchor's two halves: a new anchor
+     * (the published map stays, consistent) */
+    if (g_lock) g_cal_tsc = g_cal_ns = 0;
     __atomic_store_n(&g_lock, 0, __ATOMIC_RELEASE);
 }
 

@@ -29,8 +29,9 @@ uint64_t tl_rid_global = 1;
 typedef struct {
     char *text;
     uint32_t len, hash, sid;
-    /* its STRING record: 0 not in the file (a new string, or a reservation that failed: the next use
-     * tries again), 1 being written by one thread (the others use the id without caching it), 2 written */
+    /* its STRING record: 0 not in the file yet (its reservation failed: written at the next chunk
+     * hand-out, the next use, or at exit), 1 being written by one thread (the others use the id
+     * without caching it), 2 written */
     uint8_t written;
 } tl_gstr;
 
@@ -54,6 +55,7 @@ static struct {
     /* string table (open addressing) */
     tl_gstr *strs;
     uint32_t strs_cap, strs_count, next_sid;
+    uint32_t strs_pending; /* entries whose STRING could not be written yet (written == 0), under smu */
     /* header extras (rewritten in place) */
     uint32_t cupti_version;
     char cupti_error[512];
@@ -475,7 +477,7 @@ static void atfork_child(void) {
     for (uint32_t i = 0; i < g.strs_cap; i++) free(g.strs[i].text);
     free(g.strs);
     g.strs = NULL;
-    g.strs_cap = g.strs_count = 0;
+    g.strs_cap = g.strs_count = g.strs_pending = 0;
     g.next_sid = 1;
     /* Invalidate every cached string id and every thread struct: the child opens its own file lazily. */
     __atomic_add_fetch(&tl_gen, 1, __ATOMIC_RELEASE);
@@ -531,6 +533,7 @@ const char *tl_trace_path(void) { return g.fd >= 0 ? g.path : NULL; }
 
 static void report_dropped(tl_thread *t);
 static void report_reentered(tl_thread *t);
+static void write_pending_strings(tl_thread *t, size_t keep);
 
 #define TL_REENTERED_REASON "calls from a signal handler made while the collector was running on the same thread (NVTX ranges, CUDA synchronize callbacks)"
 
@@ -581,20 +584,21 @@ tl_thread *tl_self_slow(void) {
     return t;
 }
 
-uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
+/* `count`: whether a refusal counts as a dropped record (not for a STRING: it is written later) */
+static uint8_t *reserve_slow(tl_thread *t, size_t max, int count) {
     size_t len = t->next_chunk_len ? t->next_chunk_len : (g.chunk_size < 65536 ? g.chunk_size : 65536);
     if (max + 256 > len) { long pg = sysconf(_SC_PAGESIZE); len = (max + 256 + (size_t)pg - 1) / (size_t)pg * (size_t)pg; } /* room for DROPPED + CLOCK_SYNC first */
     if (TL_UNLIKELY(__atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now())) {
         /* file full: no lock, no syscall, until the back-off ends. (`dropped` is an atomic counter: the
          * exiting thread collects every live thread's count, see tl_writer_finish) */
-        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
+        if (count) __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     pthread_mutex_lock(&g.mu);
     uint64_t off = g.next_off;
     if (TL_UNLIKELY(t->gen != tl_gen)) { /* stale thread state: never hand it a chunk of another file */
         pthread_mutex_unlock(&g.mu);
-        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
+        if (count) __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     int ok = grow_locked(off + len) == 0; /* grow_locked checks the descriptor */
@@ -608,7 +612,7 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
     pthread_mutex_unlock(&g.mu);
     if (p == MAP_FAILED) {
         /* The chunk (if any) stays zero in the file: padding. Keep the old chunk for later, smaller records. */
-        __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
+        if (count) __atomic_add_fetch(&t->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
     }
     if (t->chunk) munmap(t->chunk, t->chunk_len);
@@ -635,8 +639,11 @@ uint8_t *tl_reserve_slow(tl_thread *t, size_t max) {
         mp_uint(&c, real);
         tl_commit(t, t->pos, c, 0x93);
     }
+    if (TL_UNLIKELY(__atomic_load_n(&g.strs_pending, __ATOMIC_RELAXED))) write_pending_strings(t, max);
     return t->pos;
 }
+
+uint8_t *tl_reserve_slow(tl_thread *t, size_t max) { return reserve_slow(t, max, 1); }
 
 static void report_dropped(tl_thread *t) {
     uint8_t *s = t->pos;
@@ -692,6 +699,7 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         return 0;
     }
     tl_gstr *e = strtab_slot_locked(s, len, h);
+    int fresh = 0;
     if (!e->text) {
         char *copy = malloc((size_t)len + 1);
         if (!copy) { pthread_mutex_unlock(&g.smu); return 0; }
@@ -703,14 +711,24 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         e->sid = g.next_sid++;
         e->written = 0;
         g.strs_count++;
+        fresh = 1;
     }
     uint8_t was = e->written;
-    if (was == 0) e->written = 1; /* this thread writes it */
-    tl_scache_entry ce = {e->text, e->len, e->hash, e->sid};
-    pthread_mutex_unlock(&g.smu);
-    if (was == 1) return ce.sid; /* another thread is writing it and may fail: not cached */
+    /* a pending string is tried again at its use only once the file takes records again (until then
+     * it waits for the next chunk hand-out or the exit, and costs no lock-and-fail per use) */
+    if (was == 0 && !fresh && __atomic_load_n(&g.full_until, __ATOMIC_RELAXED) > tl_now()) was = 1;
     if (was == 0) {
-        uint8_t *r = tl_reserve(t, (size_t)len + 32);
+        e->written = 1; /* this thread writes it */
+        if (!fresh) g.strs_pending--;
+    }
+    tl_scache_entry ce = {e->text, e->len, e->hash, e->sid};
+    uint32_t gen = __atomic_load_n(&tl_gen, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g.smu);
+    if (was == 1) return ce.sid; /* being written by another thread, or pending: not cached */
+    if (was == 0) {
+        /* (a refusal here is not a dropped record: the STRING is written later) */
+        size_t need = (size_t)len + 32;
+        uint8_t *r = TL_LIKELY((size_t)(t->end - t->pos) >= need) ? t->pos : reserve_slow(t, need, 0);
         if (r) {
             uint8_t *c = r + 1;
             mp_uint(&c, TL_STRING);
@@ -718,17 +736,70 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
             mp_str(&c, ce.text, ce.len);
             tl_commit(t, r, c, 0x93);
         }
-        pthread_mutex_lock(&g.smu); /* (looked up again: another thread may have grown the table) */
-        e = strtab_slot_locked(ce.text, ce.len, h);
-        if (e->text) e->written = r ? 2 : 0;
+        pthread_mutex_lock(&g.smu);
+        /* (a fork from a signal handler since the first section: the table and `t` are the child's) */
+        if (__atomic_load_n(&tl_gen, __ATOMIC_RELAXED) != gen) {
+            pthread_mutex_unlock(&g.smu);
+            return 0;
+        }
+        e = strtab_slot_locked(ce.text, ce.len, h); /* (another thread may have grown the table) */
+        if (e->text) {
+            e->written = r ? 2 : 0;
+            if (!r) g.strs_pending++;
+        }
         pthread_mutex_unlock(&g.smu);
-        /* A failed reservation (file full, or growth refused for a while) leaves the string unwritten
-         * and uncached: the next use, once the file takes records again, writes it (readers resolve
-         * ids against every STRING in the file, so an event that fitted meanwhile is named too). */
+        /* A failed reservation (file full, or growth refused for a while) leaves the string pending
+         * and uncached. An event smaller than it may still fit the chunk's tail and name it: the
+         * STRING follows in the next chunk this process hands out, at the next use once the file
+         * takes records, or in the exit's tail (readers resolve ids against every STRING in the
+         * file, wherever it lies). */
         if (!r) return ce.sid;
     }
     t->scache[h & (TL_SCACHE - 1)] = ce;
     return ce.sid;
+}
+
+/* Pending STRINGs (their first reservation failed) written into `t`'s fresh chunk as far as they fit,
+ * leaving `keep` bytes for the record the chunk was taken for. */
+static void write_pending_strings(tl_thread *t, size_t keep) {
+    pthread_mutex_lock(&g.smu);
+    for (uint32_t i = 0; i < g.strs_cap && g.strs_pending; i++) {
+        tl_gstr *e = &g.strs[i];
+        if (!e->text || e->written != 0) continue;
+        if ((size_t)(t->end - t->pos) < keep + (size_t)e->len + 32) continue;
+        uint8_t *c = t->pos + 1;
+        mp_uint(&c, TL_STRING);
+        mp_uint(&c, e->sid);
+        mp_str(&c, e->text, e->len);
+        tl_commit(t, t->pos, c, 0x93);
+        e->written = 2;
+        g.strs_pending--;
+    }
+    pthread_mutex_unlock(&g.smu);
+}
+
+/* The pending STRINGs encoded for the exit's tail (malloc'd, *len bytes; NULL: none or no memory). */
+static uint8_t *pending_strings_tail(size_t *len) {
+    *len = 0;
+    pthread_mutex_lock(&g.smu);
+    size_t total = 0;
+    for (uint32_t i = 0; i < g.strs_cap && g.strs_pending; i++)
+        if (g.strs[i].text && g.strs[i].written == 0) total += (size_t)g.strs[i].len + 32;
+    uint8_t *buf = total ? malloc(total) : NULL;
+    uint8_t *c = buf;
+    for (uint32_t i = 0; buf && i < g.strs_cap; i++) {
+        tl_gstr *e = &g.strs[i];
+        if (!e->text || e->written != 0) continue;
+        mp_arr(&c, 3);
+        mp_uint(&c, TL_STRING);
+        mp_uint(&c, e->sid);
+        mp_str(&c, e->text, e->len);
+        e->written = 2; /* (if the tail cannot be written, nothing more can be) */
+        g.strs_pending--;
+    }
+    pthread_mutex_unlock(&g.smu);
+    *len = buf ? (size_t)(c - buf) : 0;
+    return buf;
 }
 
 tl_name *tl_name_new(const char *s, uint32_t magic) {
@@ -814,7 +885,8 @@ void tl_header_add_device(const tl_device_props *d) {
     pthread_mutex_unlock(&g.mu);
 }
 
-/* At exit: report drops, add a CLOCK_SYNC, and cut the file after the last handed-out chunk.
+/* At exit: write pending STRINGs, report drops, add a CLOCK_SYNC, and cut the file after the last
+ * handed-out chunk.
  * Threads may still be running: their chunks all lie below next_off, so the cut is safe. */
 void tl_writer_finish(void) {
     if (g.state != 1 || g.fd < 0 || g.pid != getpid()) return;
@@ -853,10 +925,12 @@ void tl_writer_finish(void) {
     mp_uint(&c, TL_CLOCK_SYNC);
     mp_uint(&c, tl_mono_ns());
     mp_uint(&c, realtime_ns());
-    size_t len = (size_t)(c - buf);
+    size_t len = (size_t)(c - buf), slen = 0;
+    uint8_t *strs = pending_strings_tail(&slen); /* (names whose STRING no chunk could take) */
     pthread_mutex_lock(&g.mu);
     if (fd_ok_locked()) {
         uint64_t end = g.next_off;
+        if (slen && pwrite(g.fd, strs, slen, (off_t)end) == (ssize_t)slen) end += slen;
         if (pwrite(g.fd, buf, len, (off_t)end) == (ssize_t)len) end += len;
         if (end != g.size && ftruncate(g.fd, (off_t)end) == 0) g.size = end;
         /* later chunks (threads still running) must start page aligned, after the tail */
@@ -864,4 +938,5 @@ void tl_writer_finish(void) {
         g.next_off = (end + (uint64_t)pg - 1) / (uint64_t)pg * (uint64_t)pg;
     }
     pthread_mutex_unlock(&g.mu);
+    free(strs);
 }

@@ -145,7 +145,8 @@ print('ok' if n > 0 and n + kept >= 200000 and f.torn == 0 else 'bad %d %d' % (n
   [ "$res" = ok ] && ok "max-size-dropped-live-thread" || ko "max-size-dropped-live-thread" "$res"
 else ko "max-size-dropped-live-thread"; fi
 
-# a new name whose STRING could not be written while growth was refused is written at its next use
+# names whose STRING could not be written while growth was refused: written at the next use, the next
+# chunk, or in the exit's tail
 d="$(fresh transient-full)"
 if TELLER_GROW_MB=0 TELLER_CHUNK_KB=64 TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" transient-full > /dev/null; then
   res=$("$PY" -c "
@@ -154,7 +155,10 @@ f = c.load_dir('$d')[0]
 n = sum(r[1] for r in f.of(c.DROPPED))
 names = [x['name'] for x in f.ranges().values()]  # (asserts that every name id has its STRING)
 fresh = [x for x in names if x.startswith('fresh-')]
-print('ok' if n > 0 and names[0] == 'before-full' and len(fresh) == 1 and len(fresh[0]) == 200 else 'bad %d %d' % (n, len(fresh)))" 2>&1 | tail -1)
+texts = {t[:17] for t in f.strings.values() if len(t) == 200}
+ok = n > 0 and names[0] == 'before-full' and len(fresh) == 1 and len(fresh[0]) == 200
+ok = ok and names.count('registered-while-full') == 1 and {'only-while-full-A', 'only-while-full-B'} <= texts
+print('ok' if ok else 'bad %d %d %s' % (n, len(fresh), sorted(t[:20] for t in texts)))" 2>&1 | tail -1)
   [ "$res" = ok ] && ok "string-after-transient-full" || ko "string-after-transient-full" "$res"
 else ko "string-after-transient-full"; fi
 

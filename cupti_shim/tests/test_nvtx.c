@@ -110,29 +110,57 @@ static void scenario_basic(void) {
            (int)getpid(), tid(), g_ender_tid, g_worker_tids[0], g_worker_tids[1], g_worker_tids[2], g_worker_tids[3], ITERS);
 }
 
-/* A new name whose STRING record could not be written while the file refused to grow (RLIMIT_FSIZE
- * stands in for a full disk) must be written when it is next used, once the file grows again.
+/* Names whose STRING record could not be written while the file refused to grow (RLIMIT_FSIZE stands
+ * in for a full disk) must still reach the file: at their next use once it grows again (`fresh`, and a
+ * registered string), at the next chunk this process takes (`only-while-full-A`, used once), or in the
+ * exit's tail (`only-while-full-B`, used once while the file stays full to the end).
  * Run with TELLER_GROW_MB=0 TELLER_CHUNK_KB=64: every chunk after the first needs the file to grow. */
-static void scenario_transient_full(void) {
-    signal(SIGXFSZ, SIG_IGN); /* growth past the limit fails with EFBIG instead of killing the process */
-    nvtxRangePushA("before-full");
-    nvtxRangePop();
-    struct rlimit old, lim;
-    getrlimit(RLIMIT_FSIZE, &old);
-    lim = old;
+static void fill_refused(void) {
+    struct rlimit lim;
+    getrlimit(RLIMIT_FSIZE, &lim);
     lim.rlim_cur = 4096;
     setrlimit(RLIMIT_FSIZE, &lim);
     for (int i = 0; i < 20000; i++) { nvtxRangePushA("filler"); nvtxRangePop(); } /* the chunk fills */
-    char fresh[201];
-    memset(fresh, 'n', 200);
-    memcpy(fresh, "fresh-", 6);
-    fresh[200] = 0;
-    nvtxRangePushA(fresh); /* its STRING does not fit: dropped with the range */
+}
+
+/* `prefix` then 'n's: 200 bytes, so that its STRING (232 reserved) never fits the tail a refused range
+ * (128 reserved) leaves */
+static const char *long_name(char *buf, const char *prefix) {
+    memset(buf, 'n', 200);
+    memcpy(buf, prefix, strlen(prefix));
+    buf[200] = 0;
+    return buf;
+}
+
+static void scenario_transient_full(void) {
+    signal(SIGXFSZ, SIG_IGN); /* growth past the limit fails with EFBIG instead of killing the process */
+    struct rlimit old;
+    getrlimit(RLIMIT_FSIZE, &old);
+    nvtxDomainHandle_t dom = nvtxDomainCreateA("transient");
+    nvtxRangePushA("before-full");
     nvtxRangePop();
+    fill_refused();
+    char fresh[201], name_a[201], name_b[201];
+    long_name(fresh, "fresh-");
+    nvtxEventAttributes_t a = {0};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    a.message.registered = nvtxDomainRegisterStringA(dom, "registered-while-full");
+    nvtxRangePushA(fresh); /* their STRINGs do not fit: dropped with the ranges, pending */
+    nvtxRangePop();
+    nvtxDomainRangePushEx(dom, &a);
+    nvtxDomainRangePop(dom);
+    nvtxMarkA(long_name(name_a, "only-while-full-A"));
     setrlimit(RLIMIT_FSIZE, &old);
     usleep(1100000); /* the shim's back-off after a refused growth (1 s) */
     nvtxRangePushA(fresh);
     nvtxRangePop();
+    nvtxDomainRangePushEx(dom, &a);
+    nvtxDomainRangePop(dom);
+    fill_refused(); /* full again, to the end */
+    nvtxMarkA(long_name(name_b, "only-while-full-B"));
+    setrlimit(RLIMIT_FSIZE, &old); /* (the exit's tail may be written) */
     printf("{\"pid\": %d}\n", (int)getpid());
 }
 

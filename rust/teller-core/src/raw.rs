@@ -448,6 +448,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     let mut fields: Vec<MVal> = Vec::new();
     let mut sid: HashMap<u64, u32> = HashMap::new();
     let mut clock_syncs: Vec<(i64, i64)> = Vec::new(); // (mono_ns, realtime - mono)
+    let mut table_err: Option<Error> = None;
     let mut warnings = Vec::new();
     let mut d = Dec { b, p: 0, lossy: 0 };
     while d.p < b.len() {
@@ -510,15 +511,18 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                         "not a teller raw trace: the first record is not a HEADER".into(),
                     ));
                 }
-                match fields[0].as_i64() {
-                    Some(2) => match (fields.get(1).and_then(|v| v.as_u64()), fields.get(2)) {
+                // (a bad STRING or CLOCK_SYNC is said after the HEADER's own checks, as when every
+                // record was decoded first: a file of another format version says that)
+                let table = match fields[0].as_i64() {
+                    Some(2) if table_err.is_none() => match (fields.get(1).and_then(|v| v.as_u64()), fields.get(2)) {
                         (Some(id), Some(MVal::Str(s))) => {
                             let v = t.strings.intern(s);
                             sid.insert(id, v);
+                            Ok(())
                         }
-                        _ => return Err(fe(at, idx, "STRING record must be [2, id, text]".into())),
+                        _ => Err(fe(at, idx, "STRING record must be [2, id, text]".into())),
                     },
-                    Some(11) if !recs.is_empty() => {
+                    Some(11) if !recs.is_empty() && table_err.is_none() => (|| {
                         let num = |i: usize, what: &str| -> Result<i64> {
                             fields
                                 .get(i)
@@ -540,8 +544,12 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             return Err(fe(at, idx, "record type 11: clock offset out of range".into()));
                         }
                         clock_syncs.push((c, r - c));
-                    }
-                    _ => {}
+                        Ok(())
+                    })(),
+                    _ => Ok(()),
+                };
+                if let Err(e) = table {
+                    table_err = Some(e);
                 }
                 if recs.is_empty() {
                     header = fields.clone();
@@ -655,6 +663,9 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
     // jump at every sync, moving one side of a range against the other and breaking nesting. The map
     // is monotone (unless realtime went back by more than the interval), so every timestamp keeps
     // its order and every range its nesting; a step of the realtime clock is spread over its interval.
+    if let Some(e) = table_err {
+        return Err(e);
+    }
     let mut syncs: Vec<(i64, i64)> = header_sync.into_iter().chain(clock_syncs).collect();
     syncs.sort_by_key(|s| s.0); // (stable: of two syncs at one instant the later in the file wins)
     syncs.dedup_by(|later, earlier| {
@@ -753,7 +764,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
             ));
         }
         let f = &fields;
-        let ty = f[0].as_i64().unwrap_or(-1);
+        let ty = f.first().and_then(|v| v.as_i64()).unwrap_or(-1);
         let field = |i: usize, what: &str| -> Result<&MVal> {
             f.get(i)
                 .ok_or_else(|| fe(at, ri, format!("record type {ty}: missing field {i} ({what})")))
@@ -1458,6 +1469,35 @@ mod tests {
         write(&mut b, &V::A(vec![V::I(11), V::I(500), V::S("x")]));
         let e = read_raw("p", &b, 0).unwrap_err().to_string();
         assert!(e.contains("record type 11: field 2 (realtime_ns)"), "{e}");
+    }
+
+    #[test]
+    fn the_header_is_checked_before_the_string_table() {
+        // a file of another format version whose STRING records look different says its version,
+        // not that a STRING is malformed; a bad STRING names its own record
+        let hdr = |b: &mut Vec<u8>, version: i64| {
+            write(
+                b,
+                &V::A(vec![
+                    V::I(1),
+                    V::S(MAGIC),
+                    V::I(version),
+                    V::M(vec![("pid", V::I(1)), ("clock_sync", V::A(vec![V::I(0), V::I(0)]))]),
+                ]),
+            )
+        };
+        let mut b = Vec::new();
+        hdr(&mut b, 2);
+        write(&mut b, &V::A(vec![V::I(2), V::S("a new layout"), V::I(7)]));
+        let e = read_raw("p", &b, 0).unwrap_err().to_string();
+        assert!(e.contains("unsupported raw format version 2"), "{e}");
+        let mut b = Vec::new();
+        hdr(&mut b, FORMAT_VERSION);
+        write(&mut b, &V::A(vec![V::I(2), V::I(1), V::S("ok")]));
+        write(&mut b, &V::A(vec![V::I(2), V::S("bad"), V::I(7)]));
+        let e = read_raw("p", &b, 0).unwrap_err();
+        assert!(e.to_string().contains("STRING record must be [2, id, text]"), "{e}");
+        assert!(matches!(e, Error::Format { index: Some(2), .. }), "{e:?}");
     }
 
     #[test]
