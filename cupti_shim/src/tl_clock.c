@@ -38,7 +38,7 @@ uint64_t tl_now_slow(void) {
     uint64_t tsc = 0, ns = 0;
     read_pair(&tsc, &ns);
     uint64_t need = g_cal_ns && __atomic_load_n(&tl_clk.mult, __ATOMIC_RELAXED) ? TL_CLK_PERIOD_NS : TL_CLK_FIRST_NS;
-    if (g_cal_ns == 0 || tsc <= g_cal_tsc) {
+    if (g_cal_ns == 0 || g_cal_tsc == 0 || tsc <= g_cal_tsc) { /* (a half-stored pair: anchor again) */
         g_cal_tsc = tsc;
         g_cal_ns = ns;
     } else if (ns - g_cal_ns >= need) {

@@ -659,7 +659,7 @@ static void report_dropped(tl_thread *t) {
 
 static void report_reentered(tl_thread *t) {
     uint8_t *s = t->pos;
-    if ((size_t)(t->end - s) < 128) return;
+    if ((size_t)(t->end - s) < 160) return; /* (up to 138 bytes: the reason is 120) */
     uint8_t *c = s + 1;
     mp_uint(&c, TL_DROPPED);
     mp_uint(&c, __atomic_exchange_n(&t->reentered, 0, __ATOMIC_RELAXED)); /* (tl_writer_finish may read it) */
@@ -737,7 +737,9 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
             tl_commit(t, r, c, 0x93);
         }
         pthread_mutex_lock(&g.smu);
-        /* (a fork from a signal handler since the first section: the table and `t` are the child's) */
+        /* (a fork from a signal handler since the first section: the string table is the child's, and
+         * is left alone; `t` was freed there, which this frame cannot undo: a handler that forks while
+         * the shim runs on its thread is not supported) */
         if (__atomic_load_n(&tl_gen, __ATOMIC_RELAXED) != gen) {
             pthread_mutex_unlock(&g.smu);
             return 0;
@@ -760,7 +762,9 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
 }
 
 /* Pending STRINGs (their first reservation failed) written into `t`'s fresh chunk as far as they fit,
- * leaving `keep` bytes for the record the chunk was taken for. */
+ * leaving `keep` bytes for the record the chunk was taken for. (A scan of the table per chunk hand-out
+ * while any is pending: a few microseconds for thousands of names; one too long for a chunk waits for
+ * its next use, whose reservation is sized for it, or for the exit.) */
 static void write_pending_strings(tl_thread *t, size_t keep) {
     pthread_mutex_lock(&g.smu);
     for (uint32_t i = 0; i < g.strs_cap && g.strs_pending; i++) {
@@ -778,18 +782,23 @@ static void write_pending_strings(tl_thread *t, size_t keep) {
     pthread_mutex_unlock(&g.smu);
 }
 
-/* The pending STRINGs encoded for the exit's tail (malloc'd, *len bytes; NULL: none or no memory). */
+/* The pending STRINGs encoded for the exit's tail (malloc'd, *len bytes; NULL: none or no memory), at
+ * most TL_TAIL_STRINGS bytes of them: most were named only by records the full file refused, and the
+ * tail must not take the file far past its cap. */
+#define TL_TAIL_STRINGS (1u << 20)
 static uint8_t *pending_strings_tail(size_t *len) {
     *len = 0;
     pthread_mutex_lock(&g.smu);
     size_t total = 0;
     for (uint32_t i = 0; i < g.strs_cap && g.strs_pending; i++)
         if (g.strs[i].text && g.strs[i].written == 0) total += (size_t)g.strs[i].len + 32;
+    if (total > TL_TAIL_STRINGS) total = TL_TAIL_STRINGS;
     uint8_t *buf = total ? malloc(total) : NULL;
     uint8_t *c = buf;
     for (uint32_t i = 0; buf && i < g.strs_cap; i++) {
         tl_gstr *e = &g.strs[i];
         if (!e->text || e->written != 0) continue;
+        if ((size_t)(c - buf) + (size_t)e->len + 32 > total) continue; /* (over the budget: left out) */
         mp_arr(&c, 3);
         mp_uint(&c, TL_STRING);
         mp_uint(&c, e->sid);
