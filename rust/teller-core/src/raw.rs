@@ -63,7 +63,7 @@ impl<'a> Dec<'a> {
     #[inline]
     fn be(&mut self, n: usize) -> std::result::Result<u64, DErr> {
         let s = self.take(n)?;
-        // (fixed-size loads: the byte loop was a tenth of reading a file)
+        // (fixed-size loads rather than a byte loop)
         Ok(match n {
             1 => s[0] as u64,
             2 => u16::from_be_bytes([s[0], s[1]]) as u64,
@@ -184,9 +184,8 @@ impl<'a> Dec<'a> {
         }
         out.reserve(n);
         for _ in 0..n {
-            // (the fields records are made of, decoded here without the call, each pushed where it is
-            // decoded: half of reading a file went to calling `value` for them, and a copy of each
-            // through the stack stalled on the partly written value)
+            // (the integers records are mostly made of, decoded here without the call to `value`:
+            // about a tenth of reading a file, measured 350 -> 320 ms on a million records)
             match self.b.get(self.p) {
                 Some(&c @ 0x00..=0x7f) => {
                     self.p += 1;
