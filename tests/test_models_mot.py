@@ -934,8 +934,16 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
         for e in written
         if (e.get("args") or {}).get("teller.highlight") and e.get("cat") != "teller.culprit"
     ]
-    assert len(marked) == d["highlighted_events"] == sum(o["events"] for o in d["operators"])
+    # (with the summary-row head: those whose symbol it scores 0.5 or more, all where none is)
+    ops = d["operators"]
+    culprit_ops = [o for o in ops if o["symbol_score"] >= 0.5] or ops
+    assert len(marked) == d["highlighted_events"] == sum(o["events"] for o in culprit_ops)
     assert d["highlighted_events"] <= d["culprit_events"]
+    # the operators carry the summary-row head's score of their symbol and are ranked by it first
+    by_symbol = {r["symbol"]: r["score"] for r in d["culprit_symbols"]}
+    assert all(o["symbol_score"] == by_symbol.get(o["symbol"], 0.0) for o in ops if o["symbol"] in by_symbol)
+    shown = [round(o["symbol_score"], 2) for o in ops]
+    assert shown == sorted(shown, reverse=True)
     # several captures in one process: a JSON array in their order; one that cannot be read is named
     # (stderr, and an object with its error) and the others are still diagnosed, exit status 2
     other = next(p for p in sorted(data.glob("s0*")) if p != faulty)
@@ -2497,6 +2505,44 @@ def test_culprit_operators_rank_evidence_above_frequency() -> None:
     # the head's score still counts: a clearly lower score is not lifted by a small shift
     low = {"symbol": "kernel:low", "score": 0.2, "events": 12, "dur_z": 0.5}
     assert sorted([ops[0], low], key=operator_rank_key)[0] is ops[0]
+
+
+def test_culprit_operators_rank_the_summary_row_score_first() -> None:
+    """With a summary-row head, its score of an operator's symbol orders the table before the token
+    head's level scores (a PCIe fault's copies above a slower attention kernel, session 46); scores
+    equal to the two decimals shown fall back to the evidence."""
+    from teller.models.diagnose import operator_rank_key
+
+    ops = [
+        {
+            "symbol": "kernel:FlashAttnFwdSm90",
+            "score": 0.90,
+            "events": 33,
+            "dur_z": 2.1,
+            "symbol_score": 0.0004,
+        },
+        {"symbol": "memcpy:Memcpy DtoH", "score": 0.90, "events": 11, "dur_z": 3.1, "symbol_score": 0.9991},
+        {"symbol": "memcpy:Memcpy HtoD", "score": 0.91, "events": 15, "dur_z": 2.4, "symbol_score": 0.9990},
+        {
+            "symbol": "runtime:cudaMemcpyAsync",
+            "score": 0.90,
+            "events": 26,
+            "dur_z": 0.5,
+            "symbol_score": 0.62,
+        },
+    ]
+    got = [o["symbol"] for o in sorted(ops, key=operator_rank_key)]
+    # (the two copies read 1.00: the evidence orders them, 11 events at +3.1 above 15 at +2.4:
+    # 0.90 x ln 12 x 4.1 = 9.2 against 0.91 x ln 16 x 3.4 = 8.6)
+    assert got == [
+        "memcpy:Memcpy DtoH",
+        "memcpy:Memcpy HtoD",
+        "runtime:cudaMemcpyAsync",
+        "kernel:FlashAttnFwdSm90",
+    ]
+    # without the head's score the evidence alone, as before: the attention kernel first
+    plain = [{k: v for k, v in o.items() if k != "symbol_score"} for o in ops]
+    assert sorted(plain, key=operator_rank_key)[0]["symbol"] == "kernel:FlashAttnFwdSm90"
 
 
 def test_diagnose_summary_table_hand_made() -> None:

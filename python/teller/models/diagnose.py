@@ -422,21 +422,31 @@ def diagnose(
             }
         )
 
+    symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
+    if "summary_loc_logits" in out:
+        # the summary-row head's score of each operator's symbol (0 for a symbol without a row): a
+        # trace token spans many events of many symbols, so the token head's scores of a capture's
+        # operators are nearly level, and it cannot say which of them is the culprit (operator_rank_key)
+        by_symbol = {r["symbol"]: r["score"] for r in symbols}
+        for o in operators:
+            o["symbol_score"] = float(by_symbol.get(o["symbol"], 0.0))
     operators.sort(key=operator_rank_key)
     fam: dict[str, float] = defaultdict(float)
     for o in operators:
         if o["kernel_family"]:
-            fam[o["kernel_family"]] += o["score"] * o["events"]
+            fam[o["kernel_family"]] += o["score"] * o["events"] * o.get("symbol_score", 1.0)
     evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
-    symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
     culprit_events = [int(e) for e in culprit]
     # what --perfetto highlights: the events of the culprit operators the report lists, not every
     # event scored 0.5 or more. A trace token spans many events (a demo tokenizer's ten tokens cover
     # a whole capture), so the threshold alone marked 70-80 % of a capture and pointed at nothing;
     # the listed operators' events are the ones the report names (session 39)
     shown = operators[: max(top, 1) * 2]
-    highlighted = sorted(e for o in shown for e in o.pop("_events"))
-    for o in operators[len(shown) :]:
+    # with a summary-row head, of those the ones whose symbol it scores 0.5 or more (the rows below
+    # them are listed as the token head's evidence, not marked as culprits); all where none is
+    marked = [o for o in shown if o.get("symbol_score", 1.0) >= 0.5] or shown
+    highlighted = sorted(e for o in marked for e in o["_events"])
+    for o in operators:
         o.pop("_events")
     if causes and causes[0]["cause"] == "normal":
         # (the localization head is trained on faulty captures only: for a capture called normal its
@@ -642,14 +652,23 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
     }
 
 
-def operator_rank_key(o: dict[str, Any]) -> tuple[float, str]:
-    """The order of the culprit operators: the head's mean score x log1p(events) x (1 + max(0,
-    dur_z)). Without the last factor the most frequent symbols came first whenever the scores were
-    level (cudaLaunchKernel first in 12 of 13 faults on the demo model); with it a culprit symbol was
-    first on 0.45 of the demo dataset's faulty test and test_ood samples against 0.37 (single-stream
-    0.49 / 0.36; docs/models.md)."""
+def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
+    """The order of the culprit operators. With a summary-row head (``symbol_score``: its score of the
+    operator's symbol) that score first, to the two decimals the report shows, then the evidence
+    below; without one the evidence alone: the token head's mean score x log1p(events) x (1 + max(0,
+    dur_z)).
+
+    The token head alone cannot order a capture's operators: a trace token spans many events of
+    many symbols, so their scores are nearly level (0.90-0.91 for every row of a PCIe fault). On
+    the recipe's seed-0 MoT (version 6; docs/models.md, "teller diagnose") a symbol holding a
+    culprit event came first on 0.43 of the faulty test samples by the evidence key, 0.985 with
+    the summary-row score first (val 0.46 / 0.985, test_ood 0.38 / 0.975). Without the dur_z factor the
+    most frequent symbols came first whenever the scores were level (cudaLaunchKernel first in 12
+    of 13 faults on the demo model); with it a culprit symbol was first on 0.45 of the demo dataset's
+    faulty test and test_ood samples against 0.37."""
     slower = max(0.0, o["dur_z"] or 0.0)
-    return (-o["score"] * float(np.log1p(o["events"])) * (1.0 + slower), o["symbol"])
+    evidence = o["score"] * float(np.log1p(o["events"])) * (1.0 + slower)
+    return (-round(float(o.get("symbol_score", 0.0)), 2), -evidence, o["symbol"])
 
 
 def is_uncertain(confidence: float) -> bool:
@@ -696,11 +715,24 @@ def render(d: dict[str, Any], console: Any) -> None:
             highlight=False,
             markup=False,
         )
-    cols = ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids")
+    # "symbol": the summary-row head's score of the operator's symbol, where the model has that head
+    # (the rows are ranked by it: operator_rank_key); "tokens": the token head's mean score
+    by_sym = any("symbol_score" in r for r in d["operators"])
+    cols = (
+        "symbol",
+        "family",
+        *(("score (symbol)",) if by_sym else ()),
+        "score (tokens)" if by_sym else "score",
+        "events",
+        "mean dur us",
+        "dur z",
+        "ranks/pids",
+    )
     rows = [
         (
             r["symbol"],
             str(r["kernel_family"] or "-"),
+            *((f"{r.get('symbol_score', 0.0):.2f}",) if by_sym else ()),
             f"{r['score']:.2f}",
             str(r["events"]),
             f"{r['mean_dur_us']:.1f}",
@@ -716,7 +748,10 @@ def render(d: dict[str, Any], console: Any) -> None:
             highlight=False,
         )
     elif d["operators"]:
-        table_or_list(console, "culprit operators (localization head)", cols, rows)
+        title = (
+            "culprit operators (localization heads)" if by_sym else "culprit operators (localization head)"
+        )
+        table_or_list(console, title, cols, rows)
     else:  # (a table of headers alone reads as a rendering fault)
         console.print(
             "culprit operators: no event scored 0.5 or more by the localization head", highlight=False
