@@ -134,6 +134,38 @@ def test_compute_metrics_keys() -> None:
     for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
         assert k in m
     assert m["ac@1"] == 1.0 and m["category_accuracy"] == 1.0 and m["loc_top1"] == 1.0 and m["n"] == 2
+    # no summary-row head: no symbol-level localization (None, not 0.0)
+    assert m["symbol_top1"] is None and m["symbol_top3"] is None and m["symbol_n"] == 0
+
+
+def test_symbol_top_k_hand_computed() -> None:
+    """symbol_top1 / symbol_top3: over faulty samples with a culprit row, whether the summary-row
+    head's first (first three) rows hold one; normal samples and samples without a culprit row are
+    left out (symbol_n); carried through metrics_across_label_sets."""
+    from teller.models.metrics import metrics_across_label_sets
+
+    def pred(label: int, scores: list[float], culprit: list[bool]) -> Prediction:
+        return Prediction(
+            label,
+            np.array([0.1, 0.9]) if label else np.array([0.9, 0.1]),
+            np.array([1]),
+            np.array([0.0]),
+            np.array([False]),
+            symbol_scores=np.array(scores),
+            symbol_culprit=np.array(culprit),
+        )
+
+    preds = [
+        pred(1, [0.9, 0.2, 0.1, 0.05], [True, False, False, False]),  # first: top-1 and top-3
+        pred(1, [0.9, 0.8, 0.7, 0.6], [False, False, True, False]),  # third: top-3 only
+        pred(1, [0.9, 0.8, 0.7, 0.6], [False, False, False, True]),  # fourth: neither
+        pred(1, [0.9, 0.8], [False, False]),  # no culprit row: left out
+        pred(0, [0.9, 0.1], [True, False]),  # normal: left out
+    ]
+    m = compute_metrics(preds, ["normal", "a"])
+    assert m["symbol_n"] == 3 and m["symbol_top1"] == 1 / 3 and m["symbol_top3"] == 2 / 3
+    across = metrics_across_label_sets(preds, ["normal", "a"], ["a", "normal"])  # (the model's order)
+    assert across["symbol_n"] == 3 and across["symbol_top3"] == 2 / 3
 
 
 def test_metrics_across_label_sets() -> None:

@@ -1525,7 +1525,8 @@ def evaluate_cmd(
         str | None, typer.Option("--output", "-o", help="Directory for metrics (default: the checkpoint's).")
     ] = None,
 ) -> None:
-    """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3, detection, per-fault,
+    """Category accuracy, macro-F1, AC@1/3/5, Avg@5, localization top-1/3 (trace tokens; and
+    symbol_top1/3: summary rows, with a summary-row head), detection, per-fault,
     per-severity and per-effect tables (simulated data: what each fault actually did; AC@1 without
     the faults that did nothing), calibration (nll, ece, brier), answers by confidence (the share
     of samples with a top-cause probability of at least 0.5 / 0.7 / 0.9 and their AC@1: selective),

@@ -14,7 +14,7 @@ trace tokens is a culprit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,11 @@ class Prediction:
     effect_events: int = -1  # what the fault did, when known (per_effect): annotation effect.events
     effect_share: float = float("nan")  # ... and effect.share
     sample_id: str = ""  # the sample's id in its dataset (the per-sample records of an evaluation)
+    # [S] the summary-row head's score per summary row (one row per symbol; model.summary_loc), None
+    # without that head; [S] bool: the row's symbol holds a culprit event. What `teller diagnose`
+    # ranks its culprit operators by (symbol_top1 / symbol_top3)
+    symbol_scores: np.ndarray | None = None
+    symbol_culprit: np.ndarray | None = None
 
 
 def _location_dist(ids: np.ndarray, inv: np.ndarray, n_locs: int, scores: np.ndarray) -> np.ndarray:
@@ -377,6 +382,14 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
     l3 = [loc_top_k(p.loc_scores, p.culprit, 3) for p in preds if p.label != normal]
     l1v = [v for v in l1 if v is not None]
     l3v = [v for v in l3 if v is not None]
+    # the same over the summary rows (symbols), for a model with a summary-row head
+    faulty_rows = [
+        (p.symbol_scores, p.symbol_culprit)
+        for p in preds
+        if p.label != normal and p.symbol_scores is not None and p.symbol_culprit is not None
+    ]
+    s1v = [v for v in (loc_top_k(sc, c, 1) for sc, c in faulty_rows) if v is not None]
+    s3v = [v for v in (loc_top_k(sc, c, 3) for sc, c in faulty_rows) if v is not None]
     pc = per_class(y, yp, n)
     P = np.stack([np.asarray(p.probs, dtype=np.float64) for p in preds]) if preds else np.zeros((0, n))
     out: dict[str, object] = {
@@ -390,6 +403,9 @@ def compute_metrics(preds: Sequence[Prediction], label_names: Sequence[str]) -> 
         "loc_top1": float(np.mean(l1v)) if l1v else None,
         "loc_top3": float(np.mean(l3v)) if l3v else None,
         "loc_n": len(l1v),
+        "symbol_top1": float(np.mean(s1v)) if s1v else None,
+        "symbol_top3": float(np.mean(s3v)) if s3v else None,
+        "symbol_n": len(s1v),
         **detection(y, yp, normal),
         "per_class": {label_names[c]: pc[c] for c in range(n)},
         "per_severity": per_severity(preds, ranks, normal),
@@ -499,20 +515,7 @@ def metrics_across_label_sets(
     for p in preds:
         name = data_names[p.label]
         if name in model_names:
-            known.append(
-                Prediction(
-                    model_names.index(name),
-                    p.probs,
-                    p.token_ids,
-                    p.loc_scores,
-                    p.culprit,
-                    loc_by_class=p.loc_by_class,
-                    severity=p.severity,
-                    effect_events=p.effect_events,
-                    effect_share=p.effect_share,
-                    sample_id=p.sample_id,
-                )
-            )
+            known.append(replace(p, label=model_names.index(name)))
             continue
         u = unknown.setdefault(name, {"n": 0, "flagged_faulty": 0, "predicted": {}})
         top = int(np.argmax(p.probs))

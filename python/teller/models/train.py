@@ -319,8 +319,10 @@ def predict(
         probs = torch.softmax(out["logits"].float() / model.temperature, -1).cpu().numpy()
         loc = out["loc_logits"].float().cpu().numpy() if "loc_logits" in out else None
         by = out["loc_logits_by_class"].float().cpu().numpy() if "loc_logits_by_class" in out else None
+        sym = out["summary_loc_logits"].float().cpu().numpy() if "summary_loc_logits" in out else None
         for i, s in enumerate(bs):
             n = len(s.trace_ids)
+            n_rows = 0 if s.summary_ids is None else len(s.summary_ids)
             preds.append(
                 Prediction(
                     label=s.label,
@@ -333,6 +335,10 @@ def predict(
                     effect_share=s.effect_share,
                     culprit=s.culprit,
                     sample_id=s.sample_id,
+                    symbol_scores=sym[i, :n_rows] if sym is not None else None,
+                    symbol_culprit=s.summary_culprit[:n_rows]
+                    if sym is not None and s.summary_culprit is not None
+                    else None,
                 )
             )
     dt = (time.perf_counter() - t0) / max(1, len(samples))
