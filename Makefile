@@ -98,7 +98,7 @@ demo: build
 	$(VENV)/bin/teller tokenize --data-dir $(DEMO)/dataset --tokenizer-dir $(DEMO)/tpe --output-dir $(DEMO)/tokens --workers 2
 	@echo "== 5. RCA models at demo size: MoT, single-stream, baselines, GBDT x MoT ensemble; evaluate; results table"
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot --config demo
-	$(VENV)/bin/teller train single --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/single --config demo
+	$(VENV)/bin/teller train single --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/single --config demo_single
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-trace --config demo --modalities trace
 	$(VENV)/bin/teller train mot --data-dir $(DEMO)/tokens --tpe-dir $(DEMO)/tpe --output-dir $(DEMO)/checkpoints/mot-log --config demo --modalities log
 	$(VENV)/bin/teller train baselines --data-dir $(DEMO)/tokens --output-dir $(DEMO)/checkpoints/baselines

@@ -493,6 +493,11 @@ def test_a_config_file_can_start_from_a_shipped_one(tmp_path, monkeypatch) -> No
     assert a["model"] == demo["model"] and a["train"] == {**demo["train"], "epochs": 1}
     b = load_config(tmp_path / "b.yaml", "mot")
     assert b["model"] == {**demo["model"], "d_model": 32} and b["train"]["epochs"] == 1 and "base" not in b
+    # a shipped configuration on a shipped base: the demo's single-stream one is the demo's without
+    # the summary-row culprit head (make demo)
+    single = load_config("demo_single", "single")
+    assert demo["model"]["summary_loc"] is True
+    assert single["model"] == {**demo["model"], "summary_loc": False} and single["train"] == demo["train"]
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "mine.yaml").write_text("base: demo\ntrain:\n  epochs: 2\n")
     (tmp_path / "f.yaml").write_text("base: ~/mine.yaml\n")

@@ -1350,8 +1350,8 @@ _ConfigOpt = Annotated[
     str | None,
     typer.Option(
         "--config",
-        help="A YAML configuration, or a shipped one by name: mot, single, mot_minilm, demo (default: the "
-        "shipped one for the model).",
+        help="A YAML configuration, or a shipped one by name: mot, single, mot_minilm, demo, demo_single "
+        "(default: the shipped one for the model).",
     ),
 ]
 _DataOpt = Annotated[str, typer.Option("--data-dir", help="Tokenized shards (teller tokenize output).")]

@@ -105,10 +105,13 @@ class TrainConfig:
 
 
 def builtin_config(name: str) -> Path:
-    """Path of a shipped configuration: ``mot``, ``single``, ``mot_minilm`` or ``demo``."""
-    p = Path(str(resources.files("teller.models") / "configs" / name / "train.yaml"))
+    """Path of a shipped configuration: ``mot``, ``single``, ``mot_minilm``, ``demo`` or
+    ``demo_single``."""
+    root = resources.files("teller.models") / "configs"
+    p = Path(str(root / name / "train.yaml"))
     if not p.is_file():
-        raise ConfigError(f"no shipped configuration {name!r} (shipped: mot, single, mot_minilm, demo)")
+        shipped = sorted(d.name for d in root.iterdir() if (d / "train.yaml").is_file())
+        raise ConfigError(f"no shipped configuration {name!r} (shipped: {', '.join(shipped)})")
     return p
 
 
