@@ -810,6 +810,8 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     m = json.loads(r.stdout)
     for k in ("ac@1", "ac@3", "ac@5", "avg@5", "category_accuracy", "macro_f1", "loc_top1", "loc_top3", "n"):
         assert k in m
+    # the summary-row head's localization, from the model's padded rows (predict)
+    assert m["symbol_n"] > 0 and 0.0 <= m["symbol_top1"] <= m["symbol_top3"] <= 1.0
     assert (run / "eval-train-mot-confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # (the tiny fixture has train samples only: an empty split is refused)
     # the file keeps one record per evaluated sample (the printed object does not)
@@ -936,14 +938,10 @@ def test_cli_train_evaluate_diagnose(shards, tmp_path) -> None:
     ]
     # (with the summary-row head: those whose symbol it scores 0.5 or more, all where none is)
     ops = d["operators"]
-    culprit_ops = [o for o in ops if o["symbol_score"] >= 0.5] or ops
+    culprit_ops = [o for o in ops if (o["symbol_score"] or 0.0) >= 0.5] or ops
     assert len(marked) == d["highlighted_events"] == sum(o["events"] for o in culprit_ops)
     assert d["highlighted_events"] <= d["culprit_events"]
-    # the operators carry the summary-row head's score of their symbol and are ranked by it first
-    by_symbol = {r["symbol"]: r["score"] for r in d["culprit_symbols"]}
-    assert all(o["symbol_score"] == by_symbol.get(o["symbol"], 0.0) for o in ops if o["symbol"] in by_symbol)
-    shown = [round(o["symbol_score"], 2) for o in ops]
-    assert shown == sorted(shown, reverse=True)
+    # (the operators' symbol scores: test_diagnose_ranks_operators_by_their_symbol_rows)
     # several captures in one process: a JSON array in their order; one that cannot be read is named
     # (stderr, and an object with its error) and the others are still diagnosed, exit status 2
     other = next(p for p in sorted(data.glob("s0*")) if p != faulty)
@@ -1758,6 +1756,55 @@ def test_token_gpu_features_need_version_12_shards(shards, tmp_path) -> None:
         evaluate(r3, old, "train")
 
 
+def test_diagnose_ranks_operators_by_their_symbol_rows(shards, tmp_path) -> None:
+    """With a summary-row head each culprit operator carries the head's score of its own symbol's row
+    (looked up by id: an unknown symbol takes its layer's [UNK] row; one without a row, past
+    max_summary_tokens, None), the operators are ranked by it, and only those scoring 0.5 or more
+    are highlighted (all of them where none does)."""
+    from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis
+
+    _root, data, tdir, out = shards
+    run = train(
+        {"model": {**CFG["model"], "summary_loc": True}, "train": CFG["train"]},
+        out,
+        tmp_path / "r",
+        tpe_dir=tdir,
+    )
+    model = load_checkpoint_for_diagnosis(run)[1]  # (the instance diagnose reuses)
+    with torch.no_grad():  # every trace token a culprit: the tiny model scores none 0.5 or more
+        model.loc_head[-1].bias.fill_(20.0)
+    faulty = [
+        p
+        for p in sorted(data.glob("s0*"))
+        if json.loads((p / "annotation.json").read_text())["label"] != "normal"
+    ]
+    tok = tpe.load(tdir)
+    seen_none = 0
+    for sd in faulty[:4]:
+        d = diagnose(sd, run, top=1000)  # (every operator and every row listed)
+        ops, rows = d["operators"], {r["symbol"]: r["score"] for r in d["culprit_symbols"]}
+        assert ops and len(d["culprit_symbols"]) <= CFG["model"]["max_summary_tokens"]
+        for o in ops:
+            name = o["symbol"] if tok.known([o["symbol"]])[0] else o["symbol"].split(":", 1)[0] + ":[UNK]"
+            assert o["symbol_score"] == rows.get(name), (o, name)
+        assert any(o["symbol_score"] is not None for o in ops)
+        shown = [round(o["symbol_score"] or 0.0, 2) for o in ops]
+        assert shown == sorted(shown, reverse=True)
+        marked = [o for o in ops if (o["symbol_score"] or 0.0) >= 0.5] or ops
+        assert d["highlighted_events"] == sum(o["events"] for o in marked)
+        seen_none += any(o["symbol_score"] is None for o in ops)
+    assert seen_none  # (the fixture's captures have more symbols than max_summary_tokens rows)
+    with torch.no_grad():  # every row 0.5 or more: the operators without a row are not highlighted
+        model.summary_loc_head[-1].bias.fill_(20.0)
+    d = diagnose(faulty[0], run, top=1000)
+    scored = [o for o in d["operators"] if o["symbol_score"] is not None]
+    assert scored and all(o["symbol_score"] > 0.5 for o in scored) and len(scored) < len(d["operators"])
+    assert d["highlighted_events"] == sum(o["events"] for o in scored)
+    assert [o["symbol_score"] is None for o in d["operators"]] == sorted(
+        o["symbol_score"] is None for o in d["operators"]
+    )
+
+
 def test_diagnose_features_match_the_shards(shards, tmp_path) -> None:
     """`teller diagnose` rebuilds a sample's inputs from trace.json and log.txt; they must be the ones
     `teller tokenize` stored and `load_model_split` reads, array for array, or a model would be
@@ -1986,6 +2033,52 @@ def test_render_never_cuts_or_folds_a_number(width) -> None:
     assert table == (width >= 86), out
     if not table:  # the list: each name whole on its own line
         assert all(any(ln.strip().endswith(op["symbol"]) for ln in out.splitlines()) for op in ops)
+
+
+@pytest.mark.parametrize("width", [40, 200])
+def test_render_shows_the_symbol_score_where_the_model_has_the_head(width) -> None:
+    """With a summary-row head the operators' score column is their symbol's (what ranks them; "-"
+    for a symbol without a row), in the same one column: the table folds at the same width."""
+    import io
+
+    from rich.console import Console
+    from teller.models.diagnose import render
+
+    ops = [
+        {
+            "symbol": f"kernel:op{i}",
+            "kernel_family": "gemm",
+            "score": 0.77,
+            "events": 10,
+            "mean_dur_us": 1.0,
+            "dur_z": 0.0,
+            "ranks_or_pids": [0],
+            "symbol_score": v,
+        }
+        for i, v in enumerate([0.987, 0.031, None])
+    ]
+    d = {
+        "path": "s0",
+        "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9, "layer": "device"}],
+        "operators": ops,
+        "culprit_symbols": [],
+        "log_evidence": [],
+        "inference_ms": 1.0,
+        "total_ms": 2.0,
+        "perfetto": None,
+    }
+    buf = io.StringIO()
+    render(d, Console(file=buf, width=width, color_system=None))
+    out = buf.getvalue()
+    assert "culprit operators (score: the symbol's, summary-row head)" in " ".join(out.split())  # (wrapped)
+    if "┃ symbol" in out:
+        rows = {
+            ln.split("│")[1].strip(): ln.split("│")[3].strip() for ln in out.splitlines() if "kernel:op" in ln
+        }
+        assert rows == {"kernel:op0": "0.99", "kernel:op1": "0.03", "kernel:op2": "-"}, out
+    else:  # (the list form: the same cells)
+        assert "score=0.99" in out and "score=0.03" in out and "score=-" in out, out
+    assert "0.77" not in out  # (the token head's level score is left to --json)
 
 
 @pytest.mark.parametrize("width", [60, 100, 200])
@@ -2543,6 +2636,12 @@ def test_culprit_operators_rank_the_summary_row_score_first() -> None:
     # without the head's score the evidence alone, as before: the attention kernel first
     plain = [{k: v for k, v in o.items() if k != "symbol_score"} for o in ops]
     assert sorted(plain, key=operator_rank_key)[0]["symbol"] == "kernel:FlashAttnFwdSm90"
+    assert [
+        o["symbol"] for o in sorted([{**o, "symbol_score": None} for o in ops], key=operator_rank_key)
+    ] == [o["symbol"] for o in sorted(plain, key=operator_rank_key)]
+    # a symbol without a summary row (None) ranks as 0: below the scored ones
+    norow = {**ops[0], "symbol": "kernel:norow", "symbol_score": None, "dur_z": 9.0}
+    assert sorted([norow, ops[3]], key=operator_rank_key)[0] is ops[3]
 
 
 def test_diagnose_summary_table_hand_made() -> None:

@@ -418,23 +418,34 @@ def diagnose(
                 "mean_dur_us": float(dur[evs].mean() / 1000),
                 "dur_z": z,
                 "ranks_or_pids": [int(r) for r in ranks[:8]],
+                # the summary-row head's score of its symbol (set below; None without that head)
+                "symbol_score": None,
                 "_events": evs,  # (the highlight's; dropped below)
+                "_sid": sid,
             }
         )
 
-    symbols = _culprit_symbols(out, s, tok) if "summary_loc_logits" in out else []
-    if "summary_loc_logits" in out:
-        # the summary-row head's score of each operator's symbol (0 for a symbol without a row): a
-        # trace token spans many events of many symbols, so the token head's scores of a capture's
-        # operators are nearly level, and it cannot say which of them is the culprit (operator_rank_key)
-        by_symbol = {r["symbol"]: r["score"] for r in symbols}
+    head = "summary_loc_logits" in out
+    symbols = _culprit_symbols(out, s, tok) if head else []
+    if head:
+        # the summary-row head's score of each operator's symbol: a trace token spans many events of
+        # many symbols, so the token head's scores of a capture's operators are nearly level, and it
+        # cannot say which of them is the culprit (operator_rank_key). Looked up by the row's id: a
+        # symbol the tokenizer does not know takes its layer's [UNK] row, as in the model's input;
+        # one without a row (past max_summary_tokens) keeps None and ranks as 0
+        row_sc = 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
+        by_id = {int(i): float(row_sc[k]) for k, i in enumerate(np.asarray(s.summary_ids, np.int64))}
         for o in operators:
-            o["symbol_score"] = float(by_symbol.get(o["symbol"], 0.0))
+            o["symbol_score"] = by_id.get(int(o["_sid"]))
+    for o in operators:
+        del o["_sid"]
     operators.sort(key=operator_rank_key)
     fam: dict[str, float] = defaultdict(float)
     for o in operators:
         if o["kernel_family"]:
-            fam[o["kernel_family"]] += o["score"] * o["events"] * o.get("symbol_score", 1.0)
+            # (weighted by the symbol's score where the model has the summary-row head)
+            w = (o["symbol_score"] or 0.0) if head else 1.0
+            fam[o["kernel_family"]] += o["score"] * o["events"] * w
     evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
     culprit_events = [int(e) for e in culprit]
     # what --perfetto highlights: the events of the culprit operators the report lists, not every
@@ -444,7 +455,8 @@ def diagnose(
     shown = operators[: max(top, 1) * 2]
     # with a summary-row head, of those the ones whose symbol it scores 0.5 or more (the rows below
     # them are listed as the token head's evidence, not marked as culprits); all where none is
-    marked = [o for o in shown if o.get("symbol_score", 1.0) >= 0.5] or shown
+    marked = [o for o in shown if (o["symbol_score"] or 0.0) >= 0.5] if head else shown
+    marked = marked or shown
     highlighted = sorted(e for o in marked for e in o["_events"])
     for o in operators:
         o.pop("_events")
@@ -654,9 +666,9 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
 
 def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
     """The order of the culprit operators. With a summary-row head (``symbol_score``: its score of the
-    operator's symbol) that score first, to the two decimals the report shows, then the evidence
-    below; without one the evidence alone: the token head's mean score x log1p(events) x (1 + max(0,
-    dur_z)).
+    operator's symbol; None, ranked as 0, for a symbol without a row) that score first, to the two
+    decimals the report shows, then the evidence below; without one (``symbol_score`` None or absent
+    everywhere) the evidence alone: the token head's mean score x log1p(events) x (1 + max(0, dur_z)).
 
     The token head alone cannot order a capture's operators: a trace token spans many events of
     many symbols, so their scores are nearly level (0.90-0.91 for every row of a PCIe fault). On
@@ -668,13 +680,21 @@ def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
     faulty test and test_ood samples against 0.37."""
     slower = max(0.0, o["dur_z"] or 0.0)
     evidence = o["score"] * float(np.log1p(o["events"])) * (1.0 + slower)
-    return (-round(float(o.get("symbol_score", 0.0)), 2), -evidence, o["symbol"])
+    return (-round(float(o.get("symbol_score") or 0.0), 2), -evidence, o["symbol"])
 
 
 def is_uncertain(confidence: float) -> bool:
     """Whether a top cause this likely is reported as uncertain: below :data:`UNSURE_BELOW`, or not a
     number (the complement of ``metrics.selective``'s ``>=`` at that level)."""
     return not (float(confidence) >= UNSURE_BELOW)
+
+
+def _score_cell(r: dict[str, Any], by_sym: bool) -> str:
+    """An operator's score as the table shows it: its symbol's (``-`` for one without a summary row)
+    where the model has a summary-row head, else the token head's."""
+    if not by_sym:
+        return f"{r['score']:.2f}"
+    return "-" if r.get("symbol_score") is None else f"{r['symbol_score']:.2f}"
 
 
 def render(d: dict[str, Any], console: Any) -> None:
@@ -715,25 +735,17 @@ def render(d: dict[str, Any], console: Any) -> None:
             highlight=False,
             markup=False,
         )
-    # "symbol": the summary-row head's score of the operator's symbol, where the model has that head
-    # (the rows are ranked by it: operator_rank_key); "tokens": the token head's mean score
-    by_sym = any("symbol_score" in r for r in d["operators"])
-    cols = (
-        "symbol",
-        "family",
-        *(("score (symbol)",) if by_sym else ()),
-        "score (tokens)" if by_sym else "score",
-        "events",
-        "mean dur us",
-        "dur z",
-        "ranks/pids",
-    )
+    # the score: where the model has a summary-row head, its score of the operator's symbol (what the
+    # rows are ranked by: operator_rank_key; the token head's, nearly level across a capture's
+    # operators, stays in --json as "score"); else the token head's mean score. (One column: the
+    # table keeps its width, 86 columns, before it folds to a list)
+    by_sym = any(r.get("symbol_score") is not None for r in d["operators"])
+    cols = ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids")
     rows = [
         (
             r["symbol"],
             str(r["kernel_family"] or "-"),
-            *((f"{r.get('symbol_score', 0.0):.2f}",) if by_sym else ()),
-            f"{r['score']:.2f}",
+            _score_cell(r, by_sym),
             str(r["events"]),
             f"{r['mean_dur_us']:.1f}",
             "-" if r["dur_z"] is None else f"{r['dur_z']:+.1f}",
@@ -749,7 +761,9 @@ def render(d: dict[str, Any], console: Any) -> None:
         )
     elif d["operators"]:
         title = (
-            "culprit operators (localization heads)" if by_sym else "culprit operators (localization head)"
+            "culprit operators (score: the symbol's, summary-row head)"
+            if by_sym
+            else "culprit operators (localization head)"
         )
         table_or_list(console, title, cols, rows)
     else:  # (a table of headers alone reads as a rendering fault)

@@ -8,7 +8,8 @@ any ``(true fault, a location with at least one culprit token)``. Candidate scor
 sample's locations (the ``normal`` candidate has no location: its score is ``p(normal)``).
 AC@k = share of samples whose first correct candidate ranks within k; Avg@5 = mean of AC@1..AC@5.
 Localization top-k (faulty samples with at least one culprit token): one of the k highest-scoring
-trace tokens is a culprit.
+trace tokens is a culprit. Symbol localization top-k (a model with a summary-row head; faulty samples
+with a culprit row): one of the k summary rows (symbols) that head scores highest holds a culprit event.
 """
 
 from __future__ import annotations

@@ -273,8 +273,7 @@ fn flow_launch_pids(t: &Trace) -> (Vec<(FlowEnd, i64)>, usize) {
     let Some(ac2g) = t.strings.lookup("ac2g") else {
         return (Vec::new(), 0);
     };
-    // (source, flow id) -> the pid its start is in, or AMBIGUOUS where it starts in several
-    const AMBIGUOUS: i64 = i64::MIN;
+    // (source, flow id) -> the pid its start is in, or None where it starts in several
     let mut start: Vec<(u16, u64, i64)> = t
         .flows
         .iter()
@@ -284,11 +283,11 @@ fn flow_launch_pids(t: &Trace) -> (Vec<(FlowEnd, i64)>, usize) {
     start.sort_unstable();
     start.dedup();
     let mut ambiguous = 0;
-    let mut by_id: Vec<(u16, u64, i64)> = Vec::with_capacity(start.len());
+    let mut by_id: Vec<(u16, u64, Option<i64>)> = Vec::with_capacity(start.len());
     for run in start.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-        let one = run.len() == 1;
+        let one = run.len() == 1; // (after the dedup: one process)
         ambiguous += usize::from(!one);
-        by_id.push((run[0].0, run[0].1, if one { run[0].2 } else { AMBIGUOUS }));
+        by_id.push((run[0].0, run[0].1, one.then_some(run[0].2)));
     }
     drop(start);
     let mut out: Vec<(FlowEnd, i64)> = t
@@ -297,7 +296,7 @@ fn flow_launch_pids(t: &Trace) -> (Vec<(FlowEnd, i64)>, usize) {
         .filter(|f| f.phase == b'f' && f.cat == ac2g)
         .filter_map(|f| {
             let k = by_id.binary_search_by(|c| (c.0, c.1).cmp(&(f.source, f.id))).ok()?;
-            (by_id[k].2 != AMBIGUOUS).then_some(((f.source, f.pid, f.tid, f.ts), by_id[k].2))
+            Some(((f.source, f.pid, f.tid, f.ts), by_id[k].2?))
         })
         .collect();
     // two flow ends at one activity's start (a file merged twice): the later one in the file wins,
@@ -551,7 +550,7 @@ mod tests {
         let mut t = Trace::new();
         let ac2g = t.strings.intern("ac2g");
         let other = t.strings.intern("fwdbwd");
-        let flow = |id: u64, phase: u8, cat: u32, pid: i64, ts: i64| Flow {
+        let flow_in = |source: u16, id: u64, phase: u8, cat: u32, pid: i64, ts: i64| Flow {
             id,
             phase,
             cat,
@@ -560,8 +559,9 @@ mod tests {
             pid,
             tid: 7,
             binding_enclosing: phase == b'f',
-            source: 0,
+            source,
         };
+        let flow = |id: u64, phase: u8, cat: u32, pid: i64, ts: i64| flow_in(0, id, phase, cat, pid, ts);
         t.flows = vec![
             flow(1, b's', ac2g, 100, 10),
             flow(1, b'f', ac2g, 0, 50),
@@ -574,11 +574,24 @@ mod tests {
             flow(4, b'f', other, 1, 70),
             flow(5, b's', ac2g, 300, 15), // (a second flow ending at id 2's activity: the later wins)
             flow(5, b'f', ac2g, 1, 51),
-            flow(6, b'f', ac2g, 1, 80), // (an end without a start)
+            flow(6, b'f', ac2g, 1, 80),   // (an end without a start)
+            flow(7, b's', ac2g, 100, 16), // (two starts in one process: not ambiguous)
+            flow(7, b's', ac2g, 100, 17),
+            flow(7, b'f', ac2g, 0, 90),
+            flow_in(1, 1, b's', ac2g, 400, 18), // (another source's id 1: its own flow)
+            flow_in(1, 1, b'f', ac2g, 0, 50),
         ];
         let (ends, ambiguous) = flow_launch_pids(&t);
         assert_eq!(ambiguous, 1);
-        assert_eq!(ends, vec![((0, 0, 7, 50), 100), ((0, 1, 7, 51), 300)]);
+        assert_eq!(
+            ends,
+            vec![
+                ((0, 0, 7, 50), 100),
+                ((0, 0, 7, 90), 100),
+                ((0, 1, 7, 51), 300),
+                ((1, 0, 7, 50), 400)
+            ]
+        );
         assert_eq!(launch_pid_of(&ends, (0, 0, 7, 50)), Some(100));
         assert_eq!(launch_pid_of(&ends, (0, 1, 7, 60)), None);
     }
