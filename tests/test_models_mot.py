@@ -1992,10 +1992,6 @@ def test_render_never_cuts_or_folds_a_number(width) -> None:
     the name can fold to 20 columns and every other header and value fits, else one entry per
     operator. (At 70 columns the table cut a pid list to "10388,1…" and folded the name to 8
     columns.)"""
-    import io
-
-    from rich.console import Console
-    from teller.models.diagnose import render
 
     ops = [
         {
@@ -2009,19 +2005,7 @@ def test_render_never_cuts_or_folds_a_number(width) -> None:
         }
         for i in range(3)
     ]
-    d = {
-        "path": "s0",
-        "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9, "layer": "device"}],
-        "operators": ops,
-        "culprit_symbols": [],
-        "log_evidence": [],
-        "inference_ms": 1.0,
-        "total_ms": 2.0,
-        "perfetto": None,
-    }
-    buf = io.StringIO()
-    render(d, Console(file=buf, width=width, color_system=None))
-    out = buf.getvalue()
+    out = _rendered(operators=ops, width=width)
     assert "…" not in out
     for i in range(len(ops)):
         # each value whole on one line
@@ -2039,10 +2023,6 @@ def test_render_never_cuts_or_folds_a_number(width) -> None:
 def test_render_shows_the_symbol_score_where_the_model_has_the_head(width) -> None:
     """With a summary-row head the operators' score column is their symbol's (what ranks them; "-"
     for a symbol without a row), in the same one column: the table folds at the same width."""
-    import io
-
-    from rich.console import Console
-    from teller.models.diagnose import render
 
     ops = [
         {
@@ -2057,19 +2037,7 @@ def test_render_shows_the_symbol_score_where_the_model_has_the_head(width) -> No
         }
         for i, v in enumerate([0.987, 0.031, None])
     ]
-    d = {
-        "path": "s0",
-        "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9, "layer": "device"}],
-        "operators": ops,
-        "culprit_symbols": [],
-        "log_evidence": [],
-        "inference_ms": 1.0,
-        "total_ms": 2.0,
-        "perfetto": None,
-    }
-    buf = io.StringIO()
-    render(d, Console(file=buf, width=width, color_system=None))
-    out = buf.getvalue()
+    out = _rendered(operators=ops, width=width)
     assert "culprit operators (score: the symbol's, summary-row head)" in " ".join(out.split())  # (wrapped)
     if "┃ symbol" in out:
         rows = {
@@ -2470,8 +2438,9 @@ def test_resuming_an_early_stopped_run_only_finishes_it(shards, tmp_path) -> Non
     assert len(json.loads((run / "history.json").read_text())) == 4
 
 
-def _rendered(**fields: object) -> str:
-    """The text view of a diagnosis with these fields (the rest: one sure cause, no evidence)."""
+def _rendered(width: int = 200, **fields: object) -> str:
+    """The text view of a diagnosis with these fields (the rest: one sure cause, no evidence), at
+    ``width`` columns."""
     from rich.console import Console
     from teller.models.diagnose import render
 
@@ -2487,7 +2456,7 @@ def _rendered(**fields: object) -> str:
         "perfetto": None,
         **fields,
     }
-    c = Console(record=True, width=200)
+    c = Console(record=True, width=width)
     render(d, c)
     return c.export_text()
 
