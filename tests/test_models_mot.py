@@ -2642,6 +2642,14 @@ def test_diagnose_summary_table_hand_made() -> None:
             "root_causes": [{"cause": "cpu_contention", "confidence": 0.9}],
             "culprit_where": {"devices": [], "pids": [5]},
         },
+        {
+            **base,  # (operators ranked by the summary-row head: the first of them, a row named [UNK] or not)
+            "path": "e",
+            "root_causes": [{"cause": "gpu_throttle", "confidence": 0.9}],
+            "operators": [{"symbol": "kernel:gemm_new", "symbol_score": 0.97, "ranks_or_pids": [0]}],
+            "culprit_symbols": [{"symbol": "kernel:[UNK]"}],
+            "culprit_where": {"devices": [0], "pids": []},
+        },
         {"path": "d", "error": "d: no such file or directory"},
     ]
     c = Console(record=True, width=220)
@@ -2666,6 +2674,7 @@ def test_diagnose_summary_table_hand_made() -> None:
         "pid 5",
         "-",
     ]  # (no summary-row head: the operators')
+    assert rows["e"][3:5] == ["kernel:gemm_new", "gpu 0"]
     # a capture that failed: its error whole, after the table (a cell would need a table as wide)
     assert "d" not in rows
     assert text.splitlines()[-1] == "  d: error: d: no such file or directory"

@@ -824,8 +824,9 @@ def render(d: dict[str, Any], console: Any) -> None:
 
 def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     """One row per diagnosed capture (``teller diagnose PATH...``): its likeliest cause and
-    confidence, the second one, the top culprit (the summary-row head's first symbol where the model
-    has that head, else the first culprit operator of the localization head, whose token-level
+    confidence, the second one, the top culprit (the first culprit operator where they are ranked
+    by the summary-row head's symbol score, so that it is among the events of the "where" column;
+    else that head's first symbol; else the first operator, ranked by the token head, whose level
     scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
     listed culprit operators' events, and the flags; a capture that could not be read shows its error."""
 
@@ -846,7 +847,9 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
         nxt = f"{rc[1]['cause']} ({rc[1]['confidence']:.2f})" if len(rc) > 1 else "-"
         sym = None
         if top["cause"] != "normal":
-            sym = (d.get("culprit_symbols") or d["operators"] or [{}])[0].get("symbol")
+            ops = d["operators"]
+            by_head = bool(ops) and ops[0].get("symbol_score") is not None
+            sym = ((ops if by_head else None) or d.get("culprit_symbols") or ops or [{}])[0].get("symbol")
         w = d.get("culprit_where") or {}
         parts = [
             f"{k} {','.join(map(str, w[f]))}" for k, f in (("gpu", "devices"), ("pid", "pids")) if w.get(f)
