@@ -1761,6 +1761,8 @@ def test_diagnose_ranks_operators_by_their_symbol_rows(shards, tmp_path) -> None
     (looked up by id: an unknown symbol takes its layer's [UNK] row; one without a row, past
     max_summary_tokens, None), the operators are ranked by it, and only those scoring 0.5 or more
     are highlighted (all of them where none does)."""
+    import shutil
+
     from teller.models.diagnose import diagnose, load_checkpoint_for_diagnosis
 
     _root, data, tdir, out = shards
@@ -1770,16 +1772,18 @@ def test_diagnose_ranks_operators_by_their_symbol_rows(shards, tmp_path) -> None
         tmp_path / "r",
         tpe_dir=tdir,
     )
-    model = load_checkpoint_for_diagnosis(run)[1]  # (the instance diagnose reuses)
+    _ens, model, cfg, _tok, _logtok = load_checkpoint_for_diagnosis(run)  # (the instance diagnose reuses)
     with torch.no_grad():  # every trace token a culprit: the tiny model scores none 0.5 or more
         model.loc_head[-1].bias.fill_(20.0)
+        # and no capture called normal (whose culprits are not highlighted), whatever the tiny model says
+        model.cls_head[-1].bias[cfg["label_names"].index("normal")] = -50.0
     faulty = [
         p
         for p in sorted(data.glob("s0*"))
         if json.loads((p / "annotation.json").read_text())["label"] != "normal"
     ]
     tok = tpe.load(tdir)
-    seen_none = 0
+    with_none = []
     for sd in faulty[:4]:
         d = diagnose(sd, run, top=1000)  # (every operator and every row listed)
         ops, rows = d["operators"], {r["symbol"]: r["score"] for r in d["culprit_symbols"]}
@@ -1790,13 +1794,29 @@ def test_diagnose_ranks_operators_by_their_symbol_rows(shards, tmp_path) -> None
         assert any(o["symbol_score"] is not None for o in ops)
         shown = [round(o["symbol_score"] or 0.0, 2) for o in ops]
         assert shown == sorted(shown, reverse=True)
-        marked = [o for o in ops if (o["symbol_score"] or 0.0) >= 0.5] or ops
+        assert d["root_causes"][0]["cause"] != "normal"
+        marked = [o for o in ops if round(o["symbol_score"] or 0.0, 2) >= 0.5] or ops
         assert d["highlighted_events"] == sum(o["events"] for o in marked)
-        seen_none += any(o["symbol_score"] is None for o in ops)
-    assert seen_none  # (the fixture's captures have more symbols than max_summary_tokens rows)
+        if any(o["symbol_score"] is None for o in ops):
+            with_none.append(sd)
+    assert with_none  # (the fixture's captures have more symbols than max_summary_tokens rows)
+    # a kernel the tokenizer never saw takes its layer's [UNK] row
+    unseen = tmp_path / "unseen"
+    shutil.copytree(faulty[0], unseen)
+    events = json.loads((unseen / "trace.json").read_text())
+    evs = events["traceEvents"] if isinstance(events, dict) else events
+    kname = next(e["name"] for e in evs if e.get("cat") == "kernel")
+    for e in evs:
+        if e.get("name") == kname:
+            e["name"] = "zz_never_seen_kernel"
+    (unseen / "trace.json").write_text(json.dumps(events))
+    d = diagnose(unseen, run, top=1000)
+    rows = {r["symbol"]: r["score"] for r in d["culprit_symbols"]}
+    (new,) = [o for o in d["operators"] if "zz_never_seen_kernel" in o["symbol"]]
+    assert "kernel:[UNK]" in rows and new["symbol_score"] == rows["kernel:[UNK]"]
     with torch.no_grad():  # every row 0.5 or more: the operators without a row are not highlighted
         model.summary_loc_head[-1].bias.fill_(20.0)
-    d = diagnose(faulty[0], run, top=1000)
+    d = diagnose(with_none[0], run, top=1000)
     scored = [o for o in d["operators"] if o["symbol_score"] is not None]
     assert scored and all(o["symbol_score"] > 0.5 for o in scored) and len(scored) < len(d["operators"])
     assert d["highlighted_events"] == sum(o["events"] for o in scored)
@@ -2046,6 +2066,7 @@ def test_render_shows_the_symbol_score_where_the_model_has_the_head(width) -> No
         assert rows == {"kernel:op0": "0.99", "kernel:op1": "0.03", "kernel:op2": "-"}, out
     else:  # (the list form: the same cells)
         assert "score=0.99" in out and "score=0.03" in out and "score=-" in out, out
+    assert ("┃ symbol" in out) == (width == 200), out
     assert "0.77" not in out  # (the token head's level score is left to --json)
 
 
@@ -2675,6 +2696,15 @@ def test_diagnose_summary_table_hand_made() -> None:
         "-",
     ]  # (no summary-row head: the operators')
     assert rows["e"][3:5] == ["kernel:gemm_new", "gpu 0"]
+    # (one the head scores below 0.5 is not its culprit: its first row instead)
+    low = {
+        **ds[3],
+        "path": "f",
+        "operators": [{"symbol": "kernel:gemm_new", "symbol_score": 0.2, "ranks_or_pids": [0]}],
+    }
+    c = Console(record=True, width=220)
+    render_summary([low], c)
+    assert "kernel:[UNK]" in c.export_text() and "kernel:gemm_new" not in c.export_text()
     # a capture that failed: its error whole, after the table (a cell would need a table as wide)
     assert "d" not in rows
     assert text.splitlines()[-1] == "  d: error: d: no such file or directory"

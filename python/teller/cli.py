@@ -1655,7 +1655,8 @@ def diagnose_cmd(
         str | None,
         typer.Option(
             "--perfetto",
-            help="Output trace with the listed culprit operators' events highlighted (one PATH only).",
+            help="Output trace with the listed culprit operators' events highlighted (with a summary-row "
+            "head, those whose symbol it scores 0.5 or more; one PATH only).",
         ),
     ] = None,
     as_json: Annotated[

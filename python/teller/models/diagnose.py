@@ -436,7 +436,8 @@ def diagnose(
         row_sc = 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
         by_id = {int(i): float(row_sc[k]) for k, i in enumerate(np.asarray(s.summary_ids, np.int64))}
         for o in operators:
-            o["symbol_score"] = by_id.get(int(o["_sid"]))
+            v = by_id.get(int(o["_sid"]))
+            o["symbol_score"] = v if v is not None and np.isfinite(v) else None  # (a NaN logit: no score)
     for o in operators:
         del o["_sid"]
     operators.sort(key=operator_rank_key)
@@ -455,7 +456,7 @@ def diagnose(
     shown = operators[: max(top, 1) * 2]
     # with a summary-row head, of those the ones whose symbol it scores 0.5 or more (the rows below
     # them are listed as the token head's evidence, not marked as culprits); all where none is
-    marked = [o for o in shown if (o["symbol_score"] or 0.0) >= 0.5] if head else shown
+    marked = [o for o in shown if symbol_marked(o)] if head else shown
     marked = marked or shown
     highlighted = sorted(e for o in marked for e in o["_events"])
     for o in operators:
@@ -664,6 +665,12 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
     }
 
 
+def symbol_marked(o: dict[str, Any]) -> bool:
+    """Whether an operator's symbol score reads 0.5 or more, to the two decimals the report shows
+    and ranks by (a 0.497 shown as "0.50" is marked as a 0.50 is)."""
+    return round(float(o.get("symbol_score") or 0.0), 2) >= 0.5
+
+
 def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
     """The order of the culprit operators. With a summary-row head (``symbol_score``: its score of the
     operator's symbol; None, ranked as 0, for a symbol without a row) that score first, to the two
@@ -738,7 +745,7 @@ def render(d: dict[str, Any], console: Any) -> None:
     # the score: where the model has a summary-row head, its score of the operator's symbol (what the
     # rows are ranked by: operator_rank_key; the token head's, nearly level across a capture's
     # operators, stays in --json as "score"); else the token head's mean score. (One column: the
-    # table keeps its width, 86 columns, before it folds to a list)
+    # table keeps its width before it folds to a list, about 86 columns with long kernel names)
     by_sym = any(r.get("symbol_score") is not None for r in d["operators"])
     cols = ("symbol", "family", "score", "events", "mean dur us", "dur z", "ranks/pids")
     rows = [
@@ -825,10 +832,11 @@ def render(d: dict[str, Any], console: Any) -> None:
 def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
     """One row per diagnosed capture (``teller diagnose PATH...``): its likeliest cause and
     confidence, the second one, the top culprit (the first culprit operator where they are ranked
-    by the summary-row head's symbol score, so that it is among the events of the "where" column;
-    else that head's first symbol; else the first operator, ranked by the token head, whose level
-    scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs and processes of the
-    listed culprit operators' events, and the flags; a capture that could not be read shows its error."""
+    by the summary-row head's symbol score and it scores 0.5 or more, so that it is among the events
+    of the "where" column; else that head's first symbol; else the first operator, ranked by the
+    token head, whose level scores favour frequent symbols such as ``cudaLaunchKernel``), the GPUs
+    and processes of the listed culprit operators' events, and the flags; a capture that could not
+    be read shows its error."""
 
     # paths under one directory are shown relative to it (named in the title), so that a batch of
     # sample directories reads s000010, s000011, ... rather than one long path folded over lines
@@ -847,8 +855,10 @@ def render_summary(ds: list[dict[str, Any]], console: Any) -> None:
         nxt = f"{rc[1]['cause']} ({rc[1]['confidence']:.2f})" if len(rc) > 1 else "-"
         sym = None
         if top["cause"] != "normal":
+            # (the first operator where the summary-row head ranked them and marks it; one it scores
+            # below 0.5 is not its culprit: then its first row)
             ops = d["operators"]
-            by_head = bool(ops) and ops[0].get("symbol_score") is not None
+            by_head = bool(ops) and ops[0].get("symbol_score") is not None and symbol_marked(ops[0])
             sym = ((ops if by_head else None) or d.get("culprit_symbols") or ops or [{}])[0].get("symbol")
         w = d.get("culprit_where") or {}
         parts = [
