@@ -433,7 +433,7 @@ def diagnose(
         # cannot say which of them is the culprit (operator_rank_key). Looked up by the row's id: a
         # symbol the tokenizer does not know takes its layer's [UNK] row, as in the model's input;
         # one without a row (past max_summary_tokens) keeps None and ranks as 0
-        row_sc = 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
+        row_sc = _row_scores(out)
         by_id = {int(i): float(row_sc[k]) for k, i in enumerate(np.asarray(s.summary_ids, np.int64))}
         for o in operators:
             v = by_id.get(int(o["_sid"]))
@@ -573,13 +573,18 @@ def _ensemble(
     return q, loc
 
 
+def _row_scores(out: dict[str, Any]) -> np.ndarray:
+    """The summary-row head's score (a probability) of each of the first sample's summary rows."""
+    return 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
+
+
 def _culprit_symbols(out: dict[str, Any], s: Any, tok: Any) -> list[dict[str, Any]]:
     """The summary rows ranked by the summary-row culprit head (``model.summary_loc``), with the
     row's own evidence: the load-normalized shift of the symbol inside the capture and its z-score
     (teller.data.summary)."""
     from teller.data.summary import SUMMARY_FEATURE_NAMES
 
-    sc = 1 / (1 + np.exp(-out["summary_loc_logits"][0].float().numpy()))
+    sc = _row_scores(out)
     rows = []
     f = s.summary_features
     col = {n: i for i, n in enumerate(SUMMARY_FEATURE_NAMES)}
@@ -668,7 +673,12 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
 def symbol_marked(o: dict[str, Any]) -> bool:
     """Whether an operator's symbol score reads 0.5 or more, to the two decimals the report shows
     and ranks by (a 0.497 shown as "0.50" is marked as a 0.50 is)."""
-    return round(float(o.get("symbol_score") or 0.0), 2) >= 0.5
+    return _shown_symbol_score(o) >= 0.5
+
+
+def _shown_symbol_score(o: dict[str, Any]) -> float:
+    """An operator's symbol score to the two decimals the report shows (None: 0)."""
+    return round(float(o.get("symbol_score") or 0.0), 2)
 
 
 def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
@@ -687,7 +697,7 @@ def operator_rank_key(o: dict[str, Any]) -> tuple[float, float, str]:
     faulty test and test_ood samples against 0.37."""
     slower = max(0.0, o["dur_z"] or 0.0)
     evidence = o["score"] * float(np.log1p(o["events"])) * (1.0 + slower)
-    return (-round(float(o.get("symbol_score") or 0.0), 2), -evidence, o["symbol"])
+    return (-_shown_symbol_score(o), -evidence, o["symbol"])
 
 
 def is_uncertain(confidence: float) -> bool:
