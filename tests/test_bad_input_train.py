@@ -512,3 +512,96 @@ def test_a_config_file_can_start_from_a_shipped_one(tmp_path, monkeypatch) -> No
     (tmp_path / "e.yaml").write_text("base: [demo]\n")
     with pytest.raises(ConfigError, match="base: must be a shipped configuration's name"):
         load_config(tmp_path / "e.yaml", "mot")
+
+
+def test_a_train_split_without_samples_is_refused(data, tmp_path, monkeypatch) -> None:
+    """(from a review) No training samples: the summary-row configs failed in np.concatenate (a bare
+    ValueError), the others saved random weights as a trained run."""
+    import teller.models.train as M
+    from teller.errors import DatasetError
+
+    _root, shards, _other, _run = data
+    real = M.load_model_split
+    monkeypatch.setattr(M, "load_model_split", lambda d, s, mc: ([], []) if s == "train" else real(d, s, mc))
+    for model in ({}, {"summary_tokens": False}):
+        out = tmp_path / f"empty{len(model)}"
+        with pytest.raises(DatasetError, match=r"its train split holds no samples") as ei:
+            train(_cfg(1, **model), shards, out)
+        assert ei.value.path == str(shards)
+        assert not (out / "model.safetensors").exists()
+
+
+def test_a_resume_with_the_extra_data_in_another_order_is_refused(data, tmp_path) -> None:
+    """(from a review) The extra sets were compared sorted, but their samples are concatenated in the
+    order given and each epoch's shuffle picks by position: another order trained other batches."""
+    root, shards, other, _run = data
+    generate(root / "ds3", num_samples=20, seed=5, preset="tiny", train_only=True)
+    third = tokenize_dataset(
+        root / "ds3",
+        root / "tpe",
+        root / "tok3",
+        shard_size=16,
+        workers=1,
+        log_tokenizer=shards / "log_tokenizer.json",
+    )
+    run = train(_cfg(1), shards, tmp_path / "ab", extra_train=[other, third])
+    before = _snapshot(run)
+    with pytest.raises(
+        ConfigError, match=r"trained with --extra-train .*tok2.*tok3.*, this resume gives .*tok3.*tok2"
+    ):
+        train(_cfg(2), shards, run, resume=True, extra_train=[third, other])
+    assert _snapshot(run) == before
+    train(_cfg(2), shards, run, resume=True, extra_train=[other, third])  # (the same order: resumed)
+    assert len(json.loads((run / "history.json").read_text())) == 2
+
+
+class _Planted:
+    """A pickled object whose loading would run code (a run directory from someone else)."""
+
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['TELLER_TEST_MARKER']}",))
+
+
+def test_a_state_that_would_run_code_when_loaded_is_refused(data, tmp_path, monkeypatch) -> None:
+    """(from a review) state.pt was unpickled with weights_only=False: --resume of someone else's run
+    directory ran what it held. It holds tensors, numbers, strings and containers only."""
+    _root, shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("TELLER_TEST_MARKER", str(marker))
+    st = torch.load(ck / "state.pt", weights_only=True)
+    torch.save({**st, "history": [_Planted()]}, ck / "state.pt")
+    with pytest.raises(ConfigError, match=r"state.pt: not a readable training state"):
+        train(_cfg(2), shards, ck, resume=True)
+    assert not marker.exists()
+
+
+def test_a_damaged_checkpoint_names_its_file_in_path(data, tmp_path) -> None:
+    _root, _shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    (ck / "config.json").write_text("{")
+    with pytest.raises(ConfigError, match="not a readable checkpoint configuration") as ei:
+        load_checkpoint(ck)
+    assert ei.value.path == str(ck / "config.json")
+    ck = _copy(run, tmp_path / "ck2")
+    (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ConfigError, match="not readable safetensors") as ei:
+        load_checkpoint(ck)
+    assert ei.value.path == str(ck / "model.safetensors")
+
+
+def test_a_loss_that_turns_nan_stops_the_run(data, tmp_path, monkeypatch) -> None:
+    """A diverged run stopped with a TrainingDivergedError (a FloatingPointError), not trained on into
+    NaN weights saved as a trained run; what an earlier epoch saved is kept."""
+    import teller.models.train as M
+    from teller.errors import TrainingDivergedError
+
+    _root, shards, _other, run = data
+    ck = _copy(run, tmp_path / "ck")
+    before = _snapshot(ck)
+    real = M.loss_fn
+    monkeypatch.setattr(M, "loss_fn", lambda *a, **k: (lambda lo, p: (lo * float("nan"), p))(*real(*a, **k)))
+    with pytest.raises(TrainingDivergedError, match=r"the training loss is nan at epoch 2, step 1") as ei:
+        train(_cfg(2), shards, ck, resume=True)
+    assert isinstance(ei.value, FloatingPointError) and ei.value.path == str(ck)
+    assert _snapshot(ck) == before

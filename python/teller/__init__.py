@@ -18,6 +18,7 @@ from teller.errors import (
     TellerWarning,
     TokenizerError,
     TraceFormatError,
+    TrainingDivergedError,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "TellerWarning",
     "TokenizerError",
     "TraceFormatError",
+    "TrainingDivergedError",
     "__version__",
     "build_profile",
 ]

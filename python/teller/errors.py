@@ -123,6 +123,11 @@ class DatasetError(TellerError, ValueError):
     shard's arrays (missing, truncated, inconsistent), or a run directory holding other data."""
 
 
+class TrainingDivergedError(TellerError, FloatingPointError):
+    """Training met a loss that is not a finite number (NaN or infinity): the run diverged. The epochs
+    already saved are kept."""
+
+
 class TellerWarning(UserWarning):
     """Recoverable problems in input data (truncated raw files, orphan flows, unknown categories)."""
 
@@ -142,4 +147,5 @@ __all__ = [
     "TellerWarning",
     "TokenizerError",
     "TraceFormatError",
+    "TrainingDivergedError",
 ]

@@ -34,7 +34,15 @@ from torch import nn
 
 from teller._io import check_output_dir, dir_lock, make_output_dir, yaml_error_line
 from teller.data.tokenize import LogTokenizer, read_shards_manifest
-from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
+from teller.errors import (
+    ConfigError,
+    DatasetError,
+    TellerError,
+    TellerFileNotFoundError,
+    TellerIOError,
+    TellerWarning,
+    TrainingDivergedError,
+)
 from teller.models.data import Sample, batches, check_extra_train, collate, load_model_split
 from teller.models.metrics import (
     TEMPERATURE_RANGE,
@@ -811,9 +819,13 @@ def load_checkpoint(
             f"{cfg_path}: cannot read it ({e.strerror or e})", path=str(cfg_path), errno=e.errno
         ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{cfg_path}: not a readable checkpoint configuration ({e})") from None
+        raise ConfigError(
+            f"{cfg_path}: not a readable checkpoint configuration ({e})", path=str(cfg_path)
+        ) from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
-        raise ConfigError(f"{cfg_path}: not a checkpoint configuration (no 'model' section)")
+        raise ConfigError(
+            f"{cfg_path}: not a checkpoint configuration (no 'model' section)", path=str(cfg_path)
+        )
     _check_checkpoint_config(cfg, cfg_path, calibration=calibrated)
     mc = dict(cfg["model"])
     mc["log_backbone"] = None  # the weights already hold it
@@ -831,8 +843,12 @@ def load_checkpoint(
         with safe_open(str(weights), framework="pt", device="cpu") as fh:
             meta = fh.metadata() or {}
         state = load_file(str(weights))
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        raise TellerIOError(
+            f"{weights}: cannot read it ({e.strerror or e})", path=str(weights), errno=e.errno
+        ) from None
     except Exception as e:  # (safetensors raises its own error type on a damaged header)
-        raise ConfigError(f"{weights}: not readable safetensors ({e})") from None
+        raise ConfigError(f"{weights}: not readable safetensors ({e})", path=str(weights)) from None
     changed = _model_changes(meta.get("model"), cfg["model"])
     if changed:
         raise ConfigError(
@@ -845,7 +861,8 @@ def load_checkpoint(
     except RuntimeError as e:
         first = str(e).strip().splitlines()[1:2] or [str(e)]
         raise ConfigError(
-            f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})"
+            f"{weights}: the weights do not fit the model {cfg_path} describes ({first[0].strip()})",
+            path=str(weights),
         ) from None
     model.temperature = checkpoint_temperature(cfg) if calibrated else 1.0
     if calibrated and "calibration" not in cfg and _stopped_short(run, cfg):
@@ -1119,7 +1136,9 @@ def _resume_state(
     sp, lp = out / "state.pt", out / "last.safetensors"
     try:
         # (CPU first: a run saved on one device may resume on another; load_state_dict moves it)
-        st = torch.load(sp, weights_only=False, map_location="cpu")
+        # (weights_only: tensors, numbers, strings and containers, what teller saves; a pickled object
+        # of someone else's run directory is refused, not run)
+        st = torch.load(sp, weights_only=True, map_location="cpu")
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         raise TellerIOError(
             f"{sp}: cannot read it ({e.strerror or e})", path=str(sp), errno=e.errno
@@ -1177,16 +1196,17 @@ def _resume_state(
     rec = st.get("data")
     if isinstance(rec, dict):
         same_data, why = rec.get("shards") == data["shards"], " (their manifest.json differs)"
-        same_extra = sorted(rec.get("extra") or []) == sorted(data["extra"])
+        # (in order: the samples are concatenated as given, and each epoch's shuffle picks by position)
+        same_extra = list(rec.get("extra") or []) == list(data["extra"])
         rec_path, rec_extra = rec.get("path"), rec.get("extra_paths") or []
     else:  # (a run saved before the data was recorded in state.pt: its config.json's paths)
         rec_path, rec_extra, why = prev.get("data_dir"), prev.get("extra_train") or [], ""
         same_data = not isinstance(rec_path, str) or (
             Path(rec_path).name == run_dir.name or Path(rec_path).resolve() == run_dir.resolve()
         )
-        same_extra = not isinstance(rec_extra, list) or sorted(
-            Path(str(e)).name for e in rec_extra
-        ) == sorted(e.name for e in extra_dirs)
+        same_extra = not isinstance(rec_extra, list) or [Path(str(e)).name for e in rec_extra] == [
+            e.name for e in extra_dirs
+        ]
     if not same_data:
         raise ConfigError(
             f"{out}: the run was trained on the shards {rec_path}, --data-dir {run_dir} holds other "
@@ -1356,6 +1376,12 @@ def train(
             train_s += load_model_split(e, "train", mc.to_dict())[0]
         if tc.max_train_samples:
             train_s = train_s[: tc.max_train_samples]
+        if not train_s:  # (an evaluation-only dataset: random weights would be saved as a trained run)
+            raise DatasetError(
+                f"{run_dir}: its train split holds no samples (an evaluation-only dataset?): nothing to "
+                "train on",
+                path=str(run_dir),
+            )
         val_s, _ = load_model_split(run_dir, "val", mc.to_dict()) if "val" in man["splits"] else ([], [])
 
         seed_everything(tc.seed)
@@ -1426,12 +1452,19 @@ def train(
                 sched.load_state_dict(st["sched"])
                 torch.set_rng_state(st["torch_rng"])
                 cuda_rng = st.get("cuda_rng")
-                if (
-                    dev.type == "cuda"
-                    and isinstance(cuda_rng, list)
-                    and len(cuda_rng) == torch.cuda.device_count()
-                ):
-                    torch.cuda.set_rng_state_all(cuda_rng)
+                if dev.type == "cuda" and isinstance(cuda_rng, list) and cuda_rng:
+                    if len(cuda_rng) == torch.cuda.device_count():
+                        torch.cuda.set_rng_state_all(cuda_rng)
+                    else:  # (another CUDA_VISIBLE_DEVICES: the state of the device trained on, if any)
+                        i = dev.index if dev.index is not None else torch.cuda.current_device()
+                        torch.cuda.set_rng_state(cuda_rng[min(i, len(cuda_rng) - 1)], dev)
+                        warnings.warn(
+                            f"{out / 'state.pt'}: saved with {len(cuda_rng)} GPU(s) visible, resumed "
+                            f"with {torch.cuda.device_count()}: the random draws may differ from an "
+                            "uninterrupted run",
+                            TellerWarning,
+                            stacklevel=2,
+                        )
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 raise ConfigError(
                     f"{out / 'state.pt'}: its optimizer state does not fit the model being resumed "
@@ -1465,6 +1498,14 @@ def train(
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp):
                     o = model(b)
                 loss, _ = loss_fn(o, b, tc.loc_weight, normal, tc.loc_listwise, tc.summary_loc_weight)
+                lv = float(loss.detach())
+                if not math.isfinite(lv):
+                    # (a step on it would make every weight NaN, and the run would save them as trained)
+                    raise TrainingDivergedError(
+                        f"{out}: the training loss is {lv} at epoch {epoch + 1}, step {k + 1}: the run "
+                        "diverged (lower train.lr, or set train.grad_clip); the last saved epoch is kept",
+                        path=str(out),
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if tc.grad_clip:
@@ -1473,7 +1514,7 @@ def train(
                 sched.step()
                 if ema is not None:
                     ema.update(model)
-                tot += float(loss.detach()) * len(bs)
+                tot += lv * len(bs)
                 n += len(bs)
                 if progress:
                     progress("train", epoch * steps_per_epoch + k + 1, total, {"loss": tot / n})
