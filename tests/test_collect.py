@@ -670,6 +670,48 @@ def test_nvtx_json_says_what_it_cannot_wrap_and_why(tmp_path):
     assert p.returncode == 2 and "a directory, not an --nvtx-json file" in p.stderr
 
 
+def test_nvtx_json_survives_a_find_spec_probe_and_names_the_class_by_any_cls_field(tmp_path):
+    """(from a review) `importlib.util.find_spec` before the import (transformers does it of torch)
+    took the module's callbacks and imported nothing: the import then wrapped nothing and teller said
+    the module was never imported. A C function stored on a class (called without the instance) stays
+    unbound once wrapped, and `{cls!s}` names the class a method is called on, as `{cls}` does."""
+    (tmp_path / "probed.py").write_text(
+        "import time\n"
+        "class Base:\n    def run(self):\n        return 1\n"
+        "class Llama(Base):\n    pass\n"
+        "class Clock:\n    now = time.monotonic\n    def read(self):\n        return self.now()\n"
+        "def work():\n    return 2\n"
+    )
+    prog = write(
+        tmp_path,
+        "app.py",
+        """
+        import importlib.util
+        assert importlib.util.find_spec("probed") is not None  # (a probe: imports nothing)
+        import probed
+        probed.work(); probed.Llama().run(); print("clock", probed.Clock().read() > 0, flush=True)
+        """,
+    )
+    groups = tmp_path / "g.json"
+    groups.write_text(
+        json.dumps(
+            [
+                {"module": "probed", "functions": ["work", "Clock.now"]},
+                {"module": "probed", "functions": ["Base.run"], "name": "{cls!s}.{function}"},
+            ]
+        )
+    )
+    p, run = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 0 and "clock True" in p.stdout, p.stderr
+    assert "never imported" not in p.stderr and "cannot wrap" not in p.stderr, p.stderr
+    assert sorted(names(T.load(run, warn=False))) == ["Llama.run", "probed.Clock.now", "probed.work"]
+    # a format spec the names cannot take is refused before the program starts
+    groups.write_text(json.dumps([{"module": "probed", "functions": ["work"], "name": "{module:d}"}]))
+    p, _ = _collect_groups(tmp_path, groups, prog)
+    assert p.returncode == 2 and "'name' does not format the names it is given" in p.stderr, p.stderr
+    assert "clock" not in p.stdout
+
+
 def test_nvtx_json_never_imported_is_said_for_the_whole_run(tmp_path):
     """A module is "never imported" when no Python process of the run imported it: not when only a
     worker did, and also when the program is started through a wrapper (a shell script, say)."""

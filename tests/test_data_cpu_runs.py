@@ -249,3 +249,30 @@ def test_a_collection_resumed_with_another_plan_or_fewer_runs_is_refused(tmp_pat
     (out / "cpu0001" / "annotation.json").write_text(json.dumps(a1))
     C.collect_cpu(out, 14, seed=0, splits=(0.6, 0.2, 0.2))  # (growing it: fine)
     assert json.loads((out / "cpu0001" / "annotation.json").read_text())["faults"][0]["end_ns"] == 101
+
+
+def test_a_collection_that_fails_raises_its_own_error(tmp_path, monkeypatch):
+    """(from a review) The collection runs on a thread; its error was lost there and the caller got
+    `KeyError: 'res'`. It is raised again on the calling thread."""
+    import teller.collect
+    import teller.data.cpu_runs as C
+    from teller.errors import CudaNotFoundError
+
+    def failing_collect(*a, **k):
+        raise CudaNotFoundError("no shim here")
+
+    monkeypatch.setattr(teller.collect, "collect", failing_collect)
+    plan = {"kind": "normal", "severity": 0.0, "sample_id": "cpu0000", "onset_frac": 0.1, "dur_frac": 0.2}
+    shape = {"requests": 1, "new_tokens": 1, "layers": 1, "prompt_len": 4}
+    with pytest.raises(CudaNotFoundError, match="no shim here"):
+        C._run_one(plan, tmp_path, {"ready_s": 1.0, "gen_s": 1.0}, shape, keep_raw=False)
+
+
+def test_the_shim_cache_is_an_absolute_path(tmp_path, monkeypatch):
+    """(from a review) A relative TELLER_CACHE_DIR put a relative library path into the program's
+    NVTX_INJECTION64_PATH / CUDA_INJECTION64_PATH: a program that changed directory loaded no shim."""
+    from teller.collect import shim
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TELLER_CACHE_DIR", "rel-cache")
+    assert shim.cache_root() == tmp_path / "rel-cache" / "shim"

@@ -201,6 +201,14 @@ def validate_groups(groups: Any, path: str) -> None:
                     path=path,
                     index=i,
                 )
+            try:  # (a format spec strings do not take, "{module:d}", fails here, not at every call)
+                g["name"].format(module="m", qualname="q", function="f", cls="C")
+            except (ValueError, TypeError, IndexError, KeyError) as e:
+                raise ConfigError(
+                    f"{path}: group #{i}: 'name' does not format the names it is given ({e})",
+                    path=path,
+                    index=i,
+                ) from None
         if "color" in g:
             from teller.collect._hook._teller_nvtx_colors import color_argb
 

@@ -46,7 +46,9 @@ def source_dir() -> Path:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TELLER_CACHE_DIR") or Path.home() / ".cache" / "teller") / "shim"
+    # (absolute: the library's path goes into the program's environment, which may change directory
+    # before its first NVTX or CUDA call loads it)
+    return Path(os.environ.get("TELLER_CACHE_DIR") or Path.home() / ".cache" / "teller").absolute() / "shim"
 
 
 def _cc_version() -> str:

@@ -286,11 +286,27 @@ def _run_one(
     split: str = "test",
     ood: bool = True,
 ) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"teller-cpu-{plan['sample_id']}-"))
+    try:  # (the run's own files, removed however it ends: a failed run left them in the temp dir)
+        return _run_one_in(work, plan, out, timing, shape, keep_raw, split, ood)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_one_in(
+    work: Path,
+    plan: dict[str, Any],
+    out: Path,
+    timing: dict[str, float],
+    shape: dict[str, int],
+    keep_raw: bool,
+    split: str,
+    ood: bool,
+) -> dict[str, Any]:
     from teller.collect import collect
     from teller.trace import load
 
     kind, sev = plan["kind"], float(plan["severity"])
-    work = Path(tempfile.mkdtemp(prefix=f"teller-cpu-{plan['sample_id']}-"))
     extra: list[str] = []
     env_delay: str | None = None
     gen_s = timing["gen_s"]
@@ -329,13 +345,16 @@ def _run_one(
         sink_out, sink_err = io.BytesIO(), io.BytesIO()
 
         def target() -> None:
-            result["res"] = collect(
-                _workload_cmd(shape, extra),
-                trace_dir=work / "traces",
-                nvtx_json="transformers",
-                stdout=sink_out,
-                stderr=sink_err,
-            )
+            try:
+                result["res"] = collect(
+                    _workload_cmd(shape, extra),
+                    trace_dir=work / "traces",
+                    nvtx_json="transformers",
+                    stdout=sink_out,
+                    stderr=sink_err,
+                )
+            except BaseException as e:  # noqa: BLE001 - raised again on the calling thread
+                result["error"] = e
 
         th = threading.Thread(target=target, name="teller-collect-cpu")
         th.start()
@@ -354,6 +373,8 @@ def _run_one(
                 os.environ.pop("TELLER_FAULT_DELAY", None)
             else:
                 os.environ["TELLER_FAULT_DELAY"] = old_env
+    if "error" in result:  # (the collection's own error, not a KeyError for the missing result)
+        raise result["error"]
     res = result["res"]
     run_dir: Path = res.run_dir
     if res.trace_json is None:
@@ -433,7 +454,6 @@ def _run_one(
     (tmp / "annotation.json").write_text(json.dumps(ann, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(sample, ignore_errors=True)
     os.replace(tmp, sample)
-    shutil.rmtree(work, ignore_errors=True)
     return ann
 
 

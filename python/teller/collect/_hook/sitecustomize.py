@@ -24,6 +24,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import string
 import sys
 import types
 
@@ -330,7 +331,8 @@ def _patch(module, groups) -> None:
     mname = module.__name__
     for g in groups:
         fmt = g.get("name") or "{module}.{qualname}"
-        dynamic = "{cls}" in fmt
+        # (by the parsed fields, not the text "{cls}": "{cls!s}" and "{cls:>8}" name the class too)
+        dynamic = any(f == "cls" for _, f, _, _ in string.Formatter().parse(fmt))
         for spec in g["functions"]:
             try:
                 if "." in spec:
@@ -357,6 +359,10 @@ def _patch(module, groups) -> None:
                         setattr(owner, meth, staticmethod(_wrap(raw.__func__, *args, kind="staticmethod")))
                     elif isinstance(raw, classmethod):
                         setattr(owner, meth, classmethod(_wrap(raw.__func__, *args, kind="classmethod")))
+                    elif isinstance(raw, types.BuiltinFunctionType):
+                        # (a C function stored on a class is no descriptor, called without the
+                        # instance; a Python wrapper would be bound and given it: kept unbound)
+                        setattr(owner, meth, staticmethod(_wrap(raw, *args, kind="staticmethod")))
                     else:
                         setattr(owner, meth, _wrap(raw, *args))
                 else:
@@ -386,16 +392,20 @@ def _after_import(name: str, cb) -> None:
 
 
 class _AfterExecLoader(importlib.abc.Loader):
-    def __init__(self, inner, callbacks) -> None:
+    """The loader of a module in _AFTER_IMPORT: its callbacks are taken when the module is executed,
+    not when its spec is found (``importlib.util.find_spec`` asks for one and imports nothing, as
+    transformers does of torch: the later import must still run them)."""
+
+    def __init__(self, inner, name: str) -> None:
         self._inner = inner
-        self._callbacks = callbacks
+        self._name = name
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
-        for cb in self._callbacks:
+        for cb in _AFTER_IMPORT.pop(self._name, ()):
             try:
                 cb(module)
             except Exception as e:  # noqa: BLE001
@@ -421,7 +431,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _AfterExecLoader(spec.loader, _AFTER_IMPORT.pop(fullname))
+                    spec.loader = _AfterExecLoader(spec.loader, fullname)
                 return spec
         return None
 
