@@ -10,8 +10,8 @@ use crate::model::*;
 use hashbrown::HashMap;
 
 /// Phases defined by the Trace Event Format that teller reads but does not model (async, object,
-/// sample, memory-dump and context events). They are counted and reported as a warning.
-const SKIPPED_PHASES: &[u8] = b"bneSTFpPONDVvc()";
+/// sample, memory-dump and context events, and Chromium's `=` that links two ids). They are counted and reported as a warning.
+const SKIPPED_PHASES: &[u8] = b"bneSTFpPONDVvc()=";
 
 #[derive(Default, Clone, Copy)]
 struct Ev {
@@ -760,7 +760,6 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                 });
             }
             b'M' => {
-                self.t.args.truncate(ev.args_start);
                 let nm = self.t.strings.get(ev.name);
                 if let Some(v) = ev.meta_name {
                     if nm == "process_name" {
@@ -769,6 +768,36 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                         self.t.thread_names.push((ev.pid, ev.tid, v));
                     }
                 }
+                if nm == "process_labels" {
+                    // ("labels": Kineto's "CPU" / "GPU 0", shown beside the process name)
+                    let labels = self.t.args[ev.args_start..].iter().rev().find_map(|(k, v)| match *v {
+                        ArgValue::Str(s) if self.t.strings.get(*k) == "labels" => Some(s),
+                        _ => None,
+                    });
+                    if let Some(l) = labels {
+                        self.t.process_labels.push((ev.pid, l));
+                    }
+                }
+                if nm == "process_sort_index" || nm == "thread_sort_index" {
+                    // args.sort_index orders the tracks in the viewers (Kineto puts the GPUs after the
+                    // host this way): kept, written back as read. A whole number only, as the viewers
+                    // read it; anything else is left out.
+                    let idx = self.t.args[ev.args_start..].iter().rev().find_map(|(k, v)| {
+                        (self.t.strings.get(*k) == "sort_index").then_some(()).and(match *v {
+                            ArgValue::Int(i) => Some(i),
+                            ArgValue::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Some(f as i64),
+                            _ => None,
+                        })
+                    });
+                    if let Some(i) = idx {
+                        if nm == "process_sort_index" {
+                            self.t.process_sort.push((ev.pid, i));
+                        } else {
+                            self.t.thread_sort.push((ev.pid, ev.tid, i));
+                        }
+                    }
+                }
+                self.t.args.truncate(ev.args_start);
             }
             b'C' => {
                 let ts = self.need_ts(&ev, off)?;
@@ -790,6 +819,11 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
                     let value = match v {
                         ArgValue::Int(i) => i as f64,
                         ArgValue::Float(f) => f,
+                        // (a number written as a string, "1024": Perfetto reads it as the number)
+                        ArgValue::Str(s) => match self.t.strings.get(s).trim().parse::<f64>() {
+                            Ok(f) if f.is_finite() => f,
+                            _ => continue,
+                        },
                         _ => continue,
                     };
                     self.t.counters.push(CounterSample {

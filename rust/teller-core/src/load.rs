@@ -295,6 +295,9 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
         .chain(t.counters.iter().map(|c| c.pid))
         .chain(t.process_names.iter().map(|p| p.0))
         .chain(t.thread_names.iter().map(|p| p.0))
+        .chain(t.process_sort.iter().map(|p| p.0))
+        .chain(t.thread_sort.iter().map(|p| p.0))
+        .chain(t.process_labels.iter().map(|p| p.0))
         .collect();
     pids.sort_unstable();
     pids.dedup();
@@ -378,6 +381,9 @@ fn separate_pids(t: &mut Trace, proc: u32, owners: &mut PidOwners) {
     t.counters.iter_mut().for_each(|c| m(&mut c.pid));
     t.process_names.iter_mut().for_each(|p| m(&mut p.0));
     t.thread_names.iter_mut().for_each(|p| m(&mut p.0));
+    t.process_sort.iter_mut().for_each(|p| m(&mut p.0));
+    t.thread_sort.iter_mut().for_each(|p| m(&mut p.0));
+    t.process_labels.iter_mut().for_each(|p| m(&mut p.0));
 }
 
 pub fn load(inputs: &[String], opts: &LoadOptions) -> Result<Trace> {

@@ -342,6 +342,12 @@ pub struct Trace {
     /// (pid, name) of processes, (pid, tid, name) of threads, from metadata events / raw headers.
     pub process_names: Vec<(i64, u32)>,
     pub thread_names: Vec<(i64, i64, u32)>,
+    /// (pid, sort_index) and (pid, tid, sort_index) from `process_sort_index` / `thread_sort_index`
+    /// metadata: the order of the tracks in a viewer, written back as read.
+    pub process_sort: Vec<(i64, i64)>,
+    pub thread_sort: Vec<(i64, i64, i64)>,
+    /// (pid, labels) from `process_labels` metadata (Kineto's "CPU", "GPU 0"), written back as read.
+    pub process_labels: Vec<(i64, u32)>,
     /// Synthetic ids given to non-numeric pid/tid strings ("Spans", "PyTorch Profiler") -> the string.
     pub id_labels: HashMap<i64, u32>,
     pub sources: Vec<SourceInfo>,
@@ -499,6 +505,16 @@ impl Trace {
             let p = map_id(p, &mut self.id_labels);
             let t = map_id(t, &mut self.id_labels);
             self.thread_names.push((p, t, r(n)));
+        }
+        for (p, l) in other.process_labels {
+            self.process_labels.push((map_id(p, &mut self.id_labels), r(l)));
+        }
+        for (p, i) in other.process_sort {
+            self.process_sort.push((map_id(p, &mut self.id_labels), i));
+        }
+        for (p, t, i) in other.thread_sort {
+            let p = map_id(p, &mut self.id_labels);
+            self.thread_sort.push((p, map_id(t, &mut self.id_labels), i));
         }
         self.sources.extend(other.sources);
         self.warnings.extend(other.warnings);

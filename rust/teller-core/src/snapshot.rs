@@ -14,7 +14,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"TELLERTR";
 /// Bumped whenever the layout changes; an older or newer snapshot is refused with both numbers.
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2; // 2: the track sort indices and process labels
 const WHAT: &str = "<trace snapshot>";
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -151,6 +151,22 @@ pub fn to_bytes(t: &Trace) -> Vec<u8> {
         w.i64(pid);
         w.i64(tid);
         w.u32(name);
+    }
+    w.len(t.process_sort.len());
+    for &(pid, idx) in &t.process_sort {
+        w.i64(pid);
+        w.i64(idx);
+    }
+    w.len(t.thread_sort.len());
+    for &(pid, tid, idx) in &t.thread_sort {
+        w.i64(pid);
+        w.i64(tid);
+        w.i64(idx);
+    }
+    w.len(t.process_labels.len());
+    for &(pid, l) in &t.process_labels {
+        w.i64(pid);
+        w.u32(l);
     }
     // sorted: the same trace always gives the same bytes
     let mut labels: Vec<(i64, u32)> = t.id_labels.iter().map(|(&k, &v)| (k, v)).collect();
@@ -412,6 +428,22 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
     for _ in 0..nt {
         thread_names.push((r.i64("thread names")?, r.i64("thread names")?, r.u32("thread names")?));
     }
+    let nps = r.len(16, "process sort indices")?;
+    let mut process_sort = Vec::with_capacity(nps);
+    for _ in 0..nps {
+        process_sort.push((r.i64("process sort indices")?, r.i64("process sort indices")?));
+    }
+    let nts = r.len(24, "thread sort indices")?;
+    let mut thread_sort = Vec::with_capacity(nts);
+    for _ in 0..nts {
+        let what = "thread sort indices";
+        thread_sort.push((r.i64(what)?, r.i64(what)?, r.i64(what)?));
+    }
+    let npl = r.len(12, "process labels")?;
+    let mut process_labels = Vec::with_capacity(npl);
+    for _ in 0..npl {
+        process_labels.push((r.i64("process labels")?, r.u32("process labels")?));
+    }
     let nl = r.len(12, "id labels")?;
     let mut id_labels = HashMap::with_capacity(nl);
     for _ in 0..nl {
@@ -570,6 +602,7 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
     check_ids("process name", process_names.iter().map(|p| p.1), ns_)?;
     check_ids("thread name", thread_names.iter().map(|p| p.2), ns_)?;
     check_ids("id label", id_labels.values().copied(), ns_)?;
+    check_ids("process label", process_labels.iter().map(|p| p.1), ns_)?;
 
     Ok(Trace {
         strings,
@@ -597,6 +630,9 @@ pub fn from_bytes(b: &[u8]) -> Result<Trace> {
         counters,
         process_names,
         thread_names,
+        process_sort,
+        thread_sort,
+        process_labels,
         id_labels,
         sources,
         warnings,
@@ -651,6 +687,10 @@ mod tests {
         assert_eq!(
             (&a.process_names, &a.thread_names, &a.id_labels),
             (&b.process_names, &b.thread_names, &b.id_labels)
+        );
+        assert_eq!(
+            (&a.process_sort, &a.thread_sort, &a.process_labels),
+            (&b.process_sort, &b.thread_sort, &b.process_labels)
         );
         assert_eq!(a.warnings, b.warnings);
         assert_eq!(format!("{:?}", a.sources), format!("{:?}", b.sources));
@@ -721,8 +761,8 @@ mod tests {
     #[test]
     fn refuses_other_versions_and_other_bytes() {
         let mut b = to_bytes(&sample());
-        b[8] = 2;
-        assert!(from_bytes(&b).unwrap_err().to_string().contains("snapshot version 2"));
+        b[8] = 1; // (the version before the track sort indices and labels)
+        assert!(from_bytes(&b).unwrap_err().to_string().contains("snapshot version 1"));
         assert!(from_bytes(b"{\"traceEvents\": []}")
             .unwrap_err()
             .to_string()

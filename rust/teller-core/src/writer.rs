@@ -260,6 +260,32 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         push_json_str(&mut out, t.strings.get(name));
         out.push_str("}}");
     }
+    for &(pid, l) in &t.process_labels {
+        sep(&mut out);
+        out.push_str("{\"ph\": \"M\", \"name\": \"process_labels\", \"pid\": ");
+        push_id(&mut out, t, pid);
+        out.push_str(", \"tid\": 0, \"args\": {\"labels\": ");
+        push_json_str(&mut out, t.strings.get(l));
+        out.push_str("}}");
+    }
+    for &(pid, idx) in &t.process_sort {
+        sep(&mut out);
+        out.push_str("{\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": ");
+        push_id(&mut out, t, pid);
+        out.push_str(", \"tid\": 0, \"args\": {\"sort_index\": ");
+        push_i64(&mut out, idx);
+        out.push_str("}}");
+    }
+    for &(pid, tid, idx) in &t.thread_sort {
+        sep(&mut out);
+        out.push_str("{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": ");
+        push_id(&mut out, t, pid);
+        out.push_str(", \"tid\": ");
+        push_id(&mut out, t, tid);
+        out.push_str(", \"args\": {\"sort_index\": ");
+        push_i64(&mut out, idx);
+        out.push_str("}}");
+    }
     let mut highlight = vec![false; n];
     for &h in &opts.highlight {
         if (h as usize) < n {
@@ -425,7 +451,19 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
             f.binding_enclosing,
         );
     }
-    for c in &t.counters {
+    // The samples of one counter at one time (the series of one `C` event, read one after another)
+    // go back into one event: chrome://tracing takes a counter's series from its first event and
+    // draws a series an event lacks as 0.
+    let mut k = 0;
+    while k < t.counters.len() {
+        let c = &t.counters[k];
+        let mut end = k + 1;
+        while end < t.counters.len() && {
+            let d = &t.counters[end];
+            (d.name, d.pid, d.ts) == (c.name, c.pid, c.ts) && !t.counters[k..end].iter().any(|e| e.series == d.series)
+        } {
+            end += 1;
+        }
         sep(&mut out);
         out.push_str("{\"ph\": \"C\", \"name\": ");
         push_json_str(&mut out, t.strings.get(c.name));
@@ -434,11 +472,18 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         out.push_str(", \"ts\": ");
         push_us(&mut out, c.ts - base);
         out.push_str(", \"args\": {");
-        push_json_str(&mut out, t.strings.get(c.series));
-        out.push_str(": ");
-        // (JSON has no NaN or infinity: a raw COUNTER's may be one; written null, read back as no sample)
-        push_arg_value(&mut out, t, &ArgValue::Float(c.value));
+        for (j, d) in t.counters[k..end].iter().enumerate() {
+            if j > 0 {
+                out.push_str(", ");
+            }
+            push_json_str(&mut out, t.strings.get(d.series));
+            out.push_str(": ");
+            // (JSON has no NaN or infinity: a raw COUNTER's may be one; written null, read back as no
+            // sample)
+            push_arg_value(&mut out, t, &ArgValue::Float(d.value));
+        }
         out.push_str("}}");
+        k = end;
     }
     write_culprit_tracks(&mut out, t, &highlight, base, &mut sep);
     out.push_str("\n]\n}\n");
