@@ -802,3 +802,23 @@ def test_an_id_link_event_is_skipped_not_refused(tmp_path):
     src.write_text(json.dumps(doc))
     tr = T.load(src, warn=False)
     assert len(tr) == 1 and any("'='" in w for w in tr.warnings), tr.warnings
+
+
+def test_a_time_beyond_range_once_the_base_is_added_is_refused(tmp_path):
+    """(from a review) Each time was bounded alone, not with baseTimeNanoseconds added: a trace loaded
+    that way was written with a base its own reader refused."""
+    from teller.errors import TraceFormatError
+
+    doc = {
+        "baseTimeNanoseconds": 3_000_000_000_000_000_000,
+        "traceEvents": [{"ph": "X", "name": "op", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 3e15, "dur": 1}],
+    }
+    src = tmp_path / "far.json"
+    src.write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError, match=r"far.json.*plus 'baseTimeNanoseconds'.*beyond 4e18"):
+        T.load(src, warn=False)
+    doc["traceEvents"][0]["ts"] = 5e14  # (within range with the base: read, written, read back)
+    src.write_text(json.dumps(doc))
+    out = tmp_path / "out.json"
+    T.load(src, warn=False).to_chrome(out)
+    assert int(T.load(out, warn=False).ts[0]) == 3_500_000_000_000_000_000

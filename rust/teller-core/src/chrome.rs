@@ -320,6 +320,24 @@ impl<'a, 'f> ChromeReader<'a, 'f> {
         self.pair_begin_end();
         self.finish_warnings();
         if base_ns != 0 {
+            // (each time was bounded alone; with the base added it must still be within what a loaded
+            // trace holds, or the trace written from it could not be read back)
+            let out_of_range = |v: i64| v.saturating_add(base_ns).unsigned_abs() > MAX_TIME_NS as u64;
+            if self
+                .t
+                .ts
+                .iter()
+                .chain(self.t.flows.iter().map(|f| &f.ts))
+                .chain(self.t.counters.iter().map(|c| &c.ts))
+                .any(|&v| out_of_range(v))
+            {
+                return Err(Error::format(
+                    self.path,
+                    None,
+                    None,
+                    format!("a time plus 'baseTimeNanoseconds' ({base_ns}) is beyond 4e18 ns"),
+                ));
+            }
             for ts in self.t.ts.iter_mut() {
                 *ts = ts.saturating_add(base_ns);
             }
