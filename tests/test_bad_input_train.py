@@ -605,3 +605,15 @@ def test_a_loss_that_turns_nan_stops_the_run(data, tmp_path, monkeypatch) -> Non
         train(_cfg(2), shards, ck, resume=True)
     assert isinstance(ei.value, FloatingPointError) and ei.value.path == str(ck)
     assert _snapshot(ck) == before
+
+
+def test_the_training_state_weights_are_not_taken_for_the_trained_ones(data, tmp_path) -> None:
+    """(from a review) `teller evaluate --checkpoint RUN/last.safetensors` scored the last epoch with
+    the temperature fitted for model.safetensors and filed the result under model.safetensors'
+    fingerprint, over the run's own evaluation file."""
+    _root, _shards, _other, run = data
+    with pytest.raises(
+        ConfigError, match=r"last.safetensors: not a run's trained weights .*give the run directory"
+    ):
+        load_checkpoint(run / "last.safetensors")
+    load_checkpoint(run / "model.safetensors")

@@ -457,7 +457,7 @@ def test_two_spellings_of_one_setting_are_one_recipe(tmp_path: Path) -> None:
         _with_samples(tmp_path / name, "mot", "test", h, recipe=stored, data="/d")
         (tmp_path / name / "config.json").write_text(json.dumps(c))
     text = summarize([tmp_path / x for x in "tra"], tmp_path / "out")
-    assert f"| test | mot [{recipe_id(r)}] | 2: t, r |" in text
+    assert f"| test | mot [{recipe_id(r)}] | 2: r, t |" in text  # (runs by directory)
     assert f"| test | mot [{recipe_id(a)}] | 1: a |" in text
 
 
@@ -573,3 +573,32 @@ def test_a_copied_run_and_an_other_runs_file_in_a_run_directory(tmp_path: Path) 
     text = summarize([s0], tmp_path / "out2")
     rows = [line for line in text.splitlines() if line.startswith("| s")]
     assert any(r.startswith("| s1 |") for r in rows) and any(r.startswith("| s0 |") for r in rows), rows
+
+
+def test_damaged_tables_and_names_in_an_evaluation_file_are_named(tmp_path: Path) -> None:
+    """(from a review) per_class / per_severity / per_effect and the model name were not checked: a
+    damaged file was an AttributeError or TypeError from deep in the tables."""
+    bad = tmp_path / "bad"
+    _eval(bad, "mot", "test", 0.8, {"normal": 0.7})
+    m = json.loads((bad / "eval-test-mot.json").read_text())
+    for k, v, said in (
+        ("per_class", [1, 2], "'per_class' must map names to records"),
+        ("per_severity", {"0.3-0.6": 5}, "'per_severity' must map names to records"),
+        ("per_effect", "x", "'per_effect' must map names to records"),
+        ("model", ["mot"], "'model' must be a non-empty string"),
+        ("split", "", "'split' must be a non-empty string"),
+    ):
+        (bad / "eval-test-mot.json").write_text(json.dumps({**m, k: v}))
+        with pytest.raises(ConfigError, match=rf"eval-test-mot.json: {said}"):
+            summarize([bad], tmp_path / "out")
+
+
+def test_tables_do_not_depend_on_the_order_the_runs_are_given_in(tmp_path: Path) -> None:
+    """(from a review) Ties in AC@1 kept the order of the arguments: the same runs in another order
+    gave other tables."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _eval(a, "mot", "test", 0.7, {"normal": 0.7})
+    _eval(b, "single", "test", 0.7, {"normal": 0.6})
+    one = summarize([a, b], tmp_path / "o1")
+    two = summarize([b, a], tmp_path / "o2")
+    assert one == two

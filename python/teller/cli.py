@@ -1520,7 +1520,12 @@ def evaluate_cmd(
             "evaluated whole."
         ),
     ] = "test",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the metrics as JSON: one object (a baselines run: a list, one per model)."
+        ),
+    ] = False,
     output: Annotated[
         str | None, typer.Option("--output", "-o", help="Directory for metrics (default: the checkpoint's).")
     ] = None,

@@ -596,6 +596,13 @@ def _load_eval(f: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{f}: not an evaluation file (no 'model' and 'split'; written by teller evaluate?)"
         )
+    for k in ("model", "split"):
+        if not isinstance(m[k], str) or not m[k]:
+            raise ConfigError(f"{f}: {k!r} must be a non-empty string, got {json.dumps(m[k])[:40]}")
+    for k in ("per_class", "per_severity", "per_effect"):  # (tables of {name: {metric: number}})
+        v = m.get(k)
+        if v is not None and not (isinstance(v, dict) and all(isinstance(r, dict) for r in v.values())):
+            raise ConfigError(f"{f}: {k!r} must map names to records of metrics, got {json.dumps(v)[:40]}")
     for k in ("recipe", "data"):
         if not (m.get(k) is None or (isinstance(m[k], str) and m[k])):
             raise ConfigError(f"{f}: {k!r} must be a non-empty string")
@@ -737,7 +744,16 @@ def summarize(runs: Sequence[str | Path], output: str | Path) -> str:
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     order = {"test": 0, "test_ood": 1}
-    rows.sort(key=lambda x: (order.get(str(x["split"]), 2), str(x["split"]), -(x["ac@1"] or 0)))
+    # (ties by model and run: the same tables whatever order the runs were given in)
+    rows.sort(
+        key=lambda x: (
+            order.get(str(x["split"]), 2),
+            str(x["split"]),
+            -(x["ac@1"] or 0),
+            str(x["model"]),
+            str(x["_dir"]),
+        )
+    )
     _label_rows(rows)
     for x in rows:  # (the run column too: two seeds' `s0/mot` and `s1/mot` were both `mot`)
         x["run"] = x["_run"]
@@ -846,7 +862,7 @@ def _model_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 unpaired[kind] = "its runs were evaluated on different samples"
             else:
                 hits[kind] = _mean_hits(recs)
-        ranked = sorted(stats, key=lambda k: -(stats[k]["ac@1_mean"] or 0.0))
+        ranked = sorted(stats, key=lambda k: (-(stats[k]["ac@1_mean"] or 0.0), str(k)))
         mots = [k for k in ranked if stats[k]["arch"] == "mot" and k in hits]
         ref = mots[0] if mots else next((k for k in ranked if k in hits), None)
         paired = []

@@ -790,6 +790,15 @@ def load_checkpoint(
             hint = "give a run directory of teller train (model.safetensors + config.json)"
         raise ConfigError(f"{p}: a JSON file, not a checkpoint: {hint}", path=str(p))
     refuse_a_file_as_checkpoint(p)
+    if p.is_file() and p.name != "model.safetensors":
+        # (its config.json's temperature, and the fingerprint evaluations are filed under, are those
+        # of model.safetensors: last.safetensors, the state a --resume continues from, would be
+        # scored, calibrated and recorded as the run's trained weights)
+        raise ConfigError(
+            f"{p}: not a run's trained weights (model.safetensors, its best epoch): give the run "
+            f"directory {run}; last.safetensors is the training state `teller train --resume` continues from",
+            path=str(p),
+        )
     cfg_path = run / "config.json"
     if not weights.is_file() and cfg_path.is_file():
         fmt = None
