@@ -822,3 +822,28 @@ def test_a_time_beyond_range_once_the_base_is_added_is_refused(tmp_path):
     out = tmp_path / "out.json"
     T.load(src, warn=False).to_chrome(out)
     assert int(T.load(out, warn=False).ts[0]) == 3_500_000_000_000_000_000
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_a_converted_trace_keeps_the_inputs_top_level_keys(name, tmp_path):
+    """(from a review) Only deviceProperties and distributedInfo were written back: a conversion lost
+    Kineto's traceName, cupti_version, cuda_runtime_version, record_shapes, otherData, ...; a value
+    whose strings JSON refuses (the reader is lenient there) is left out, not written unreadable."""
+    import gzip
+
+    raw = (gzip.open if name.endswith(".gz") else open)(TRACES / name, "rb").read()
+    src = json.loads(raw)
+    out = tmp_path / "out.json"
+    T.load(TRACES / name, warn=False).to_chrome(out)
+    got = json.loads(out.read_text())
+    if isinstance(src, dict):
+        skip = {"traceEvents", "displayTimeUnit", "baseTimeNanoseconds", "schemaVersion"}
+        assert {k: got.get(k) for k in src if k not in skip} == {
+            k: v for k, v in src.items() if k not in skip
+        }
+    bad = tmp_path / "bad.json"
+    ev = [{"ph": "X", "name": "op", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]
+    bad.write_text('{"traceName": "a\\qb", "note": "ok", "traceEvents": ' + json.dumps(ev) + "}")
+    T.load(bad, warn=False).to_chrome(out)
+    got = json.loads(out.read_text())
+    assert "traceName" not in got and got["note"] == "ok"

@@ -99,6 +99,33 @@ pub struct WriteOptions {
     pub highlight: Vec<u32>,
 }
 
+/// Whether the strings in a JSON text kept as read (a top-level key's value, already checked for
+/// its grammar by the reader) are valid as written: no raw control character, only the escapes JSON
+/// has. The reader is lenient there; a value that fails is left out of the written trace rather than
+/// making it unreadable.
+fn strings_are_strict(text: &str) -> bool {
+    let b = text.as_bytes();
+    let (mut i, mut in_str) = (0, false);
+    while i < b.len() {
+        let c = b[i];
+        if !in_str {
+            in_str = c == b'"';
+        } else if c == b'"' {
+            in_str = false;
+        } else if c < 0x20 {
+            return false;
+        } else if c == b'\\' {
+            match b.get(i + 1) {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 1,
+                Some(b'u') if b.len() >= i + 6 && b[i + 2..i + 6].iter().all(u8::is_ascii_hexdigit) => i += 5,
+                _ => return false,
+            }
+        }
+        i += 1;
+    }
+    !in_str
+}
+
 /// One `deviceProperties` list from several sources' (JSON array texts): entries deduplicated by
 /// their `id` (the first source's entry wins) and sorted by it; entries without an integer `id` are
 /// kept once per distinct text, after those with one. A text that is not a JSON array of objects is
@@ -194,7 +221,7 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         .filter(|(k, _)| k == "deviceProperties")
         .map(|(_, v)| v.as_str())
         .collect();
-    if let Some(v) = merge_device_properties(&devs) {
+    if let Some(v) = merge_device_properties(&devs).filter(|v| strings_are_strict(v)) {
         out.push_str("\"deviceProperties\": ");
         out.push_str(&v);
         out.push_str(",\n");
@@ -203,11 +230,37 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         .sources
         .iter()
         .flat_map(|s| s.metadata.iter())
-        .find(|(k, _)| k == "distributedInfo")
+        .find(|(k, v)| k == "distributedInfo" && strings_are_strict(v))
     {
         out.push_str("\"distributedInfo\": ");
         out.push_str(&v.1);
         out.push_str(",\n");
+    }
+    // The other top-level keys of the Chrome inputs (Kineto's traceName, cupti_version,
+    // cuda_runtime_version, ...; validated JSON text as read), the first input's where several
+    // have one: written back, as a conversion keeps them.
+    let mut seen: Vec<&str> = Vec::new();
+    for s in t.sources.iter().filter(|s| s.kind == "chrome") {
+        for (k, v) in &s.metadata {
+            let ours = matches!(
+                k.as_str(),
+                "traceEvents"
+                    | "deviceProperties"
+                    | "distributedInfo"
+                    | "schemaVersion"
+                    | "displayTimeUnit"
+                    | "baseTimeNanoseconds"
+                    | "teller"
+            );
+            if ours || v.is_empty() || seen.contains(&k.as_str()) || !strings_are_strict(v) {
+                continue;
+            }
+            seen.push(k);
+            push_json_str(&mut out, k);
+            out.push_str(": ");
+            out.push_str(v);
+            out.push_str(",\n");
+        }
     }
     out.push_str("\"teller\": {\"version\": ");
     push_json_str(&mut out, crate::VERSION);
@@ -752,7 +805,17 @@ pub fn write_chrome_file(t: &Trace, path: &str, opts: &WriteOptions) -> Result<(
 
 #[cfg(test)]
 mod device_tests {
-    use super::merge_device_properties as merge;
+    use super::{merge_device_properties as merge, strings_are_strict};
+
+    #[test]
+    fn strict_strings_are_told_from_what_json_refuses() {
+        for ok in [r#""a\u00e9\n\"b\\""#, r#"{"k": ["x", 1, null]}"#, "3", r#""""#] {
+            assert!(strings_are_strict(ok), "{ok}");
+        }
+        for bad in [r#""a\qb""#, "\"a\tb\"", r#""a\u12g4""#, r#""a\u12""#, r#""open"#] {
+            assert!(!strings_are_strict(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn merges_by_id_and_keeps_what_it_cannot_merge() {
