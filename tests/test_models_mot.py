@@ -2887,3 +2887,40 @@ def test_speed_augmentation_of_summary_rows_without_a_transfer_column() -> None:
     m.fit_speed_aug([["kernel:gemm"]] * 64)
     m.train()
     assert torch.isfinite(m(collate([mk(10, 8, 1), mk(5, 3, 0)]))["logits"]).all()
+
+
+def test_diagnose_refuses_a_tokenizer_the_model_was_not_trained_with(shards, tmp_path) -> None:
+    """(from a review) A checkpoint whose config.json named another TPE tokenizer (a `make demo`
+    re-run copies a new one to the same path) diagnosed with it: ids clamped or shifted, a cause
+    named with confidence and nothing flagged. Refused by SHA-256 (config.json's, else the training
+    shards' manifest's) and by vocabulary size."""
+    import shutil
+
+    from teller.errors import ConfigError
+    from teller.models.diagnose import diagnose
+
+    root, data, tdir, out = shards
+    run = train(CFG, out, tmp_path / "r", tpe_dir=tdir)
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["tpe_sha256"] and cfg["log_tokenizer_sha256"]
+    sample = next(p for p in sorted(data.glob("s0*")))
+    diagnose(sample, run)  # (its own tokenizers: fine)
+    small = tmp_path / "tpe-small"
+    tpe.train(data, vocab_size=150).save(small)
+    (run / "config.json").write_text(json.dumps({**cfg, "tpe_dir": str(small)}))
+    with pytest.raises(
+        ConfigError, match=r"tpe-small.*not the TPE tokenizer .* was trained with \(its SHA-256"
+    ):
+        diagnose(sample, run)
+    # a run from before config.json recorded the SHA-256: the training shards' manifest says
+    old = {k: v for k, v in cfg.items() if k not in ("tpe_sha256", "log_tokenizer_sha256")}
+    (run / "config.json").write_text(json.dumps({**old, "tpe_dir": str(small)}))
+    with pytest.raises(ConfigError, match=r"not the TPE tokenizer .* \(its SHA-256"):
+        diagnose(sample, run)
+    # neither left (shards gone): the vocabulary size
+    (run / "config.json").write_text(
+        json.dumps({**old, "tpe_dir": str(small), "data_dir": str(tmp_path / "gone")})
+    )
+    with pytest.raises(ConfigError, match=r"not the TPE tokenizer .* \(\d+ ids, the model reads \d+\)"):
+        diagnose(sample, run)
+    shutil.rmtree(small)

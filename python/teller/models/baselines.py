@@ -364,7 +364,7 @@ class Baselines:
                 # (one sample at a time, features included, as the MoT's latency is measured: a
                 # batched predict_proba over the split read 0.58 ms a sample on version 5; this, 14.5)
                 p = np.zeros(n)
-                p[self.gbdt.classes_] = self.gbdt.predict_proba(self.X([s]))[0]
+                p[self.gbdt.classes_] = gbdt_proba_one(self, s)
             else:
                 p = self._rule_probs(s, sc, normal)
             out.append(
@@ -531,3 +531,15 @@ def evaluate_baselines(
         m["model"] = which
         res[which] = m
     return res
+
+
+def gbdt_proba_one(b: Any, s: RawSample) -> np.ndarray:
+    """The GBDT's class probabilities of one sample, on one thread. Decision: sklearn's histogram
+    GBDT opens an OpenMP region per tree, and one sample's work is too small to share; where the
+    cores are busy its threads wait on each other. Demo GBDT, one test sample at a time on this
+    2-core machine (2026-12-07): idle, 22 ms either way; beside two CPU-bound processes, 173-423 ms
+    with its threads and 49-64 ms on one (a reviewer saw diagnoses of 0.6-10 s during a test run)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="openmp"):
+        return b.gbdt.predict_proba(b.X([s]))[0]

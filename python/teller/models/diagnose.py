@@ -27,7 +27,7 @@ import torch
 from teller._io import check_output_file
 from teller._term import table_or_list
 from teller.data.summary import process_log_levels, token_gpu_time, token_process_log, token_work
-from teller.errors import TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
+from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log, word_mask
 
 NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
@@ -131,10 +131,54 @@ def _load_model(checkpoint: str | Path) -> tuple[Any, dict[str, Any], Any, Any]:
     tok_stamps = (_stamp(cfg["tpe_dir"]), _stamp(cfg["log_tokenizer"]))  # (before they are read)
     tok = tpe.load(cfg["tpe_dir"])
     logtok = LogTokenizer.load(cfg["log_tokenizer"])
+    _check_tokenizers(checkpoint, cfg, tok, logtok)
     _MODEL_CACHE.clear()
     if None not in key and not journal:
         _MODEL_CACHE[key] = (model, cfg, tok, logtok, tok_stamps)
     return model, cfg, tok, logtok
+
+
+def _check_tokenizers(checkpoint: str | Path, cfg: dict[str, Any], tok: Any, logtok: Any) -> None:
+    """The tokenizers config.json names must be the ones the model was trained with: another one
+    reads other ids (a larger vocabulary's are clamped, a smaller one's shift), and the diagnosis
+    names a cause with confidence, unflagged. By SHA-256: config.json's (runs since 2026-12-07),
+    else the training shards' manifest's; by vocabulary size always."""
+    import contextlib
+
+    from teller import tpe
+    from teller.data.tokenize import _sha256, read_shards_manifest
+    from teller.models.train import shards_run_dir
+
+    tp = Path(cfg["tpe_dir"])
+    files = {
+        "TPE tokenizer": tp / tpe.FILE_NAME if tp.is_dir() else tp,
+        "log tokenizer": Path(cfg["log_tokenizer"]),
+    }
+    want = {"TPE tokenizer": cfg.get("tpe_sha256"), "log tokenizer": cfg.get("log_tokenizer_sha256")}
+    if None in want.values():  # (a run from before config.json recorded them: its shards' manifest)
+        with contextlib.suppress(TellerError, OSError, ValueError, TypeError, KeyError):
+            man = read_shards_manifest(shards_run_dir(cfg["data_dir"]))
+            for what, part in (("TPE tokenizer", "tokenizer"), ("log tokenizer", "log_tokenizer")):
+                if want[what] is None and isinstance(man.get(part), dict):
+                    want[what] = man[part].get("sha256")
+    mc = cfg.get("model") or {}
+    sizes = {
+        "TPE tokenizer": (tok.vocab_size, mc.get("trace_vocab")),
+        "log tokenizer": (len(logtok.vocab), mc.get("log_vocab")),
+    }
+    for what, f in files.items():
+        have, model_size = sizes[what]
+        if want[what] and _sha256(f) != want[what]:
+            why = "its SHA-256 is not the one the model was trained with"
+        elif isinstance(model_size, int) and have != model_size:
+            why = f"{have} ids, the model reads {model_size}"
+        else:
+            continue
+        raise ConfigError(
+            f"{f}: not the {what} {checkpoint} was trained with ({why}): it would read other ids; "
+            "give the checkpoint its own (config.json's paths), or train one on this tokenizer",
+            path=str(f),
+        )
 
 
 def reference_residuals(cfg: dict[str, Any], tr: Any, lines: list[tuple[int, str, str]]) -> np.ndarray | None:
@@ -539,7 +583,7 @@ def _ensemble(
     fault."""
 
     from teller.data.summary import summary_options, symbol_summary
-    from teller.models.baselines import RawSample, load_baselines
+    from teller.models.baselines import RawSample, gbdt_proba_one, load_baselines
     from teller.models.ensemble import mix
 
     b = load_baselines(Path(ens["baselines"]) / "baselines.pkl")
@@ -561,7 +605,7 @@ def _ensemble(
         summary_features=su_f.astype(np.float64),
     )
     pg = np.zeros(len(names))
-    pg[[names.index(b.label_names[c]) for c in b.gbdt.classes_]] = b.gbdt.predict_proba(b.X([rs]))[0]
+    pg[[names.index(b.label_names[c]) for c in b.gbdt.classes_]] = gbdt_proba_one(b, rs)
     q = mix(probs[None], pg[None], float(ens["weight"]))[0]
     # (a model without a localization head, log-only: no culprit events, where 0 scored every one 0.5)
     loc = out["loc_logits"][0, :n].float().numpy() if "loc_logits" in out else np.full(n, -np.inf)

@@ -94,7 +94,7 @@ def _predictions(
     split's label names and the latency per sample of both models (seconds). ``mot_temperature``:
     the MoT's probabilities at this temperature instead of its checkpoint's (an ensemble uses the
     one its weight was chosen with)."""
-    from teller.models.baselines import load_baselines, load_raw
+    from teller.models.baselines import gbdt_proba_one, load_baselines, load_raw
     from teller.models.data import load_model_split
     from teller.models.train import (
         check_eval_data,
@@ -130,7 +130,7 @@ def _predictions(
     t0 = time.perf_counter()
     for s, r in zip(samples[:k], raw[:k], strict=True):
         predict(model, [s], batch_size=1)
-        b.gbdt.predict_proba(b.X([r]))
+        gbdt_proba_one(b, r)
     return preds, pg, names, (time.perf_counter() - t0) / max(1, k)
 
 

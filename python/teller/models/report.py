@@ -303,6 +303,8 @@ _NOT_RECIPE = (
     "chosen_on",
     "tpe_dir",
     "log_tokenizer",
+    "tpe_sha256",  # (implied by the shards, data_dir: their tok-<hash> name covers the tokenizers)
+    "log_tokenizer_sha256",
     "reference",
     "trained_on",
     "calibration",

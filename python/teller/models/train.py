@@ -1429,6 +1429,10 @@ def train(
             "shards_version": int(man.get("version", 1)),  # how diagnose rebuilds the summaries
             "tpe_dir": str(Path(tpe_dir).resolve()) if tpe_dir else man["tokenizer"].get("path"),
             "log_tokenizer": str((run_dir / "log_tokenizer.json").resolve()),
+            # (what diagnose checks the two files against: a tokenizer swapped at the same path
+            # would read other ids)
+            "tpe_sha256": _sha(man, "tokenizer"),
+            "log_tokenizer_sha256": _sha(man, "log_tokenizer"),
             # the kernel reference of summary columns 17-22 (shards >= 8), for diagnose
             "reference": str((run_dir / "reference.json").resolve())
             if (run_dir / "reference.json").is_file()
