@@ -649,3 +649,59 @@ def test_test_ood_workloads_must_be_unseen_in_training(tmp_path):
     cfg.write_text("base: tiny\nworkloads: {ood: {models: [], gpus: [A100], arrivals: []}}\n")
     with pytest.raises(ConfigError, match=r"workloads.ood.gpus lists 'A100', also in workloads.in_dist.gpus"):
         load_config(config=cfg)
+
+
+def test_configurations_the_simulator_cannot_run_are_refused(tmp_path):
+    """(from a review) kv_util [0, 0] was a ZeroDivisionError traceback, max_num_seqs [0, 0.9] a
+    dataset `validate` then refused, repeated classes a manifest it refused."""
+    bad = tmp_path / "bad.yaml"
+    for text, said in (
+        ("workloads: {kv_util: [0, 0]}", r"workloads.kv_util must lie within"),
+        ("workloads: {kv_util: [0.5, 1.5]}", r"workloads.kv_util must lie within"),
+        ("workloads: {max_num_seqs: [0, 0.9]}", r"workloads.max_num_seqs must lie within \[1"),
+        ("workloads: {rate: [0, 10]}", r"workloads.rate must be above 0"),
+        ("classes: [normal, gpu_throttle, normal]", r"classes must be distinct"),
+    ):
+        bad.write_text(f"base: tiny\n{text}\n")
+        with pytest.raises(ConfigError, match=said):
+            load_config(config=bad)
+
+
+def test_split_counts_never_go_below_zero():
+    """(from a review) val and test were rounded apart: with train 0 and an odd count per class they
+    took more than the class had, and plan() failed in zip()."""
+    cfg = load_config("tiny")
+    cfg = {**cfg, "splits": {"train": 0, "val": 0.5, "test": 0.5}, "ood_fraction": 0}
+    for n in (39, 65, 13 * 7):
+        ps = plan(cfg, n, seed=0)
+        counts = {s: sum(p.split == s for p in ps) for s in ("train", "val", "test", "test_ood")}
+        assert sum(counts.values()) == n and counts["train"] == 0, counts
+
+
+def test_the_last_sample_index_allowed_still_generates(tmp_path):
+    """(from a review) Each capture starts 2 h after the one before it: past index 310 555 the clock
+    was beyond what the trace readers hold and generation failed with a raw-file error; the most
+    samples a dataset may hold stops short of that."""
+    from teller.data.dataset import MAX_SAMPLES, SamplePlan, generate_sample
+
+    cfg = load_config("tiny")
+    ann = generate_sample(
+        cfg, 0, SamplePlan(MAX_SAMPLES - 1, f"s{MAX_SAMPLES - 1:06d}", "normal", "train"), tmp_path
+    )
+    assert ann["label"] == "normal" and (tmp_path / f"s{MAX_SAMPLES - 1:06d}" / "trace.json").is_file()
+    with pytest.raises(ConfigError, match=r"num_samples|--num-samples"):
+        generate(tmp_path / "big", num_samples=MAX_SAMPLES + 1, preset="tiny")
+
+
+def test_a_damaged_manifest_or_stamp_in_the_output_directory_is_refused_clearly(tmp_path):
+    """(from a review) A manifest.json that is a list, or a stamp that is not UTF-8, was an
+    AttributeError / UnicodeDecodeError traceback naming no file."""
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"ds: already holds a dataset \(manifest.json\)"):
+        generate(out, num_samples=13, preset="tiny")
+    generate(tmp_path / "ok", num_samples=13, preset="tiny")
+    (tmp_path / "ok" / ".generate.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"ok: holds a dataset generated with another"):
+        generate(tmp_path / "ok", num_samples=13, preset="tiny")

@@ -178,9 +178,12 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-# Upper bounds of the settings that size a run (docs/dataset.md): sample ids have 6 digits, so a
-# dataset holds at most MAX_SAMPLES samples; the seed is a 32-bit unsigned integer.
-MAX_SAMPLES = 1_000_000
+# Upper bounds of the settings that size a run (docs/dataset.md): sample ids have 6 digits, and each
+# sample's capture starts 2 h (7.2e12 ns) after the one before it from REAL_BASE0: past index 310 555
+# its clock-sync time would be beyond the 4e18 ns the trace readers hold (a review found generation
+# failing there with a raw-file error), so a dataset holds at most MAX_SAMPLES samples; the seed is a
+# 32-bit unsigned integer.
+MAX_SAMPLES = 300_000
 MAX_SEED = 2**32 - 1
 MAX_JITTER = 1.0  # sigma of the lognormal duration noise: exp(N(0, 1)) already spans ~0.05x-20x
 
@@ -208,8 +211,15 @@ def _check_config(cfg: dict[str, Any], where: str = "config") -> None:
     w = cfg.get("workloads")
     if not isinstance(w, dict):
         raise fail("workloads must be a mapping")
+    # (the least each may be where the simulator divides by it or schedules with it: a queue of no
+    # sequences or a KV cache used 0 % generated nothing, or a dataset validate then refused)
+    least = {"max_num_seqs": 1, "prompt_mean": 1, "output_mean": 1, "max_num_batched_tokens": 1}
     for key in _WORKLOAD_RANGES:
-        _range(w, key, 0, None, where, "workloads.")
+        _range(w, key, least.get(key, 0), 1.0 if key == "kv_util" else None, where, "workloads.")
+    if isinstance(w.get("kv_util"), list) and w["kv_util"][0] <= 0:
+        raise fail(f"workloads.kv_util must lie within (0, 1], got {w['kv_util']!r}")
+    if isinstance(w.get("rate"), list) and w["rate"][0] <= 0:
+        raise fail(f"workloads.rate must be above 0 (requests per second), got {w['rate']!r}")
     for part in ("in_dist", "ood"):
         d = w.get(part)
         if not isinstance(d, dict):
@@ -244,6 +254,8 @@ def _check_config(cfg: dict[str, Any], where: str = "config") -> None:
     classes = cfg.get("classes")
     if not (isinstance(classes, list) and classes):
         raise fail("classes must be a non-empty list of labels")
+    if len(set(map(str, classes))) != len(classes):
+        raise fail(f"classes must be distinct, got {classes!r}")
     for c in classes:
         if c not in LABELS:
             raise fail(f"unknown class {c!r}; known: {', '.join(LABELS)}")
@@ -307,7 +319,12 @@ def plan(cfg: dict[str, Any], num_samples: int, seed: int) -> list[SamplePlan]:
         n_ood = int(round(n * float(cfg["ood_fraction"])))
         rest = n - n_ood
         n_val = int(round(rest * fr["val"] / tot))
-        n_test = int(round(rest * fr["test"] / tot))
+        # (rounded apart, val and test could take more than the rest, or leave some to a train
+        # fraction of 0: with train 0 and val = test, an odd count; clamped, which leaves every count
+        # the shipped fractions give as it was)
+        n_test = min(int(round(rest * fr["test"] / tot)), rest - n_val)
+        if fr["train"] == 0:  # (no training samples asked for: what val leaves is test's)
+            n_test = rest - n_val
         n_train = rest - n_val - n_test
         names = ["test_ood"] * n_ood + ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
         for i, s in zip(idx.tolist(), names, strict=True):
@@ -543,8 +560,8 @@ def generate(
         if stamp.exists() and resume:
             try:
                 old = json.loads(stamp.read_text())
-            except json.JSONDecodeError:
-                old = None
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                old = None  # (damaged: not this run's stamp, so samples there are refused below)
             if old != cfg_key and _holds_samples(out):
                 raise ConfigError(
                     f"{out}: holds a dataset generated with another seed, configuration or simulator "
@@ -553,7 +570,9 @@ def generate(
         elif man_path.exists() and not stamp.exists():
             try:
                 old_man = json.loads(man_path.read_text())
-            except json.JSONDecodeError:
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                old_man = {}
+            if not isinstance(old_man, dict):  # (a manifest of another shape: not this run's)
                 old_man = {}
             same = {k: old_man.get(k) for k in ("seed", "config", "num_samples")} | {
                 "generator_version": (old_man.get("generator") or {}).get("version")
