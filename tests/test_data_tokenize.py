@@ -453,14 +453,14 @@ def test_shards_without_effect_arrays_read_unknown(setup, tmp_path):
     shutil.copytree(out, old)
     for f in old.glob("shards/*/effect_*.npy"):
         f.unlink()
-    d = ShardedSplit(old, "train")[0]
-    assert d["effect_events"] == -1 and np.isnan(d["effect_share"])
-    # tokenizing again into that directory encodes those shards again (their done.json has no
-    # "effect"), so a split is never half with and half without the arrays
-    for f in old.glob("shards/*/done.json"):
+    for f in old.glob("shards/*/done.json"):  # (encoded before: their done.json has no "effect")
         info = json.loads(f.read_text())
         del info["effect"]
         f.write_text(json.dumps(info))
+    d = ShardedSplit(old, "train")[0]
+    assert d["effect_events"] == -1 and np.isnan(d["effect_share"])
+    # tokenizing again into that directory encodes those shards again, so a split is never half
+    # with and half without the arrays
     data, tdir, _ = setup
     tokenize_dataset(data, tdir, tmp_path, run_id="old", shard_size=6, workers=1, log_vocab_size=512)
     assert all(json.loads(f.read_text())["effect"] for f in old.glob("shards/*/done.json"))
@@ -599,3 +599,40 @@ def test_a_log_reads_as_a_terminal_shows_it(tmp_path):
         (7, "stdout", "page\x0cbreak"),
         (0, "stdout", "no prefix red"),
     ]
+
+
+def test_a_shard_that_lost_an_array_it_was_written_with_is_named_and_encoded_again(setup, tmp_path):
+    """(from a review) A shard whose done.json says it carries severity and effect, with one of them
+    gone, read as "unknown" (-1 / NaN) and a resume kept it; an id past its tokenizer's vocabulary
+    was resumed as complete and failed only when a model read it."""
+    import shutil
+
+    from teller.data.tokenize import load_shard
+    from teller.errors import TellerFileNotFoundError
+
+    data, tdir, out = setup
+    run = tmp_path / "r"
+    shutil.copytree(out, run)
+    man = json.loads((run / "manifest.json").read_text())
+    a, b = man["splits"]["train"]["shards"][0]["name"], man["splits"]["train"]["shards"][1]["name"]
+    (run / "shards" / a / "effect_share.npy").unlink()
+    with pytest.raises(TellerFileNotFoundError, match=r"effect_share.npy"):
+        load_shard(run, a)
+    ids = np.load(run / "shards" / b / "trace_ids.npy")
+    ids[0] = 10**6
+    np.save(run / "shards" / b / "trace_ids.npy", ids)
+    with pytest.warns(UserWarning, match="a damaged shard of a resumed run, encoded again") as w:
+        tokenize_dataset(data, tdir, tmp_path, run_id="r", shard_size=6, workers=1, log_vocab_size=512)
+    said = " ".join(str(x.message) for x in w)
+    assert "effect_share.npy" in said and "out of range" in said, said
+    load_shard(run, a)
+    assert int(np.load(run / "shards" / b / "trace_ids.npy")[0]) < 10**6
+
+
+def test_a_log_line_starting_with_a_unicode_digit_is_text(tmp_path):
+    """(from a review) "²".isdigit() is true and int("²") fails: parse_log raised a bare ValueError."""
+    from teller.data.tokenize import parse_log
+
+    p = tmp_path / "log.txt"
+    p.write_text("\u00b2 stdout hello\n12 stdout ok\n", encoding="utf-8")
+    assert parse_log(p) == [(0, "stdout", "\u00b2 stdout hello"), (12, "stdout", "ok")]

@@ -154,7 +154,7 @@ def parse_log(path: Path) -> list[tuple[int, str, str]]:
     for line in lines:
         ts_s, _, rest = line.partition(" ")
         stream, _, text = rest.partition(" ")
-        if ts_s.isdigit() and stream in ("stdout", "stderr"):
+        if ts_s.isascii() and ts_s.isdigit() and stream in ("stdout", "stderr"):  # ("²" is a digit)
             out.append((int(ts_s), stream, terminal_text(text)))
         else:
             out.append((0, "stdout", terminal_text(line)))
@@ -335,7 +335,7 @@ ARRAYS = {
     "log_features": "float32 [log tokens, 2]: log feature_names",
     "log_offsets": "int64 [samples + 1]: sample i's log tokens are log_ids[l[i]:l[i+1]]",
     "summary_ids": "uint32 [rows]: TPE base id of each per-symbol summary row (teller.data.summary)",
-    "summary_features": "float32 [rows, 14]: summary feature_names",
+    "summary_features": "float32 [rows, features]: summary feature_names (the manifest's summary section)",
     "summary_offsets": "int64 [samples + 1]: sample i's summary rows are summary_ids[u[i]:u[i+1]]",
     "summary_culprit": "bool [rows]: the row's symbol has a culprit event in the sample",
 }
@@ -355,6 +355,8 @@ _ARRAY_SINCE = {
     "token_proc_log": 5,
     "token_gpu": 12,
 }
+# the per-sample evaluation arrays a shard whose done.json says "effect": true was written with
+_EFFECT_ARRAYS = ("severity", "effect_events", "effect_share")
 OPTIONAL_ARRAYS = (
     "summary_ids",
     "summary_features",
@@ -409,7 +411,9 @@ def _done_record(final: Path, job: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _drop_damaged_shards(out: Path, jobs: list[dict[str, Any]], num_labels: int) -> None:
+def _drop_damaged_shards(
+    out: Path, jobs: list[dict[str, Any]], num_labels: int, vocab_sizes: dict[str, int] | None = None
+) -> None:
     """Before a resumed run encodes: every shard its ``done.json`` marks complete is checked as a
     reader checks it (:func:`load_shard`: each array's npy header, memory-mapped, so a truncated or
     missing one is found without reading the data; shapes, offsets and labels against done.json);
@@ -419,7 +423,7 @@ def _drop_damaged_shards(out: Path, jobs: list[dict[str, Any]], num_labels: int)
         if _done_record(final, j) is None:
             continue
         try:
-            load_shard(out, j["name"], num_labels=num_labels)
+            load_shard(out, j["name"], num_labels=num_labels, vocab_sizes=vocab_sizes)
         except TellerError as e:
             why = str(e).replace(f" (an incomplete shard: {_RETOKENIZE})", "").replace(f"; {_RETOKENIZE}", "")
             _warn(f"{why}; a damaged shard of a resumed run, encoded again")
@@ -964,7 +968,11 @@ def tokenize_dataset(
                 }
             )
             splits[split]["shards"].append({"name": name, "rows": rows})
-        _drop_damaged_shards(out, jobs, len(labels))
+        # (ids checked against the tokenizers too, as a reader checks them: an id past the end was
+        # resumed as complete and failed only when a model read it)
+        lt_size = len(LogTokenizer.load(lt_path).vocab)
+        sizes = {"trace_ids": tok.vocab_size, "summary_ids": tok.vocab_size, "log_ids": lt_size}
+        _drop_damaged_shards(out, jobs, len(labels), sizes)
         infos: dict[str, dict[str, Any]] = {}
         done = 0
         if progress:
@@ -1472,7 +1480,14 @@ def load_shard(
     for k in ARRAYS:
         f = d / f"{k}.npy"
         since = _ARRAY_SINCE.get(k)
-        if k in OPTIONAL_ARRAYS and not f.exists() and (ver is None or since is None or ver < since):
+        # (severity and effect: no version added them, a shard's done.json says it carries them)
+        required = k in _EFFECT_ARRAYS and bool(done.get("effect"))
+        if (
+            k in OPTIONAL_ARRAYS
+            and not f.exists()
+            and not required
+            and (ver is None or since is None or ver < since)
+        ):
             continue  # an older shard: no summaries / token work / ...
         got[k] = _load_array(f, mmap)
     n = len(got["labels"])
