@@ -2193,7 +2193,7 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
     import shutil
     import warnings
 
-    from teller.errors import ConfigError, TellerFileNotFoundError, TellerIOError, TellerWarning
+    from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
     from teller.models.diagnose import diagnose
 
     root, data, tdir, out = shards
@@ -2206,6 +2206,20 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
         direct = diagnose(sd / "trace.json", run)
     assert direct["log_tokens"] == whole["log_tokens"] > 0
     assert direct["root_causes"] == whole["root_causes"]
+    # (from a review) a folder of unrelated captures (each starts 2 h after the one before it) was
+    # diagnosed as one, with one cause
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for i, s in enumerate(sorted(data.glob("s0*"))[:2]):
+        shutil.copy(s / "trace.json", loose / f"t{i}.json")
+    with pytest.raises(TellerIOError, match=r"loose: 2 sources .* far apart in time .*not one capture"):
+        diagnose(loose, run)
+    # (an empty input is named for what it is, before any word about its log)
+    (loose / "empty.json").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TellerError):
+            diagnose(loose / "empty.json", run)
 
     before = (sd / "trace.json").read_bytes()
     for target in (sd / "trace.json", sd / "log.txt"):
@@ -2746,6 +2760,16 @@ def test_diagnose_with_a_log_only_model_names_no_culprit_events(shards, tmp_path
     d = diagnose(sorted(data.glob("s0*"))[0], run)
     assert d["root_causes"] and d["culprit_events"] == 0 and not d["operators"]
     assert d["culprit_where"] == {"devices": [], "pids": []}
+    # (from a review) given a trace without a log it reads nothing: flagged, and said so (the warning
+    # said its causes rested on the trace, which it does not read)
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(sorted(data.glob("s0*"))[0] / "trace.json", bare / "trace.json")
+    with pytest.warns(UserWarning, match="this log-only model reads nothing else"):
+        d = diagnose(bare / "trace.json", run)
+    assert d["unfamiliar"]["flagged"] and d["unfamiliar"]["log_words_n"] == 0
 
 
 def test_evaluation_files_stay_true_to_their_run(shards, tmp_path) -> None:

@@ -354,18 +354,31 @@ def diagnose(
     trace_in, log_path = _find_inputs(p)
     if perfetto:
         check_output_file(perfetto, [], "--perfetto")  # (a directory: refused before the work)
-    if log_path is None and cfg.get("model", {}).get("modalities", "both") != "trace":
-        warnings.warn(
-            f"{p}: no log.txt beside the trace: the model's log side reads an empty log "
-            "(its causes rest on the trace alone)",
-            stacklevel=2,
-        )
     tr = _trace.load(
         trace_in,
         step_names=tok.settings.get("step_names"),
         normalize=tok.settings.get("normalize"),
         warn=False,
     )
+    apart = _trace._sources_apart(tr)
+    if apart is not None:  # (unrelated captures diagnosed as one would get one, wrong, answer)
+        raise TellerIOError(
+            f"{p}: {apart.split(': they are read as')[0]}: not one capture; diagnose each on its own "
+            "(teller diagnose FILE FILE ...)",
+            path=str(p),
+        )
+    # (said once the capture is read: a path that is no trace is named for that, not for its log)
+    modalities = cfg.get("model", {}).get("modalities", "both")
+    if log_path is None and modalities != "trace":
+        warnings.warn(
+            f"{p}: no log.txt beside the trace: "
+            + (
+                "this log-only model reads nothing else (its causes are its priors; flagged unfamiliar)"
+                if modalities == "log"
+                else "the model's log side reads an empty log (its causes rest on the trace alone)"
+            ),
+            stacklevel=2,
+        )
     # what the loader had to skip or repair (a raw file cut short, unknown categories): the diagnosis
     # rests on what was read, so say so (the collector's info notes stay out)
     if perfetto:
@@ -701,8 +714,11 @@ def _unfamiliar(tr: Any, lids: np.ndarray, tok: Any, logtok: Any, modalities: st
     unk = lids == logtok.index["[UNK]"]
     n_words = int(unk.sum() + is_word[lids[~unk]].sum())
     log_share = float(unk.sum() / n_words) if n_words else 0.0
-    flagged = (modalities != "log" and trace_share >= UNFAMILIAR_FROM) or (
-        modalities != "trace" and log_share >= UNFAMILIAR_FROM
+    flagged = (
+        (modalities != "log" and trace_share >= UNFAMILIAR_FROM)
+        or (modalities != "trace" and log_share >= UNFAMILIAR_FROM)
+        # (a log-only model given no log word reads nothing at all: whatever it says is its prior)
+        or (modalities == "log" and n_words == 0)
     )
     return {
         "trace_events": trace_share,
