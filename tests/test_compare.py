@@ -713,3 +713,26 @@ def test_a_symbol_in_both_captures_is_never_called_new(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     row = next(line for line in r.output.splitlines() if "host_op:foo" in line)
     assert "new" not in row, row
+
+
+def test_captures_of_different_work_are_said_to_be_so(tmp_path):
+    """(from a review) A ResNet training trace against an LLM serving capture read "the median step
+    took 0.01x the baseline's": where little of their time is in common symbols, that comes first,
+    and a TellerWarning says it."""
+    import teller.trace as T
+    from conftest import TRACES
+    from teller.compare import COMMON_MIN, compare
+    from teller.errors import TellerWarning
+
+    a = T.load(TRACES / "a100_nccl_2rank.kineto.json.gz", warn=False)
+    b = T.load(TRACES / "mi300x_sglang_decode_hipgraph.kineto.json.gz", warn=False)
+    with pytest.warns(TellerWarning, match="little in common"):
+        c = compare(a, b)
+    assert c["common_time_share"] < COMMON_MIN and c["statements"][0].startswith("the captures have little")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TellerWarning)
+        same = compare(a, a)
+    assert same["common_time_share"] == pytest.approx(1.0)
+    assert not any("little in common" in s for s in same["statements"])

@@ -16,11 +16,13 @@ says which kernel or operator moved. The idea is HTA's trace diff; the code is o
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from teller.errors import TellerWarning
 from teller.findings import _ms, _pct, gpu_names
 
 # a change is stated when it moves the time per step by this share of the baseline's step time or more
@@ -423,6 +425,22 @@ def compare(
             }
         )
     rows.sort(key=lambda r: (-abs(r["delta_ns"]), r["symbol"]))
+    # the share of both captures' time in symbols both have: little (another program, engine or
+    # machine) and every change below compares different work (a review compared a ResNet training
+    # trace with an LLM serving capture and read "the median step took 0.01x the baseline's").
+    # Measured (2026-12-07): simulated captures of one preset 0.53-0.69 pairwise, the five real Kineto
+    # fixtures 0.00-0.59 (their runtime calls and aten operators are common), a CPU run against a
+    # simulated sample 0.00; said below COMMON_MIN
+    tot = sum(v["ns"] for v in tb.values()) + sum(v["ns"] for v in tc.values())
+    common_ns = sum(tb[k]["ns"] + tc[k]["ns"] for k in set(tb) & set(tc))
+    common = common_ns / tot if tot > 0 else None
+    if common is not None and common < COMMON_MIN:
+        warnings.warn(
+            f"the two captures have little in common: {100 * common:.0f} % of their time is in symbols "
+            "both have (another program, engine or machine?); the changes compare different work",
+            TellerWarning,
+            stacklevel=2,
+        )
     sb, sc = baseline.summary(0), current.summary(0)
     db, dc = _device_rows(sb, baseline), _device_rows(sc, current)
     # GPUs paired by (rank, device), else rank, else in order where both have as many; named as the
@@ -448,6 +466,8 @@ def compare(
         "gpus": gpus,
         # the GPUs with work in each capture (the breakdowns pair them only where as many)
         "gpu_count": {"baseline": len(db), "current": len(dc)},
+        # the share of both captures' time in symbols both have (None: no time in either)
+        "common_time_share": common,
         # the steps' load in both, and the current steps against the baseline's time for their load
         "load": _load_change(baseline, current, patterns) if per_step else None,
     }
@@ -574,6 +594,10 @@ def _load_statements(ld: dict[str, Any] | None) -> list[str]:
     return [f"{said}; for their load they took {took}"]
 
 
+# below this share of their time in common symbols two captures are said to be of different work
+COMMON_MIN = 0.25
+
+
 def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
     """The changes worth a sentence, largest first: the step time (at ``STEP_RATIO`` or more either
     way), the steps' load and their time for it (where the load moved by ``LOAD_RATIO``), the
@@ -581,6 +605,12 @@ def statements(cmp: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
     five), and the breakdown shares that moved by ``MIN_POINTS`` or more."""
     unit = cmp["unit"]
     out: list[str] = []
+    common = cmp.get("common_time_share")
+    if common is not None and common < COMMON_MIN:
+        out.append(
+            f"the captures have little in common ({100 * common:.0f} % of their time in symbols both "
+            "have): they are of different work, and the changes below compare it"
+        )
     mb, mc = cmp["steps"]["baseline"]["median_ns"], cmp["steps"]["current"]["median_ns"]
     if mb > 0 and mc > 0 and max(mc / mb, mb / mc) >= STEP_RATIO:
         what = "median step" if unit == "step" else "capture span"
