@@ -352,14 +352,15 @@ def _patch(module, groups) -> None:
                         if getattr(inner, "__teller_wrapped__", False) and hasattr(inner, "__wrapped__"):
                             inner = inner.__wrapped__
                             raw = type(raw)(inner) if isinstance(raw, (staticmethod, classmethod)) else inner
-                    if type(raw).__name__ == "instancemethod":  # (pybind11's methods: the function inside)
+                    bound_c = type(raw).__name__ == "instancemethod"
+                    if bound_c:  # (pybind11's methods: the function inside, which takes the instance)
                         raw = raw.__func__
                     args = (fmt, mname, spec, g.get("domain"), g.get("color"), dynamic, owner.__name__)
                     if isinstance(raw, staticmethod):
                         setattr(owner, meth, staticmethod(_wrap(raw.__func__, *args, kind="staticmethod")))
                     elif isinstance(raw, classmethod):
                         setattr(owner, meth, classmethod(_wrap(raw.__func__, *args, kind="classmethod")))
-                    elif isinstance(raw, types.BuiltinFunctionType):
+                    elif isinstance(raw, types.BuiltinFunctionType) and not bound_c:
                         # (a C function stored on a class is no descriptor, called without the
                         # instance; a Python wrapper would be bound and given it: kept unbound)
                         setattr(owner, meth, staticmethod(_wrap(raw, *args, kind="staticmethod")))
