@@ -742,3 +742,20 @@ def test_shared_gpu_work_overlapping_its_own_is_not_idle(tmp_path) -> None:
     a = fs[1]["values"]
     assert a["others_in_busy_ns"] == 10 * 30_000 and a["others_in_idle_ns"] == 9 * 10_000
     assert fs[1]["share"] == pytest.approx(9 * 10_000 / (9 * 100_000 + 50_000)) and fs[1]["share"] >= SHARED
+
+
+def test_a_compute_kernel_named_like_a_collective_inside_a_word_is_compute(tmp_path) -> None:
+    """(from a review) `small_reduce_kernel` (a split-KV attention combine) read `smallreduce...` with
+    its underscores gone, so as an all-reduce: 30 % of a one-GPU trace's time was called
+    communication. A collective's word must start a part of the name."""
+    ev = []
+    for i in range(10):
+        ev.append({"ph": "X", "cat": "kernel", "name": "matmul_kernel", "pid": 0, "tid": 7, "ts": 100 * i,
+                   "dur": 60, "args": {"device": 0}})  # fmt: skip
+        ev.append({"ph": "X", "cat": "kernel", "name": "small_reduce_kernel", "pid": 0, "tid": 7,
+                   "ts": 100 * i + 60, "dur": 30, "args": {"device": 0}})  # fmt: skip
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tr = teller.trace.load(p, warn=False)
+    assert _dev(tr)["comm_ns"] == 0
+    assert not [f for f in teller.findings.findings(tr) if f["kind"] == "communication"]

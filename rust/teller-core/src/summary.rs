@@ -103,28 +103,41 @@ struct Act {
 /// `reduce_scatter`, `all_to_all`); case and underscores ignored; and expert-parallel all-to-all
 /// kernels named by what they do (DeepEP's `deep_ep::intranode::dispatch<...>`,
 /// `internode_ll::combine`, their `notify_dispatch` / `cached_notify_*` steps: [`is_ep_exchange`]).
-/// The set of `teller.data.summary`'s `_COLLECTIVE`, plus RCCL and the expert-parallel kernels
-/// (the model's features keep the older set: shipped checkpoints were trained on it).
+/// The set of `teller.data.summary`'s `_COLLECTIVE`, plus RCCL and the expert-parallel kernels,
+/// with the collective's word at the start of a part of the name (the model's features keep the
+/// older set, which also takes `small_reduce_kernel`: shipped checkpoints were trained on it).
 pub fn is_collective(name: &str) -> bool {
     if is_ep_exchange(name) {
         return true;
     }
-    let k: String = name
-        .chars()
-        .filter(|c| *c != '_')
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    [
-        "nccl",
-        "rccl",
-        "crossdevicereduce",
-        "allreduce",
-        "allgather",
-        "reducescatter",
-        "alltoall",
-    ]
-    .iter()
-    .any(|p| k.contains(p))
+    // The name lower-cased without its underscores, each byte with its place in the name.
+    let orig = name.as_bytes();
+    let (mut k, mut at) = (Vec::with_capacity(orig.len()), Vec::with_capacity(orig.len()));
+    for (i, &b) in orig.iter().enumerate().filter(|(_, &b)| b != b'_') {
+        k.push(b.to_ascii_lowercase());
+        at.push(i);
+    }
+    // A collective's word starts a part of the name: at its start, after a separator (`_`, `:`,
+    // `<`, a space) or as a camel-case word (`ncclAllReduce`). Decision: `small_reduce_kernel`
+    // (a split-KV attention combine, MAGMA's `zherk_small_reduce_kernel`) is `smallreduce...` once
+    // its underscores are gone, and read as an all-reduce a compute kernel was called communication.
+    let starts_part = |i: usize| {
+        i == 0 || {
+            let (p, c) = (orig[i - 1], orig[i]);
+            !p.is_ascii_alphanumeric() || (c.is_ascii_uppercase() && (p.is_ascii_lowercase() || p.is_ascii_digit()))
+        }
+    };
+    let found = |pat: &[u8], word: bool| {
+        k.windows(pat.len())
+            .enumerate()
+            .any(|(j, w)| w == pat && (!word || starts_part(at[j])))
+    };
+    [b"nccl".as_slice(), b"rccl", b"crossdevicereduce"]
+        .iter()
+        .any(|p| found(p, false))
+        || [b"allreduce".as_slice(), b"allgather", b"reducescatter", b"alltoall"]
+            .iter()
+            .any(|p| found(p, true))
 }
 
 /// An expert-parallel token exchange: the kernel's own name (the last `::` part, template
@@ -523,6 +536,9 @@ mod tests {
             "AllGather_kernel",
             "reduce_scatter",
             "all_to_all_combine",
+            "ncclAllReduce",
+            "custom_all_reduce",
+            "void vllm::all_reduce<float>(float*)",
             "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)",
             "void deep_ep::internode_ll::combine<7168, 8>(void*, int)",
             "void deep_ep::intranode::cached_notify_combine<8>(void**, int*)",
@@ -542,6 +558,10 @@ mod tests {
             "void combine_fp8<float>(float*)",
             "void thrust::cuda_cub::core::_kernel_agent<ns::dispatch>(int)",
             "void other_lib::dispatch<int>(int)",
+            "small_reduce_kernel",
+            "zherk_small_reduce_kernel",
+            "void smallReduceKernel<float>(float*)",
+            "overall_gather_kernel",
         ] {
             assert!(!super::is_collective(n), "{n}");
         }
