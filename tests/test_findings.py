@@ -90,6 +90,20 @@ def test_launch_bound_when_kernels_are_shorter_than_their_calls(tmp_path) -> Non
     assert ("launch_overhead", 0) in _kinds(fs)  # (12 of every 26 idle us inside the call)
 
 
+def test_kernels_queued_behind_earlier_work_are_not_launch_bound(tmp_path) -> None:
+    """(from a review) A kernel shorter than its call that sat queued behind earlier work ran while
+    the host was ahead: the 2020 ResNet-50 trace read "launch-bound" with its short kernels queued
+    some 5 ms. Only a kernel started within 10 us of its call's end counts."""
+    t = _Trace()
+    for k in range(10):
+        t.launch(30 * k, 12, 30 * k + 40, 4)  # a 4 us kernel started 28 us after its 12 us call
+    d = _dev(t.load(tmp_path))
+    assert d["kernels"] == 10 and d["kernels_shorter_than_launch"] == 0
+    tr = teller.trace.load(TRACES / "resnet50_2020_barelist.kineto.json.gz", warn=False)
+    fs = [f for f in findings(tr) if f["kind"] == "host_wait"]
+    assert fs and "launch-bound" not in fs[0]["message"]
+
+
 def test_queued_work(tmp_path) -> None:
     # every call made up front; the work starts 50 us after the previous kernel: queued, not host
     t = _Trace()

@@ -117,8 +117,8 @@ def device_findings(d: dict[str, Any], name: str | None = None) -> list[dict[str
         )
         if short >= SHORT_KERNELS:
             msg += (
-                f"; {_pct(short)} of its kernels ran shorter than their launch call, so it is launch-bound "
-                "(CUDA graphs or fused kernels issue fewer launches)"
+                f"; {_pct(short)} of its kernels ran shorter than their launch call and started as soon as "
+                "it returned, so it is launch-bound (CUDA graphs or fused kernels issue fewer launches)"
             )
         add("host_wait", host, msg, idle_host_ns=d["idle_host_ns"], short_kernel_share=short)
     launch = d["idle_launch_ns"] / span

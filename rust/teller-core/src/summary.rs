@@ -98,6 +98,11 @@ struct Act {
     link: i64,
 }
 
+/// A kernel shorter than its launch call counts toward "launch-bound" only where it started within
+/// this long of the call's end (the GPU was waiting for it): an idle GPU starts a kernel some 2 us
+/// after its launch returns (H200, `docs/faults.md`); 10 us leaves room for clock skew.
+pub const SHORT_KERNEL_DELAY_NS: i64 = 10_000;
+
 /// A collective (communication) kernel by name: NCCL's and RCCL's, vLLM's custom all-reduce
 /// (`cross_device_reduce_*`) and names spelling a collective (`all_reduce`, `AllGather`,
 /// `reduce_scatter`, `all_to_all`); case and underscores ignored; and expert-parallel all-to-all
@@ -255,7 +260,8 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
     // per name id: is it a collective kernel (names repeat: each is classified once)
     let mut coll: HashMap<u32, bool> = HashMap::new();
     // the kernels of each GPU: (launching call, duration); a call's GPU activities (a graph launch has many)
-    let mut kernels: HashMap<Gpu, Vec<(i64, i64)>> = HashMap::new();
+    // per GPU, each kernel's (launch call, duration, start)
+    let mut kernels: HashMap<Gpu, Vec<(i64, i64, i64)>> = HashMap::new();
     // (indexed by the call's event index: a hash map per linked activity cost ~25 % of the summary)
     let mut per_call: Vec<u32> = vec![0; if t.link.is_empty() { 0 } else { n }];
     // launching call -> (GPU, earliest start of the GPU work it launched)
@@ -305,7 +311,7 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
                     let c = *coll
                         .entry(t.name[i])
                         .or_insert_with(|| is_collective(t.strings.get(t.name[i])));
-                    kernels.entry(gpu).or_default().push((link, t.dur[i]));
+                    kernels.entry(gpu).or_default().push((link, t.dur[i], t.ts[i]));
                     if c {
                         Work::Comm
                     } else {
@@ -432,9 +438,17 @@ pub fn summarize(t: &Trace, top: usize) -> Summary {
             let ks = kernels.get(&gpu).map(Vec::as_slice).unwrap_or_default();
             // (only a call that launched this one kernel: a graph launch's kernels are not each
             // shorter than "their" launch, they share one)
+            // and only a kernel the GPU started at once (within SHORT_KERNEL_DELAY_NS of its call's
+            // end): one that sat queued behind earlier work ran while the host was ahead, whatever
+            // its length (a review found ResNet's "launch-bound" kernels queued for 5 ms)
             let k_short = ks
                 .iter()
-                .filter(|&&(c, dur)| c >= 0 && per_call[c as usize] == 1 && dur < t.dur[c as usize])
+                .filter(|&&(c, dur, start)| {
+                    c >= 0
+                        && per_call[c as usize] == 1
+                        && dur < t.dur[c as usize]
+                        && start.saturating_sub(t.end(c as usize)) <= SHORT_KERNEL_DELAY_NS
+                })
                 .count();
             // the host's wait on the GPU: the union of its sync records (threads waiting at once
             // count once), within the GPU's span
