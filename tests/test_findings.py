@@ -773,3 +773,18 @@ def test_a_compute_kernel_named_like_a_collective_inside_a_word_is_compute(tmp_p
     tr = teller.trace.load(p, warn=False)
     assert _dev(tr)["comm_ns"] == 0
     assert not [f for f in teller.findings.findings(tr) if f["kind"] == "communication"]
+
+
+def test_one_gpu_without_links_beside_linked_ones_is_said(tmp_path) -> None:
+    """(from a review) The unlinked caveat was checked over the whole trace: a GPU whose 40 kernels
+    had no launch calls, idle 80 % of its span with nothing to explain it, got no word because
+    another GPU's 100 were linked."""
+    t = _Trace()
+    for k in range(100):
+        t.launch(20 * k, 5, 20 * k + 6, 10, device=0)
+    for k in range(40):
+        t.launch(50 * k, 5, 50 * k + 6, 10, device=1, linked=False)
+    tr = t.load(tmp_path)
+    un = [f for f in findings(tr) if f["kind"] == "unlinked"]
+    assert [f["device"] for f in un] == [1] and un[0]["share"] > 0.5, un
+    assert un[0]["message"].startswith(un[0]["gpu"])

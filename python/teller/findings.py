@@ -25,6 +25,7 @@ import numpy as np
 HOST_WAIT = 0.20  # idle before the launching call: the host was late to ask
 LAUNCH = 0.10  # idle inside launch calls
 QUEUED = 0.10  # idle after the launch returned
+UNLINKED_IDLE = 0.20  # a GPU's idle time that no linked launch explains (where the trace is linked overall)
 COMM = 0.15  # communication kernels (NCCL/RCCL, custom all-reduce)
 MEMORY = 0.10  # copies and memsets
 SYNC = 0.10  # host threads blocked in synchronization records of the device
@@ -572,6 +573,26 @@ def findings(tr: Any, summary: dict[str, Any] | None = None) -> list[dict[str, A
                 "values": {"gpu_events": gpu, "linked_gpu_events": linked},
             }
         )
+    elif gpu:
+        # (linked overall, yet one GPU's activities not: its idle time is unattributed, said for it,
+        # not left under another GPU's findings)
+        for d, nm in zip(s["devices"], names, strict=True):
+            span, un = d.get("span_ns", 0), d.get("idle_unlinked_ns", 0)
+            if span and un / span >= UNLINKED_IDLE:
+                out.append(
+                    {
+                        "kind": "unlinked",
+                        "device": d["device"],
+                        "gpu": nm,
+                        "source": d.get("source", 0),
+                        "share": un / span,
+                        "message": (
+                            f"{nm}: {_pct(un / span)} of its time is idle time the split by cause could not "
+                            f"attribute ({_ms(un)}): its activities are not linked to their launching calls"
+                        ),
+                        "values": {"idle_unlinked_ns": un},
+                    }
+                )
     out.sort(key=lambda f: (-f["share"], f["kind"], -1 if f["device"] is None else f["device"]))
     return out
 
