@@ -28,6 +28,36 @@ typedef struct {
     uint64_t payload;
 } tl_attr;
 
+/* The wide-character (W) entry points and NVTX_MESSAGE_TYPE_UNICODE take wchar_t text: UTF-32 on
+ * Linux, written as UTF-8 (a value that is no character, a surrogate or past U+10FFFF, as U+FFFD),
+ * cut at a character to fit TL_WIDE_MAX bytes (a stack buffer: callbacks run on the program's
+ * threads, whose stacks may be small). */
+_Static_assert(sizeof(wchar_t) == 4, "wchar_t is UTF-32 on the platforms the shim supports");
+#define TL_WIDE_MAX 4096
+static size_t wide_utf8(const wchar_t *w, char *buf, size_t cap) {
+    size_t n = 0;
+    for (; w && *w; w++) {
+        uint32_t c = (uint32_t)*w;
+        if ((c >= 0xD800u && c <= 0xDFFFu) || c > 0x10FFFFu) c = 0xFFFDu;
+        unsigned char e[4];
+        size_t k;
+        if (c < 0x80u) { e[0] = (unsigned char)c; k = 1; }
+        else if (c < 0x800u) { e[0] = (unsigned char)(0xC0u | (c >> 6)); e[1] = (unsigned char)(0x80u | (c & 0x3Fu)); k = 2; }
+        else if (c < 0x10000u) {
+            e[0] = (unsigned char)(0xE0u | (c >> 12)); e[1] = (unsigned char)(0x80u | ((c >> 6) & 0x3Fu));
+            e[2] = (unsigned char)(0x80u | (c & 0x3Fu)); k = 3;
+        } else {
+            e[0] = (unsigned char)(0xF0u | (c >> 18)); e[1] = (unsigned char)(0x80u | ((c >> 12) & 0x3Fu));
+            e[2] = (unsigned char)(0x80u | ((c >> 6) & 0x3Fu)); e[3] = (unsigned char)(0x80u | (c & 0x3Fu)); k = 4;
+        }
+        if (n + k > cap - 1) break;
+        memcpy(buf + n, e, k);
+        n += k;
+    }
+    buf[n] = 0;
+    return n;
+}
+
 static inline uint32_t msg_sid(tl_thread *t, int type, const nvtxMessageValue_t *m) {
     if (type == NVTX_MESSAGE_TYPE_ASCII && m->ascii) return tl_intern(t, m->ascii, strlen(m->ascii));
     if (type == NVTX_MESSAGE_TYPE_REGISTERED && m->registered) {
@@ -35,10 +65,8 @@ static inline uint32_t msg_sid(tl_thread *t, int type, const nvtxMessageValue_t 
         if (n->magic == TL_REGSTR_MAGIC) return tl_intern_name(t, n);
     }
     if (type == NVTX_MESSAGE_TYPE_UNICODE && m->unicode) {
-        char buf[1024];
-        size_t i = 0;
-        for (const wchar_t *w = m->unicode; *w && i < sizeof buf - 1; w++) buf[i++] = (*w < 128) ? (char)*w : '?';
-        return tl_intern(t, buf, i);
+        char buf[TL_WIDE_MAX];
+        return tl_intern(t, buf, wide_utf8(m->unicode, buf, sizeof buf));
     }
     return tl_intern(t, "", 0);
 }
@@ -363,6 +391,64 @@ static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringA(nvtxDomainHandle_t d
 static void NVTX_API cb_NameCategoryA(uint32_t cat, const char *name) { (void)cat; (void)name; }
 static void NVTX_API cb_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t cat, const char *name) { (void)d; (void)cat; (void)name; }
 
+/* ---- wide-character (W) entry points: as their A twins, the text as UTF-8. Left out, a RangePushW
+ * was dropped while its RangePop still ended the range below it, and a DomainCreateW's ranges fell
+ * into the default domain. ---- */
+
+static int NVTX_API cb_RangePushW(const wchar_t *msg) {
+    char buf[TL_WIDE_MAX];
+    size_t n = wide_utf8(msg, buf, sizeof buf);
+    if (!tl_enter()) return -1;
+    tl_thread *t = tl_self();
+    int r = t ? do_push(t, NULL, tl_intern(t, buf, n), NULL) : -1;
+    tl_leave();
+    return r;
+}
+
+static nvtxRangeId_t NVTX_API cb_RangeStartW(const wchar_t *msg) {
+    char buf[TL_WIDE_MAX];
+    size_t n = wide_utf8(msg, buf, sizeof buf);
+    if (!tl_enter()) return 0;
+    tl_thread *t = tl_self();
+    nvtxRangeId_t id = t ? start_range(NULL, tl_intern(t, buf, n), NULL, t) : 0;
+    tl_leave();
+    return id;
+}
+
+static void NVTX_API cb_MarkW(const wchar_t *msg) {
+    char buf[TL_WIDE_MAX];
+    size_t n = wide_utf8(msg, buf, sizeof buf);
+    if (!tl_enter()) return;
+    tl_thread *t = tl_self();
+    if (t) write_mark(t, tl_intern(t, buf, n), NULL, NULL);
+    tl_leave();
+}
+
+static void NVTX_API cb_NameOsThreadW(uint32_t tid, const wchar_t *name) {
+    if (!name) return;
+    char buf[TL_WIDE_MAX];
+    size_t n = wide_utf8(name, buf, sizeof buf);
+    if (!tl_enter()) return;
+    tl_thread *t = tl_self();
+    if (t) tl_write_thread_name(t, tid, buf, n);
+    tl_leave();
+}
+
+static nvtxDomainHandle_t NVTX_API cb_DomainCreateW(const wchar_t *name) {
+    char buf[TL_WIDE_MAX];
+    wide_utf8(name, buf, sizeof buf);
+    return cb_DomainCreateA(buf);
+}
+
+static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringW(nvtxDomainHandle_t d, const wchar_t *s) {
+    char buf[TL_WIDE_MAX];
+    wide_utf8(s, buf, sizeof buf);
+    return cb_DomainRegisterStringA(d, buf);
+}
+
+static void NVTX_API cb_NameCategoryW(uint32_t cat, const wchar_t *name) { (void)cat; (void)name; }
+static void NVTX_API cb_DomainNameCategoryW(nvtxDomainHandle_t d, uint32_t cat, const wchar_t *name) { (void)d; (void)cat; (void)name; }
+
 static int install(NvtxGetExportTableFunc_t get, NvtxCallbackModule mod, const NvtxFunctionPointer *fns, unsigned n) {
     const NvtxExportTableCallbacks *etc = (const NvtxExportTableCallbacks *)get(NVTX_ETID_CALLBACKS);
     if (!etc || !etc->GetModuleFunctionTable) return -1;
@@ -391,6 +477,11 @@ TL_VISIBLE int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t getExportTable)
     core[NVTX_CBID_CORE_RangePop] = (NvtxFunctionPointer)cb_RangePop;
     core[NVTX_CBID_CORE_NameCategoryA] = (NvtxFunctionPointer)cb_NameCategoryA;
     core[NVTX_CBID_CORE_NameOsThreadA] = (NvtxFunctionPointer)cb_NameOsThreadA;
+    core[NVTX_CBID_CORE_MarkW] = (NvtxFunctionPointer)cb_MarkW;
+    core[NVTX_CBID_CORE_RangeStartW] = (NvtxFunctionPointer)cb_RangeStartW;
+    core[NVTX_CBID_CORE_RangePushW] = (NvtxFunctionPointer)cb_RangePushW;
+    core[NVTX_CBID_CORE_NameCategoryW] = (NvtxFunctionPointer)cb_NameCategoryW;
+    core[NVTX_CBID_CORE_NameOsThreadW] = (NvtxFunctionPointer)cb_NameOsThreadW;
 
     NvtxFunctionPointer core2[NVTX_CBID_CORE2_SIZE] = {0};
     core2[NVTX_CBID_CORE2_DomainMarkEx] = (NvtxFunctionPointer)cb_DomainMarkEx;
@@ -402,6 +493,9 @@ TL_VISIBLE int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t getExportTable)
     core2[NVTX_CBID_CORE2_DomainRegisterStringA] = (NvtxFunctionPointer)cb_DomainRegisterStringA;
     core2[NVTX_CBID_CORE2_DomainCreateA] = (NvtxFunctionPointer)cb_DomainCreateA;
     core2[NVTX_CBID_CORE2_DomainDestroy] = (NvtxFunctionPointer)cb_DomainDestroy;
+    core2[NVTX_CBID_CORE2_DomainNameCategoryW] = (NvtxFunctionPointer)cb_DomainNameCategoryW;
+    core2[NVTX_CBID_CORE2_DomainRegisterStringW] = (NvtxFunctionPointer)cb_DomainRegisterStringW;
+    core2[NVTX_CBID_CORE2_DomainCreateW] = (NvtxFunctionPointer)cb_DomainCreateW;
 
     if (install(getExportTable, NVTX_CB_MODULE_CORE, core, NVTX_CBID_CORE_SIZE) != 0) return 0;
     if (install(getExportTable, NVTX_CB_MODULE_CORE2, core2, NVTX_CBID_CORE2_SIZE) != 0) return 0;

@@ -209,6 +209,22 @@ print('ok' if ok else 'bad %r %r %r' % ([len(x) for x in names], [(len(a), b and
   [ "$res" = ok ] && ok "nvtx-utf8-cut" || ko "nvtx-utf8-cut" "$res"
 else ko "nvtx-utf8-cut"; fi
 
+# the wide-character (W) entry points: UTF-8 names, nesting kept, domains and registered strings
+d="$(fresh wide)"
+if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" wide > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+r = {x['name']: x for x in f.ranges().values()}
+o, i, s = r.get('outer'), r.get('inner-\u00e9'), r.get('sibling')
+ok = None not in (o, i, s) and o['start'] <= i['start'] <= i['end'] <= s['start'] <= s['end'] <= o['end']
+ok = ok and r.get('started-w', {}).get('end') is not None and r.get('caf\u00e9') is not None
+ok = ok and r.get('registered-w', {}).get('domain') == 'wide-dom'
+ok = ok and [f.s(m[2]) for m in f.of(c.MARK)] == ['mark-\U0001F600'] and 'wide-thread' in f.thread_names().values()
+print('ok' if ok else 'bad %r' % sorted(r))")
+  [ "$res" = ok ] && ok "nvtx-wide" || ko "nvtx-wide" "$res"
+else ko "nvtx-wide"; fi
+
 # the program closes all descriptors and reuses the numbers: its files must stay untouched
 d="$(fresh closefd)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" closefd "$d/user" > /dev/null 2>&1; then

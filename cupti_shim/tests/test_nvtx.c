@@ -364,6 +364,35 @@ static void scenario_utf8(void) {
     printf("{\"pid\": %d}\n", (int)getpid());
 }
 
+/* the wide-character (W) entry points and Unicode messages: recorded as UTF-8, and a RangePushW
+ * nests as a RangePushA does (it was dropped while its pop still ended the range below it) */
+static void scenario_wide(void) {
+    nvtxRangePushA("outer");
+    nvtxRangePushW(L"inner-\u00e9");
+    nvtxRangePop();
+    nvtxRangePushA("sibling");
+    nvtxRangePop();
+    nvtxRangePop();
+    nvtxMarkW(L"mark-\U0001F600");
+    nvtxRangeId_t id = nvtxRangeStartW(L"started-w");
+    nvtxRangeEnd(id);
+    nvtxNameOsThreadW(tid(), L"wide-thread");
+    nvtxDomainHandle_t d = nvtxDomainCreateW(L"wide-dom");
+    nvtxStringHandle_t h = nvtxDomainRegisterStringW(d, L"registered-w");
+    nvtxEventAttributes_t a = {0};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    a.message.registered = h;
+    nvtxDomainRangePushEx(d, &a);
+    nvtxDomainRangePop(d);
+    a.messageType = NVTX_MESSAGE_TYPE_UNICODE;
+    a.message.unicode = L"caf\u00e9";
+    nvtxRangePushEx(&a);
+    nvtxRangePop();
+    printf("{\"pid\": %d}\n", (int)getpid());
+}
+
 /* 200k push/pop pairs, then on until the process exits (exit runs while it still writes) */
 static int many_done;
 static void *many_thread(void *arg) {
@@ -381,6 +410,7 @@ int main(int argc, char **argv) {
     const char *s = argc > 1 ? argv[1] : "basic";
     if (strcmp(s, "basic") == 0) scenario_basic();
     else if (strcmp(s, "fork") == 0) scenario_fork();
+    else if (strcmp(s, "wide") == 0) scenario_wide();
     else if (strcmp(s, "closefd") == 0 && argc > 2) {
         /* a program that closes every descriptor and reuses the numbers must never see its files
          * extended, written or truncated by the shim */
