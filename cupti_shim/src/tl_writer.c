@@ -56,6 +56,14 @@ static struct {
     tl_gstr *strs;
     uint32_t strs_cap, strs_count, next_sid;
     uint32_t strs_pending; /* entries whose STRING could not be written yet (written == 0), under smu */
+    /* The table's budget (TELLER_MAX_NAMES names, TELLER_NAMES_MB of text): past it a name not in the
+     * table gets a fresh id and its STRING at each use, and is not kept. Decision: every name kept to
+     * the exit made a program whose names are all new (torch's emit_nvtx names each range
+     * "aten::add, seq = N", a review measured 126 MB for 1M of them) grow without end; past the
+     * budget a name used again costs a STRING per use instead. */
+    uint32_t strs_max;
+    uint64_t strs_bytes, strs_bytes_max;
+    int strs_over_said;
     /* header extras (rewritten in place) */
     uint32_t cupti_version;
     char cupti_error[512];
@@ -478,6 +486,8 @@ static void atfork_child(void) {
     free(g.strs);
     g.strs = NULL;
     g.strs_cap = g.strs_count = g.strs_pending = 0;
+    g.strs_bytes = 0;
+    g.strs_over_said = 0;
     g.next_sid = 1;
     /* Invalidate every cached string id and every thread struct: the child opens its own file lazily. */
     __atomic_add_fetch(&tl_gen, 1, __ATOMIC_RELEASE);
@@ -515,6 +525,11 @@ static void init_once(void) {
     g.max_size = env_u64("TELLER_MAX_FILE_MB", 4096) << 20;
     if (g.max_size < TL_HEADER_REGION + g.chunk_size) g.max_size = TL_HEADER_REGION + g.chunk_size;
     g.next_sid = 1;
+    {
+        uint64_t m = env_u64("TELLER_MAX_NAMES", 262144);
+        g.strs_max = m < 1024 ? 1024u : m > (1u << 30) ? (1u << 30) : (uint32_t)m;
+    }
+    g.strs_bytes_max = env_u64("TELLER_NAMES_MB", 64) << 20;
     g.sync_ns = env_u64("TELLER_CLOCK_SYNC_MS", 10000) * 1000000ull;
     if (pthread_key_create(&g.key, thread_destructor) != 0) { g.state = -1; return; }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
@@ -700,6 +715,29 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
     }
     tl_gstr *e = strtab_slot_locked(s, len, h);
     int fresh = 0;
+    if (!e->text && (g.strs_count >= g.strs_max || g.strs_bytes + len + 1 > g.strs_bytes_max)) {
+        /* over the budget: an id of its own and its STRING now, nothing kept (not cached either: the
+         * text is the caller's). A STRING the file refuses leaves the id undefined: the reader names
+         * it "<string #N>" and says so (the file is full; its records are being dropped too). */
+        uint32_t sid = g.next_sid++;
+        int say = !g.strs_over_said;
+        g.strs_over_said = 1;
+        uint32_t count = g.strs_count;
+        pthread_mutex_unlock(&g.smu);
+        if (say)
+            tl_diag(TL_WARN, "the string table holds %u names (TELLER_MAX_NAMES / TELLER_NAMES_MB): a name seen for "
+                    "the first time from now on is written with each use, not kept", count);
+        size_t need = (size_t)len + 32;
+        uint8_t *r = TL_LIKELY((size_t)(t->end - t->pos) >= need) ? t->pos : reserve_slow(t, need, 0);
+        if (r) {
+            uint8_t *c = r + 1;
+            mp_uint(&c, TL_STRING);
+            mp_uint(&c, sid);
+            mp_str(&c, s, len);
+            tl_commit(t, r, c, 0x93);
+        }
+        return sid;
+    }
     if (!e->text) {
         char *copy = malloc((size_t)len + 1);
         if (!copy) { pthread_mutex_unlock(&g.smu); return 0; }
@@ -711,6 +749,7 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         e->sid = g.next_sid++;
         e->written = 0;
         g.strs_count++;
+        g.strs_bytes += (uint64_t)len + 1;
         fresh = 1;
     }
     uint8_t was = e->written;

@@ -225,6 +225,20 @@ print('ok' if ok else 'bad %r' % sorted(r))")
   [ "$res" = ok ] && ok "nvtx-wide" || ko "nvtx-wide" "$res"
 else ko "nvtx-wide"; fi
 
+# more distinct names than the string table keeps: every range still reads its own name, one DIAG
+d="$(fresh names)"
+if TELLER_TRACE_DIR="$d" TELLER_MAX_NAMES=1024 NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" names > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d', repeated_strings=True)[0]
+names = [x['name'] for x in f.ranges().values()]
+want = ['aten::add, seq = %d' % i for i in range(5000)] + ['aten::add, seq = 4999']
+said = [m for _, m in f.diags() if 'string table holds' in m]
+ok = names == want and len(said) == 1 and f.n_strings >= 5001
+print('ok' if ok else 'bad %d %r %d' % (len(names), said, sum(a != b for a, b in zip(names, want))))")
+  [ "$res" = ok ] && ok "string-table-budget" || ko "string-table-budget" "$res"
+else ko "string-table-budget"; fi
+
 # the program closes all descriptors and reuses the numbers: its files must stay untouched
 d="$(fresh closefd)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" closefd "$d/user" > /dev/null 2>&1; then

@@ -364,6 +364,20 @@ static void scenario_utf8(void) {
     printf("{\"pid\": %d}\n", (int)getpid());
 }
 
+/* more distinct names than the string table keeps (run with TELLER_MAX_NAMES=1024): each range
+ * still reads its own name, a name past the budget used twice included */
+static void scenario_names(void) {
+    char name[64];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(name, sizeof name, "aten::add, seq = %d", i);
+        nvtxRangePushA(name);
+        nvtxRangePop();
+    }
+    nvtxRangePushA("aten::add, seq = 4999"); /* (again: a second STRING of its own) */
+    nvtxRangePop();
+    printf("{\"pid\": %d}\n", (int)getpid());
+}
+
 /* the wide-character (W) entry points and Unicode messages: recorded as UTF-8, and a RangePushW
  * nests as a RangePushA does (it was dropped while its pop still ended the range below it) */
 static void scenario_wide(void) {
@@ -411,6 +425,7 @@ int main(int argc, char **argv) {
     if (strcmp(s, "basic") == 0) scenario_basic();
     else if (strcmp(s, "fork") == 0) scenario_fork();
     else if (strcmp(s, "wide") == 0) scenario_wide();
+    else if (strcmp(s, "names") == 0) scenario_names();
     else if (strcmp(s, "closefd") == 0 && argc > 2) {
         /* a program that closes every descriptor and reuses the numbers must never see its files
          * extended, written or truncated by the shim */
