@@ -2941,10 +2941,19 @@ def test_diagnose_refuses_a_tokenizer_the_model_was_not_trained_with(shards, tmp
     (run / "config.json").write_text(json.dumps({**old, "tpe_dir": str(small)}))
     with pytest.raises(ConfigError, match=r"not the TPE tokenizer .* \(its SHA-256"):
         diagnose(sample, run)
-    # neither left (shards gone): the vocabulary size
-    (run / "config.json").write_text(
-        json.dumps({**old, "tpe_dir": str(small), "data_dir": str(tmp_path / "gone")})
-    )
-    with pytest.raises(ConfigError, match=r"not the TPE tokenizer .* \(\d+ ids, the model reads \d+\)"):
-        diagnose(sample, run)
+    # neither left (shards gone): the vocabulary size, a smaller one said, a larger one refused
+    from teller.data.tokenize import LogTokenizer
+    from teller.errors import TellerWarning
+    from teller.models.diagnose import _check_tokenizers
+
+    gone = {**old, "data_dir": str(tmp_path / "gone")}
+    logtok = LogTokenizer.load(cfg["log_tokenizer"])
+    with pytest.warns(TellerWarning, match=r"ids where the model reads \d+, and nothing records"):
+        _check_tokenizers(run, {**gone, "tpe_dir": str(small)}, tpe.load(small), logtok)
+    big = {**gone, "tpe_dir": str(tdir), "model": {**gone["model"], "trace_vocab": 100}}
+    with pytest.raises(ConfigError, match=r"not the TPE tokenizer .* \(\d+ ids, the model reads 100\)"):
+        _check_tokenizers(run, big, tpe.load(tdir), logtok)
+    # (from a review) a model configured to read more ids than its tokenizer has: its own tokenizer
+    # by SHA-256, not refused by size
+    _check_tokenizers(run, {**cfg, "model": {**cfg["model"], "trace_vocab": 10_000}}, tpe.load(tdir), logtok)
     shutil.rmtree(small)

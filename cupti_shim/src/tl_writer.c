@@ -406,6 +406,13 @@ static void thread_unlink_locked(tl_thread *t) {
     t->next = t->prev = NULL;
 }
 
+static void ocache_free(tl_thread *t) {
+    for (int i = 0; i < TL_OCACHE; i++) {
+        free(t->ocache[i].text);
+        t->ocache[i].text = NULL;
+    }
+}
+
 static void thread_destructor(void *p) {
     tl_thread *t = p;
     if (!t) return;
@@ -432,6 +439,7 @@ static void thread_destructor(void *p) {
     pthread_mutex_unlock(&g.mu);
     if (t->chunk) munmap(t->chunk, t->chunk_len);
     if (tl_tls == t) tl_tls = NULL;
+    ocache_free(t);
     free(t);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tl_busy = was_busy;
@@ -462,10 +470,10 @@ static void atfork_child(void) {
     while (t) {
         tl_thread *nx = t->next;
         if (t->chunk) munmap(t->chunk, t->chunk_len);
-        if (t != tl_tls) free(t);
+        if (t != tl_tls) { ocache_free(t); free(t); }
         t = nx;
     }
-    if (tl_tls) { free(tl_tls); tl_tls = NULL; }
+    if (tl_tls) { ocache_free(tl_tls); free(tl_tls); tl_tls = NULL; }
     if (g.state == 1) pthread_setspecific(g.key, NULL); /* the key's destructor must not see the freed struct */
     g.threads = NULL;
     g.full_until = 0;
@@ -726,7 +734,11 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         pthread_mutex_unlock(&g.smu);
         if (say)
             tl_diag(TL_WARN, "the string table holds %u names (TELLER_MAX_NAMES / TELLER_NAMES_MB): a name seen for "
-                    "the first time from now on is written with each use, not kept", count);
+                    "the first time from now on is written with each use, not kept (a few per thread are)", count);
+        /* (this thread wrote it lately, in this file: its STRING is there; the id taken above goes
+         * unused, which the reader does not mind) */
+        tl_ocache_entry *oc = &t->ocache[h & (TL_OCACHE - 1)];
+        if (oc->text && oc->hash == h && oc->len == len && memcmp(oc->text, s, len) == 0) return oc->sid;
         size_t need = (size_t)len + 32;
         uint8_t *r = TL_LIKELY((size_t)(t->end - t->pos) >= need) ? t->pos : reserve_slow(t, need, 0);
         if (r) {
@@ -735,6 +747,13 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
             mp_uint(&c, sid);
             mp_str(&c, s, len);
             tl_commit(t, r, c, 0x93);
+            char *copy = malloc((size_t)len + 1);
+            if (copy) {
+                memcpy(copy, s, len);
+                copy[len] = 0;
+                free(oc->text);
+                *oc = (tl_ocache_entry){copy, len, h, sid};
+            }
         }
         return sid;
     }

@@ -42,6 +42,14 @@ typedef struct tl_scache_entry {
     uint32_t len, hash, sid;
 } tl_scache_entry;
 
+/* A name written past the string table's budget: its own copy, so that a thread using it again
+ * (a kernel first launched late in a run of unique NVTX names) reuses its STRING. */
+#define TL_OCACHE 64
+typedef struct tl_ocache_entry {
+    char *text; /* owned by this entry (malloc), NULL when empty */
+    uint32_t len, hash, sid;
+} tl_ocache_entry;
+
 typedef struct tl_thread {
     uint8_t *pos, *end;   /* free space in the current chunk */
     uint8_t *chunk;       /* mapping of the current chunk */
@@ -58,6 +66,7 @@ typedef struct tl_thread {
     uint32_t sync_open;   /* blocking-sync callbacks begun and not yet ended (nested driver calls skipped) */
     tl_stack_entry stack[TL_MAX_DEPTH];
     tl_scache_entry scache[TL_SCACHE];
+    tl_ocache_entry ocache[TL_OCACHE];
     struct tl_thread *next, *prev;
 } tl_thread;
 

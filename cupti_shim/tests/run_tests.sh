@@ -234,8 +234,9 @@ f = c.load_dir('$d', repeated_strings=True)[0]
 names = [x['name'] for x in f.ranges().values()]
 want = ['aten::add, seq = %d' % i for i in range(5000)] + ['aten::add, seq = 4999']
 said = [m for _, m in f.diags() if 'string table holds' in m]
-ok = names == want and len(said) == 1 and f.n_strings >= 5001
-print('ok' if ok else 'bad %d %r %d' % (len(names), said, sum(a != b for a, b in zip(names, want))))")
+again = list(f.strings.values()).count('aten::add, seq = 4999')  # (the thread's own cache: once)
+ok = names == want and len(said) == 1 and f.n_strings >= 5000 and again == 1
+print('ok' if ok else 'bad %d %r %d %d' % (len(names), said, sum(a != b for a, b in zip(names, want)), again))")
   [ "$res" = ok ] && ok "string-table-budget" || ko "string-table-budget" "$res"
 else ko "string-table-budget"; fi
 

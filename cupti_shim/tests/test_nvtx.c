@@ -373,7 +373,7 @@ static void scenario_names(void) {
         nvtxRangePushA(name);
         nvtxRangePop();
     }
-    nvtxRangePushA("aten::add, seq = 4999"); /* (again: a second STRING of its own) */
+    nvtxRangePushA("aten::add, seq = 4999"); /* (again: past the budget, the thread's own copy) */
     nvtxRangePop();
     printf("{\"pid\": %d}\n", (int)getpid());
 }

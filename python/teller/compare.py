@@ -94,9 +94,7 @@ KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
     ("reduction", r"reduce|triton_red|triton_per"),
 )
 _KERNEL_CLASS_RX = [(c, re.compile(rx, re.IGNORECASE)) for c, rx in KERNEL_CLASSES]
-# teller_core::summary::is_collective's tokens, matched the same way (lower case, underscores dropped)
-_COLLECTIVE = ("nccl", "rccl", "crossdevicereduce", "allreduce", "allgather", "reducescatter", "alltoall")
-# and its `is_ep_exchange`: expert-parallel token exchanges by their own name (DeepEP's
+# teller_core::summary::is_ep_exchange: expert-parallel token exchanges by their own name (DeepEP's
 # `deep_ep::intranode::dispatch`, normalized to `kernel:dispatch`)
 _EP_EXCHANGE = re.compile(
     r"^(?:dispatch|combine|notify_dispatch|cached_notify|cached_notify_dispatch|cached_notify_combine)$"
@@ -112,10 +110,11 @@ def kernel_class(symbol: str, communication: bool | None = None) -> str | None:
     if not symbol.startswith("kernel:"):
         return None
     name = symbol[len("kernel:") :]
-    flat = name.replace("_", "").lower()
     last = name.rsplit("::", 1)[-1]  # (`flashinfer::norm::RMSNormKernel` is a norm, not attention)
-    if communication is None:
-        communication = any(t in flat for t in _COLLECTIVE) or bool(_EP_EXCHANGE.match(last))
+    if communication is None:  # (the breakdown's own rule, teller_core::summary::is_collective)
+        from teller import _native
+
+        communication = bool(_native.is_collective([name])[0]) or bool(_EP_EXCHANGE.match(last))
     if communication:
         return "communication"
     return next((c for c, rx in _KERNEL_CLASS_RX if rx.search(last)), "other")

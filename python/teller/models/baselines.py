@@ -539,7 +539,14 @@ def gbdt_proba_one(b: Any, s: RawSample) -> np.ndarray:
     cores are busy its threads wait on each other. Demo GBDT, one test sample at a time on this
     2-core machine (2026-12-07): idle, 22 ms either way; beside two CPU-bound processes, 173-423 ms
     with its threads and 49-64 ms on one (a reviewer saw diagnoses of 0.6-10 s during a test run)."""
-    from threadpoolctl import threadpool_limits
+    global _THREADPOOLS
+    if _THREADPOOLS is None:  # (found once: a threadpool_limits() scans the loaded libraries each
+        # time, 0.6 ms with torch loaded; the controller's limit() 0.01 ms)
+        from threadpoolctl import ThreadpoolController
 
-    with threadpool_limits(limits=1, user_api="openmp"):
+        _THREADPOOLS = ThreadpoolController()
+    with _THREADPOOLS.limit(limits=1, user_api="openmp"):
         return b.gbdt.predict_proba(b.X([s]))[0]
+
+
+_THREADPOOLS: Any = None

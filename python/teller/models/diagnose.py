@@ -142,7 +142,8 @@ def _check_tokenizers(checkpoint: str | Path, cfg: dict[str, Any], tok: Any, log
     """The tokenizers config.json names must be the ones the model was trained with: another one
     reads other ids (a larger vocabulary's are clamped, a smaller one's shift), and the diagnosis
     names a cause with confidence, unflagged. By SHA-256: config.json's (runs since 2026-12-07),
-    else the training shards' manifest's; by vocabulary size always."""
+    else the training shards' manifest's; where neither is there, by vocabulary size (more ids than
+    the model reads: refused; fewer: a warning)."""
     import contextlib
 
     from teller import tpe
@@ -168,11 +169,20 @@ def _check_tokenizers(checkpoint: str | Path, cfg: dict[str, Any], tok: Any, log
     }
     for what, f in files.items():
         have, model_size = sizes[what]
-        if want[what] and _sha256(f) != want[what]:
+        if want[what]:  # (the SHA-256 decides: a model may be configured to read more ids than it has)
+            if _sha256(f) == want[what]:
+                continue
             why = "its SHA-256 is not the one the model was trained with"
-        elif isinstance(model_size, int) and have != model_size:
+        elif isinstance(model_size, int) and have > model_size:
             why = f"{have} ids, the model reads {model_size}"
         else:
+            if isinstance(model_size, int) and have < model_size:
+                warnings.warn(
+                    f"{f}: {have} ids where the model reads {model_size}, and nothing records the {what} it "
+                    "was trained with: if it is another, the diagnosis reads other ids",
+                    TellerWarning,
+                    stacklevel=3,
+                )
             continue
         raise ConfigError(
             f"{f}: not the {what} {checkpoint} was trained with ({why}): it would read other ids; "

@@ -129,7 +129,11 @@ pub fn is_collective(name: &str) -> bool {
     let starts_part = |i: usize| {
         i == 0 || {
             let (p, c) = (orig[i - 1], orig[i]);
-            !p.is_ascii_alphanumeric() || (c.is_ascii_uppercase() && (p.is_ascii_lowercase() || p.is_ascii_digit()))
+            let next_lower = orig.get(i + 1).is_some_and(u8::is_ascii_lowercase);
+            !p.is_ascii_alphanumeric()
+                || (c.is_ascii_uppercase() && (p.is_ascii_lowercase() || p.is_ascii_digit()))
+                // (after an acronym: `MNNVLAllReduce`, `NVLSAllGather`)
+                || (c.is_ascii_uppercase() && p.is_ascii_uppercase() && next_lower)
         }
     };
     let found = |pat: &[u8], word: bool| {
@@ -552,6 +556,8 @@ mod tests {
             "all_to_all_combine",
             "ncclAllReduce",
             "custom_all_reduce",
+            "MNNVLAllReduceKernel",
+            "NVLSAllGather",
             "void vllm::all_reduce<float>(float*)",
             "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)",
             "void deep_ep::internode_ll::combine<7168, 8>(void*, int)",
