@@ -847,3 +847,19 @@ def test_a_converted_trace_keeps_the_inputs_top_level_keys(name, tmp_path):
     T.load(bad, warn=False).to_chrome(out)
     got = json.loads(out.read_text())
     assert "traceName" not in got and got["note"] == "ok"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_categories_survive_a_round_trip(name, tmp_path):
+    """(from a review) An event without a category (Kineto's "Iteration Start" instants) came back
+    with one ("marker", "other"): written without one where the reader's default gives its layer
+    back. Each event keeps its category and its layer."""
+    a = T.load(TRACES / name, warn=False)
+    out = tmp_path / "o.json"
+    a.to_chrome(out)
+    b = T.load(out, warn=False)
+
+    def cats(t):
+        return collections.Counter((t.strings[int(t.cat[i])], int(t.layer[i])) for i in range(len(t)))
+
+    assert cats(b) == cats(a)

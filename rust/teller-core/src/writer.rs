@@ -350,20 +350,30 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
         sep(&mut out);
         let instant = t.flags[i] & flags::INSTANT != 0;
         out.push_str(if !instant {
-            "{\"ph\": \"X\", \"cat\": "
+            "{\"ph\": \"X\""
         } else if t.flags[i] & flags::SCOPE_GLOBAL != 0 {
-            "{\"ph\": \"i\", \"s\": \"g\", \"cat\": "
+            "{\"ph\": \"i\", \"s\": \"g\""
         } else if t.flags[i] & flags::SCOPE_PROCESS != 0 {
-            "{\"ph\": \"i\", \"s\": \"p\", \"cat\": "
+            "{\"ph\": \"i\", \"s\": \"p\""
         } else {
-            "{\"ph\": \"i\", \"s\": \"t\", \"cat\": "
+            "{\"ph\": \"i\", \"s\": \"t\""
         });
+        // An event read without a category is written without one where the reader's default for
+        // its phase gives its layer back (a complete event: other; an instant: marker), so it reads
+        // back as it was (Kineto's "Iteration Start" instants came back with cat "marker"); else the
+        // layer's own category keeps the layer.
+        let default_layer = if instant { Layer::Marker } else { Layer::Other } as u8;
         let cat = if t.cat[i] != 0 {
-            t.strings.get(t.cat[i])
+            Some(t.strings.get(t.cat[i]))
+        } else if t.layer[i] == default_layer {
+            None
         } else {
-            LAYER_DEFAULT_CATS[t.layer[i] as usize]
+            Some(LAYER_DEFAULT_CATS[t.layer[i] as usize])
         };
-        push_json_str(&mut out, cat);
+        if let Some(cat) = cat {
+            out.push_str(", \"cat\": ");
+            push_json_str(&mut out, cat);
+        }
         out.push_str(", \"name\": ");
         push_json_str(&mut out, t.strings.get(t.name[i]));
         out.push_str(", \"pid\": ");
