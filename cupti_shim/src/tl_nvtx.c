@@ -12,6 +12,40 @@
 #define TL_DOMAIN_MAGIC 0x444f4d4eu
 #define TL_REGSTR_MAGIC 0x52535452u
 
+/* Category names (nvtxNameCategory / nvtxDomainNameCategory: the Python `nvtx` package names its
+ * categories this way, numbering them per domain), written as args.category in place of the number.
+ * Lock-free (a callback may run in a forked child or a signal handler): an entry is reserved by an
+ * atomic count and published by its `ready` flag; the first name given to (domain, id) stands; at
+ * most TL_MAX_CATS, names cut at a character to TL_CAT_NAME - 1 bytes (the records' reservations
+ * allow for that). */
+#define TL_MAX_CATS 256
+#define TL_CAT_NAME 32
+typedef struct {
+    const void *dom;
+    uint32_t id;
+    uint8_t len, ready;
+    char name[TL_CAT_NAME];
+} tl_cat;
+static tl_cat g_cats[TL_MAX_CATS];
+static uint32_t g_ncats;
+
+static void name_category(const void *dom, uint32_t id, const char *name) {
+    if (!name || !id) return; /* (category 0 is "none") */
+    uint32_t n = __atomic_load_n(&g_ncats, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < n && i < TL_MAX_CATS; i++)
+        if (__atomic_load_n(&g_cats[i].ready, __ATOMIC_ACQUIRE) && g_cats[i].dom == dom && g_cats[i].id == id) return;
+    uint32_t i = __atomic_fetch_add(&g_ncats, 1, __ATOMIC_ACQ_REL);
+    if (i >= TL_MAX_CATS) return;
+    size_t len = strlen(name);
+    if (len > TL_CAT_NAME - 1) len = tl_utf8_cut(name, TL_CAT_NAME - 1);
+    g_cats[i].dom = dom;
+    g_cats[i].id = id;
+    memcpy(g_cats[i].name, name, len);
+    g_cats[i].len = (uint8_t)len;
+    __atomic_store_n(&g_cats[i].ready, 1, __ATOMIC_RELEASE);
+}
+
+
 /* Set by the CUPTI side when external correlation is active (thread-scoped push/pop only). */
 tl_ext_push_fn tl_ext_push;
 tl_ext_pop_fn tl_ext_pop;
@@ -26,7 +60,21 @@ typedef struct {
     uint8_t has_color, has_payload, payload_kind; /* kind: 0 u64, 1 i64, 2 double */
     uint32_t color, category;
     uint64_t payload;
+    uint8_t cat_len;   /* the category's name (NameCategory), 0: none, the number is written */
+    char cat_name[TL_CAT_NAME];
 } tl_attr;
+
+static void category_name(const void *dom, tl_attr *o) {
+    uint32_t n = __atomic_load_n(&g_ncats, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < n && i < TL_MAX_CATS; i++) {
+        const tl_cat *c = &g_cats[i];
+        if (__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) && c->dom == dom && c->id == o->category) {
+            memcpy(o->cat_name, c->name, c->len);
+            o->cat_len = c->len;
+            return;
+        }
+    }
+}
 
 /* The wide-character (W) entry points and NVTX_MESSAGE_TYPE_UNICODE take wchar_t text: UTF-32 on
  * Linux, written as UTF-8 (a value that is no character, a surrogate or past U+10FFFF, as U+FFFD),
@@ -71,12 +119,13 @@ static inline uint32_t msg_sid(tl_thread *t, int type, const nvtxMessageValue_t 
     return tl_intern(t, "", 0);
 }
 
-static inline void decode_attr(tl_thread *t, const nvtxEventAttributes_t *a, tl_attr *o) {
+static inline void decode_attr(tl_thread *t, nvtxDomainHandle_t d, const nvtxEventAttributes_t *a, tl_attr *o) {
     memset(o, 0, sizeof *o);
     if (!a) { o->name = tl_intern(t, "", 0); return; }
     o->name = msg_sid(t, a->messageType, &a->message);
     if (a->colorType == NVTX_COLOR_ARGB) { o->has_color = 1; o->color = a->color; }
     o->category = a->category;
+    if (o->category && __atomic_load_n(&g_ncats, __ATOMIC_RELAXED)) category_name(d, o);
     switch (a->payloadType) {
     case NVTX_PAYLOAD_TYPE_UNSIGNED_INT64: o->has_payload = 1; o->payload_kind = 0; o->payload = a->payload.ullValue; break;
     case NVTX_PAYLOAD_TYPE_INT64: o->has_payload = 1; o->payload_kind = 1; o->payload = (uint64_t)a->payload.llValue; break;
@@ -99,7 +148,11 @@ static inline void put_args(uint8_t **c, const tl_attr *a) {
         else if (a->payload_kind == 1) mp_int(c, (int64_t)a->payload);
         else { double d; memcpy(&d, &a->payload, 8); mp_f64(c, d); }
     }
-    if (a->category) { mp_str(c, "category", 8); mp_uint(c, a->category); }
+    if (a->category) {
+        mp_str(c, "category", 8);
+        if (a->cat_len) mp_str(c, a->cat_name, a->cat_len); /* (<= 32 bytes: BEGIN's 128 allow it) */
+        else mp_uint(c, a->category);
+    }
 }
 
 static inline int attr_has_args(const tl_attr *a) { return a && (a->has_color || a->has_payload || a->category); }
@@ -165,9 +218,9 @@ static inline void write_span(tl_thread *t, uint32_t name, uint64_t start, uint6
 
 /* args.domain is written as text: ids are only resolved in sid fields, not inside args */
 static void write_mark(tl_thread *t, uint32_t name, const tl_name *dom, const tl_attr *a) {
-    uint8_t *r = tl_reserve(t, 320); /* 28 + domain (<= 200 + 9) + args (<= 60) */
+    uint8_t *r = tl_reserve(t, 352); /* 28 + domain (<= 200 + 9) + args (<= 60, a category name +32) */
     if (!r) return;
-    uint8_t tmp[320];
+    uint8_t tmp[352];
     memset(tmp, 0, 32);
     uint8_t *c = tmp + 1;
     uint32_t n = (dom ? 1u : 0u) + (a ? (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u) : 0u);
@@ -186,7 +239,11 @@ static void write_mark(tl_thread *t, uint32_t name, const tl_name *dom, const tl
             else if (a->payload_kind == 1) mp_int(&c, (int64_t)a->payload);
             else { double d; memcpy(&d, &a->payload, 8); mp_f64(&c, d); }
         }
-        if (a && a->category) { mp_str(&c, "category", 8); mp_uint(&c, a->category); }
+        if (a && a->category) {
+            mp_str(&c, "category", 8);
+            if (a->cat_len) mp_str(&c, a->cat_name, a->cat_len);
+            else mp_uint(&c, a->category);
+        }
     }
     tmp[0] = (uint8_t)(0x90 | (n ? 6 : 5));
     tl_publish(t, r, tmp, (size_t)(c - tmp));
@@ -270,7 +327,7 @@ static int push_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
     int r = -1;
     if (t) {
         tl_attr at;
-        decode_attr(t, a, &at);
+        decode_attr(t, d, a, &at);
         r = do_push(t, d, at.name, &at);
     }
     tl_leave();
@@ -304,7 +361,7 @@ static nvtxRangeId_t start_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t 
     nvtxRangeId_t id = 0;
     if (t) {
         tl_attr at;
-        decode_attr(t, a, &at);
+        decode_attr(t, d, a, &at);
         id = start_range(d, at.name, &at, t);
     }
     tl_leave();
@@ -348,7 +405,7 @@ static void mark_ex(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
     tl_thread *t = tl_self();
     if (t) {
         tl_attr at;
-        decode_attr(t, a, &at);
+        decode_attr(t, d, a, &at);
         tl_name *dn = d ? (tl_name *)(void *)d : NULL;
         write_mark(t, at.name, dn && dn->magic == TL_DOMAIN_MAGIC ? dn : NULL, &at);
     }
@@ -388,8 +445,10 @@ static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringA(nvtxDomainHandle_t d
     return h;
 }
 
-static void NVTX_API cb_NameCategoryA(uint32_t cat, const char *name) { (void)cat; (void)name; }
-static void NVTX_API cb_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t cat, const char *name) { (void)d; (void)cat; (void)name; }
+static void NVTX_API cb_NameCategoryA(uint32_t cat, const char *name) { name_category(NULL, cat, name); }
+static void NVTX_API cb_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t cat, const char *name) {
+    name_category((const void *)d, cat, name);
+}
 
 /* ---- wide-character (W) entry points: as their A twins, the text as UTF-8. Left out, a RangePushW
  * was dropped while its RangePop still ended the range below it, and a DomainCreateW's ranges fell
@@ -446,8 +505,16 @@ static nvtxStringHandle_t NVTX_API cb_DomainRegisterStringW(nvtxDomainHandle_t d
     return cb_DomainRegisterStringA(d, buf);
 }
 
-static void NVTX_API cb_NameCategoryW(uint32_t cat, const wchar_t *name) { (void)cat; (void)name; }
-static void NVTX_API cb_DomainNameCategoryW(nvtxDomainHandle_t d, uint32_t cat, const wchar_t *name) { (void)d; (void)cat; (void)name; }
+static void NVTX_API cb_NameCategoryW(uint32_t cat, const wchar_t *name) {
+    char buf[TL_CAT_NAME * 4];
+    wide_utf8(name, buf, sizeof buf);
+    name_category(NULL, cat, buf);
+}
+static void NVTX_API cb_DomainNameCategoryW(nvtxDomainHandle_t d, uint32_t cat, const wchar_t *name) {
+    char buf[TL_CAT_NAME * 4];
+    wide_utf8(name, buf, sizeof buf);
+    name_category((const void *)d, cat, buf);
+}
 
 static int install(NvtxGetExportTableFunc_t get, NvtxCallbackModule mod, const NvtxFunctionPointer *fns, unsigned n) {
     const NvtxExportTableCallbacks *etc = (const NvtxExportTableCallbacks *)get(NVTX_ETID_CALLBACKS);

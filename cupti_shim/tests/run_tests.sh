@@ -240,6 +240,20 @@ print('ok' if ok else 'bad %d %r %d %d' % (len(names), said, sum(a != b for a, b
   [ "$res" = ok ] && ok "string-table-budget" || ko "string-table-budget" "$res"
 else ko "string-table-budget"; fi
 
+# category names: args.category holds the name where one was given (per domain), else the number
+d="$(fresh category)"
+if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" category > /dev/null; then
+  res=$("$PY" -c "
+import sys; sys.path.insert(0, '$HERE'); import check_raw as c
+f = c.load_dir('$d')[0]
+cat = {x['name']: (x['args'] or {}).get('category') for x in f.ranges().values()}
+marks = [(f.s(m[2]), m[5].get('category')) for m in f.of(c.MARK)]
+ok = cat == {'default-1': 'io', 'dom-1': 'compute', 'default-3': 3}
+ok = ok and marks == [('dom-2', 'a-category-name-longer-than-thi')]
+print('ok' if ok else 'bad %r %r' % (cat, marks))")
+  [ "$res" = ok ] && ok "nvtx-category-names" || ko "nvtx-category-names" "$res"
+else ko "nvtx-category-names"; fi
+
 # the program closes all descriptors and reuses the numbers: its files must stay untouched
 d="$(fresh closefd)"
 if TELLER_TRACE_DIR="$d" NVTX_INJECTION64_PATH="$SHIM" timeout 60 "$B/test_nvtx" closefd "$d/user" > /dev/null 2>&1; then

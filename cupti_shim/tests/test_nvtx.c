@@ -378,6 +378,34 @@ static void scenario_names(void) {
     printf("{\"pid\": %d}\n", (int)getpid());
 }
 
+/* category names: the default domain's and a domain's own (numbered per domain, as the Python
+ * `nvtx` package does), a category never named, and a name past the 31 bytes kept */
+static void scenario_category(void) {
+    nvtxNameCategoryA(1, "io");
+    nvtxDomainHandle_t d = nvtxDomainCreateA("mydom");
+    nvtxDomainNameCategoryA(d, 1, "compute");
+    nvtxDomainNameCategoryA(d, 2, "a-category-name-longer-than-thirty-one-bytes");
+    nvtxEventAttributes_t a = {0};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.category = 1;
+    a.message.ascii = "default-1";
+    nvtxRangePushEx(&a);
+    nvtxRangePop();
+    a.message.ascii = "dom-1";
+    nvtxDomainRangePushEx(d, &a);
+    nvtxDomainRangePop(d);
+    a.category = 2;
+    a.message.ascii = "dom-2";
+    nvtxDomainMarkEx(d, &a);
+    a.category = 3;
+    a.message.ascii = "default-3";
+    nvtxRangePushEx(&a);
+    nvtxRangePop();
+    printf("{\"pid\": %d}\n", (int)getpid());
+}
+
 /* the wide-character (W) entry points and Unicode messages: recorded as UTF-8, and a RangePushW
  * nests as a RangePushA does (it was dropped while its pop still ended the range below it) */
 static void scenario_wide(void) {
@@ -426,6 +454,7 @@ int main(int argc, char **argv) {
     else if (strcmp(s, "fork") == 0) scenario_fork();
     else if (strcmp(s, "wide") == 0) scenario_wide();
     else if (strcmp(s, "names") == 0) scenario_names();
+    else if (strcmp(s, "category") == 0) scenario_category();
     else if (strcmp(s, "closefd") == 0 && argc > 2) {
         /* a program that closes every descriptor and reuses the numbers must never see its files
          * extended, written or truncated by the shim */
