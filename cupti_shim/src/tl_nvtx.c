@@ -15,7 +15,8 @@
 /* Category names (nvtxNameCategory / nvtxDomainNameCategory: the Python `nvtx` package names its
  * categories this way, numbering them per domain), written as args.category in place of the number.
  * Lock-free (a callback may run in a forked child or a signal handler): an entry is reserved by an
- * atomic count and published by its `ready` flag; the first name given to (domain, id) stands; at
+ * atomic count and published by its `ready` flag; the first name given to (domain, id) stands (two
+ * threads naming one pair at once may both be kept, the first found read); at
  * most TL_MAX_CATS, names cut at a character to TL_CAT_NAME - 1 bytes (the records' reservations
  * allow for that). */
 #define TL_MAX_CATS 256
@@ -30,7 +31,7 @@ static tl_cat g_cats[TL_MAX_CATS];
 static uint32_t g_ncats;
 
 static void name_category(const void *dom, uint32_t id, const char *name) {
-    if (!name || !id) return; /* (category 0 is "none") */
+    if (!name || !*name || !id) return; /* (category 0 is "none"; an empty name names nothing) */
     uint32_t n = __atomic_load_n(&g_ncats, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < n && i < TL_MAX_CATS; i++)
         if (__atomic_load_n(&g_cats[i].ready, __ATOMIC_ACQUIRE) && g_cats[i].dom == dom && g_cats[i].id == id) return;
@@ -137,7 +138,7 @@ static inline void decode_attr(tl_thread *t, nvtxDomainHandle_t d, const nvtxEve
     }
 }
 
-/* args map or nil: worst case ~50 bytes */
+/* args map or nil: worst case ~70 bytes (a category name of 31) */
 static inline void put_args(uint8_t **c, const tl_attr *a) {
     uint32_t n = (a->has_color ? 1u : 0u) + (a->has_payload ? 1u : 0u) + (a->category ? 1u : 0u);
     mp_map(c, n);

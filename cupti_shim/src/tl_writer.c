@@ -716,6 +716,10 @@ static tl_gstr *strtab_slot_locked(const char *s, uint32_t len, uint32_t h) {
 }
 
 uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
+    /* a name past the table's budget that this thread wrote lately, in this file (its STRING is
+     * there): no lock. (Such a name never enters the table: within a file its counts only grow.) */
+    tl_ocache_entry *oc = &t->ocache[h & (TL_OCACHE - 1)];
+    if (oc->text && oc->hash == h && oc->len == len && memcmp(oc->text, s, len) == 0) return oc->sid;
     pthread_mutex_lock(&g.smu);
     if ((g.strs_count + 1) * 2 > g.strs_cap && strtab_grow_locked() != 0) {
         pthread_mutex_unlock(&g.smu);
@@ -735,10 +739,6 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
         if (say)
             tl_diag(TL_WARN, "the string table holds %u names (TELLER_MAX_NAMES / TELLER_NAMES_MB): a name seen for "
                     "the first time from now on is written with each use, not kept (a few per thread are)", count);
-        /* (this thread wrote it lately, in this file: its STRING is there; the id taken above goes
-         * unused, which the reader does not mind) */
-        tl_ocache_entry *oc = &t->ocache[h & (TL_OCACHE - 1)];
-        if (oc->text && oc->hash == h && oc->len == len && memcmp(oc->text, s, len) == 0) return oc->sid;
         size_t need = (size_t)len + 32;
         uint8_t *r = TL_LIKELY((size_t)(t->end - t->pos) >= need) ? t->pos : reserve_slow(t, need, 0);
         if (r) {
@@ -751,8 +751,15 @@ uint32_t tl_intern_slow(tl_thread *t, const char *s, uint32_t len, uint32_t h) {
             if (copy) {
                 memcpy(copy, s, len);
                 copy[len] = 0;
-                free(oc->text);
-                *oc = (tl_ocache_entry){copy, len, h, sid};
+                /* (the slot is emptied before its old text is freed and filled before its text is
+                 * set: a fork by another thread meanwhile leaves the child nothing to free twice) */
+                char *old = oc->text;
+                __atomic_store_n(&oc->text, NULL, __ATOMIC_RELEASE);
+                free(old);
+                oc->len = len;
+                oc->hash = h;
+                oc->sid = sid;
+                __atomic_store_n(&oc->text, copy, __ATOMIC_RELEASE);
             }
         }
         return sid;

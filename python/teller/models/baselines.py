@@ -542,10 +542,19 @@ def gbdt_proba_one(b: Any, s: RawSample) -> np.ndarray:
     global _THREADPOOLS
     if _THREADPOOLS is None:  # (found once: a threadpool_limits() scans the loaded libraries each
         # time, 0.6 ms with torch loaded; the controller's limit() 0.01 ms)
-        from threadpoolctl import ThreadpoolController
+        try:
+            from threadpoolctl import ThreadpoolController
 
-        _THREADPOOLS = ThreadpoolController()
-    with _THREADPOOLS.limit(limits=1, user_api="openmp"):
+            _THREADPOOLS = ThreadpoolController()
+        except ImportError:  # (threadpoolctl < 3, which scikit-learn 1.4 accepts)
+            import threadpoolctl
+
+            _THREADPOOLS = threadpoolctl
+    if _THREADPOOLS.__class__.__name__ == "module":
+        limit = _THREADPOOLS.threadpool_limits(limits=1, user_api="openmp")
+    else:
+        limit = _THREADPOOLS.limit(limits=1, user_api="openmp")
+    with limit:
         return b.gbdt.predict_proba(b.X([s]))[0]
 
 
