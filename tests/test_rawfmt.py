@@ -364,3 +364,25 @@ def test_a_string_that_is_not_utf8_is_read_lossily_and_said(tmp_path):
     with pytest.warns(UserWarning, match=r"2 string\(s\) not valid UTF-8"):
         tr = T.load(p)
     assert [tr.name_of(i) for i in range(len(tr))] == ["caf\ufffd_step"]
+
+
+def test_a_begin_end_range_carries_its_id_as_the_calls_inside_it_do(tmp_path):
+    """(from a review) The runtime calls made inside an NVTX range carry its id as their external
+    correlation id; the range read from BEGIN/END had none (only a SPAN's kept it), so nothing
+    matched them. Finished, ended before it began, or left open: each keeps its id."""
+    import teller.trace as T
+    from teller.rawfmt import RawWriter
+
+    with RawWriter(tmp_path / "p.tmsgpack", pid=7, host="h", clock_sync=(0, 0), start_ns=1) as w:
+        rid = w.begin("annotation", "step", tid=7, ts=100)
+        w.span("runtime", "cudaLaunchKernel", tid=7, start=110, end=120, corr=1, ext=rid)
+        w.end(rid, tid=7, ts=200)
+        w.end(rid + 1, tid=7, ts=290)  # (an END written before its BEGIN)
+        w.begin("annotation", "late", tid=7, ts=250)
+        w.begin("annotation", "open", tid=7, ts=300)
+        w.span("runtime", "cudaLaunchKernel", tid=7, start=310, end=320, corr=2, ext=rid + 2)
+    tr = T.load(tmp_path / "p.tmsgpack", warn=False)
+    ext = {tr.name_of(i): int(tr.ext[i]) for i in range(len(tr)) if tr.layer_name(i) == "annotation"}
+    assert ext == {"step": rid, "late": rid + 1, "open": rid + 2}, ext
+    calls = sorted(int(tr.ext[i]) for i in range(len(tr)) if tr.name_of(i) == "cudaLaunchKernel")
+    assert calls == [rid, rid + 2]

@@ -934,6 +934,8 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 match (!early_end.is_empty()).then(|| early_end.remove(&id)).flatten() {
                     Some(end) => {
                         t.args.extend(args);
+                        // (ext: the range's own id, as a SPAN's; the runtime calls made inside it
+                        // carry it as their external correlation id)
                         t.push_event(
                             layer,
                             name,
@@ -944,7 +946,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             tid,
                             -1,
                             0,
-                            0,
+                            id,
                             0,
                             source,
                         );
@@ -981,7 +983,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                             o.tid,
                             -1,
                             0,
-                            0,
+                            id,
                             0,
                             source,
                         );
@@ -1072,7 +1074,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
         let mut v: Vec<(u64, Open)> = open.into_iter().collect();
         v.sort_by_key(|(id, o)| (o.ts, *id));
         let n = v.len();
-        for (_, o) in v {
+        for (id, o) in v {
             t.args.extend(o.args);
             t.push_event(
                 o.layer,
@@ -1084,7 +1086,7 @@ pub fn read_raw(path: &str, b: &[u8], source: u16) -> Result<(Trace, ProcessKey)
                 o.tid,
                 -1,
                 0,
-                0,
+                id,
                 flags::UNFINISHED,
                 source,
             );
