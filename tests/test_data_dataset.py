@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -432,23 +433,24 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 # same bytes without that line), and for hbm_contention when half its neighbours became time-sliced
 # processes (generator version 3; the other classes' bytes unchanged); generator version 4 (the
 # start-up log lines before serving) changes none of them; version 5 (a visible neighbour's kernels
-# one after another on their stream) changes hbm_contention's only. A change here changes the
+# one after another on their stream) changes hbm_contention's only; version 7 (closer to vLLM V1's
+# logs, the PCIe latency, drawn clocks, ranges' External id) changes every sample. A change here changes the
 # standard benchmark: make it on purpose, bump GENERATOR_VERSION and say so in docs/dataset.md, then
 # update the digests.
 BENCHMARK_DIGESTS = {
-    0: ("normal", "3e00b3016874487a"),  # tp 1
-    20: ("kv_cache_exhaustion", "c941d382803718a9"),  # tp 1
-    22: ("network_delay", "b8ad5308cf20f214"),  # tp 1
-    23: ("eager_mode_misconfig", "af98833483413a0a"),  # tp 1
-    29: ("pcie_degradation", "f6a49101df72b299"),  # tp 2
-    50: ("oom_error", "cf0df940490c821d"),  # tp 4
-    80: ("hbm_contention", "a1253bc89522f343"),  # tp 1
-    96: ("cpu_contention", "aa7341bff43b8967"),  # tp 2
-    103: ("launch_storm", "8faa0fc95be182c3"),  # tp 1
-    121: ("nvlink_degradation", "98cfb789203a6073"),  # tp 4
-    123: ("host_memory_pressure", "5bdd8eda4695ae3f"),  # tp 4
-    144: ("gpu_throttle", "3d2ffde0bc71a9ba"),  # tp 2
-    151: ("nccl_straggler", "83ac29321fac5ffe"),  # tp 4
+    0: ("normal", "56654eae7672781c"),  # tp 1
+    20: ("kv_cache_exhaustion", "4b12b63fc3509633"),  # tp 1
+    22: ("network_delay", "309689881cfd7bda"),  # tp 1
+    23: ("eager_mode_misconfig", "3d87354526e50ffc"),  # tp 1
+    29: ("pcie_degradation", "a977d5462d3863a7"),  # tp 2
+    50: ("oom_error", "b7c04e5692467271"),  # tp 4
+    80: ("hbm_contention", "e9629fdf2bcca92a"),  # tp 1
+    96: ("cpu_contention", "4b6ca64f543b6b33"),  # tp 2
+    103: ("launch_storm", "299c62aa43d289df"),  # tp 1
+    121: ("nvlink_degradation", "33a629a5fe8de017"),  # tp 4
+    123: ("host_memory_pressure", "f2bc915b7b3a1616"),  # tp 4
+    144: ("gpu_throttle", "4e1f30559fc88850"),  # tp 2
+    151: ("nccl_straggler", "006f504476297227"),  # tp 4
 }
 
 
@@ -679,9 +681,10 @@ def test_split_counts_never_go_below_zero():
 
 
 def test_the_last_sample_index_allowed_still_generates(tmp_path):
-    """(from a review) Each capture starts 2 h after the one before it: past index 310 555 the clock
-    was beyond what the trace readers hold and generation failed with a raw-file error; the most
-    samples a dataset may hold stops short of that."""
+    """(from a review) In generator version 6 each capture started 2 h after the one before it: past
+    index 310 555 the clock was beyond what the trace readers hold and generation failed with a
+    raw-file error; the most samples a dataset may hold stops short of that (version 7 draws the
+    clocks, and the last index allowed must still generate)."""
     from teller.data.dataset import MAX_SAMPLES, SamplePlan, generate_sample
 
     cfg = load_config("tiny")
@@ -705,3 +708,30 @@ def test_a_damaged_manifest_or_stamp_in_the_output_directory_is_refused_clearly(
     (tmp_path / "ok" / ".generate.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match=r"ok: holds a dataset generated with another"):
         generate(tmp_path / "ok", num_samples=13, preset="tiny")
+
+
+def test_v7_every_log_line_starts_with_its_process_and_clocks_do_not_tell_the_index(tmp_path):
+    """Generator version 7: vLLM V1 prefixes every line a process writes (tracebacks and uvicorn's
+    access lines included) with ``(Proc pid=N)``; the capture clocks are drawn, so a sample's start
+    time does not grow with its index (before, each started 2 h after the one before it, and the
+    index told the label)."""
+    from teller.data.dataset import generate_sample
+
+    cfg = load_config("default")
+    plans = plan(cfg, 2600, 0)
+    starts = []
+    for idx in (0, 1, 2, 3, 50):  # 50: an oom_error (its traceback)
+        generate_sample(cfg, 0, plans[idx], tmp_path)
+        log = (tmp_path / plans[idx].sample_id / "log.txt").read_text().splitlines()
+        texts = [ln.split(" ", 2)[2] for ln in log]
+        assert texts and all(
+            re.match(
+                r"\((APIServer|EngineCore_DP0|Worker_TP\d+) pid=\d+\) (INFO|WARNING|ERROR|CRITICAL)\b", t
+            )
+            for t in texts
+        )
+        if idx == 50:  # logger.exception: each traceback line carries the record's header
+            assert any(re.search(r"\) ERROR .* \[core\.py:\d+\] Traceback \(most recent", t) for t in texts)
+        assert not any("Host memory is low" in t or "is preempted" in t or "Preemptions" in t for t in texts)
+        starts.append(int(log[0].split()[0]))
+    assert starts != sorted(starts)

@@ -220,19 +220,19 @@ def test_kv_cache_exhaustion_preempts_and_reprefills(tmp_path):
     for seed in (1, 2, 3):
         _ok, ok_res = run(tmp_path, wl, None, seed=seed)
         bad, res = run(tmp_path, wl, "kv_cache_exhaustion", seed=seed, sev=1.0)
-        assert "is preempted" not in ok_res.log
+        # vLLM V1 logs no line per preemption (V0's "Sequence group ... is preempted" warning) and
+        # its stats line no count (generator version 7): the evidence is usage, waiting, re-prefill
+        assert "is preempted" not in res.log and "Preemptions" not in res.log
         assert res.stats["max_kv_usage"] > 0.97
         assert res.stats["max_waiting"] > 0
+        assert ok_res.stats["preemptions"] == ok_res.stats["reprefills"] == 0
         if res.stats["preemptions"]:
             hits += 1
-            assert "is preempted by PreemptionMode.RECOMPUTE mode" in res.log
-            assert "Preemptions: " in res.log
-            # re-prefill: the preempted requests are recomputed: prefill attention after the warning
-            t_pre = min(int(x.split()[0]) for x in res.log.splitlines() if "is preempted" in x)
+            # re-prefill: a preempted request is recomputed from its prompt
+            reprefills += int(res.stats["reprefills"] > 0)
             k = bad.layer_mask("kernel")
             names = np.array(bad.strings, dtype=object)[bad.name]
-            pre = np.array([kernel_family(n) == "attention_prefill" for n in names]) & k
-            reprefills += int((bad.ts[pre] > t_pre).any())
+            assert (np.array([kernel_family(n) == "attention_prefill" for n in names]) & k).any()
     assert hits >= 2 and reprefills >= 1
 
 
@@ -243,6 +243,7 @@ def test_eager_mode_misconfig(tmp_path):
     assert len(runtime(bad, "cudaGraphLaunch")) == 0
     assert len(runtime(bad, "cudaLaunchKernel")) > 2 * max(1, len(runtime(ok, "cudaLaunchKernel")))
     assert "enforce_eager=True" in res.log and "Graph capturing finished" not in res.log
+    assert "'enforce_eager': True" in res.log and "'enforce_eager'" not in ok_res.log  # 0.10's args line
     assert "enforce_eager=False" in ok_res.log and "Graph capturing finished" in ok_res.log
 
 
@@ -445,3 +446,16 @@ def test_effects_share_divides_its_own_kind_by_its_own_work():
     fx.charge("gpu", 0, 10.0, 20.0, kf, lambda f: 12.0 if f is th else 15.0)
     assert th.effect.by_kind["gpu"] == [8.0, 12.0]
     assert st2.effect.by_kind["gpu"] == [5.0, 15.0]
+
+
+def test_pcie_degradation_scales_latency_and_bandwidth_apart():
+    """bandwidth / (1 + 12 s), latency x (1 + 3 s) (docs/faults.md): at severity 1 a large copy is
+    ~13x slower and a tiny one ~4x; before generator version 7 the latency factor multiplied the
+    whole copy (a 64 MiB copy 52x slower)."""
+    from teller.data import kernels as K
+
+    g = K.gpu_spec("H100")
+    big, tiny = 64 * 2**20, 64
+    slow = K.memcpy_ns(g, big, pcie=1 / 13, latency=4.0) / K.memcpy_ns(g, big)
+    assert 12.0 < slow < 13.1
+    assert 3.9 < K.memcpy_ns(g, tiny, pcie=1 / 13, latency=4.0) / K.memcpy_ns(g, tiny) < 4.1

@@ -40,6 +40,9 @@ def test_deployment_key_from_device_properties_and_the_vllm_args_line(tiny):
         assert deployment_key(tr, None) is None
         assert deployment_key(tr, "INFO no engine arguments here") is None
         assert deployment_key(tr, "args: Namespace(model='m/x', dtype=auto)").endswith("|m/x|tp1")
+        # vLLM 0.10's "non-default args: {...}" (a dict's repr)
+        dict_line = "non-default args: {'model': 'm/x', 'tensor_parallel_size': 4, 'quantization': 'fp8'}"
+        assert deployment_key(tr, dict_line).endswith("|m/x|tp4|q=fp8")
     # what else changes a kernel's time: keyed only when not the default, the last line naming it
     key = deployment_key(
         tr, "args: Namespace(model='m/x', tensor_parallel_size=2, dtype='auto', quantization=None)"

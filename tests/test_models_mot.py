@@ -2206,8 +2206,8 @@ def test_diagnose_finds_its_inputs_and_never_overwrites_them(shards, tmp_path) -
         direct = diagnose(sd / "trace.json", run)
     assert direct["log_tokens"] == whole["log_tokens"] > 0
     assert direct["root_causes"] == whole["root_causes"]
-    # (from a review) a folder of unrelated captures (each starts 2 h after the one before it) was
-    # diagnosed as one, with one cause
+    # (from a review) a folder of unrelated captures (their clocks drawn independently within a
+    # year) was diagnosed as one, with one cause
     loose = tmp_path / "loose"
     loose.mkdir()
     for i, s in enumerate(sorted(data.glob("s0*"))[:2]):

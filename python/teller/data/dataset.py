@@ -40,12 +40,19 @@ GENERATOR = "teller-sim"
 # 3: hbm_contention may be a time-sliced neighbour process
 # 4: the start-up log lines end at least a second before serving
 # 5: an hbm_contention neighbour's visible kernels run one after another on their stream
-GENERATOR_VERSION = 6
+# 6: annotation.json only: culprit windows without clock error; a secondary fault's events not culprits
+# 7: closer to a real vLLM V1 engine (docs/faults.md, "Generator version 7"): the process prefix
+#    starts every log line, tracebacks and access lines included; no "Host memory is low" line (vLLM
+#    prints none); no per-preemption warning (V1 logs none); a degraded PCIe link's latency factor
+#    on the copy's fixed latency only; capture clocks drawn, not from the sample index; NVTX ranges
+#    carry their range id as External id
+GENERATOR_VERSION = 7
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"
 SPLITS = ("train", "val", "test", "test_ood")
 REAL_BASE0 = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z: sample clocks start from here
+CLOCK_SPAN_NS = 365 * 86_400 * 1_000_000_000  # ... within a year of it (generator version 7)
 
 ProgressFn = Callable[[int, int], Any]
 
@@ -178,11 +185,10 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-# Upper bounds of the settings that size a run (docs/dataset.md): sample ids have 6 digits, and each
-# sample's capture starts 2 h (7.2e12 ns) after the one before it from REAL_BASE0: past index 310 555
-# its clock-sync time would be beyond the 4e18 ns the trace readers hold (a review found generation
-# failing there with a raw-file error), so a dataset holds at most MAX_SAMPLES samples; the seed is a
-# 32-bit unsigned integer.
+# Upper bounds of the settings that size a run (docs/dataset.md): at most MAX_SAMPLES samples (the
+# bound generator version 6's clocks needed: each capture started 2 h after the one before it, and
+# past index 310 555 a clock left the 4e18 ns the trace readers hold; kept with drawn clocks); the
+# seed is a 32-bit unsigned integer.
 MAX_SAMPLES = 300_000
 MAX_SEED = 2**32 - 1
 MAX_JITTER = 1.0  # sigma of the lognormal duration noise: exp(N(0, 1)) already spans ~0.05x-20x
@@ -451,7 +457,10 @@ def generate_sample(cfg: dict[str, Any], seed: int, p: SamplePlan, out_dir: Path
                 )
                 sec.params["role"] = "secondary"
                 faults.append(sec)
-    real_base = REAL_BASE0 + p.index * 7_200_000_000_000 + int(rng.integers(0, 3_600_000_000_000))
+    # The capture's wall clock: a time drawn within a year of REAL_BASE0. Until generator version 7
+    # each capture started 2 h after the one before it, so the clock told the sample index, and the
+    # index the label (classes are dealt round-robin) to any reader of the raw times.
+    real_base = REAL_BASE0 + int(rng.integers(0, CLOCK_SPAN_NS))
     final = out_dir / p.sample_id
     tmp = out_dir / f".tmp-{p.sample_id}"
     if tmp.exists():

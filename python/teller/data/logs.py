@@ -2,7 +2,10 @@
 
 ``log.txt`` of a sample has one line per log line: ``<realtime_ns> <stream> <text>``, the format
 ``teller collect`` writes (the tee stamps each line with the trace clock). ``text`` is what the engine
-printed: ``LEVEL MM-DD HH:MM:SS [file.py:line] (Proc pid=N) message``.
+printed: ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message``. vLLM V1 wraps each process's
+stdout and stderr so that every line it writes starts with the process prefix, tracebacks and
+uvicorn's access lines included (generator version 7; before, the prefix came after ``[file.py:line]``
+and raw lines had none).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ class LogBook:
         self.lines.append((self.real_base + int(t_sim), len(self.lines), stream, text))
 
     def vllm(self, t_sim: float, level: str, src: str, proc: str, msg: str, stream: str = "stdout") -> None:
-        self.add(t_sim, f"{level} {_stamp(self.real_base + int(t_sim))} [{src}] {proc} {msg}", stream)
+        self.add(t_sim, f"{proc} {level} {_stamp(self.real_base + int(t_sim))} [{src}] {msg}", stream)
 
-    def raw(self, t_sim: float, text: str, stream: str = "stderr") -> None:
-        self.add(t_sim, text, stream)
+    def raw(self, t_sim: float, proc: str, text: str, stream: str = "stderr") -> None:
+        """A line the process printed without vLLM's logger (a traceback, uvicorn's access log)."""
+        self.add(t_sim, f"{proc} {text}", stream)
 
     def render(self) -> str:
         out = [f"{ts} {stream} {text}" for ts, _seq, stream, text in sorted(self.lines)]

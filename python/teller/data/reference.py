@@ -12,7 +12,8 @@ capture does not have to contain.
 
 * **Deployment key**: the GPU name(s) the trace's ``deviceProperties`` list (Kineto's, and the
   simulator's since generator version 2), and the model and tensor-parallel size from vLLM's
-  ``args: Namespace(model='...', tensor_parallel_size=N, ...)`` / engine-config log line, with a
+  ``args: Namespace(model='...', tensor_parallel_size=N, ...)`` (``non-default args: {'model': ...}``
+  since vLLM 0.10) / engine-config log line, with a
   non-default weight dtype, quantization method and KV-cache dtype from the same lines
   (:func:`deployment_key`). No key (no device properties, no model in the log): no reference, the
   columns read "unknown".
@@ -71,17 +72,19 @@ READ_VERSIONS = (1, 2)
 FILE_NAME = "reference.json"
 CELL = 0.1  # width of a table's cells in ln(1 + load): 10 % more tokens or sequences
 
-_MODEL = re.compile(r"\bmodel='([^'\n]+)'")
-_TP = re.compile(r"\btensor_parallel_size=(\d+)")
+# ``model='x'`` (the engine-config line, V0's ``args: Namespace(...)``) or ``'model': 'x'`` (0.10's
+# ``non-default args: {...}``)
+_MODEL = re.compile(r"\bmodel'?(?:=|: )'([^'\n]+)'")
+_TP = re.compile(r"\btensor_parallel_size'?(?:=|: )(\d+)")
 # what else changes a kernel's time on the same GPUs, model and TP size, as vLLM's args line
 # (``dtype='half'``, ``quantization='fp8'``) or engine-config line (``dtype=torch.float16``,
 # ``quantization=fp8``, ``kv_cache_dtype=fp8_e5m2``) names it; keyed only when not the default
 # (bf16 weights, no quantization, the KV cache in the model's dtype), so the keys of the common
 # case, and every reference fitted before these parts, stay as they were
 _EXTRA = (
-    ("dtype", re.compile(r"\bdtype=(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16"}),
-    ("q", re.compile(r"\bquantization='?([A-Za-z0-9_\-]+)"), {"none", "null"}),
-    ("kv", re.compile(r"\bkv_cache_dtype='?([A-Za-z0-9_]+)"), {"auto"}),
+    ("dtype", re.compile(r"\bdtype'?(?:=|: )(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16"}),
+    ("q", re.compile(r"\bquantization'?(?:=|: )'?([A-Za-z0-9_\-]+)"), {"none", "null"}),
+    ("kv", re.compile(r"\bkv_cache_dtype'?(?:=|: )'?([A-Za-z0-9_]+)"), {"auto"}),
 )
 # the spellings vLLM accepts for one thing, as the key writes it (``--dtype half`` and the resolved
 # ``torch.float16`` are one deployment; ``--kv-cache-dtype fp8`` is e4m3 on CUDA)

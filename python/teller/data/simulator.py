@@ -32,7 +32,7 @@ from teller.rawfmt import RawWriter
 
 COMPUTE_STREAM = 7
 FOREIGN_STREAM = 13
-VLLM_VERSION = "0.8.5"
+VLLM_VERSION = "0.10.2"  # the process prefix on every line (generator version 7; was 0.8.5)
 HOST = "gpu-node-{:02d}"
 
 
@@ -195,6 +195,7 @@ class EngineSim:
         self.stats: dict[str, Any] = {
             "steps": 0,
             "preemptions": 0,
+            "reprefills": 0,
             "prefill_tokens": 0,
             "decode_tokens": 0,
             "graph_steps": 0,
@@ -228,7 +229,7 @@ class EngineSim:
     def proc(self, r: int) -> str:
         if r == 0:
             return f"(EngineCore_DP0 pid={self.engine_pid})"
-        return f"(VllmWorker rank={r} pid={self.worker_pids[r]})"
+        return f"(Worker_TP{r} pid={self.worker_pids[r]})"  # vLLM 0.10.2's name (0.10.0: VllmWorker rank=N)
 
     @property
     def api(self) -> str:
@@ -382,17 +383,9 @@ class EngineSim:
             preempt_total += len(new_preempt)
             if kv_fault is not None and step >= kv_fault.start_step:
                 self.fx.count("kv_cache_exhaustion", "preemptions", len(new_preempt), window=False)
-            for q in new_preempt:
-                self.log.vllm(
-                    t + 40e3,
-                    "WARNING",
-                    "scheduler.py:1560",
-                    self.proc(0),
-                    f"Sequence group {request_id(q.k, self.salt)} is preempted by PreemptionMode.RECOMPUTE "
-                    "mode because there is not enough KV cache space. This can affect the end-to-end "
-                    "performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more "
-                    f"KV cache memory. total_num_cumulative_preemption={preempt_total}",
-                )
+            # vLLM V1's scheduler logs no line per preemption (V0's "Sequence group ... is preempted"
+            # warning, once per 50, is gone) and its stats line no count (generator version 7): a
+            # preemption shows as KV-cache usage, waiting requests and the victims' re-prefill
             if not batch:
                 for rk in ranks:
                     rk.host = t + 200e3
@@ -444,6 +437,7 @@ class EngineSim:
                 )
                 self.log.raw(
                     tf + 60e3 + delay,
+                    self.api,
                     f'INFO:     {client_addr(q.k, self.salt)} - "POST /v1/completions HTTP/1.1" 200 OK',
                     "stdout",
                 )
@@ -460,11 +454,11 @@ class EngineSim:
                     f"Waiting: {len(waiting)} reqs, GPU KV cache usage: {100 * usage:.1f}%, "
                     f"Prefix cache hit rate: {self.prefix_hit:.1f}%"
                 )
-                if preempt_total:
-                    msg += f", Preemptions: {preempt_total}"
-                self.log.vllm(t_done + 50e3, "INFO", "loggers.py:116", self.proc(0), msg)
+                # (no preemption count: V1's stat logger prints none, it is a Prometheus counter
+                # only, vllm:num_preemptions; generator version 7)
+                # V1's stat logger runs in the API server process (its `(APIServer pid=N)` prefix; version 7)
+                self.log.vllm(t_done + 50e3, "INFO", "loggers.py:116", self.api, msg)
                 last_log_t, last_log_step, tok_prompt, tok_gen = t_done, step + 1, 0, 0
-            self._host_memory_logs(t, t_done)
         self.stats["preemptions"] = preempt_total
         self.stats["kv_blocks"] = self.kv_blocks
         self._fault_windows(step_start, step_end, t_end)
@@ -576,6 +570,8 @@ class EngineSim:
                 if used + need > self.kv_blocks:
                     break
                 waiting.popleft()
+                if q.preempted and not q.computed:
+                    self.stats["reprefills"] += 1  # a preempted request recomputed from its prompt
                 q.blocks += need
                 used += need
                 running.append(q)
@@ -735,11 +731,11 @@ class EngineSim:
         c = rk.next_corr()
         s = h + self._host(rk, 2e3, h)
         pf = self.fx.pcie(rk.r)
-        lat_f = 1.0 + 3.0 * (1.0 / pf - 1.0) / 12.0
+        lat_f = 1.0 + 3.0 * (1.0 / pf - 1.0) / 12.0  # latency x (1 + 3 s); bandwidth / (1 + 12 s)
         gs0 = max(s + 3e3, rk.gpu)
         gs = self.fx.slice_start(rk.r, gs0)
         jj = self.j()
-        gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf) * jj * lat_f
+        gd = K.memcpy_ns(self.gpu, nbytes, pcie=pf, latency=lat_f) * jj
         self.fx.waited(rk.r, gs - gs0, gd)
         clean = gd if pf == 1.0 else K.memcpy_ns(self.gpu, nbytes) * jj
         self.fx.charge("gpu", rk.r, clean, gd, ("pcie_degradation",))
@@ -887,11 +883,16 @@ class EngineSim:
         line(
             t + 2e6,
             "INFO",
-            "api_server.py:1044",
+            "utils.py:328",
             self.api,
-            f"args: Namespace(model='{self.model.name}', tensor_parallel_size={wl.tp}, "
-            f"max_num_seqs={wl.max_num_seqs}, max_num_batched_tokens={wl.max_num_batched_tokens}, "
-            f"enforce_eager={eager}, enable_chunked_prefill=True, gpu_memory_utilization=0.9)",
+            # the arguments that differ from vLLM's defaults; request logging is on (0.10.2 logs no
+            # request lines without --enable-log-requests)
+            "non-default args: {"
+            + (f"'model': '{self.model.name}', ")
+            + (f"'tensor_parallel_size': {wl.tp}, " if wl.tp > 1 else "")
+            + f"'max_num_seqs': {wl.max_num_seqs}, 'max_num_batched_tokens': {wl.max_num_batched_tokens}, "
+            + ("'enforce_eager': True, " if eager else "")
+            + "'enable_log_requests': True}",
         )
         t += float(rng.uniform(3e9, 8e9))
         line(
@@ -963,7 +964,7 @@ class EngineSim:
             P,
             f"init engine (profile, create kv cache, warmup model) took {rng.uniform(20, 90):.2f} seconds",
         )
-        line(t + 5e8, "INFO", "launcher.py:28", self.api, "Starting vLLM API server on http://0.0.0.0:8000")
+        line(t + 5e8, "INFO", "launcher.py:28", self.api, "Starting vLLM API server 0 on http://0.0.0.0:8000")
         shift = min(0.0, -1e9 - max(b[0] for b in buf))
         for t_sim, level, src, proc, msg in buf:
             self.log.vllm(t_sim + shift, level, src, proc, msg)
@@ -976,32 +977,8 @@ class EngineSim:
             self.api,
             f"Received request {request_id(q.k, self.salt)}: prompt: '', params: SamplingParams(n=1, "
             f"temperature=0.7, top_p=0.95, max_tokens={q.output}), prompt_token_ids: [{q.prompt} tokens], "
-            "lora_request: None.",
+            "prompt_embeds shape: None, lora_request: None.",
         )
-
-    def _host_memory_logs(self, t0: float, t1: float) -> None:
-        f = self.fx.has("host_memory_pressure")
-        rng = self.rng
-        if f is not None and f.active(self.fx.step) and rng.random() < 0.15 * f.severity:
-            avail = max(0.2, 12.0 * (1.0 - f.severity)) * float(rng.uniform(0.7, 1.3))
-            self.log.vllm(
-                t1 + 80e3,
-                "WARNING",
-                "utils.py:562",
-                self.proc(0),
-                f"Host memory is low: {avail:.1f} GiB available, swap used "
-                f"{rng.uniform(2, 40) * f.severity:.1f} GiB; "
-                "pinned memory allocations and tokenization may stall",
-            )
-        elif f is None and rng.random() < 0.004:
-            self.log.vllm(
-                t1 + 80e3,
-                "WARNING",
-                "utils.py:562",
-                self.proc(0),
-                f"Host memory is low: {rng.uniform(14, 30):.1f} GiB available, swap used "
-                f"{rng.uniform(0.0, 0.3):.1f} GiB; pinned memory allocations and tokenization may stall",
-            )
 
     def _oom_logs(self, f: Fault, t: float, batch: list[tuple[Request, int]]) -> None:
         rng = self.rng
@@ -1026,20 +1003,58 @@ class EngineSim:
             "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
         ]
-        self.log.vllm(t + 0.3e6, "ERROR", "core.py:526", P, "EngineCore encountered a fatal error.", "stderr")
-        for k, line in enumerate(tb):
-            self.log.raw(t + 0.31e6 + k * 1e3, line)
-        self.log.vllm(
-            t + 2e6, "ERROR", "async_llm.py:399", self.api, "AsyncLLM output_handler failed.", "stderr"
-        )
-        self.log.raw(
-            t + 2.1e6,
-            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-            "See stack trace (above) for the root cause.",
+        site_core = f'  File "{site}/v1/engine/core.py", line 521, in run_engine_core'
+
+        def exception(t0: float, src: str, proc: str, msg: str, lines: list[str]) -> None:
+            # logger.exception: vLLM's formatter repeats the record's header on each line of the
+            # traceback, and the process wrapper its prefix (generator version 7)
+            for k, text in enumerate([msg, *lines]):
+                self.log.vllm(t0 + k * 1e3, "ERROR", src, proc, text, "stderr")
+
+        if r == 0:
+            exception(t + 0.3e6, "core.py:526", P, "EngineCore encountered a fatal error.", tb)
+        else:
+            # the worker process that failed, then the engine core that waited for it
+            exception(
+                t + 0.3e6,
+                "multiproc_executor.py:596",
+                P,
+                "WorkerProc hit an exception.",
+                [tb[0], f'  File "{site}/v1/executor/multiproc_executor.py", line 591, in worker_busy_loop']
+                + tb[3:],
+            )
+            exception(
+                t + 0.6e6,
+                "core.py:526",
+                self.proc(0),
+                "EngineCore encountered a fatal error.",
+                [
+                    tb[0],
+                    site_core,
+                    "    engine_core.run_busy_loop()",
+                    f'  File "{site}/v1/executor/multiproc_executor.py", line 243, in collective_rpc',
+                    "    raise RuntimeError(",
+                    f"RuntimeError: Worker failed with error '{tb[-1].split(': ', 1)[1]}', please "
+                    "check the stack trace above for the root cause",
+                ],
+            )
+        exception(
+            t + 2e6,
+            "async_llm.py:399",
+            self.api,
+            "AsyncLLM output_handler failed.",
+            [
+                tb[0],
+                f'  File "{site}/v1/engine/async_llm.py", line 380, in output_handler',
+                "    outputs = await engine_core.get_output_async()",
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+                "See stack trace (above) for the root cause.",
+            ],
         )
         for q, _n in batch[:4]:
             self.log.raw(
                 t + 3e6,
+                self.api,
                 f'INFO:     {client_addr(q.k, self.salt)} - "POST /v1/completions HTTP/1.1" '
                 "500 Internal Server Error",
                 "stdout",

@@ -257,9 +257,10 @@ def token_work(tr: Any, events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 N_PROC_LOG_FEATURES = 2
 # a vLLM log line's level and its process prefix: "ERROR 12-18 08:01:44 [core.py:526] (VllmWorker
-# rank=1 pid=44660) ..." (V1), or the prefix first, "(VllmWorker rank=1 pid=44660) ERROR ..." (the
-# multiprocessing stdout decorator), possibly coloured; continuation lines (tracebacks) carry
-# neither and are not counted
+# rank=1 pid=44660) ..." (generator versions before 7), or the prefix first, "(Worker_TP1
+# pid=44660) ERROR ..." (vLLM's stdout decorator), possibly coloured; a traceback line with neither
+# level nor prefix is not counted (vLLM's formatter gives each line of a logged traceback its
+# record's header, and so its level)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LEVEL_PID = re.compile(r"^(WARNING|ERROR|CRITICAL)\b[^(]*\([^)]*\bpid=(\d+)\)")
 _PID_LEVEL = re.compile(r"^\([^)]*\bpid=(\d+)\)\s+(WARNING|ERROR|CRITICAL)\b")

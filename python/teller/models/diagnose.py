@@ -30,7 +30,18 @@ from teller.data.summary import process_log_levels, token_gpu_time, token_proces
 from teller.errors import ConfigError, TellerError, TellerFileNotFoundError, TellerIOError, TellerWarning
 from teller.models.data import Sample, _trace_features, collate, compact_log, word_mask
 
-NOTABLE_LOG = ("WARNING", "ERROR", "Error", "error", "preempt", "Traceback", "OutOfMemory", "timeout", "slow")
+NOTABLE_LOG = (
+    "WARNING",
+    "ERROR",
+    "Error",
+    "error",
+    "preempt",
+    "Preemptions",
+    "Traceback",
+    "OutOfMemory",
+    "timeout",
+    "slow",
+)
 
 
 def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
