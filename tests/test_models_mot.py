@@ -2957,3 +2957,27 @@ def test_diagnose_refuses_a_tokenizer_the_model_was_not_trained_with(shards, tmp
     # by SHA-256, not refused by size
     _check_tokenizers(run, {**cfg, "model": {**cfg["model"], "trace_vocab": 10_000}}, tpe.load(tdir), logtok)
     shutil.rmtree(small)
+
+
+def test_a_trace_cut_at_max_trace_tokens_is_said_with_the_culprits_it_loses(shards):
+    """A model reads a capture's first max_trace_tokens tokens. Samples cut there, and those whose
+    every culprit token was past the cut (their localization neither trained nor scored), are
+    counted in a warning instead of being dropped quietly."""
+    from teller.data.tokenize import ShardedSplit
+    from teller.models.data import load_split
+
+    _root, _data, _tdir, out = shards
+    ss = ShardedSplit(out, "train")
+    lens = [len(ss[i]["trace_ids"]) for i in range(len(ss))]
+    lost = sum(
+        int(ss[i]["trace_culprit"].any() and not ss[i]["trace_culprit"][:2].any()) for i in range(len(ss))
+    )
+    assert lost > 0  # the case the warning is for exists in the fixture
+    with pytest.warns(
+        TellerWarning,
+        match=rf"\(train\): {sum(n > 2 for n in lens)} of {len(ss)} samples .* {lost} of them lose",
+    ):
+        load_split(out, "train", 2, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_split(out, "train", max(lens), 64)

@@ -1609,6 +1609,7 @@ class ShardedSplit:
 
     def __init__(self, run_dir: str | os.PathLike[str], split: str) -> None:
         self.run_dir = Path(run_dir)
+        self.split = split
         self.manifest = read_shards_manifest(self.run_dir)
         if split not in self.manifest["splits"]:
             raise ConfigError(f"unknown split {split!r}; known: {', '.join(self.manifest['splits'])}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from teller.data.summary import N_GPU_TIME_FEATURES, N_PROC_LOG_FEATURES, N_SUMMARY_FEATURES, load_slope
 from teller.data.tokenize import LogTokenizer, ShardedSplit, read_shards_manifest, split_names
-from teller.errors import ConfigError
+from teller.errors import ConfigError, TellerWarning
 
 BOL_ID = 2  # LOG_SPECIALS index of [BOL]
 N_LOG_FEATURES = 3
@@ -507,9 +508,14 @@ def _load_into(
                 f"{n_summary_features} (shards version {ss.manifest.get('version', 1)}); "
                 "re-run `teller tokenize`"
             )
+    cut = lost = 0
     for i in range(len(ss)):
         d = ss[i]
         n = min(len(d["trace_ids"]), max_trace_tokens)
+        if n < len(d["trace_ids"]):
+            cut += 1
+            tc = np.asarray(d["trace_culprit"], dtype=bool)
+            lost += int(tc.any() and not tc[:n].any())
         li, lf = compact_log(
             d["log_ids"],
             d["log_features"],
@@ -549,6 +555,17 @@ def _load_into(
             out[-1].log_summary_ids, out[-1].log_summary_features = log_word_summary(
                 np.asarray(d["log_ids"]), np.asarray(d["log_features"]), words
             )
+    if cut:
+        # a model reads a capture's first max_trace_tokens tokens; a long real capture (25k tokens)
+        # loses its end, and where every culprit was there, its localization is neither trained nor
+        # scored (loc_n counts what is left): say so rather than drop them quietly
+        warnings.warn(
+            f"{ss.run_dir} ({ss.split}): {cut} of {len(ss)} samples have more than max_trace_tokens "
+            f"({max_trace_tokens}) trace tokens and are read up to it; {lost} of them lose every culprit "
+            "token, so their localization is neither trained nor scored",
+            TellerWarning,
+            stacklevel=3,
+        )
 
 
 def _trace_features(
