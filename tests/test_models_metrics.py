@@ -393,3 +393,33 @@ def test_selective_answers_hand_computed() -> None:
     # a confidence exactly at a level is counted at it (>=), the uncertain rule's complement
     at = [Prediction(0, np.array([0.7, 0.2, 0.1]), np.array([1]), np.array([0.0]), np.array([False]))]
     assert selective(at, [1], levels=(0.7,))["0.7"]["n"] == 1
+
+
+def test_gbdt_proba_one_limits_openmp_with_either_threadpoolctl(monkeypatch):
+    """One sample's GBDT probabilities are computed under a one-thread OpenMP limit, with
+    threadpoolctl 3's controller or, where it is older, its threadpool_limits."""
+    import contextlib
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    import numpy as np
+    from teller.models import baselines
+
+    calls = []
+
+    @contextlib.contextmanager
+    def limits(limits=None, user_api=None):
+        calls.append((limits, user_api))
+        yield
+
+    b = SimpleNamespace(gbdt=SimpleNamespace(predict_proba=lambda x: np.array([[0.25, 0.75]])), X=lambda s: s)
+    old = types.ModuleType("threadpoolctl")
+    old.threadpool_limits = limits  # (no ThreadpoolController: threadpoolctl < 3)
+    new = types.ModuleType("threadpoolctl")
+    new.ThreadpoolController = lambda: SimpleNamespace(limit=limits)
+    for mod in (old, new):
+        monkeypatch.setitem(sys.modules, "threadpoolctl", mod)
+        monkeypatch.setattr(baselines, "_THREADPOOLS", None)
+        assert baselines.gbdt_proba_one(b, object()).tolist() == [0.25, 0.75]
+    assert calls == [(1, "openmp"), (1, "openmp")]

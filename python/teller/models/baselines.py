@@ -17,7 +17,7 @@ import contextlib
 import json
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -545,17 +545,15 @@ def gbdt_proba_one(b: Any, s: RawSample) -> np.ndarray:
         try:
             from threadpoolctl import ThreadpoolController
 
-            _THREADPOOLS = ThreadpoolController()
+            _THREADPOOLS = ThreadpoolController().limit
         except ImportError:  # (threadpoolctl < 3, which scikit-learn 1.4 accepts)
-            import threadpoolctl
+            from threadpoolctl import threadpool_limits
 
-            _THREADPOOLS = threadpoolctl
-    if _THREADPOOLS.__class__.__name__ == "module":
-        limit = _THREADPOOLS.threadpool_limits(limits=1, user_api="openmp")
-    else:
-        limit = _THREADPOOLS.limit(limits=1, user_api="openmp")
-    with limit:
+            _THREADPOOLS = threadpool_limits
+    with _THREADPOOLS(limits=1, user_api="openmp"):
         return b.gbdt.predict_proba(b.X([s]))[0]
 
 
-_THREADPOOLS: Any = None
+# the call that limits OpenMP's threads: a ThreadpoolController's limit, or threadpoolctl < 3's
+# threadpool_limits (same keywords)
+_THREADPOOLS: Callable[..., Any] | None = None
