@@ -252,6 +252,18 @@ def test_oom_error_ends_trace_early_with_traceback(tmp_path):
     bad, res = run(tmp_path, DECODE, "oom_error", rank=1)
     assert "torch.OutOfMemoryError: CUDA out of memory" in res.log
     assert "EngineDeadError" in res.log
+    # generator version 7: the failing worker's own record, then the engine core's, each line with
+    # its process and record header (vLLM's formatter), the API server's EngineDeadError last
+    lines = [ln.split(" ", 2)[2] for ln in res.log.splitlines()]
+    worker = [ln for ln in lines if ln.startswith("(Worker_TP1 pid=") and " ERROR " in ln]
+    assert worker and "WorkerProc hit an exception." in worker[0]
+    assert any("torch.OutOfMemoryError: CUDA out of memory" in ln for ln in worker)
+    core = [ln for ln in lines if ln.startswith("(EngineCore_DP0 pid=") and " ERROR " in ln]
+    assert "EngineCore encountered a fatal error." in core[0]
+    assert (
+        core[-1].split("] ", 1)[1].startswith("RuntimeError: Worker failed with error 'CUDA out of memory.")
+    )
+    assert all(" ERROR " in ln for ln in lines if "Traceback (most recent call last)" in ln)
     assert len(bad.steps()) < len(ok.steps())
     assert (bad.flags & FLAG_UNFINISHED).sum() > 0
     assert (ok.flags & FLAG_UNFINISHED).sum() == 0

@@ -43,6 +43,8 @@ def test_deployment_key_from_device_properties_and_the_vllm_args_line(tiny):
         # vLLM 0.10's "non-default args: {...}" (a dict's repr)
         dict_line = "non-default args: {'model': 'm/x', 'tensor_parallel_size': 4, 'quantization': 'fp8'}"
         assert deployment_key(tr, dict_line).endswith("|m/x|tp4|q=fp8")
+        # (a review) "model: 'x'" in free text (a prompt) names no model
+        assert deployment_key(tr, "Received request: prompt: 'use model: 'evil/m''") is None
     # what else changes a kernel's time: keyed only when not the default, the last line naming it
     key = deployment_key(
         tr, "args: Namespace(model='m/x', tensor_parallel_size=2, dtype='auto', quantization=None)"

@@ -423,3 +423,22 @@ def test_gbdt_proba_one_limits_openmp_with_either_threadpoolctl(monkeypatch):
         monkeypatch.setattr(baselines, "_THREADPOOLS", None)
         assert baselines.gbdt_proba_one(b, object()).tolist() == [0.25, 0.75]
     assert calls == [(1, "openmp"), (1, "openmp")]
+
+
+def test_diagnose_log_evidence_keeps_a_logged_tracebacks_message_and_exception():
+    """vLLM repeats a record's header on each line of a logged traceback; diagnose shows 8 lines of
+    evidence, and a rank's OOM record is 9 lines with the OutOfMemoryError last: the frames and the
+    ``Traceback`` line are left out, the record's message and its exception line kept."""
+    from teller.models.diagnose import _notable
+
+    h = "(EngineCore_DP0 pid=7) ERROR 04-03 01:52:29 [core.py:526] "
+    record = [
+        "EngineCore encountered a fatal error.",
+        "Traceback (most recent call last):",
+        '  File "/v/core.py", line 521, in run_engine_core',
+        "    engine_core.run_busy_loop()",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.",
+    ]
+    assert [_notable(h + m) for m in record] == [True, False, False, False, True]
+    assert _notable("(APIServer pid=3) WARNING 04-03 01:52:29 [x.py:1] slow client")
+    assert not _notable("(APIServer pid=3) INFO 04-03 01:52:29 [loggers.py:116] Engine 000: Running: 3 reqs")

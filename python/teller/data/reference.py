@@ -74,17 +74,17 @@ CELL = 0.1  # width of a table's cells in ln(1 + load): 10 % more tokens or sequ
 
 # ``model='x'`` (the engine-config line, V0's ``args: Namespace(...)``) or ``'model': 'x'`` (0.10's
 # ``non-default args: {...}``)
-_MODEL = re.compile(r"\bmodel'?(?:=|: )'([^'\n]+)'")
-_TP = re.compile(r"\btensor_parallel_size'?(?:=|: )(\d+)")
+_MODEL = re.compile(r"(?:\bmodel=|'model': )'([^'\n]+)'")
+_TP = re.compile(r"(?:\btensor_parallel_size=|'tensor_parallel_size': )(\d+)")
 # what else changes a kernel's time on the same GPUs, model and TP size, as vLLM's args line
 # (``dtype='half'``, ``quantization='fp8'``) or engine-config line (``dtype=torch.float16``,
 # ``quantization=fp8``, ``kv_cache_dtype=fp8_e5m2``) names it; keyed only when not the default
 # (bf16 weights, no quantization, the KV cache in the model's dtype), so the keys of the common
 # case, and every reference fitted before these parts, stay as they were
 _EXTRA = (
-    ("dtype", re.compile(r"\bdtype'?(?:=|: )(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16"}),
-    ("q", re.compile(r"\bquantization'?(?:=|: )'?([A-Za-z0-9_\-]+)"), {"none", "null"}),
-    ("kv", re.compile(r"\bkv_cache_dtype'?(?:=|: )'?([A-Za-z0-9_]+)"), {"auto"}),
+    ("dtype", re.compile(r"(?:\bdtype=|'dtype': )(?:torch\.)?'?([A-Za-z0-9_]+)"), {"auto", "bfloat16"}),
+    ("q", re.compile(r"(?:\bquantization=|'quantization': )'?([A-Za-z0-9_\-]+)"), {"none", "null"}),
+    ("kv", re.compile(r"(?:\bkv_cache_dtype=|'kv_cache_dtype': )'?([A-Za-z0-9_]+)"), {"auto"}),
 )
 # the spellings vLLM accepts for one thing, as the key writes it (``--dtype half`` and the resolved
 # ``torch.float16`` are one deployment; ``--kv-cache-dtype fp8`` is e4m3 on CUDA)

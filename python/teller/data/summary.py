@@ -292,7 +292,7 @@ def token_process_log(
     """Per TPE token, ``log1p`` of the error and warning lines of the process its first event ran in
     (:func:`process_log_levels`; a GPU activity belongs to the process of its launching call, a
     ``<close>`` token to the previous token's): the cross-layer link from a log line that names
-    ``(VllmWorker rank=1 pid=44660)`` to that worker's ranges in the trace. An out-of-memory crash
+    ``(Worker_TP1 pid=44660)`` to that worker's ranges in the trace. An out-of-memory crash
     on rank 1 is otherwise one more step chain among the ranks'. ``float32 [tokens, 2]``; the shards'
     ``token_proc_log``."""
     e = _token_events(events, offsets)

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shlex
 import time
 import warnings
@@ -42,6 +43,21 @@ NOTABLE_LOG = (
     "timeout",
     "slow",
 )
+
+
+# a vLLM line's process prefix and record header; what follows is the message
+_LOG_HEADER = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
+
+
+def _notable(text: str) -> bool:
+    """A log line worth showing as evidence: a warning, an error, an exception. Of a logged
+    traceback (vLLM repeats the record's header on each of its lines) the record's message and the
+    exception line are kept, not the ``Traceback`` line and the frames: a rank's out-of-memory error
+    is 9 lines, and its ``OutOfMemoryError`` line came 9th, past the 8 shown."""
+    msg = _LOG_HEADER.sub("", text, count=1)
+    if msg.startswith(('  File "', "    ", "Traceback (most recent call last)")):
+        return False
+    return any(w in text for w in NOTABLE_LOG)
 
 
 def _find_inputs(path: Path) -> tuple[Path | list[Path], Path | None]:
@@ -525,7 +541,7 @@ def diagnose(
             # (weighted by the symbol's score where the model has the summary-row head)
             w = (o["symbol_score"] or 0.0) if head else 1.0
             fam[o["kernel_family"]] += o["score"] * o["events"] * w
-    evidence_lines = [f"{st} {txt}" for _, st, txt in lines if any(w in txt for w in NOTABLE_LOG)][:8]
+    evidence_lines = [f"{st} {txt}" for _, st, txt in lines if _notable(txt)][:8]
     culprit_events = [int(e) for e in culprit]
     # what --perfetto highlights: the events of the culprit operators the report lists, not every
     # event scored 0.5 or more. A trace token spans many events (a demo tokenizer's ten tokens cover
