@@ -454,9 +454,8 @@ class EngineSim:
                     f"Waiting: {len(waiting)} reqs, GPU KV cache usage: {100 * usage:.1f}%, "
                     f"Prefix cache hit rate: {self.prefix_hit:.1f}%"
                 )
-                # (no preemption count: V1's stat logger prints none, it is a Prometheus counter
-                # only, vllm:num_preemptions; generator version 7)
-                # V1's stat logger runs in the API server process (its `(APIServer pid=N)` prefix; version 7)
+                # V1's stat logger runs in the API server process and prints no preemption count
+                # (a Prometheus counter only, vllm:num_preemptions; generator version 7)
                 self.log.vllm(t_done + 50e3, "INFO", "loggers.py:116", self.api, msg)
                 last_log_t, last_log_step, tok_prompt, tok_gen = t_done, step + 1, 0, 0
         self.stats["preemptions"] = preempt_total
