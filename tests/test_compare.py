@@ -343,6 +343,47 @@ def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
     assert g0["baseline"]["compute_ns"] != pytest.approx(g0["current"]["compute_ns"])
 
 
+def test_gpus_pair_by_rank_after_a_merged_round_trip(tmp_path) -> None:
+    # the same two per-rank files, each capture merged into one trace.json by teller and read back:
+    # the merged file lists each input's pids and rank (teller.sources), so the GPUs still pair by
+    # rank and keep their input's name; before, every GPU took the first input's rank and they
+    # paired in order (rank 1's file first in the current capture: each read as the other's change)
+    def rank_file(d, name: str, rank: int) -> None:
+        t = _Trace()
+        for k in range(4):
+            t.step(f"ProfilerStep#{k}", k * 300.0, 200)
+            t.launch(k * 300.0 + 6, 3, k * 300.0 + 10, 20 if rank == 0 else 80)
+        d.mkdir(exist_ok=True)
+        (d / name).write_text(
+            json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev})
+        )
+
+    rank_file(tmp_path / "base", "a.json", 0)
+    rank_file(tmp_path / "base", "b.json", 1)
+    rank_file(tmp_path / "cur", "a.json", 1)
+    rank_file(tmp_path / "cur", "b.json", 0)
+    merged = {}
+    for d in ("base", "cur"):
+        teller.trace.load(tmp_path / d, warn=False).to_chrome(tmp_path / f"{d}.json")
+        merged[d] = teller.trace.load(tmp_path / f"{d}.json", warn=False)
+        # (one input now, whose GPU 0 tracks are two processes)
+        assert len(merged[d].sources) == 1
+    c = compare(merged["base"], merged["cur"])
+    each = [g for g in c["gpus"] if g["gpu"] != "all GPUs"]
+    assert len(each) == 2
+    for g in each:
+        assert g["baseline"]["compute_ns"] == pytest.approx(g["current"]["compute_ns"])
+    assert sorted((g["baseline_gpu"], g["gpu"]) for g in each) == [
+        ("GPU 0 of a.json", "GPU 0 of b.json"),
+        ("GPU 0 of b.json", "GPU 0 of a.json"),
+    ]
+    assert not any(s.startswith("GPU") for s in c["statements"]), c["statements"]
+    # a merged file against the rank files it was written from: the same pairing
+    c2 = compare(teller.trace.load(tmp_path / "base", warn=False), merged["cur"])
+    for g in (g for g in c2["gpus"] if g["gpu"] != "all GPUs"):
+        assert g["baseline"]["compute_ns"] == pytest.approx(g["current"]["compute_ns"])
+
+
 def test_gpus_pair_by_rank_and_device_else_by_rank_else_in_order() -> None:
     from teller.compare import _pair_gpus
 

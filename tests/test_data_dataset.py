@@ -434,23 +434,24 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 # processes (generator version 3; the other classes' bytes unchanged); generator version 4 (the
 # start-up log lines before serving) changes none of them; version 5 (a visible neighbour's kernels
 # one after another on their stream) changes hbm_contention's only; version 7 (closer to vLLM V1's
-# logs, the PCIe latency, drawn clocks, ranges' External id) changes every sample. A change here changes the
+# logs, the PCIe latency, drawn clocks, ranges' External id) changes every sample, and so does version 8
+# (trace.json lists its inputs' pids). A change here changes the
 # standard benchmark: make it on purpose, bump GENERATOR_VERSION and say so in docs/dataset.md, then
 # update the digests.
 BENCHMARK_DIGESTS = {
-    0: ("normal", "56654eae7672781c"),  # tp 1
-    20: ("kv_cache_exhaustion", "4b12b63fc3509633"),  # tp 1
-    22: ("network_delay", "309689881cfd7bda"),  # tp 1
-    23: ("eager_mode_misconfig", "3d87354526e50ffc"),  # tp 1
-    29: ("pcie_degradation", "a977d5462d3863a7"),  # tp 2
-    50: ("oom_error", "b7c04e5692467271"),  # tp 4
-    80: ("hbm_contention", "e9629fdf2bcca92a"),  # tp 1
-    96: ("cpu_contention", "4b6ca64f543b6b33"),  # tp 2
-    103: ("launch_storm", "299c62aa43d289df"),  # tp 1
-    121: ("nvlink_degradation", "33a629a5fe8de017"),  # tp 4
-    123: ("host_memory_pressure", "f2bc915b7b3a1616"),  # tp 4
-    144: ("gpu_throttle", "4e1f30559fc88850"),  # tp 2
-    151: ("nccl_straggler", "006f504476297227"),  # tp 4
+    0: ("normal", "e33da4875ea98842"),  # tp 1
+    20: ("kv_cache_exhaustion", "51d29a481f431876"),  # tp 1
+    22: ("network_delay", "774dbba0e01adf29"),  # tp 1
+    23: ("eager_mode_misconfig", "cc8af5ab1086a562"),  # tp 1
+    29: ("pcie_degradation", "58e5a70415bf40a9"),  # tp 2
+    50: ("oom_error", "2479059b639280fe"),  # tp 4
+    80: ("hbm_contention", "f00e533410bf1be1"),  # tp 1
+    96: ("cpu_contention", "9b06bf5973da64a1"),  # tp 2
+    103: ("launch_storm", "125b51ef01219685"),  # tp 1
+    121: ("nvlink_degradation", "a698697bc1a575db"),  # tp 4
+    123: ("host_memory_pressure", "88ea50c28d3931e9"),  # tp 4
+    144: ("gpu_throttle", "1470674bb78b0c78"),  # tp 2
+    151: ("nccl_straggler", "63775930ce59d8fa"),  # tp 4
 }
 
 

@@ -556,13 +556,25 @@ def test_a_merged_file_read_back_keeps_each_process_gpu_apart(tmp_path):
         ], devs
     devs = back.summary()["devices"]
     assert [d["part"] for d in devs] == [0, 1] and {d["source"] for d in devs} == {0}
-    assert gpu_names(devs, back.sources) == ["GPU 0 pid 0", "GPU 0 pid 10000000"]
     assert not [f for f in findings(back) if f["kind"] == "shared_gpu"]
-    # (the original inputs: named by their files, as before)
-    assert gpu_names(tr.summary()["devices"], tr.sources) == [
-        "GPU 0 of teller-h-7-a.tmsgpack",
-        "GPU 0 of teller-h-7-b.tmsgpack",
-    ]
+    # named by the files they were written from, read back as when those were read (the merged
+    # file's teller.sources lists each input's pids)
+    names = ["GPU 0 of teller-h-7-a.tmsgpack", "GPU 0 of teller-h-7-b.tmsgpack"]
+    assert gpu_names(tr.summary()["devices"], tr.sources) == names
+    assert gpu_names(devs, back.sources) == names
+    # written again from the read-back file: the inputs' entries are kept, not the merged file's
+    out2 = tmp_path / "again.json"
+    back.to_chrome(out2)
+    again = T.load(out2, warn=False)
+    assert gpu_names(again.summary()["devices"], again.sources) == names
+    # a file that does not list its inputs' pids (another tool's, or teller's before it did): the
+    # pid Perfetto shows each under
+    doc = json.loads(out.read_text())
+    for e in doc["teller"]["sources"]:
+        del e["pids"]
+    out.write_text(json.dumps(doc))
+    old = T.load(out, warn=False)
+    assert gpu_names(old.summary()["devices"], old.sources) == ["GPU 0 pid 0", "GPU 0 pid 10000000"]
 
 
 def test_a_merged_file_read_back_keeps_each_ranks_gpu_nesting_and_steps(tmp_path):

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from teller.errors import TellerWarning
-from teller.findings import _ms, _pct, gpu_names
+from teller.findings import _ms, _pct, gpu_names, origin
 
 # a change is stated when it moves the time per step by this share of the baseline's step time or more
 MIN_SHARE = 0.02
@@ -339,7 +339,9 @@ def _device_rows(s: dict[str, Any], tr: Any) -> list[tuple[str, dict[str, float]
     out = []
     for d, nm in zip(devs, names, strict=True):
         src = d.get("source", 0)
-        r = _rank(tr.sources[src]) if 0 <= src < len(tr.sources) else None
+        # (a merged file teller wrote, read back: the rank of the input the GPU's pid came from)
+        o = origin(tr.sources, d)
+        r = _rank(o) if o else _rank(tr.sources[src]) if 0 <= src < len(tr.sources) else None
         out.append(
             (nm, {f: d[f] / d["span_ns"] for f, _ in BREAKDOWN}, (r, d["device"]) if r is not None else None)
         )
@@ -744,7 +746,7 @@ def side_by_side(
 
     patterns = list(step_patterns or DEFAULT_STEP_PATTERNS)
 
-    def origin(tr: Any) -> int:
+    def start_of(tr: Any) -> int:
         st = pattern_steps(tr, patterns)
         return min(s.start_ns for s in st) if st else int(np.min(tr.ts))
 
@@ -759,8 +761,8 @@ def side_by_side(
     b, c = docs
     bb, cb = int(b.get("baseTimeNanoseconds", 0)), int(c.get("baseTimeNanoseconds", 0))
     # (in the files' own terms: each writes its times relative to its own baseTimeNanoseconds)
-    rel_us = ((origin(baseline) - bb) - (origin(current) - cb)) / 1e3
-    shift_us = (origin(baseline) - origin(current)) / 1e3
+    rel_us = ((start_of(baseline) - bb) - (start_of(current) - cb)) / 1e3
+    shift_us = (start_of(baseline) - start_of(current)) / 1e3
     bev, cev = b["traceEvents"], c["traceEvents"]
     ints = [e["pid"] for e in bev if isinstance(e.get("pid"), int)]
     # (past every baseline pid, a round number so that the current pids stay readable: 100238)

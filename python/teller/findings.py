@@ -53,32 +53,70 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms" if ns >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
+def _entries(src: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``teller.sources`` entries of a Chrome file teller wrote, read back (each an input it was
+    written from, with the pids its events are under), as far as they are well-formed; [] else."""
+    import json
+
+    if src.get("kind") != "chrome":
+        return []
+    try:
+        doc = json.loads((src.get("metadata") or {}).get("teller") or "{}")
+    except ValueError:
+        return []
+    entries = doc.get("sources") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("pids"), list)]
+
+
+def origin(sources: list[dict[str, Any]] | None, d: dict[str, Any]) -> dict[str, Any] | None:
+    """The input a device entry of ``Trace.summary()["devices"]`` came from, where its source is a
+    file teller wrote from several (or from a raw file) and read back: the ``teller.sources`` entry
+    that lists the device's pid (``path``, ``kind``, ``metadata``: the input's ``header`` or
+    ``distributedInfo``, which name its rank). None for an input read directly, or a file that does
+    not say (written before teller listed pids, or by another tool)."""
+    src = d.get("source", 0)
+    if not sources or not 0 <= src < len(sources):
+        return None
+    found = [e for e in _entries(sources[src]) if d.get("pid") in e["pids"]]
+    return found[0] if len(found) == 1 else None
+
+
 def gpu_names(devices: list[dict[str, Any]], sources: list[dict[str, Any]] | None = None) -> list[str]:
     """A name per entry of ``Trace.summary()["devices"]``: ``GPU 3``, or where two inputs both name a
     GPU 3 (per-rank profiler files, each process seeing its own GPU as 0), ``GPU 3 of X``, X the
     shortest tail of the input's path that tells it from the others (``rank1.json``,
-    ``r1/trace.json``), and where one input holds several processes' GPU 3 (a merged trace read back:
-    ``part`` differs) also ``pid N``, the process Perfetto shows it under."""
+    ``r1/trace.json``). A merged trace teller wrote, read back, names each GPU by the input it was
+    written from (:func:`origin`), as when those inputs were read; where that is not known and one
+    input holds several processes' GPU 3 (``part`` differs), ``pid N`` is added: the process
+    Perfetto shows it under."""
+    origins = [origin(sources, d) for d in devices]
 
-    def path_of(d: dict[str, Any]) -> list[str]:
-        src = d.get("source", 0)
-        path = sources[src].get("path") if sources and 0 <= src < len(sources) else None
+    def ident(i: int) -> tuple[int, str | None]:
+        o = origins[i]
+        return (devices[i].get("source", 0), str(o.get("path")) if o else None)
+
+    def path_of(i: int) -> list[str]:
+        src = devices[i].get("source", 0)
+        o = origins[i]
+        path = (
+            o.get("path") if o else sources[src].get("path") if sources and 0 <= src < len(sources) else None
+        )
         return list(Path(str(path)).parts) if path else [f"input {src}"]
 
     out = []
-    for d in devices:
+    for i, d in enumerate(devices):
         name = f"GPU {d['device']}"
-        same = [e for e in devices if e["device"] == d["device"]]
-        apart = [e for e in same if e.get("source", 0) != d.get("source", 0)]
+        same = [j for j, e in enumerate(devices) if e["device"] == d["device"]]
+        apart = [j for j in same if ident(j) != ident(i)]
         if apart:
-            mine, others = path_of(d), [path_of(e) for e in apart]
+            mine, others = path_of(i), [path_of(j) for j in apart]
             k = 1
             while k < len(mine) and any(o[-k:] == mine[-k:] for o in others):
                 k += 1
             name += f" of {'/'.join(mine[-k:])}"
-        if any(
-            e.get("source", 0) == d.get("source", 0) and e.get("part", 0) != d.get("part", 0) for e in same
-        ):
+        if any(ident(j) == ident(i) and devices[j].get("part", 0) != d.get("part", 0) for j in same):
             name += f" pid {d.get('pid', 0)}"
         out.append(name)
     return out

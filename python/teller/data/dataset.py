@@ -46,7 +46,9 @@ GENERATOR = "teller-sim"
 #    prints none); no per-preemption warning (V1 logs none); a degraded PCIe link's latency factor
 #    on the copy's fixed latency only; capture clocks drawn, not from the sample index; NVTX ranges
 #    carry their range id as External id
-GENERATOR_VERSION = 7
+# 8: trace.json's teller.sources lists each input's pids and rank (a merged file read back pairs
+#    and names its GPUs by input)
+GENERATOR_VERSION = 8
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1
 SAMPLE_FORMAT = "teller-sample"

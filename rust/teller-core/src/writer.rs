@@ -199,6 +199,213 @@ pub fn merge_device_properties(texts: &[&str]) -> Option<String> {
     Some(format!("[{}]", parts.join(", ")))
 }
 
+/// Per source, the pids its events and flows are written under (as `push_id` writes them: a number,
+/// or a label as a JSON string), sorted and unique.
+fn source_pids(t: &Trace) -> Vec<Vec<String>> {
+    // (a set, and the previous pair skipped: events come in runs of one process, and a sort of
+    // every event's pid cost as much as writing a small trace)
+    let mut seen: hashbrown::HashSet<(u16, i64)> = hashbrown::HashSet::new();
+    let mut last = None;
+    let pairs = (t.source.iter().zip(&t.pid)).chain(t.flows.iter().map(|f| (&f.source, &f.pid)));
+    for (&s, &p) in pairs {
+        if last != Some((s, p)) {
+            seen.insert((s, p));
+            last = Some((s, p));
+        }
+    }
+    let mut ids: Vec<Vec<i64>> = vec![Vec::new(); t.sources.len()];
+    for (s, p) in seen {
+        if let Some(v) = ids.get_mut(s as usize) {
+            v.push(p);
+        }
+    }
+    ids.into_iter()
+        .map(|mut v| {
+            v.sort_unstable();
+            v.dedup();
+            v.into_iter()
+                .map(|p| {
+                    let mut o = String::new();
+                    push_id(&mut o, t, p);
+                    o
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// What a source's entry in `teller.sources` says: its path, kind and events, the pids its events
+/// are written under, and the metadata that names the process's rank (a raw file's `header`, a
+/// profiler file's `distributedInfo`; JSON text as strings, as `Trace.sources` gives them). Read
+/// back, a merged file's GPU tracks find their input (and rank) by pid (`teller.findings.origin`).
+/// Decision: written for one source too; a single raw file's header is in no other top-level key.
+fn source_entry(s: &SourceInfo, pids: &[String]) -> String {
+    let mut out = String::from("{\"path\": ");
+    push_json_str(&mut out, &s.path);
+    out.push_str(", \"kind\": ");
+    push_json_str(&mut out, &s.kind);
+    out.push_str(", \"events\": ");
+    push_i64(&mut out, s.events as i64);
+    out.push_str(", \"pids\": [");
+    out.push_str(&pids.join(", "));
+    out.push_str("], \"metadata\": {");
+    let keep = s.metadata.iter().filter(|(k, _)| {
+        matches!(
+            (s.kind.as_str(), k.as_str()),
+            ("raw", "header") | ("chrome", "distributedInfo")
+        )
+    });
+    for (i, (k, v)) in keep.enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        push_json_str(&mut out, k);
+        out.push_str(": ");
+        match k.as_str() {
+            "header" => push_json_str(&mut out, &header_subset(v)),
+            _ => push_json_str(&mut out, v),
+        }
+    }
+    out.push_str("}}");
+    out
+}
+
+/// The keys of a raw file's header that say which process it was (`pid`, `host`, `start_ns`, and
+/// `env`: the launcher's RANK, LOCAL_RANK, WORLD_SIZE, CUDA_VISIBLE_DEVICES, ...), as a JSON object.
+/// Decision: not `argv`: a trace file is shared more widely than the run directory, and a command
+/// line may carry a token.
+fn header_subset(text: &str) -> String {
+    use crate::json::Scanner;
+    let mut sc = Scanner::new(text.as_bytes());
+    let mut out = String::from("{");
+    let mut scan = || -> Option<()> {
+        sc.expect(b'{').ok()?;
+        if sc.peek()? == b'}' {
+            return Some(());
+        }
+        loop {
+            let key = sc.string().ok()?;
+            sc.expect(b':').ok()?;
+            let start = sc.pos;
+            sc.skip_value().ok()?;
+            if matches!(key.as_ref(), "pid" | "host" | "start_ns" | "env") {
+                if out.len() > 1 {
+                    out.push_str(", ");
+                }
+                push_json_str(&mut out, &key);
+                out.push_str(": ");
+                out.push_str(std::str::from_utf8(&sc.buf[start..sc.pos]).ok()?.trim_start());
+            }
+            if !sc.comma_or(b'}').ok()? {
+                return Some(());
+            }
+        }
+    };
+    match scan() {
+        Some(()) => out + "}",
+        None => "{}".to_string(),
+    }
+}
+
+/// The `teller.sources` entries of a Chrome source teller wrote (as their JSON text), where every
+/// entry lists its pids, no pid is listed twice, and each is a pid of this source as loaded; else
+/// None (the source is then its own entry).
+fn earlier_entries(s: &SourceInfo, pids: &[String]) -> Option<Vec<String>> {
+    use crate::json::{Raw, Scanner};
+    if s.kind != "chrome" {
+        return None;
+    }
+    let text = &s.metadata.iter().find(|(k, _)| k == "teller")?.1;
+    let mut sc = Scanner::new(text.as_bytes());
+    let mut entries: Option<Vec<String>> = None;
+    sc.expect(b'{').ok()?;
+    if sc.peek()? != b'}' {
+        loop {
+            let key = sc.string().ok()?;
+            sc.expect(b':').ok()?;
+            match sc.value_raw().ok()? {
+                Raw::Array(arr) if key == "sources" => entries = Some(entry_texts(arr)?),
+                _ => {}
+            }
+            if !sc.comma_or(b'}').ok()? {
+                break;
+            }
+        }
+    }
+    let entries = entries?;
+    let mut listed: Vec<String> = Vec::new();
+    for e in &entries {
+        listed.extend(entry_pids(e.as_bytes())?);
+    }
+    let n = listed.len();
+    listed.sort_unstable();
+    listed.dedup();
+    let fits = listed.len() == n && listed.iter().all(|p| pids.contains(p));
+    (fits && !entries.is_empty() && entries.iter().all(|e| strings_are_strict(e))).then_some(entries)
+}
+
+/// The objects of a JSON array, as their text; None where an element is not an object.
+fn entry_texts(arr: &[u8]) -> Option<Vec<String>> {
+    use crate::json::{Raw, Scanner};
+    let mut sc = Scanner::new(arr);
+    let mut out = Vec::new();
+    sc.expect(b'[').ok()?;
+    if sc.peek()? == b']' {
+        return Some(out);
+    }
+    loop {
+        match sc.value_raw().ok()? {
+            Raw::Object(o) => out.push(std::str::from_utf8(o).ok()?.to_string()),
+            _ => return None,
+        }
+        if !sc.comma_or(b']').ok()? {
+            return Some(out);
+        }
+    }
+}
+
+/// An entry's `pids` as `push_id` writes them (numbers as integers, labels as JSON strings); None
+/// where it has none or one is neither.
+fn entry_pids(obj: &[u8]) -> Option<Vec<String>> {
+    use crate::json::{Raw, Scanner};
+    let mut sc = Scanner::new(obj);
+    sc.expect(b'{').ok()?;
+    if sc.peek()? == b'}' {
+        return None;
+    }
+    loop {
+        let key = sc.string().ok()?;
+        sc.expect(b':').ok()?;
+        let v = sc.value_raw().ok()?;
+        if key == "pids" {
+            let Raw::Array(arr) = v else { return None };
+            let mut a = Scanner::new(arr);
+            let mut out = Vec::new();
+            a.expect(b'[').ok()?;
+            if a.peek()? == b']' {
+                return Some(out);
+            }
+            loop {
+                match a.value_raw().ok()? {
+                    Raw::Num(n) => out.push(crate::json::parse_int(n)?.to_string()),
+                    Raw::Str(raw, esc) => {
+                        let mut o = String::new();
+                        push_json_str(&mut o, &crate::json::decode_str(raw, esc).ok()?);
+                        out.push(o);
+                    }
+                    _ => return None,
+                }
+                if !a.comma_or(b']').ok()? {
+                    return Some(out);
+                }
+            }
+        }
+        if !sc.comma_or(b'}').ok()? {
+            return None;
+        }
+    }
+}
+
 /// The whole trace as Chrome JSON, streamed to `w` in chunks.
 pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std::io::Result<()> {
     let n = t.len();
@@ -265,17 +472,19 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     out.push_str("\"teller\": {\"version\": ");
     push_json_str(&mut out, crate::VERSION);
     out.push_str(", \"sources\": [");
-    for (i, s) in t.sources.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
+    let pids = source_pids(t);
+    let mut k = 0;
+    for (s, pids) in t.sources.iter().zip(&pids) {
+        // a merged file teller wrote, read back: its inputs' entries again, where its pids are
+        // still theirs (not moved apart from another input's on this load)
+        let entries = earlier_entries(s, pids).unwrap_or_else(|| vec![source_entry(s, pids)]);
+        for e in entries {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&e);
+            k += 1;
         }
-        out.push_str("{\"path\": ");
-        push_json_str(&mut out, &s.path);
-        out.push_str(", \"kind\": ");
-        push_json_str(&mut out, &s.kind);
-        out.push_str(", \"events\": ");
-        push_i64(&mut out, s.events as i64);
-        out.push('}');
     }
     out.push_str("], \"steps\": ");
     push_i64(&mut out, t.steps.len() as i64);
@@ -851,5 +1060,81 @@ mod device_tests {
             merge(&[r#"{"weird": true}"#, r#"[{"id": 2}]"#]).as_deref(),
             Some(r#"[{"id": 2}]"#)
         );
+    }
+}
+
+#[cfg(test)]
+mod source_entry_tests {
+    use super::{earlier_entries, header_subset, source_entry};
+    use crate::model::SourceInfo;
+
+    fn chrome(teller: &str) -> SourceInfo {
+        SourceInfo {
+            path: "merged.json".into(),
+            process: 0,
+            kind: "chrome".into(),
+            base_ns: 0,
+            pid: None,
+            host: None,
+            producer: None,
+            events: 4,
+            metadata: vec![("teller".into(), teller.into())],
+        }
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    const TWO: &str = r#"{"version": "0.1.0", "sources": [
+        {"path": "a.tmsgpack", "kind": "raw", "events": 2, "pids": [0, 7], "metadata": {}},
+        {"path": "b.tmsgpack", "kind": "raw", "events": 2, "pids": [10000000, "Spans"], "metadata": {}}],
+        "steps": 1}"#;
+
+    #[test]
+    fn a_merged_files_entries_are_kept_while_its_pids_are_its_own() {
+        let s = chrome(TWO);
+        let e = earlier_entries(&s, &ids(&["0", "7", "10000000", "\"Spans\"", "10000007"])).expect("kept");
+        assert_eq!(e.len(), 2);
+        assert!(e[1].starts_with(r#"{"path": "b.tmsgpack""#), "{}", e[1]);
+        // a pid moved on this load (another input had it): the file is its own entry
+        assert!(earlier_entries(&s, &ids(&["0", "7", "20000000", "\"Spans\""])).is_none());
+        // a pid listed by two entries, an entry without pids, not teller's header: no
+        let twice = TWO.replace("[10000000,", "[7,");
+        assert!(earlier_entries(&chrome(&twice), &ids(&["0", "7", "\"Spans\""])).is_none());
+        let bare = TWO.replace(r#""pids": [0, 7], "#, "");
+        assert!(earlier_entries(&chrome(&bare), &ids(&["0", "7", "10000000", "\"Spans\""])).is_none());
+        assert!(earlier_entries(&chrome("[1, 2]"), &ids(&["0"])).is_none());
+        assert!(earlier_entries(&chrome("{\"sources\": [1]}"), &ids(&["0"])).is_none());
+        let mut raw = chrome(TWO);
+        raw.kind = "raw".into();
+        assert!(earlier_entries(&raw, &ids(&["0", "7", "10000000", "\"Spans\""])).is_none());
+    }
+
+    #[test]
+    fn an_entry_names_its_pids_and_rank_but_not_the_command_line() {
+        let h = r#"{"pid":7,"ppid":1,"host":"h","argv":["python","--token","s3cret"],"start_ns":1,"env":{"RANK":"1"}}"#;
+        assert_eq!(
+            header_subset(h),
+            r#"{"pid": 7, "host": "h", "start_ns": 1, "env": {"RANK":"1"}}"#
+        );
+        assert_eq!(header_subset("not json"), "{}");
+        let s = SourceInfo {
+            path: "r1/a.tmsgpack".into(),
+            process: 0,
+            kind: "raw".into(),
+            base_ns: 0,
+            pid: Some(7),
+            host: None,
+            producer: None,
+            events: 3,
+            metadata: vec![("header".into(), h.into()), ("other".into(), "1".into())],
+        };
+        let e = source_entry(&s, &ids(&["0", "7"]));
+        assert!(
+            e.contains(r#""pids": [0, 7]"#) && e.contains(r#"\"RANK\":\"1\""#),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret") && !e.contains("other"), "{e}");
     }
 }
