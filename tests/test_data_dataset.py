@@ -435,7 +435,7 @@ def test_diverse_preset_more_gpus_same_ood(tmp_path):
 # start-up log lines before serving) changes none of them; version 5 (a visible neighbour's kernels
 # one after another on their stream) changes hbm_contention's only; version 7 (closer to vLLM V1's
 # logs, the PCIe latency, drawn clocks, ranges' External id) changes every sample, and so does version 8
-# (trace.json lists its inputs' pids). A change here changes the
+# (trace.json lists its inputs' pids; rank 0 its own process at TP > 1). A change here changes the
 # standard benchmark: make it on purpose, bump GENERATOR_VERSION and say so in docs/dataset.md, then
 # update the digests.
 BENCHMARK_DIGESTS = {
@@ -443,15 +443,15 @@ BENCHMARK_DIGESTS = {
     20: ("kv_cache_exhaustion", "51d29a481f431876"),  # tp 1
     22: ("network_delay", "774dbba0e01adf29"),  # tp 1
     23: ("eager_mode_misconfig", "cc8af5ab1086a562"),  # tp 1
-    29: ("pcie_degradation", "58e5a70415bf40a9"),  # tp 2
-    50: ("oom_error", "2479059b639280fe"),  # tp 4
+    29: ("pcie_degradation", "7d5e80c272b79fc7"),  # tp 2
+    50: ("oom_error", "fc84d5d09c6c725d"),  # tp 4
     80: ("hbm_contention", "f00e533410bf1be1"),  # tp 1
-    96: ("cpu_contention", "9b06bf5973da64a1"),  # tp 2
+    96: ("cpu_contention", "6ca8c097261cf1c4"),  # tp 2
     103: ("launch_storm", "125b51ef01219685"),  # tp 1
-    121: ("nvlink_degradation", "a698697bc1a575db"),  # tp 4
-    123: ("host_memory_pressure", "88ea50c28d3931e9"),  # tp 4
-    144: ("gpu_throttle", "1470674bb78b0c78"),  # tp 2
-    151: ("nccl_straggler", "63775930ce59d8fa"),  # tp 4
+    121: ("nvlink_degradation", "865bed7637411f9c"),  # tp 4
+    123: ("host_memory_pressure", "bc2a1a138c2ef9b7"),  # tp 4
+    144: ("gpu_throttle", "65f946a140212deb"),  # tp 2
+    151: ("nccl_straggler", "2ab3f07bd32ed51b"),  # tp 4
 }
 
 

@@ -262,6 +262,27 @@ def test_oom_error_ends_trace_early_with_traceback(tmp_path):
         core[-1].split("] ", 1)[1].startswith("RuntimeError: Worker failed with error 'CUDA out of memory.")
     )
     assert all(" ERROR " in ln for ln in lines if "Traceback (most recent call last)" in ln)
+    # generator version 8: vLLM's handler writes its records to stdout, errors included; the
+    # worker's frame in worker_busy_loop has its source line
+    assert [ln.split(" ", 2)[1] for ln in res.log.splitlines()] == ["stdout"] * len(lines)
+    i = next(k for k, ln in enumerate(worker) if ln.endswith("in worker_busy_loop"))
+    assert worker[i + 1].endswith("]     output = func(*args, **kwargs)")
+    # ... and at TP > 1 rank 0 is a worker process of its own: the engine core's record of the
+    # crash names no process of the trace, so the per-process log counts mark the failing rank only,
+    # one record each (a traceback's lines repeat its header)
+    from teller.data.summary import process_log_levels
+    from teller.data.tokenize import parse_log
+
+    pid_of = {ln.split(" pid=")[0][1:]: int(ln.split(" pid=")[1].split(")")[0]) for ln in lines}
+    host_pids = set(np.unique(bad.pid[bad.layer_mask("runtime")]).tolist())
+    assert host_pids == {pid_of["Worker_TP0"], pid_of["Worker_TP1"]}, (host_pids, pid_of)
+    assert pid_of["EngineCore_DP0"] not in host_pids
+    (tmp_path / "log.txt").write_text(res.log)
+    levels = process_log_levels(parse_log(tmp_path / "log.txt"))
+    assert levels[pid_of["Worker_TP1"]] == (1, 0) and levels[pid_of["EngineCore_DP0"]] == (1, 0)
+    assert pid_of["Worker_TP0"] not in levels
+    by_line = process_log_levels(parse_log(tmp_path / "log.txt"), records=False)
+    assert by_line[pid_of["Worker_TP1"]][0] == len(worker) > 1
     assert len(bad.steps()) < len(ok.steps())
     assert (bad.flags & FLAG_UNFINISHED).sum() > 0
     assert (ok.flags & FLAG_UNFINISHED).sum() == 0

@@ -47,7 +47,9 @@ GENERATOR = "teller-sim"
 #    on the copy's fixed latency only; capture clocks drawn, not from the sample index; NVTX ranges
 #    carry their range id as External id
 # 8: trace.json's teller.sources lists each input's pids and rank (a merged file read back pairs
-#    and names its GPUs by input)
+#    and names its GPUs by input); at TP > 1 rank 0 runs in a worker process of its own
+#    (Worker_TP0), the engine core's lines under its own pid; the crash's log records on stdout
+#    (vLLM's handler), the worker traceback with its worker_busy_loop source line
 GENERATOR_VERSION = 8
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1

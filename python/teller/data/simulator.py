@@ -185,7 +185,10 @@ class EngineSim:
         self.node = HOST.format(int(rng.integers(1, 64)))
         self.api_pid = int(rng.integers(2000, 60000))
         self.engine_pid = self.api_pid + int(rng.integers(30, 200))
-        self.worker_pids = [self.engine_pid] + [
+        # rank 0: in the engine core's process at TP 1 (vLLM's UniProcExecutor), a worker process of
+        # its own beside it at TP > 1 (MultiprocExecutor; generator version 8: no draw, so that every
+        # later draw, and the sample's plan, stay as they were)
+        self.worker_pids = [self.engine_pid + (44 if workload.tp > 1 else 0)] + [
             self.engine_pid + 40 + 17 * r + int(rng.integers(0, 9)) for r in range(1, workload.tp)
         ]
         # The simulator traces `traced_layers` of the model's layers; arrivals, logging intervals and
@@ -227,9 +230,15 @@ class EngineSim:
         return K.jitter(self.rng, self.jit if sigma is None else sigma)
 
     def proc(self, r: int) -> str:
-        if r == 0:
-            return f"(EngineCore_DP0 pid={self.engine_pid})"
+        """The log prefix of rank ``r``'s process."""
+        if r == 0 and self.wl.tp == 1:
+            return self.core
         return f"(Worker_TP{r} pid={self.worker_pids[r]})"  # vLLM 0.10.2's name (0.10.0: VllmWorker rank=N)
+
+    @property
+    def core(self) -> str:
+        """The engine core's log prefix (its scheduler, KV cache set-up and fatal errors)."""
+        return f"(EngineCore_DP0 pid={self.engine_pid})"
 
     @property
     def api(self) -> str:
@@ -313,7 +322,7 @@ class EngineSim:
             w = RawWriter(
                 path,
                 pid=pid,
-                ppid=self.engine_pid if r else self.api_pid,
+                ppid=self.engine_pid if self.worker_pids[r] != self.engine_pid else self.api_pid,
                 host=self.node,
                 argv=[
                     "python3",
@@ -337,7 +346,7 @@ class EngineSim:
                 producer="teller-sim 1",
                 extra_meta={"deviceProperties": self._device_properties()},
             )
-            w.thread_name(pid, "EngineCore" if r == 0 else f"VllmWorker-{r}")
+            w.thread_name(pid, "EngineCore" if pid == self.engine_pid else f"VllmWorker-{r}")
             writers.append(w)
             ranks.append(_Rank(r, pid, w, mono))
             ranks[-1].clock_error = err
@@ -877,7 +886,8 @@ class EngineSim:
         self.prefix_hit = float(rng.uniform(0, 40))
         t = -float(rng.uniform(60e9, 200e9))
         eager = (not wl.cuda_graphs) or self.fx.eager()
-        P = self.proc(0)
+        # (the engine core's lines; rank 0 is in its process at TP 1 only)
+        P = self.core
         line(t, "INFO", "api_server.py:1043", self.api, f"vLLM API server version {VLLM_VERSION}")
         line(
             t + 2e6,
@@ -951,7 +961,7 @@ class EngineSim:
                 t,
                 "INFO",
                 "gpu_model_runner.py:1686",
-                P,
+                self.proc(0),
                 f"Graph capturing finished in {rng.integers(8, 30)} secs, took "
                 f"{rng.uniform(0.3, 1.2):.2f} GiB",
             )
@@ -1006,11 +1016,12 @@ class EngineSim:
 
         def exception(t0: float, src: str, proc: str, msg: str, lines: list[str]) -> None:
             # logger.exception: vLLM's formatter repeats the record's header on each line of the
-            # traceback, and the process wrapper its prefix (generator version 7)
+            # traceback, and the process wrapper its prefix (generator version 7); vLLM's handler
+            # writes to stdout, errors included (version 8; before, stderr)
             for k, text in enumerate([msg, *lines]):
-                self.log.vllm(t0 + k * 1e3, "ERROR", src, proc, text, "stderr")
+                self.log.vllm(t0 + k * 1e3, "ERROR", src, proc, text, "stdout")
 
-        if r == 0:
+        if P == self.core:  # (TP 1: rank 0 runs in the engine core's process)
             exception(t + 0.3e6, "core.py:526", P, "EngineCore encountered a fatal error.", tb)
         else:
             # the worker process that failed, then the engine core that waited for it
@@ -1019,13 +1030,17 @@ class EngineSim:
                 "multiproc_executor.py:596",
                 P,
                 "WorkerProc hit an exception.",
-                [tb[0], f'  File "{site}/v1/executor/multiproc_executor.py", line 591, in worker_busy_loop']
+                [
+                    tb[0],
+                    f'  File "{site}/v1/executor/multiproc_executor.py", line 591, in worker_busy_loop',
+                    "    output = func(*args, **kwargs)",
+                ]
                 + tb[3:],
             )
             exception(
                 t + 0.6e6,
                 "core.py:526",
-                self.proc(0),
+                self.core,
                 "EngineCore encountered a fatal error.",
                 [
                     tb[0],

@@ -266,10 +266,19 @@ _LEVEL_PID = re.compile(r"^(WARNING|ERROR|CRITICAL)\b[^(]*\([^)]*\bpid=(\d+)\)")
 _PID_LEVEL = re.compile(r"^\([^)]*\bpid=(\d+)\)\s+(WARNING|ERROR|CRITICAL)\b")
 
 
-def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
-    """Per OS pid, the number of ``(ERROR or CRITICAL, WARNING)`` log lines whose process prefix
-    names it. ``lines``: ``teller.data.tokenize.parse_log`` tuples ``(ts, stream, text)``."""
+def process_log_levels(lines: Any, *, records: bool = True) -> dict[int, tuple[int, int]]:
+    """Per OS pid, the number of ``(ERROR or CRITICAL, WARNING)`` log records whose process prefix
+    names it. ``lines``: ``teller.data.tokenize.parse_log`` tuples ``(ts, stream, text)``.
+
+    A record, not a line: vLLM's formatter gives each line of a logged traceback its record's
+    header, so a line count weighs a 9-line traceback 9 times a one-line warning, and the engine
+    core's own record of a worker's error nearly as much as the worker's. A line whose header (the
+    text up to its ``]``: prefix, level, time to the second, source) is the last one counted for its
+    pid continues that record. (Two one-line records of one source in one second read as one; the
+    count is a log1p'd feature, not a tally.) Shards version 15; before, lines (``records=False``:
+    what a checkpoint trained on older shards was shown)."""
     out: dict[int, list[int]] = {}
+    last: dict[int, str] = {}
     for _ts, _stream, text in lines:
         if "\x1b" in text:
             text = _ANSI.sub("", text)
@@ -281,7 +290,12 @@ def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
             if not m:
                 continue
             pid, level = m.group(1), m.group(2)
-        c = out.setdefault(int(pid), [0, 0])
+        p = int(pid)
+        head = text[: text.find("]") + 1]
+        if records and head and last.get(p) == head:
+            continue
+        last[p] = head
+        c = out.setdefault(p, [0, 0])
         c[0 if level != "WARNING" else 1] += 1
     return {k: (v[0], v[1]) for k, v in out.items()}
 
@@ -289,7 +303,7 @@ def process_log_levels(lines: Any) -> dict[int, tuple[int, int]]:
 def token_process_log(
     tr: Any, events: np.ndarray, offsets: np.ndarray, levels: dict[int, tuple[int, int]]
 ) -> np.ndarray:
-    """Per TPE token, ``log1p`` of the error and warning lines of the process its first event ran in
+    """Per TPE token, ``log1p`` of the error and warning records of the process its first event ran in
     (:func:`process_log_levels`; a GPU activity belongs to the process of its launching call, a
     ``<close>`` token to the previous token's): the cross-layer link from a log line that names
     ``(Worker_TP1 pid=44660)`` to that worker's ranges in the trace. An out-of-memory crash

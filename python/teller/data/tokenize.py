@@ -73,7 +73,8 @@ SHARDS_FORMAT = "teller-shards"
 # the other arrays unchanged, so a version-11 model reads version-12 shards); 13: + summary columns
 # 23-24, each rank against its tensor-parallel peers (teller.data.summary.cross_rank_residuals;
 # columns 0-22 and the other arrays unchanged, so a version-12 model reads version-13 shards)
-SHARDS_VERSION = 14  # (14: unlinked GPU events in their own rank's steps; docs/dataset.md)
+# 15: token_proc_log counts log records, not lines (a logged traceback is one record)
+SHARDS_VERSION = 15  # (14: unlinked GPU events in their own rank's steps; docs/dataset.md)
 # the share of training samples whose reference columns are left 0 (chosen by a hash of the
 # dataset seed and sample id), so that a model also learns to do without them (unseen deployments);
 # with every training sample covered, a probe's trees sent unknown deployments down the wrong side

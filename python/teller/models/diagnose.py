@@ -281,7 +281,10 @@ def sample_inputs(
         "trace_features": feats,
         "segment_starts": np.asarray(enc.segment_starts, np.int64),
         "token_work": token_work(tr, ev, offs) if mc.get("work_features") else None,
-        "token_proc_log": token_process_log(tr, ev, offs, process_log_levels(lines))
+        # (log records since shards version 15, lines before: as the checkpoint was trained)
+        "token_proc_log": token_process_log(
+            tr, ev, offs, process_log_levels(lines, records=int(cfg.get("shards_version") or 4) >= 15)
+        )
         if mc.get("log_process_features")
         else None,
         "token_gpu": token_gpu_time(tr, ev, offs) if mc.get("token_gpu_features") else None,

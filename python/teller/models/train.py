@@ -1702,6 +1702,13 @@ def check_shards_version(cfg: dict[str, Any], run_dir: Path) -> None:
             "reads (version 5); re-run `teller tokenize` (or set model.log_process_features: false)",
             path=str(run_dir),
         )
+    if mc and mc.get("log_process_features") and trace_side and (have >= 15) != (trained >= 15):
+        warnings.warn(
+            f"{run_dir}: shards version {have}, the checkpoint was trained on version {trained}; version 15 "
+            "counts each process's error and warning log records, not lines (token_proc_log): re-tokenize "
+            "the data with the teller that trained the checkpoint, or retrain",
+            stacklevel=2,
+        )
     if mc and mc.get("token_gpu_features") and trace_side and have < 12:
         raise ConfigError(
             f"{run_dir}: shards version {have} have no token_gpu, which model.token_gpu_features "
