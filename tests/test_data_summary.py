@@ -281,6 +281,22 @@ def test_process_log_levels_and_token_process_log():
     # the prefix first (the multiprocessing stdout decorator), coloured
     other = [(9, "stderr", "\x1b[1;31m(VllmWorker rank=2 pid=300) ERROR\x1b[0m 12-18 08:01:44 [a.py:1] x")]
     assert process_log_levels(other) == {300: (1, 0)}
+    # records, not lines (shards version 15): a logged traceback repeats its record's header on each
+    # line; another line of the process (INFO included) ends the record, another process's does not
+    h = "(Worker_TP1 pid=200) ERROR 12-18 08:01:44 [multiproc_executor.py:596] "
+    tb = [h + "WorkerProc hit an exception.", h + "Traceback (most recent call last):", h + "torch.Out..."]
+    core = "(EngineCore_DP0 pid=100) ERROR 12-18 08:01:44 [core.py:526] "
+    recs = [(k, "stdout", t) for k, t in enumerate([tb[0], core + "fatal", tb[1], core + "Traceback", tb[2]])]
+    assert process_log_levels(recs) == {200: (1, 0), 100: (1, 0)}
+    assert process_log_levels(recs, records=False) == {200: (3, 0), 100: (2, 0)}
+    info = (9, "stdout", "(Worker_TP1 pid=200) INFO 12-18 08:01:44 [a.py:1] step")
+    assert process_log_levels([*recs, info, recs[0]]) == {200: (2, 0), 100: (1, 0)}
+    old = [
+        (1, "stderr", lines[2][2]),
+        (2, "stdout", "INFO 12-18 08:01:44 [b.py:1] (VllmWorker rank=1 pid=200) x"),
+    ]
+    assert process_log_levels([*old, old[0]]) == {200: (2, 0)}
+    assert process_log_levels([old[0], old[0]]) == {200: (1, 0)}
     # events: 0 a range on pid 100, 1 a range on pid 200, 2 a launch on pid 200, 3 its kernel (pid 0
     # = the GPU, linked to event 2), 4 a range on pid 300 (no log line), 5 an unlinked kernel on
     # GPU 1 (its "pid" 1 must not match a log line's pid=1)

@@ -445,6 +445,31 @@ def test_a_process_whose_pid_another_had_keeps_one_pid_and_its_gpu(tmp_path):
     tr.to_chrome(out)
     back = T.load(out, warn=False)
     assert set(back.device[back.layer_mask("kernel")].tolist()) == {0}
+    # one entry per process in the file's teller.sources, B's two files in it; read back, each GPU
+    # is named by its process's (first) file, as when the raw files are read
+    from teller.findings import gpu_names, origin
+
+    entries = json.loads(out.read_text())["teller"]["sources"]
+    assert [(e["path"].rsplit("/", 1)[-1], e["pids"], e["events"]) for e in entries] == [
+        ("teller-h-7-a.tmsgpack", [0, 7], 2),
+        ("teller-h-7-b1.tmsgpack", [10_000_000, 10_000_007], 4),
+    ]
+    assert [p.rsplit("/", 1)[-1] for p in entries[1]["paths"]] == [
+        "teller-h-7-b1.tmsgpack",
+        "teller-h-7-b2.tmsgpack",
+    ]
+    names = gpu_names(tr.summary()["devices"], tr.sources)
+    assert names == ["GPU 0 of teller-h-7-a.tmsgpack", "GPU 0 of teller-h-7-b1.tmsgpack"]
+    assert gpu_names(back.summary()["devices"], back.sources) == names
+    # a GPU track under a label pid is found by its label (the summary's pid is this load's id)
+    srcs = [
+        {
+            "kind": "chrome",
+            "metadata": {"teller": json.dumps({"sources": [{"path": "x", "pids": ["GPU A"]}]})},
+        }
+    ]
+    assert origin(srcs, {"source": 0, "pid": 2**52 + 5, "pid_label": "GPU A"})["path"] == "x"
+    assert origin(srcs, {"source": 0, "pid": 2**52 + 5}) is None
 
 
 def test_highlighted_events_are_copied_onto_a_track_perfetto_shows(tmp_path):

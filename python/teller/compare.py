@@ -478,9 +478,16 @@ def compare(
 
 def _step_ranks(tr: Any, ss: list[Any]) -> list[int] | None:
     """The rank of each step's input (:func:`_rank`), or None where any step's input names none."""
-    src = np.asarray(tr.source)
-    by_source = [_rank(x) for x in tr.sources]  # (once per input: `sources` is built on each access)
-    ranks = [by_source[int(src[s.event])] for s in ss]
+    src, pid = np.asarray(tr.source), np.asarray(tr.pid)
+    sources = tr.sources  # (once: `sources` is built on each access)
+    by_source = [_rank(x) for x in sources]
+
+    def rank_of(e: int) -> int | None:
+        # (a merged file teller wrote, read back: the rank of the input the step's pid came from)
+        o = origin(sources, {"source": int(src[e]), "pid": int(pid[e])})
+        return _rank(o) if o else by_source[int(src[e])]
+
+    ranks = [rank_of(s.event) for s in ss]
     return None if any(r is None for r in ranks) else [int(r) for r in ranks]  # type: ignore[arg-type]
 
 

@@ -79,7 +79,9 @@ def origin(sources: list[dict[str, Any]] | None, d: dict[str, Any]) -> dict[str,
     src = d.get("source", 0)
     if not sources or not 0 <= src < len(sources):
         return None
-    found = [e for e in _entries(sources[src]) if d.get("pid") in e["pids"]]
+    # (a GPU track under a label pid: the summary gives the label too, as the file writes it)
+    pid = d.get("pid_label", d.get("pid"))
+    found = [e for e in _entries(sources[src]) if pid in e["pids"]]
     return found[0] if len(found) == 1 else None
 
 

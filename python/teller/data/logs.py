@@ -27,7 +27,7 @@ class LogBook:
     def vllm(self, t_sim: float, level: str, src: str, proc: str, msg: str, stream: str = "stdout") -> None:
         self.add(t_sim, f"{proc} {level} {_stamp(self.real_base + int(t_sim))} [{src}] {msg}", stream)
 
-    def raw(self, t_sim: float, proc: str, text: str, stream: str = "stderr") -> None:
+    def raw(self, t_sim: float, proc: str, text: str, stream: str = "stdout") -> None:
         """A line the process printed without vLLM's logger (a traceback, uvicorn's access log)."""
         self.add(t_sim, f"{proc} {text}", stream)
 

@@ -264,6 +264,8 @@ N_PROC_LOG_FEATURES = 2
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LEVEL_PID = re.compile(r"^(WARNING|ERROR|CRITICAL)\b[^(]*\([^)]*\bpid=(\d+)\)")
 _PID_LEVEL = re.compile(r"^\([^)]*\bpid=(\d+)\)\s+(WARNING|ERROR|CRITICAL)\b")
+# any other line of a process (INFO, DEBUG, a print): it ends the record before it
+_ANY_PID = re.compile(r"^(?:\([^)]*\bpid=(\d+)\)|[A-Z]+\b[^(]*\([^)]*\bpid=(\d+)\))")
 
 
 def process_log_levels(lines: Any, *, records: bool = True) -> dict[int, tuple[int, int]]:
@@ -272,11 +274,13 @@ def process_log_levels(lines: Any, *, records: bool = True) -> dict[int, tuple[i
 
     A record, not a line: vLLM's formatter gives each line of a logged traceback its record's
     header, so a line count weighs a 9-line traceback 9 times a one-line warning, and the engine
-    core's own record of a worker's error nearly as much as the worker's. A line whose header (the
-    text up to its ``]``: prefix, level, time to the second, source) is the last one counted for its
-    pid continues that record. (Two one-line records of one source in one second read as one; the
-    count is a log1p'd feature, not a tally.) Shards version 15; before, lines (``records=False``:
-    what a checkpoint trained on older shards was shown)."""
+    core's own record of a worker's error nearly as much as the worker's. A line continues a record
+    when its header (the text up to its ``]``: prefix, level, time to the second, source) is the
+    header of the line its process wrote before it (any other line of the process, INFO included,
+    ends a record). Consecutive one-line records of one source and level in one second read as one
+    (a record's lines and such records look the same); the count is a log1p'd feature, not a tally.
+    Shards version 15; before, lines (``records=False``: what a checkpoint trained on older shards
+    was shown)."""
     out: dict[int, list[int]] = {}
     last: dict[int, str] = {}
     for _ts, _stream, text in lines:
@@ -288,6 +292,8 @@ def process_log_levels(lines: Any, *, records: bool = True) -> dict[int, tuple[i
         else:
             m = _PID_LEVEL.match(text)
             if not m:
+                if records and last and (m := _ANY_PID.match(text)):
+                    last.pop(int(m.group(1) or m.group(2)), None)
                 continue
             pid, level = m.group(1), m.group(2)
         p = int(pid)

@@ -234,26 +234,42 @@ fn source_pids(t: &Trace) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// What a source's entry in `teller.sources` says: its path, kind and events, the pids its events
-/// are written under, and the metadata that names the process's rank (a raw file's `header`, a
-/// profiler file's `distributedInfo`; JSON text as strings, as `Trace.sources` gives them). Read
-/// back, a merged file's GPU tracks find their input (and rank) by pid (`teller.findings.origin`).
-/// Decision: written for one source too; a single raw file's header is in no other top-level key.
-fn source_entry(s: &SourceInfo, pids: &[String]) -> String {
+/// What a process's entry in `teller.sources` says: its (first) input's path, kind and metadata,
+/// every input's path where it wrote several (`paths`: a raw file per fork or per size limit), the
+/// events of all, the pids its events are written under, and the metadata that names its rank (a
+/// raw file's `header`, a profiler file's `distributedInfo`; JSON text as strings, as
+/// `Trace.sources` gives them). Read back, a merged file's GPU tracks find their input (and rank)
+/// by pid (`teller.findings.origin`). Decision: written for one source too; a single raw file's
+/// header is in no other top-level key.
+fn source_entry(t: &Trace, group: &[usize], pids: &[String]) -> String {
+    let s = &t.sources[group[0]];
     let mut out = String::from("{\"path\": ");
     push_json_str(&mut out, &s.path);
+    if group.len() > 1 {
+        out.push_str(", \"paths\": [");
+        for (i, &g) in group.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            push_json_str(&mut out, &t.sources[g].path);
+        }
+        out.push(']');
+    }
     out.push_str(", \"kind\": ");
     push_json_str(&mut out, &s.kind);
     out.push_str(", \"events\": ");
-    push_i64(&mut out, s.events as i64);
+    push_i64(&mut out, group.iter().map(|&g| t.sources[g].events as i64).sum());
     out.push_str(", \"pids\": [");
     out.push_str(&pids.join(", "));
     out.push_str("], \"metadata\": {");
+    // (a merged file teller wrote whose entries could not be kept: its top-level distributedInfo
+    // is its first input's, not every rank's)
+    let merged = teller_entries(s).is_some_and(|e| e.len() > 1);
     let keep = s.metadata.iter().filter(|(k, _)| {
         matches!(
             (s.kind.as_str(), k.as_str()),
             ("raw", "header") | ("chrome", "distributedInfo")
-        )
+        ) && !(merged && k == "distributedInfo")
     });
     for (i, (k, v)) in keep.enumerate() {
         if i > 0 {
@@ -294,7 +310,11 @@ fn header_subset(text: &str) -> String {
                 }
                 push_json_str(&mut out, &key);
                 out.push_str(": ");
-                out.push_str(std::str::from_utf8(&sc.buf[start..sc.pos]).ok()?.trim_start());
+                let v = std::str::from_utf8(&sc.buf[start..sc.pos]).ok()?.trim_start();
+                match key.as_ref() {
+                    "env" => out.push_str(&topology_env(v)?),
+                    _ => out.push_str(v),
+                }
             }
             if !sc.comma_or(b'}').ok()? {
                 return Some(());
@@ -307,10 +327,64 @@ fn header_subset(text: &str) -> String {
     }
 }
 
+/// The launcher's topology variables of a header's `env` object (RANK, LOCAL_RANK, WORLD_SIZE,
+/// LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), not teller's own (TELLER_*: the trace
+/// directory and other local paths), as a JSON object.
+fn topology_env(text: &str) -> Option<String> {
+    use crate::json::Scanner;
+    const KEYS: [&str; 6] = [
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    ];
+    let mut sc = Scanner::new(text.as_bytes());
+    let mut out = String::from("{");
+    sc.expect(b'{').ok()?;
+    if sc.peek()? == b'}' {
+        return Some("{}".into());
+    }
+    loop {
+        let key = sc.string().ok()?;
+        sc.expect(b':').ok()?;
+        let start = sc.pos;
+        sc.skip_value().ok()?;
+        // (compact, as the raw reader gives the header: the same bytes where nothing is dropped)
+        if KEYS.contains(&key.as_ref()) {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &key);
+            out.push(':');
+            out.push_str(std::str::from_utf8(&sc.buf[start..sc.pos]).ok()?.trim_start());
+        }
+        if !sc.comma_or(b'}').ok()? {
+            return Some(out + "}");
+        }
+    }
+}
+
 /// The `teller.sources` entries of a Chrome source teller wrote (as their JSON text), where every
 /// entry lists its pids, no pid is listed twice, and each is a pid of this source as loaded; else
 /// None (the source is then its own entry).
 fn earlier_entries(s: &SourceInfo, pids: &[String]) -> Option<Vec<String>> {
+    let entries = teller_entries(s)?;
+    let mut listed: Vec<String> = Vec::new();
+    for e in &entries {
+        listed.extend(entry_pids(e.as_bytes())?);
+    }
+    let n = listed.len();
+    listed.sort_unstable();
+    listed.dedup();
+    let fits = listed.len() == n && listed.iter().all(|p| pids.contains(p));
+    (fits && !entries.is_empty() && entries.iter().all(|e| strings_are_strict(e))).then_some(entries)
+}
+
+/// The `teller.sources` entries of a Chrome source teller wrote, as their JSON text; None for
+/// another source, or where they are not a list of objects.
+fn teller_entries(s: &SourceInfo) -> Option<Vec<String>> {
     use crate::json::{Raw, Scanner};
     if s.kind != "chrome" {
         return None;
@@ -332,16 +406,7 @@ fn earlier_entries(s: &SourceInfo, pids: &[String]) -> Option<Vec<String>> {
             }
         }
     }
-    let entries = entries?;
-    let mut listed: Vec<String> = Vec::new();
-    for e in &entries {
-        listed.extend(entry_pids(e.as_bytes())?);
-    }
-    let n = listed.len();
-    listed.sort_unstable();
-    listed.dedup();
-    let fits = listed.len() == n && listed.iter().all(|p| pids.contains(p));
-    (fits && !entries.is_empty() && entries.iter().all(|e| strings_are_strict(e))).then_some(entries)
+    entries
 }
 
 /// The objects of a JSON array, as their text; None where an element is not an object.
@@ -474,10 +539,31 @@ pub fn write_chrome<W: Write>(t: &Trace, w: &mut W, opts: &WriteOptions) -> std:
     out.push_str(", \"sources\": [");
     let pids = source_pids(t);
     let mut k = 0;
-    for (s, pids) in t.sources.iter().zip(&pids) {
+    // one entry per process (the raw files one process wrote share its pids), in input order
+    let mut procs: Vec<u32> = Vec::new();
+    for s in &t.sources {
+        if !procs.contains(&s.process) {
+            procs.push(s.process);
+        }
+    }
+    for p in procs {
+        let group: Vec<usize> = (0..t.sources.len()).filter(|&i| t.sources[i].process == p).collect();
+        let mut gp: Vec<String> = Vec::new();
+        for &i in &group {
+            for q in &pids[i] {
+                if !gp.contains(q) {
+                    gp.push(q.clone());
+                }
+            }
+        }
+        let first = &t.sources[group[0]];
         // a merged file teller wrote, read back: its inputs' entries again, where its pids are
         // still theirs (not moved apart from another input's on this load)
-        let entries = earlier_entries(s, pids).unwrap_or_else(|| vec![source_entry(s, pids)]);
+        let entries = match group.len() {
+            1 => earlier_entries(first, &gp),
+            _ => None,
+        }
+        .unwrap_or_else(|| vec![source_entry(t, &group, &gp)]);
         for e in entries {
             if k > 0 {
                 out.push_str(", ");
@@ -1130,11 +1216,47 @@ mod source_entry_tests {
             events: 3,
             metadata: vec![("header".into(), h.into()), ("other".into(), "1".into())],
         };
-        let e = source_entry(&s, &ids(&["0", "7"]));
+        let mut t = crate::model::Trace::new();
+        t.sources.push(s.clone());
+        let e = source_entry(&t, &[0], &ids(&["0", "7"]));
         assert!(
             e.contains(r#""pids": [0, 7]"#) && e.contains(r#"\"RANK\":\"1\""#),
             "{e}"
         );
-        assert!(!e.contains("s3cret") && !e.contains("other"), "{e}");
+        assert!(
+            !e.contains("s3cret") && !e.contains("other") && !e.contains("paths"),
+            "{e}"
+        );
+        // a second file of the process: one entry, both paths, the events of both
+        let mut s2 = s.clone();
+        s2.path = "r1/b.tmsgpack".into();
+        s2.events = 4;
+        t.sources.push(s2);
+        let e = source_entry(&t, &[0, 1], &ids(&["0", "7"]));
+        assert!(
+            e.contains(r#""paths": ["r1/a.tmsgpack", "r1/b.tmsgpack"]"#) && e.contains(r#""events": 7"#),
+            "{e}"
+        );
+        // a merged file whose entries could not be kept: not its first input's rank for all
+        let mut m = chrome(TWO);
+        m.metadata.push(("distributedInfo".into(), r#"{"rank": 0}"#.into()));
+        let mut t = crate::model::Trace::new();
+        t.sources.push(m.clone());
+        assert!(!source_entry(&t, &[0], &ids(&["0"])).contains("rank"));
+        // (one input: its rank is the file's)
+        m.metadata[0].1 = r#"{"sources": [{"path": "a", "pids": [0]}]}"#.into();
+        let mut t = crate::model::Trace::new();
+        t.sources.push(m);
+        assert!(source_entry(&t, &[0], &ids(&["0"])).contains("rank"));
+    }
+
+    #[test]
+    fn a_header_keeps_the_topology_not_tellers_own_variables() {
+        let h = r#"{"pid": 7, "env": {"RANK": "1", "TELLER_TRACE_DIR": "/home/u/run", "CUDA_VISIBLE_DEVICES": "0,1"}}"#;
+        assert_eq!(
+            header_subset(h),
+            r#"{"pid": 7, "env": {"RANK":"1","CUDA_VISIBLE_DEVICES":"0,1"}}"#
+        );
+        assert_eq!(header_subset(r#"{"env": {}}"#), r#"{"env": {}}"#);
     }
 }

@@ -354,6 +354,10 @@ impl NativeTrace {
             dd.set_item("device", x.device)?;
             dd.set_item("source", x.source)?;
             dd.set_item("pid", x.pid)?;
+            // (a label pid, as the file names it: its id is this load's own)
+            if let Some(&sym) = self.inner.id_labels.get(&x.pid) {
+                dd.set_item("pid_label", self.inner.strings.get(sym))?;
+            }
             dd.set_item("part", x.part)?;
             dd.set_item("busy_ns", x.busy_ns)?;
             dd.set_item("span_ns", x.span_ns)?;
