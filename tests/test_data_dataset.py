@@ -442,7 +442,7 @@ BENCHMARK_DIGESTS = {
     0: ("normal", "e33da4875ea98842"),  # tp 1
     20: ("kv_cache_exhaustion", "51d29a481f431876"),  # tp 1
     22: ("network_delay", "774dbba0e01adf29"),  # tp 1
-    23: ("eager_mode_misconfig", "cc8af5ab1086a562"),  # tp 1
+    23: ("eager_mode_misconfig", "e8e392510f74a18a"),  # tp 1
     29: ("pcie_degradation", "7d5e80c272b79fc7"),  # tp 2
     50: ("oom_error", "fc84d5d09c6c725d"),  # tp 4
     80: ("hbm_contention", "f00e533410bf1be1"),  # tp 1

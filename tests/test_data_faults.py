@@ -243,6 +243,9 @@ def test_eager_mode_misconfig(tmp_path):
     assert "enforce_eager=True" in res.log and "Graph capturing finished" not in res.log
     assert "'enforce_eager': True" in res.log and "'enforce_eager'" not in ok_res.log  # 0.10's args line
     assert "enforce_eager=False" in ok_res.log and "Graph capturing finished" in ok_res.log
+    # the config check's warning is the API server's (generator version 8): no trace process's
+    warn = [ln.split(" ", 2)[2] for ln in res.log.splitlines() if "async output processing" in ln]
+    assert len(warn) == 1 and warn[0].startswith("(APIServer pid=") and " WARNING " in warn[0], warn
 
 
 def test_oom_error_ends_trace_early_with_traceback(tmp_path):

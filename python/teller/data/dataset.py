@@ -49,7 +49,8 @@ GENERATOR = "teller-sim"
 # 8: trace.json's teller.sources lists each input's pids and rank (a merged file read back pairs
 #    and names its GPUs by input); at TP > 1 rank 0 runs in a worker process of its own
 #    (Worker_TP0), the engine core's lines under its own pid; the crash's log records on stdout
-#    (vLLM's handler), the worker traceback with its worker_busy_loop source line
+#    (vLLM's handler), the worker traceback with its worker_busy_loop source line; the eager-mode
+#    warning from the API server (where the config is checked)
 GENERATOR_VERSION = 8
 DATASET_FORMAT = "teller-dataset"
 DATASET_VERSION = 1

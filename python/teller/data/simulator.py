@@ -903,6 +903,19 @@ class EngineSim:
             + ("'enforce_eager': True, " if eager else "")
             + "'enable_log_requests': True}",
         )
+        if eager:
+            # the fault's evidence in the log: enforce_eager=True twice, this warning, no graph
+            # capture. The warning comes from the VllmConfig's checks, which run in the API server
+            # (the engine core gets the config built; generator version 8; before, the engine core)
+            self.fx.count("eager_mode_misconfig", "startup_lines", 3, window=False)
+            line(
+                t + 3e8,
+                "WARNING",
+                "cuda.py:93",
+                self.api,
+                "To see benefits of async output processing, enable CUDA graph. Since, enforce-eager "
+                "is enabled, async output processor cannot be used",
+            )
         t += float(rng.uniform(3e9, 8e9))
         line(
             t,
@@ -914,17 +927,6 @@ class EngineSim:
             f"enforce_eager={eager}, kv_cache_dtype=auto, seed=0, "
             f'compilation_config={{"level":{0 if eager else 3},"use_cudagraph":{str(not eager).lower()}}}',
         )
-        if eager:
-            # the fault's evidence in the log: enforce_eager=True twice, this warning, no graph capture
-            self.fx.count("eager_mode_misconfig", "startup_lines", 3, window=False)
-            line(
-                t + 1e6,
-                "WARNING",
-                "cuda.py:93",
-                P,
-                "To see benefits of async output processing, enable CUDA graph. Since, enforce-eager "
-                "is enabled, async output processor cannot be used",
-            )
         if wl.tp > 1:
             for r in range(wl.tp):
                 line(
