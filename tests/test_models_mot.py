@@ -1737,6 +1737,48 @@ def test_log_process_features_need_version_5_shards(shards, tmp_path) -> None:
         evaluate(r3, old, "train")
 
 
+def test_token_proc_log_counts_records_since_shards_version_15(shards, tmp_path) -> None:
+    """Shards version 15 counts a process's log records, not lines (a logged traceback once): a
+    checkpoint trained on older shards warns when it reads them, and diagnose counts lines for it,
+    as it was shown them."""
+    import warnings
+
+    from teller.data.summary import process_log_levels
+    from teller.models.train import evaluate
+
+    _root, _data, tdir, out = shards
+    old, _man = _older_shards(out, tmp_path / "v14", 14, "no-such-array")
+    r14 = train(CFG, old, tmp_path / "r14", tpe_dir=tdir)
+    assert json.loads((r14 / "config.json").read_text())["shards_version"] == 14
+    with pytest.warns(UserWarning, match="log records, not lines"):
+        evaluate(r14, out, "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(r14, old, "train")  # (the shards it was trained on: no warning)
+    # what diagnose builds for each
+    from teller.models import diagnose as dg
+
+    seen = []
+    real = dg.process_log_levels
+
+    def spy(lines, *, records=True):
+        seen.append(records)
+        return real(lines, records=records)
+
+    lines = [(1, "stdout", "(Worker_TP1 pid=7) ERROR 12-18 08:01:44 [a.py:1] x")] * 3
+    assert process_log_levels(lines) == {7: (1, 0)} and process_log_levels(lines, records=False) == {
+        7: (3, 0)
+    }
+    import unittest.mock
+
+    sd = next(p for p in sorted((_data).glob("s0*")) if (p / "log.txt").is_file())
+    with unittest.mock.patch.object(dg, "process_log_levels", spy), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dg.diagnose(sd, r14, top=1)
+        dg.diagnose(sd, train(CFG, out, tmp_path / "r15", tpe_dir=tdir), top=1)
+    assert seen == [False, True]
+
+
 def test_token_gpu_features_need_version_12_shards(shards, tmp_path) -> None:
     """Shards before version 12 have no token_gpu: they load it as zeros, and a model that reads it
     is refused on them (training and evaluation); one that does not still trains."""
@@ -1920,8 +1962,15 @@ def test_summary_width_across_shards_version_7(shards, tmp_path) -> None:
     for f in (old / "shards").glob("*/summary_features.npy"):
         np.save(f, np.load(f)[:, :14])
     assert N_SUMMARY_FEATURES > 14
+    # (without token_proc_log: shards version 15 counts its log records, not lines, which warns of
+    # its own; this test is about the summary columns)
     cfg14 = {
-        "model": {**CFG["model"], "n_summary_features": 14, "token_gpu_features": False},
+        "model": {
+            **CFG["model"],
+            "n_summary_features": 14,
+            "token_gpu_features": False,
+            "log_process_features": False,
+        },
         "train": CFG["train"],
     }
     r14 = train(cfg14, old, tmp_path / "r14", tpe_dir=tdir)
