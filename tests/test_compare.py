@@ -299,20 +299,24 @@ def test_each_rank_is_read_against_its_own_baseline_steps(tmp_path) -> None:
     assert one["fit"] == "all" and abs(one["ratio"] - 1.0) > 0.1
 
 
+def _rank_file(d, name: str, rank: int) -> None:
+    """A per-rank profiler file ``d/name``: 4 steps, each one kernel on GPU 0, 20 us on rank 0 and 80
+    us on rank 1."""
+    t = _Trace()
+    for k in range(4):
+        t.step(f"ProfilerStep#{k}", k * 300.0, 200)
+        t.launch(k * 300.0 + 6, 3, k * 300.0 + 10, 20 if rank == 0 else 80)
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(
+        json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev})
+    )
+
+
 def test_gpus_pair_by_rank_whatever_the_order_of_the_files(tmp_path) -> None:
     # two per-rank profiler files, each process on its GPU 0; rank 1 computes 4x longer than rank 0
     # in both captures, and the current capture's files list rank 1 first: paired by rank, nothing
     # moved; paired by order, each GPU would read as the other's change
-    def rank_file(d, name: str, rank: int) -> None:
-        t = _Trace()
-        for k in range(4):
-            t.step(f"ProfilerStep#{k}", k * 300.0, 200)
-            t.launch(k * 300.0 + 6, 3, k * 300.0 + 10, 20 if rank == 0 else 80)
-        d.mkdir(exist_ok=True)
-        (d / name).write_text(
-            json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev})
-        )
-
+    rank_file = _rank_file
     rank_file(tmp_path / "base", "a.json", 0)
     rank_file(tmp_path / "base", "b.json", 1)
     rank_file(tmp_path / "cur", "a.json", 1)
@@ -348,16 +352,7 @@ def test_gpus_pair_by_rank_after_a_merged_round_trip(tmp_path) -> None:
     # the merged file lists each input's pids and rank (teller.sources), so the GPUs still pair by
     # rank and keep their input's name; before, every GPU took the first input's rank and they
     # paired in order (rank 1's file first in the current capture: each read as the other's change)
-    def rank_file(d, name: str, rank: int) -> None:
-        t = _Trace()
-        for k in range(4):
-            t.step(f"ProfilerStep#{k}", k * 300.0, 200)
-            t.launch(k * 300.0 + 6, 3, k * 300.0 + 10, 20 if rank == 0 else 80)
-        d.mkdir(exist_ok=True)
-        (d / name).write_text(
-            json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": t.ev})
-        )
-
+    rank_file = _rank_file
     rank_file(tmp_path / "base", "a.json", 0)
     rank_file(tmp_path / "base", "b.json", 1)
     rank_file(tmp_path / "cur", "a.json", 1)

@@ -329,7 +329,8 @@ fn header_subset(text: &str) -> String {
 
 /// The launcher's topology variables of a header's `env` object (RANK, LOCAL_RANK, WORLD_SIZE,
 /// LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), not teller's own (TELLER_*: the trace
-/// directory and other local paths), as a JSON object.
+/// directory and other local paths), as a JSON object. (The keys are `teller.rawfmt.TOPOLOGY_ENV`'s
+/// and the shim's `env_wanted`, without TELLER_*.)
 fn topology_env(text: &str) -> Option<String> {
     use crate::json::Scanner;
     const KEYS: [&str; 6] = [
