@@ -236,9 +236,9 @@ fn source_pids(t: &Trace) -> Vec<Vec<String>> {
 
 /// What a process's entry in `teller.sources` says: its (first) input's path, kind and metadata,
 /// every input's path where it wrote several (`paths`: the files of one pid and start time, as
-/// the collector reopens its file), the events of all, the pids its events are written under, and the metadata that names its rank (a
-/// raw file's `header`, a profiler file's `distributedInfo`; JSON text as strings, as
-/// `Trace.sources` gives them). Read back, a merged file's GPU tracks find their input (and rank)
+/// the collector reopens its file), the events of all, the pids its events are written under, and
+/// the metadata that names its rank (a raw file's `header`, a profiler file's `distributedInfo`;
+/// JSON text as strings, as `Trace.sources` gives them). Read back, a merged file's GPU tracks find their input (and rank)
 /// by pid (`teller.findings.origin`). Decision: written for one source too; a single raw file's
 /// header is in no other top-level key.
 fn source_entry(t: &Trace, group: &[usize], pids: &[String]) -> String {
